@@ -1,0 +1,118 @@
+"""The one place that shapes how agent CLI processes start and end.
+
+Two guarantees live here:
+
+* **The child sees only the environment we chose.** ``claude_agent_sdk`` merges
+  ``options.env`` over the parent's whole ``os.environ``, so an isolated dict
+  passed there isolates nothing. Instead the CLI is started through a small
+  bash wrapper that ``exec``s ``env -i`` with only the variables named in
+  ``SPAWNKIT_ENV_KEEP``: whatever the parent had, the CLI (and every tool it
+  runs) starts from exactly that list.
+* **Nothing the CLI started outlives the run.** The wrapper puts the CLI in a
+  new session (``setsid``, same pid), records that pid, and the run's owner
+  terminates the whole process group afterwards: SIGTERM, a grace period, then
+  SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+KEEP_VAR = "SPAWNKIT_ENV_KEEP"
+BINARY_VAR = "SPAWNKIT_REAL_CLI"
+PIDFILE_VAR = "SPAWNKIT_PIDFILE"
+TERMINATE_GRACE_S = 2.0
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Kept deliberately tiny: it runs before every CLI start and must cost
+# milliseconds. ${!name} reads the variable whose name is in $name.
+_WRAPPER = """#!{bash}
+# spawnkit: start the agent CLI with only the variables listed in {keep}.
+keep=()
+for name in ${keep}; do
+  if [[ -v $name ]]; then keep+=("$name=${{!name}}"); fi
+done
+if [[ -n "${{{pidfile}:-}}" ]]; then echo $$ > "${pidfile}"; fi
+exec {setsid}env -i "${{keep[@]}}" "${binary}" "$@"
+"""
+
+
+def write_env_filter(directory: Path) -> Path:
+    """Write the wrapper script into ``directory`` (the run's workspace)."""
+    bash = shutil.which("bash") or "/bin/bash"
+    setsid = shutil.which("setsid")
+    script = _WRAPPER.format(
+        bash=bash,
+        keep=KEEP_VAR,
+        pidfile=PIDFILE_VAR,
+        binary=BINARY_VAR,
+        setsid=f"{setsid} " if setsid else "",
+    )
+    path = directory / "spawnkit-cli"
+    path.write_text(script, encoding="utf-8")
+    path.chmod(0o700)
+    return path
+
+
+def filtered_env(
+    env: Mapping[str, str], binary: Path, pidfile: Path, extra_keep: Iterable[str] = ()
+) -> dict[str, str]:
+    """The variables to hand the wrapper: ``env`` plus the wrapper's own controls.
+
+    ``extra_keep`` names variables a launcher sets itself after we build ``env``
+    (the SDK's own markers); they survive the filter too.
+    """
+    names = sorted({*env, *extra_keep})
+    for name in names:
+        if not _NAME_RE.match(name):
+            raise ValueError(f"invalid environment variable name: {name!r}")
+    return {
+        **env,
+        KEEP_VAR: " ".join(names),
+        BINARY_VAR: str(binary),
+        PIDFILE_VAR: str(pidfile),
+    }
+
+
+def read_pidfile(pidfile: Path) -> int | None:
+    try:
+        return int(pidfile.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def terminate_group(pgid: int, grace: float = TERMINATE_GRACE_S) -> None:
+    """SIGTERM the process group, wait up to ``grace``, then SIGKILL it."""
+    if pgid <= 1 or pgid == os.getpgrp():
+        return  # never signal our own group (the wrapper had no setsid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        # A process group has no awaitable exit; poll it, bounded by the grace.
+        while _group_alive(pgid) and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        if _group_alive(pgid):
+            logger.debug("process group %d ignored SIGTERM; killing it", pgid)
+            os.killpg(pgid, signal.SIGKILL)

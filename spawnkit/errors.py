@@ -1,0 +1,126 @@
+"""spawnkit's exception hierarchy.
+
+Every error spawnkit raises on purpose derives from :class:`SpawnkitError`, so a
+caller can catch the family at once and a command line can print one clear line::
+
+    SpawnkitError
+    ├── ConfigError                 a roster, scenario or setting is wrong
+    │   ├── RosterError             names the file and the key
+    │   ├── UnknownRuntimeError     also a ValueError; lists the registered types
+    │   └── ScenarioError           a replay scenario file is malformed
+    ├── MissingEnvError             a butler's required variable has no value
+    ├── RuntimeNotFoundError        the agent CLI binary is missing; says how to install it
+    ├── InvalidTriggerSource        also a ValueError
+    ├── TriggerRejected             a trigger was refused before it ran
+    │   ├── QueueFullError          every slot and queue place is taken
+    │   └── SpawnerClosedError      stop_accepting() was called
+    ├── RuntimeFailure              the runtime ran and failed (carried in results)
+    ├── SpawnError                  a run failed where the caller asked for an exception
+    └── StoreError                  the session store cannot be opened or written
+
+User mistakes (config, env, missing binaries) are caught before anything is
+spawned; failures of a run that was accepted are recorded in its session and
+returned in its :class:`~spawnkit.result.SpawnerResult`, not raised.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .result import SpawnerResult
+
+
+class SpawnkitError(Exception):
+    """Base class of every error spawnkit raises deliberately."""
+
+
+class ConfigError(SpawnkitError):
+    """Configuration that cannot be used as written."""
+
+
+class RosterError(ConfigError):
+    """A butler definition is invalid; the message names the file and the key."""
+
+    def __init__(self, path: Path | str, message: str, key: str | None = None) -> None:
+        self.path = Path(path)
+        self.key = key
+        where = f"{self.path}" + (f": [{key}]" if key else "")
+        super().__init__(f"{where}: {message}")
+
+
+class UnknownRuntimeError(ConfigError, ValueError):
+    """A runtime type that no adapter is registered for."""
+
+    def __init__(self, name: str, available: list[str]) -> None:
+        self.name = name
+        self.available = available
+        super().__init__(
+            f"unknown runtime {name!r}; available runtimes: {', '.join(sorted(available))}"
+        )
+
+
+class ScenarioError(ConfigError):
+    """A replay scenario file that cannot be played."""
+
+
+class MissingEnvError(SpawnkitError):
+    """A variable a butler declares as required has no value anywhere."""
+
+    def __init__(self, butler: str, names: list[str]) -> None:
+        self.butler = butler
+        self.names = names
+        super().__init__(
+            f"butler {butler!r} requires {', '.join(names)}: set "
+            f"{'it' if len(names) == 1 else 'them'} in the environment or with "
+            "`spawnkit credentials set NAME VALUE`"
+        )
+
+
+class RuntimeNotFoundError(SpawnkitError):
+    """The agent CLI a runtime needs is not installed."""
+
+    def __init__(self, runtime: str, binary: str, install_hint: str) -> None:
+        self.runtime = runtime
+        self.binary = binary
+        self.install_hint = install_hint
+        super().__init__(
+            f"{runtime}: cannot find the {binary!r} CLI; install it with: {install_hint}"
+        )
+
+
+class InvalidTriggerSource(SpawnkitError, ValueError):
+    """A trigger source outside tick, external, trigger, route and schedule:<name>."""
+
+
+class TriggerRejected(SpawnkitError):
+    """A trigger refused before any run started (no session is recorded)."""
+
+
+class QueueFullError(TriggerRejected):
+    """Every concurrent slot and every queue place of a butler is taken."""
+
+
+class SpawnerClosedError(TriggerRejected):
+    """The spawner no longer accepts triggers (``stop_accepting()`` was called)."""
+
+
+class RuntimeFailure(SpawnkitError):
+    """A runtime started and failed; ``kind`` classifies why for the session record."""
+
+    def __init__(self, message: str, kind: str = "runtime_error") -> None:
+        self.kind = kind
+        super().__init__(message)
+
+
+class SpawnError(SpawnkitError):
+    """Raised for a failed run where the caller wants an exception, not a result."""
+
+    def __init__(self, result: SpawnerResult) -> None:
+        self.result = result
+        super().__init__(result.error or "the run failed")
+
+
+class StoreError(SpawnkitError):
+    """The session store cannot be opened or written."""

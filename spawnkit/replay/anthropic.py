@@ -1,0 +1,285 @@
+"""The Anthropic Messages API wire format, as Claude Code speaks it, for the replay server.
+
+Pure functions only, no I/O: reduce a ``POST /v1/messages`` body to the API-neutral
+:class:`~spawnkit.replay.scenario.TurnRequest`, and encode a
+:class:`~spawnkit.replay.scenario.Reply` as the server-sent events the CLI expects
+(``message_start``, one ``content_block_*`` triple per block, ``message_delta``,
+``message_stop``) or as an API error body. Claude Code adds ``<system-reminder>`` blocks
+to the first user message and may put ``role: "system"`` entries in ``messages``; both are
+handled here so scenarios only ever see the user's own prompt. Everything derived from a
+request (ids, token estimates) is deterministic, so two runs of a scenario are identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from typing import Any, Literal, NotRequired, TypedDict
+
+from .scenario import ErrorSpec, Reply, TurnRequest, Usage
+
+
+class TextBlock(TypedDict):
+    type: Literal["text"]
+    text: str
+
+
+class WireMessage(TypedDict):
+    role: str
+    content: str | list[dict[str, Any]]
+
+
+class ToolDefinition(TypedDict):
+    name: str
+    description: NotRequired[str]
+    input_schema: NotRequired[dict[str, Any]]
+
+
+class MessagesRequest(TypedDict, total=False):
+    """The parts of a Messages API request body the replay server reads."""
+
+    model: str
+    messages: list[WireMessage]
+    system: str | list[TextBlock]
+    tools: list[ToolDefinition]
+    stream: bool
+    max_tokens: int
+
+
+class WireUsage(TypedDict):
+    input_tokens: int
+    output_tokens: int
+    cache_read_input_tokens: int
+    cache_creation_input_tokens: int
+
+
+class ErrorDetail(TypedDict):
+    type: str
+    message: str
+
+
+class ErrorBody(TypedDict):
+    type: Literal["error"]
+    error: ErrorDetail
+
+
+_REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
+
+
+def turn_index(body: MessagesRequest) -> int:
+    """How many model turns the conversation already holds: the index of the turn to play."""
+    return sum(1 for message in body.get("messages", []) if message.get("role") == "assistant")
+
+
+def _texts(content: str | list[dict[str, Any]]) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    return [
+        block["text"]
+        for block in content
+        if block.get("type") == "text" and isinstance(block.get("text"), str)
+    ]
+
+
+def prompt_text(body: MessagesRequest) -> str:
+    """The user's own prompt: the first user message without the CLI's reminder blocks."""
+    for message in body.get("messages", []):
+        if message.get("role") == "user":
+            parts = (_REMINDER.sub("", text).strip() for text in _texts(message["content"]))
+            return "\n".join(part for part in parts if part)
+    return ""
+
+
+def tool_names(body: MessagesRequest) -> tuple[str, ...]:
+    return tuple(
+        tool["name"] for tool in body.get("tools", []) if isinstance(tool.get("name"), str)
+    )
+
+
+def last_tool_result(body: MessagesRequest) -> str:
+    """The text of the ``tool_result`` blocks in the last user message, one per line."""
+    users = [message for message in body.get("messages", []) if message.get("role") == "user"]
+    if not users or isinstance(users[-1]["content"], str):
+        return ""
+    results: list[str] = []
+    for block in users[-1]["content"]:
+        if block.get("type") != "tool_result":
+            continue
+        content = block.get("content", "")
+        if isinstance(content, str | list):
+            results.append("\n".join(_texts(content)))
+    return "\n".join(results)
+
+
+def system_text(body: MessagesRequest) -> str:
+    system = body.get("system", "")
+    if isinstance(system, str):
+        return system
+    return "\n".join(block["text"] for block in system if isinstance(block.get("text"), str))
+
+
+def to_turn_request(body: MessagesRequest) -> TurnRequest:
+    return TurnRequest(
+        prompt=prompt_text(body),
+        turn_index=turn_index(body),
+        tools=tool_names(body),
+        last_tool_result=last_tool_result(body),
+        system=system_text(body),
+    )
+
+
+def count_tokens(body: Any) -> int:
+    """A deterministic stand-in for a tokenizer: about four characters a token."""
+    return max(1, len(json.dumps(body, sort_keys=True, separators=(",", ":"))) // 4)
+
+
+def estimate_usage(body: MessagesRequest, reply: Reply) -> WireUsage:
+    """Usage for ``reply``: the scenario's numbers where given, else chars/4 estimates."""
+    prompt_part = {key: body.get(key) for key in ("system", "messages", "tools")}
+    output_chars = len(reply.text) + sum(
+        len(call.name) + len(json.dumps(call.input)) for call in reply.tool_calls
+    )
+    given: Usage = reply.usage
+    return WireUsage(
+        input_tokens=_given(given.input_tokens, count_tokens(prompt_part)),
+        output_tokens=_given(given.output_tokens, max(1, output_chars // 4)),
+        cache_read_input_tokens=_given(given.cache_read_input_tokens, 0),
+        cache_creation_input_tokens=_given(given.cache_creation_input_tokens, 0),
+    )
+
+
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def conversation_seed(request: TurnRequest) -> str:
+    """A short hash naming the conversation, so ids differ between scripts but not runs."""
+    return hashlib.sha256(request.prompt.encode()).hexdigest()[:12]
+
+
+def message_id(request: TurnRequest) -> str:
+    return f"msg_replay_{conversation_seed(request)}_{request.turn_index}"
+
+
+def tool_use_id(request: TurnRequest, position: int) -> str:
+    return f"toolu_replay_{conversation_seed(request)}_{request.turn_index}_{position}"
+
+
+def sse_frame(event: str, data: Any) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def _chunks(text: str, size: int | None) -> Iterator[str]:
+    if not size or len(text) <= size:
+        yield text
+        return
+    for start in range(0, len(text), size):
+        yield text[start : start + size]
+
+
+def sse_frames(request: TurnRequest, reply: Reply, *, model: str, usage: WireUsage) -> list[str]:
+    """The full event stream of one streamed model turn (text block first, then tool uses)."""
+    frames = [
+        sse_frame(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": message_id(request),
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {**usage, "output_tokens": 1},
+                },
+            },
+        )
+    ]
+    index = 0
+    if reply.text or not reply.tool_calls:
+        frames.append(_block_start(index, {"type": "text", "text": ""}))
+        frames.extend(
+            _block_delta(index, {"type": "text_delta", "text": chunk})
+            for chunk in _chunks(reply.text, reply.chunk_chars)
+        )
+        frames.append(
+            sse_frame("content_block_stop", {"type": "content_block_stop", "index": index})
+        )
+        index += 1
+    for position, call in enumerate(reply.tool_calls):
+        block = {
+            "type": "tool_use",
+            "id": tool_use_id(request, position),
+            "name": call.name,
+            "input": {},
+        }
+        frames.append(_block_start(index, block))
+        frames.extend(
+            _block_delta(index, {"type": "input_json_delta", "partial_json": chunk})
+            for chunk in _chunks(json.dumps(call.input), reply.chunk_chars)
+        )
+        frames.append(
+            sse_frame("content_block_stop", {"type": "content_block_stop", "index": index})
+        )
+        index += 1
+    frames.append(
+        sse_frame(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": reply.stop_reason, "stop_sequence": None},
+                "usage": {"output_tokens": usage["output_tokens"]},
+            },
+        )
+    )
+    frames.append(sse_frame("message_stop", {"type": "message_stop"}))
+    return frames
+
+
+def _block_start(index: int, block: dict[str, Any]) -> str:
+    return sse_frame(
+        "content_block_start",
+        {"type": "content_block_start", "index": index, "content_block": block},
+    )
+
+
+def _block_delta(index: int, delta: dict[str, Any]) -> str:
+    return sse_frame(
+        "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+    )
+
+
+def message_body(
+    request: TurnRequest, reply: Reply, *, model: str, usage: WireUsage
+) -> dict[str, Any]:
+    """The same turn as a non-streamed Messages API response (``stream: false``)."""
+    content: list[dict[str, Any]] = []
+    if reply.text or not reply.tool_calls:
+        content.append({"type": "text", "text": reply.text})
+    content.extend(
+        {
+            "type": "tool_use",
+            "id": tool_use_id(request, position),
+            "name": call.name,
+            "input": dict(call.input),
+        }
+        for position, call in enumerate(reply.tool_calls)
+    )
+    return {
+        "id": message_id(request),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": reply.stop_reason,
+        "stop_sequence": None,
+        "usage": dict(usage),
+    }
+
+
+def error_body(error: ErrorSpec) -> ErrorBody:
+    return ErrorBody(type="error", error=ErrorDetail(type=error.type, message=error.message))

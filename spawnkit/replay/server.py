@@ -1,0 +1,353 @@
+"""The replay model server: a Starlette app that plays a scenario as the Anthropic API.
+
+:class:`ReplayServer` answers ``POST /v1/messages`` (streamed or not) from a
+:class:`~spawnkit.replay.scenario.Scenario`, plus the side endpoints Claude Code calls
+(``HEAD /api/hello``, ``/v1/messages/count_tokens``), and keeps a bounded log of every
+request so tests can assert what the CLI sent. :meth:`ReplayServer.recorder` builds the same
+server in record mode: a transparent proxy to a real upstream API that rebuilds each turn
+from the bytes it relays and writes them as a scenario. Serving goes through
+``spawnkit._asgi`` (on the caller's loop or on a thread); :func:`serve_forever` and
+:func:`record_forever` are the blocking entry points behind ``spawnkit replay``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from uvicorn._types import ASGIApplication
+
+from .._asgi import serve, serve_in_thread
+from .anthropic import (
+    MessagesRequest,
+    count_tokens,
+    error_body,
+    estimate_usage,
+    message_body,
+    sse_frames,
+    to_turn_request,
+)
+from .recorder import (
+    MessageAssembler,
+    RecordedTurn,
+    Recording,
+    SSEDecoder,
+    turn_from_error,
+    turn_from_message,
+)
+from .scenario import ErrorSpec, Scenario
+
+MAX_LOGGED_REQUESTS = 1000
+# A non-streamed upstream body is buffered to be parsed; bound it.
+MAX_BUFFERED_BODY = 32 * 1024 * 1024
+# Claude Code itself gives a model call 600 s (its x-stainless-timeout header).
+UPSTREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=10.0)
+# Hop-by-hop headers, and the ones httpx recomputes, are not forwarded either way.
+_REQUEST_HEADERS_DROPPED = frozenset(
+    {"host", "content-length", "connection", "transfer-encoding", "accept-encoding", "keep-alive"}
+)
+_RESPONSE_HEADERS_DROPPED = frozenset(
+    {"content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive"}
+)
+_DISCONNECT_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class LoggedRequest:
+    """One request the server received; ``body`` is the parsed JSON, or ``None``."""
+
+    method: str
+    path: str
+    query: str
+    headers: Mapping[str, str]
+    body: Any
+
+
+class _RequestLog:
+    """The last ``limit`` requests; appended on the server's thread, read from any."""
+
+    def __init__(self, limit: int) -> None:
+        self._entries: deque[LoggedRequest] = deque(maxlen=limit)
+        self._lock = threading.Lock()
+
+    def add(self, request: Request, raw: bytes) -> Any:
+        body: Any = None
+        if raw:
+            try:
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                body = None
+        entry = LoggedRequest(
+            method=request.method,
+            path=request.url.path,
+            query=request.url.query,
+            headers=dict(request.headers),
+            body=body,
+        )
+        with self._lock:
+            self._entries.append(entry)
+        return body
+
+    def snapshot(self) -> list[LoggedRequest]:
+        with self._lock:
+            return list(self._entries)
+
+
+class ReplayServer:
+    """Plays ``scenario`` as the Anthropic Messages API (or records one: :meth:`recorder`)."""
+
+    scenario: Scenario | None
+    recording: Recording | None
+    app: Starlette
+
+    def __init__(self, scenario: Scenario, *, max_requests: int = MAX_LOGGED_REQUESTS) -> None:
+        self.scenario = scenario
+        self.recording = None
+        self._log = _RequestLog(max_requests)
+        self.app = _replay_app(scenario, self._log)
+
+    @classmethod
+    def recorder(
+        cls, upstream: str, out: Path | str, *, max_requests: int = MAX_LOGGED_REQUESTS
+    ) -> ReplayServer:
+        """A proxy to ``upstream`` that writes what passes through as a scenario at ``out``."""
+        server = cls.__new__(cls)
+        server.scenario = None
+        server.recording = Recording(Path(out), upstream)
+        server._log = _RequestLog(max_requests)
+        server.app = _record_app(upstream.rstrip("/"), server.recording, server._log)
+        return server
+
+    @property
+    def requests(self) -> list[LoggedRequest]:
+        """A copy of the most recent requests, oldest first."""
+        return self._log.snapshot()
+
+    @contextlib.asynccontextmanager
+    async def serve(self, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+        """Serve on the running loop; yields the base URL (``ANTHROPIC_BASE_URL``)."""
+        async with serve(_asgi_app(self.app), host, port) as address:
+            yield address.url
+
+    @contextlib.contextmanager
+    def serve_in_thread(self, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+        """Serve on a daemon thread with its own loop; yields the base URL."""
+        with serve_in_thread(_asgi_app(self.app), host, port) as address:
+            yield address.url
+
+
+def _asgi_app(app: Starlette) -> ASGIApplication:
+    # Starlette types its scope as a plain mapping, uvicorn as TypedDicts: same protocol.
+    return cast(ASGIApplication, app)
+
+
+def _api_error(status: int, kind: str, message: str) -> JSONResponse:
+    return JSONResponse(error_body(ErrorSpec(status, kind, message)), status_code=status)
+
+
+def _replay_app(scenario: Scenario, log: _RequestLog) -> Starlette:
+    async def messages(request: Request) -> Response:
+        body = log.add(request, await request.body())
+        if not isinstance(body, dict):
+            return _api_error(400, "invalid_request_error", "the body must be a JSON object")
+        wire = cast(MessagesRequest, body)
+        turn_request = to_turn_request(wire)
+        reply = scenario.reply(turn_request)
+        if reply.delay_ms and not await _pause(request, reply.delay_ms / 1000):
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        if reply.error is not None:
+            return JSONResponse(error_body(reply.error), status_code=reply.error.status)
+        model = scenario.model or str(wire.get("model") or "replay")
+        usage = estimate_usage(wire, reply)
+        if not wire.get("stream"):
+            return JSONResponse(message_body(turn_request, reply, model=model, usage=usage))
+        frames = sse_frames(turn_request, reply, model=model, usage=usage)
+        return StreamingResponse(
+            iter(frames), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+        )
+
+    async def tokens(request: Request) -> Response:
+        body = log.add(request, await request.body())
+        if not isinstance(body, dict):
+            return _api_error(400, "invalid_request_error", "the body must be a JSON object")
+        counted = {key: body.get(key) for key in ("system", "messages", "tools")}
+        return JSONResponse({"input_tokens": count_tokens(counted)})
+
+    async def hello(request: Request) -> Response:
+        log.add(request, b"")
+        return Response(status_code=200)
+
+    async def other(request: Request) -> Response:
+        log.add(request, await request.body())
+        return _api_error(
+            404,
+            "not_found_error",
+            f"the replay server does not serve {request.method} {request.url.path}",
+        )
+
+    return Starlette(
+        routes=[
+            Route("/api/hello", hello, methods=["GET", "HEAD"]),
+            Route("/v1/messages/count_tokens", tokens, methods=["POST"]),
+            Route("/v1/messages", messages, methods=["POST"]),
+            Route("/{path:path}", other, methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]),
+        ]
+    )
+
+
+async def _pause(request: Request, seconds: float) -> bool:
+    """Sleep ``seconds`` (a scenario's ``delay_ms``); False if the client hung up meanwhile."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while (left := deadline - loop.time()) > 0:
+        await asyncio.sleep(min(left, _DISCONNECT_POLL_S))
+        if await request.is_disconnected():
+            return False
+    return True
+
+
+def _record_app(upstream: str, recording: Recording, log: _RequestLog) -> Starlette:
+    clients: list[httpx.AsyncClient] = []
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # The client belongs to the server's own loop, which may be another thread's.
+        async with httpx.AsyncClient(timeout=UPSTREAM_TIMEOUT) as client:
+            clients.append(client)
+            try:
+                yield
+            finally:
+                clients.clear()
+
+    async def proxy(request: Request) -> Response:
+        raw = await request.body()
+        body = log.add(request, raw)
+        headers = {
+            key: value
+            for key, value in request.headers.items()
+            if key.lower() not in _REQUEST_HEADERS_DROPPED
+        }
+        # Uncompressed, so the relayed stream can be parsed as it passes.
+        headers["accept-encoding"] = "identity"
+        url = upstream + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        client = clients[0]
+        try:
+            upstream_response = await client.send(
+                client.build_request(request.method, url, headers=headers, content=raw),
+                stream=True,
+            )
+        except httpx.HTTPError as exc:
+            return _api_error(502, "api_error", f"recorder: upstream {upstream} failed: {exc!r}")
+        response_headers = {
+            key: value
+            for key, value in upstream_response.headers.items()
+            if key.lower() not in _RESPONSE_HEADERS_DROPPED
+        }
+        records = (
+            request.method == "POST"
+            and request.url.path.rstrip("/") == "/v1/messages"
+            and isinstance(body, dict)
+        )
+        session_id = request.headers.get("x-claude-code-session-id", "")
+        relay = _relay(
+            upstream_response,
+            recording if records else None,
+            cast(MessagesRequest, body),
+            session_id,
+        )
+        return StreamingResponse(
+            relay, status_code=upstream_response.status_code, headers=response_headers
+        )
+
+    return Starlette(
+        routes=[
+            Route("/{path:path}", proxy, methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"])
+        ],
+        lifespan=lifespan,
+    )
+
+
+async def _relay(
+    response: httpx.Response,
+    recording: Recording | None,
+    body: MessagesRequest,
+    session_id: str,
+) -> AsyncIterator[bytes]:
+    """Pass the upstream bytes on unchanged while rebuilding the turn they carry."""
+    is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
+    decoder = SSEDecoder()
+    assembler = MessageAssembler()
+    buffered = bytearray()
+    try:
+        async for chunk in response.aiter_bytes():
+            if recording is not None:
+                if is_sse:
+                    for event in decoder.feed(chunk):
+                        assembler.feed(event)
+                elif len(buffered) < MAX_BUFFERED_BODY:
+                    buffered.extend(chunk)
+            yield chunk
+    finally:
+        await response.aclose()
+    if recording is None:
+        return
+    turn = _recorded_turn(response.status_code, is_sse, assembler, bytes(buffered))
+    if turn is not None:
+        recording.add(body, session_id, turn)
+
+
+def _recorded_turn(
+    status: int, is_sse: bool, assembler: MessageAssembler, buffered: bytes
+) -> RecordedTurn | None:
+    if is_sse:
+        if assembler.error is not None:
+            return RecordedTurn(error=assembler.error)
+        # A stream cut short is not a turn the model gave; record nothing.
+        return assembler.turn() if assembler.complete else None
+    try:
+        parsed = json.loads(buffered) if buffered else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        parsed = None
+    if status >= 400:
+        return turn_from_error(status, parsed)
+    return turn_from_message(parsed) if isinstance(parsed, dict) else None
+
+
+def serve_forever(scenario_path: Path | str, host: str = "127.0.0.1", port: int = 0) -> None:
+    """Play the scenario at ``scenario_path`` until Ctrl-C (``spawnkit replay serve``)."""
+    server = ReplayServer(Scenario.load(scenario_path))
+    _run_until_interrupted(server, host, port, "replay server listening on {url}")
+
+
+def record_forever(upstream: str, out: Path | str, host: str = "127.0.0.1", port: int = 0) -> None:
+    """Record traffic to ``upstream`` into ``out`` until Ctrl-C (``spawnkit replay record``)."""
+    server = ReplayServer.recorder(upstream, out)
+    _run_until_interrupted(
+        server,
+        host,
+        port,
+        f"replay recorder listening on {{url}} (upstream {upstream}, writing {out})",
+    )
+
+
+def _run_until_interrupted(server: ReplayServer, host: str, port: int, banner: str) -> None:
+    async def main() -> None:
+        async with server.serve(host, port) as url:
+            print(banner.replace("{url}", url), flush=True)
+            # Deliberately unbounded: the server runs until the user presses Ctrl-C.
+            await asyncio.Event().wait()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())

@@ -1,0 +1,158 @@
+"""The records a run produces: :class:`SpawnerResult`, :class:`ToolCall`, :class:`Usage`.
+
+These are plain frozen dataclasses shared by every runtime, the session store
+and the frontends. ``to_dict()`` gives the JSON shape used by ``--json``, the
+store's ``tool_calls`` column and the MCP ``trigger`` tool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
+from typing import Any, Literal
+
+# A tool's output is kept up to this many characters in results and records;
+# the full text stays in the runtime's own transcript.
+TOOL_OUTPUT_LIMIT = 16_384
+# Partial output kept for a failed or endless run.
+OUTPUT_LIMIT = 1_000_000
+
+RunStatus = Literal["queued", "running", "success", "failed", "cancelled", "crashed"]
+ToolStatus = Literal["running", "ok", "error"]
+
+
+def truncate(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[... truncated {len(text) - limit} characters]"
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of a run; cache counts are separate from ``input_tokens``."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_tokens
+            + self.cache_write_tokens
+        )
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cache_read_tokens + other.cache_read_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
+        )
+
+
+def split_tool_name(name: str) -> tuple[str | None, str]:
+    """``mcp__health__state_get`` -> ``("health", "state_get")``; built-ins have no server."""
+    if name.startswith("mcp__"):
+        server, sep, tool = name[len("mcp__") :].partition("__")
+        if sep and server and tool:
+            return server, tool
+    return None, name
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call as the runtime reported it, in the same shape for every runtime."""
+
+    id: str
+    name: str
+    input: dict[str, Any]
+    started_at: datetime
+    server: str | None = None
+    tool: str = ""
+    output: str | None = None
+    status: ToolStatus = "running"
+    finished_at: datetime | None = None
+
+    @classmethod
+    def start(cls, call_id: str, name: str, input: dict[str, Any], at: datetime) -> ToolCall:
+        server, tool = split_tool_name(name)
+        return cls(id=call_id, name=name, input=input, started_at=at, server=server, tool=tool)
+
+    def finish(self, output: str, is_error: bool, at: datetime) -> ToolCall:
+        return replace(
+            self,
+            output=truncate(output, TOOL_OUTPUT_LIMIT),
+            status="error" if is_error else "ok",
+            finished_at=at,
+        )
+
+    @property
+    def duration_ms(self) -> int | None:
+        if self.finished_at is None:
+            return None
+        return int((self.finished_at - self.started_at).total_seconds() * 1000)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["started_at"] = self.started_at.isoformat()
+        data["finished_at"] = self.finished_at.isoformat() if self.finished_at else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ToolCall:
+        return cls(
+            id=data["id"],
+            name=data["name"],
+            input=data.get("input") or {},
+            started_at=datetime.fromisoformat(data["started_at"]),
+            server=data.get("server"),
+            tool=data.get("tool") or data["name"],
+            output=data.get("output"),
+            status=data.get("status", "ok"),
+            finished_at=(
+                datetime.fromisoformat(data["finished_at"]) if data.get("finished_at") else None
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class SpawnerResult:
+    """What one trigger produced.
+
+    On failure ``output`` holds whatever the agent wrote before it failed and
+    ``error`` says why in one line. ``session_id`` is spawnkit's id (the key of
+    the session record); ``runtime_session_id`` is the CLI's own.
+    """
+
+    output: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    success: bool = True
+    error: str | None = None
+    session_id: str | None = None
+    runtime_session_id: str | None = None
+    duration_ms: int = 0
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float | None = None
+    trace_id: str | None = None
+    butler: str | None = None
+    runtime: str | None = None
+    model: str | None = None
+    status: RunStatus = "success"
+    error_kind: str | None = None
+    num_turns: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["tool_calls"] = [call.to_dict() for call in self.tool_calls]
+        return data
+
+    def __str__(self) -> str:
+        state = "ok" if self.success else f"{self.status}: {self.error}"
+        return (
+            f"SpawnerResult({state}, {len(self.tool_calls)} tool calls, "
+            f"{self.usage.total_tokens} tokens, session {self.session_id})"
+        )

@@ -1,0 +1,335 @@
+"""Butler definitions: reading and validating ``roster/<name>/butler.toml``.
+
+A roster is a directory of butlers. Each butler is a folder holding
+``butler.toml`` (its configuration), ``CLAUDE.md`` (its system prompt) and
+optionally ``skills/``; ``roster/shared/`` holds prompt snippets every butler
+can include. Loading is strict: every problem is a :class:`RosterError` naming
+the file and the key, raised when the roster loads rather than when a run
+starts, so a typo never surfaces half-way through a spawn.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal, cast
+
+from croniter import croniter
+
+from .errors import ConfigError, RosterError, UnknownRuntimeError
+from .runtimes import available_runtimes
+
+McpTransport = Literal["http", "sse"]
+MCP_PATHS: Mapping[str, str] = MappingProxyType({"http": "/mcp", "sse": "/sse"})
+
+SHARED_DIR = "shared"
+SYSTEM_PROMPT_FILE = "CLAUDE.md"
+DEFAULT_TOOLS = ("Bash", "Read", "Glob", "Grep")
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """``[butler.runtime]``: which agent CLI runs the butler, and its limits."""
+
+    type: str = "claude-code"
+    model: str | None = None
+    base_url: str | None = None
+    max_turns: int = 20
+    max_concurrent_sessions: int = 1
+    max_queued_sessions: int = 100
+    timeout_s: float = 900.0
+    # Built-in tools of the CLI the agent may use besides the butler's MCP tools.
+    tools: tuple[str, ...] = DEFAULT_TOOLS
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """``[butler.env]``: variables the runtime must get, or gets when set."""
+
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One ``[[butler.schedule]]`` entry, fired as trigger source ``schedule:<name>``."""
+
+    name: str
+    cron: str
+    prompt: str
+
+
+@dataclass(frozen=True)
+class ButlerConfig:
+    """A validated butler definition."""
+
+    name: str
+    port: int
+    description: str
+    directory: Path
+    roster_dir: Path
+    mcp_transport: McpTransport = "http"
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    modules: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    schedules: tuple[Schedule, ...] = ()
+
+    @property
+    def config_file(self) -> Path:
+        return self.directory / "butler.toml"
+
+    @property
+    def system_prompt_file(self) -> Path:
+        return self.directory / SYSTEM_PROMPT_FILE
+
+    @property
+    def mcp_path(self) -> str:
+        return MCP_PATHS[self.mcp_transport]
+
+    @property
+    def module_credentials(self) -> tuple[str, ...]:
+        """Env var names that enabled modules declare under ``credentials``."""
+        names: list[str] = []
+        for module in self.modules.values():
+            names.extend(module.get("credentials", ()))
+        return tuple(names)
+
+    def skills(self) -> list[Path]:
+        skills_dir = self.directory / "skills"
+        if not skills_dir.is_dir():
+            return []
+        return sorted(p for p in skills_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+@dataclass(frozen=True)
+class Roster:
+    """All butlers of one roster directory, by name."""
+
+    directory: Path
+    butlers: Mapping[str, ButlerConfig]
+
+    def __getitem__(self, name: str) -> ButlerConfig:
+        try:
+            return self.butlers[name]
+        except KeyError:
+            known = ", ".join(sorted(self.butlers)) or "none"
+            raise ConfigError(
+                f"unknown butler {name!r} in roster {self.directory}; available: {known}"
+            ) from None
+
+    def __iter__(self) -> Iterator[ButlerConfig]:
+        return iter(self.butlers.values())
+
+    def __len__(self) -> int:
+        return len(self.butlers)
+
+    @property
+    def shared_dir(self) -> Path:
+        return self.directory / SHARED_DIR
+
+
+def load_roster(directory: str | Path) -> Roster:
+    """Load and validate every butler under ``directory``."""
+    root = Path(directory).expanduser().resolve()
+    if not root.is_dir():
+        raise ConfigError(f"roster directory not found: {root}")
+    butlers: dict[str, ButlerConfig] = {}
+    ports: dict[int, str] = {}
+    for child in sorted(root.iterdir()):
+        if not child.is_dir() or child.name == SHARED_DIR or child.name[0] in "._":
+            continue
+        if not (child / "butler.toml").is_file():
+            raise RosterError(child, "folder has no butler.toml (name it _<folder> to skip it)")
+        butler = load_butler(child, roster_dir=root)
+        if butler.port in ports:
+            raise RosterError(
+                butler.config_file,
+                f"port {butler.port} is already used by butler {ports[butler.port]!r}",
+                "butler.port",
+            )
+        ports[butler.port] = butler.name
+        butlers[butler.name] = butler
+    return Roster(root, MappingProxyType(butlers))
+
+
+def load_butler(directory: str | Path, roster_dir: str | Path | None = None) -> ButlerConfig:
+    """Load one butler folder; ``roster_dir`` defaults to its parent."""
+    folder = Path(directory).expanduser().resolve()
+    path = folder / "butler.toml"
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise RosterError(path, "file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise RosterError(path, f"invalid TOML: {exc}") from None
+    butler = _parse(_Reader(path, data), folder, Path(roster_dir or folder.parent).resolve())
+    if not butler.system_prompt_file.is_file():
+        raise RosterError(butler.system_prompt_file, "missing: every butler needs a system prompt")
+    return butler
+
+
+class _Reader:
+    """Typed access to a TOML table with errors that name the file and key."""
+
+    def __init__(self, path: Path, data: Mapping[str, Any], prefix: str = "") -> None:
+        self.path = path
+        self.data = data
+        self.prefix = prefix
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def error(self, name: str, message: str) -> RosterError:
+        return RosterError(self.path, message, self.key(name))
+
+    def check_keys(self, allowed: set[str]) -> None:
+        for name in self.data:
+            if name not in allowed:
+                raise self.error(name, f"unknown key (allowed: {', '.join(sorted(allowed))})")
+
+    def table(self, name: str, required: bool = False) -> _Reader:
+        value = self.data.get(name)
+        if value is None:
+            if required:
+                raise self.error(name, "missing table")
+            value = {}
+        if not isinstance(value, dict):
+            raise self.error(name, "must be a table")
+        return _Reader(self.path, value, f"{self.key(name)}.")
+
+    def tables(self, name: str) -> list[_Reader]:
+        value = self.data.get(name, [])
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            raise self.error(name, "must be an array of tables ([[...]])")
+        return [_Reader(self.path, v, f"{self.key(name)}[{i}].") for i, v in enumerate(value)]
+
+    def string(self, name: str, default: str | None = None) -> str:
+        value = self.data.get(name, default)
+        if value is None:
+            raise self.error(name, "missing required key")
+        if not isinstance(value, str):
+            raise self.error(name, f"must be a string, not {type(value).__name__}")
+        return value
+
+    def optional_string(self, name: str) -> str | None:
+        value = self.string(name, "")
+        return value or None
+
+    def integer(self, name: str, default: int | None = None, minimum: int = 0) -> int:
+        value = self.data.get(name, default)
+        if value is None:
+            raise self.error(name, "missing required key")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(name, f"must be an integer, not {type(value).__name__}")
+        if value < minimum:
+            raise self.error(name, f"must be at least {minimum}")
+        return value
+
+    def number(self, name: str, default: float) -> float:
+        value = self.data.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.error(name, f"must be a number, not {type(value).__name__}")
+        if value <= 0:
+            raise self.error(name, "must be positive")
+        return float(value)
+
+    def names(self, name: str, pattern: re.Pattern[str] = _ENV_NAME_RE) -> tuple[str, ...]:
+        value = self.data.get(name, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.error(name, "must be a list of strings")
+        for item in value:
+            if not pattern.match(item):
+                raise self.error(name, f"invalid name {item!r}")
+        return tuple(value)
+
+
+_TOOL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(\(.*\))?$")
+
+
+def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
+    doc.check_keys({"butler", "modules"})
+    b = doc.table("butler", required=True)
+    b.check_keys({"name", "port", "description", "mcp_transport", "runtime", "env", "schedule"})
+
+    name = b.string("name")
+    if not _NAME_RE.match(name):
+        raise b.error("name", f"invalid butler name {name!r} (lowercase letters, digits, - and _)")
+    if name != folder.name:
+        raise b.error("name", f"{name!r} must match the folder name {folder.name!r}")
+    port = b.integer("port", minimum=1)
+    if port > 65535:
+        raise b.error("port", "must be at most 65535")
+    transport = b.string("mcp_transport", "http")
+    if transport not in MCP_PATHS:
+        raise b.error("mcp_transport", f"must be 'http' or 'sse', not {transport!r}")
+
+    r = b.table("runtime")
+    r.check_keys(
+        {
+            "type", "model", "base_url", "max_turns", "max_concurrent_sessions",
+            "max_queued_sessions", "timeout_s", "tools",
+        }
+    )  # fmt: skip
+    runtime_type = r.string("type", "claude-code")
+    if runtime_type not in available_runtimes():
+        err = UnknownRuntimeError(runtime_type, available_runtimes())
+        raise r.error("type", str(err))
+    runtime = RuntimeConfig(
+        type=runtime_type,
+        model=r.optional_string("model"),
+        base_url=r.optional_string("base_url"),
+        max_turns=r.integer("max_turns", 20, minimum=1),
+        max_concurrent_sessions=r.integer("max_concurrent_sessions", 1, minimum=1),
+        max_queued_sessions=r.integer("max_queued_sessions", 100, minimum=0),
+        timeout_s=r.number("timeout_s", 900.0),
+        tools=r.names("tools", _TOOL_RE) if "tools" in r.data else DEFAULT_TOOLS,
+    )
+
+    e = b.table("env")
+    e.check_keys({"required", "optional"})
+    env = EnvConfig(required=e.names("required"), optional=e.names("optional"))
+
+    schedules: list[Schedule] = []
+    for s in b.tables("schedule"):
+        s.check_keys({"name", "cron", "prompt"})
+        sname = s.string("name")
+        if not _NAME_RE.match(sname):
+            raise s.error("name", f"invalid schedule name {sname!r}")
+        if any(existing.name == sname for existing in schedules):
+            raise s.error("name", f"duplicate schedule name {sname!r}")
+        cron = s.string("cron")
+        if not croniter.is_valid(cron):
+            raise s.error("cron", f"invalid cron expression {cron!r}")
+        prompt = s.string("prompt")
+        if not prompt.strip():
+            raise s.error("prompt", "must not be empty")
+        schedules.append(Schedule(sname, cron, prompt))
+
+    modules: dict[str, Mapping[str, Any]] = {}
+    m = doc.table("modules")
+    for module_name in m.data:
+        module = m.table(module_name)
+        if "credentials" in module.data:
+            module.names("credentials")
+        modules[module_name] = MappingProxyType(dict(module.data))
+
+    return ButlerConfig(
+        name=name,
+        port=port,
+        description=b.string("description", ""),
+        directory=folder,
+        roster_dir=roster_dir,
+        mcp_transport=cast(McpTransport, transport),
+        runtime=runtime,
+        env=env,
+        modules=MappingProxyType(modules),
+        schedules=tuple(schedules),
+    )

@@ -1,0 +1,136 @@
+"""The contract every runtime adapter fulfils.
+
+An adapter knows one agent CLI: where its binary is, how to write its MCP
+config, how to read a system prompt file, and how to run one prompt while
+streaming typed events. Everything runtimes share (the workspace, the isolated
+environment, session records, telemetry, concurrency) lives in the spawner and
+reaches the adapter as a finished :class:`RunSpec`.
+
+Lifecycle: the spawner holds one adapter per butler, calls
+:meth:`RuntimeAdapter.create_worker` for every trigger (so concurrent runs share
+no per-run state), awaits :meth:`RuntimeAdapter.invoke` on that worker, and
+calls :meth:`RuntimeAdapter.reset` after a failed invocation so cached
+knowledge (a resolved binary, a checked version) is looked up afresh.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..events import EventSink
+from ..result import Usage
+from ..roster import McpTransport, RuntimeConfig
+from ..system_prompt import read_prompt_file
+
+
+@dataclass(frozen=True)
+class McpServerSpec:
+    """The one MCP server a run may reach: its butler's."""
+
+    name: str
+    transport: McpTransport
+    url: str
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything an adapter needs for one run, decided by the spawner."""
+
+    session_id: str
+    butler: str
+    prompt: str
+    system_prompt: str
+    workspace: Path
+    cwd: Path
+    mcp_server: McpServerSpec
+    config_file: Path
+    # The complete environment the child may see, already isolated; adapters
+    # add only what they must set themselves (see RuntimeAdapter.child_env).
+    env: Mapping[str, str]
+    max_turns: int
+    tools: tuple[str, ...] = ()
+    model: str | None = None
+    base_url: str | None = None
+    runtime_session_id: str | None = None
+    resume: str | None = None
+
+
+@dataclass
+class RunOutcome:
+    """What the runtime reported at the end of a run."""
+
+    output: str = ""
+    success: bool = True
+    error: str | None = None
+    error_kind: str | None = None
+    runtime_session_id: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float | None = None
+    num_turns: int | None = None
+    model: str | None = None
+
+
+class RuntimeAdapter(ABC):
+    """Base class of the ``claude-code``, ``codex`` and ``gemini`` adapters."""
+
+    type: ClassVar[str]
+    binary_name: ClassVar[str]
+    install_hint: ClassVar[str]
+    system_prompt_filename: ClassVar[str] = "CLAUDE.md"
+    # Host variables the CLI needs to work at all; they pass credential isolation.
+    passthrough_env: ClassVar[tuple[str, ...]] = ("HOME",)
+
+    def __init__(self, config: RuntimeConfig | None = None) -> None:
+        self.config = config or RuntimeConfig(type=self.type)
+
+    def create_worker(self) -> RuntimeAdapter:
+        """A fresh adapter for one trigger, sharing configuration but no run state."""
+        return type(self)(self.config)
+
+    def reset(self) -> None:  # noqa: B027 - a no-op is the right default
+        """Forget cached lookups after a failure; the next run re-checks them."""
+
+    @abstractmethod
+    def find_binary(self) -> Path:
+        """The CLI to run; raises RuntimeNotFoundError with an install command."""
+
+    def binary_version(self) -> str | None:
+        """The CLI's version string, or None when it cannot be determined."""
+        return None
+
+    def new_runtime_session_id(self) -> str | None:
+        """A runtime session id chosen before the run, when the CLI accepts one."""
+        return None
+
+    def parse_system_prompt_file(self, path: Path, roster_dir: Path) -> str:
+        """Read a system prompt file in this runtime's format, resolving includes."""
+        return read_prompt_file(path, roster_dir)
+
+    @abstractmethod
+    def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:
+        """Write the runtime's MCP configuration (exactly ``server``) into ``workspace``."""
+
+    def child_env(self, spec: RunSpec) -> dict[str, str]:
+        """``spec.env`` plus what this runtime must set for itself."""
+        return dict(spec.env)
+
+    def capabilities(self) -> dict[str, Any]:
+        return {
+            "supports_mcp": True,
+            "supports_system_prompt": True,
+            "supports_resume": False,
+            "supports_subagents": False,
+            "supports_parallel_sessions": True,
+        }
+
+    @abstractmethod
+    async def invoke(self, spec: RunSpec, emit: EventSink) -> RunOutcome:
+        """Run ``spec`` to completion, emitting events as the runtime reports them.
+
+        Raises :class:`~spawnkit.errors.RuntimeFailure` when the run cannot
+        produce an outcome; cancellation must leave no child process behind.
+        """

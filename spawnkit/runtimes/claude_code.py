@@ -1,0 +1,398 @@
+"""The ``claude-code`` runtime: Claude Code driven through ``claude_agent_sdk.query()``.
+
+The CLI is the one bundled in the ``claude-agent-sdk`` wheel (or ``claude`` on
+PATH). Each run gets the composed system prompt, exactly the butler's MCP
+server (``--strict-mcp-config``), no user or project settings
+(``setting_sources=[]``), the butler's built-in tools plus its MCP tools
+pre-approved (``dontAsk`` denies anything else), and a runtime session id
+chosen up front so the MCP URL can carry it. The SDK's messages become
+spawnkit events as they arrive; nothing is buffered until the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+from claude_agent_sdk import (
+    AssistantMessage,
+    ClaudeAgentOptions,
+    ClaudeSDKError,
+    CLIConnectionError,
+    CLIJSONDecodeError,
+    CLINotFoundError,
+    Message,
+    ProcessError,
+    ResultMessage,
+    StreamEvent,
+    SystemMessage,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    UserMessage,
+    query,
+)
+from claude_agent_sdk.types import McpHttpServerConfig, McpSSEServerConfig
+
+from .. import _process
+from ..errors import RuntimeFailure, RuntimeNotFoundError
+from ..events import (
+    AssistantText,
+    EventSink,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    UsageUpdate,
+)
+from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
+from .base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
+
+logger = logging.getLogger(__name__)
+
+# Variables the SDK adds to the child's environment after we hand it ours.
+_SDK_ENV = (
+    "CLAUDE_CODE_ENTRYPOINT",
+    "CLAUDE_AGENT_SDK_VERSION",
+    "CLAUDE_AGENT_SDK_CLIENT_APP",
+    "CLAUDE_CODE_SDK_READS_SESSION_STATE",
+    "CLAUDE_CODE_ENABLE_SDK_FILE_CHECKPOINTING",
+    "PWD",
+)
+# The SDK runs `claude -v` before every connect unless told not to; spawnkit
+# checks the version once per process instead (see binary_version()).
+_SKIP_VERSION_CHECK = "CLAUDE_AGENT_SDK_SKIP_VERSION_CHECK"
+# How long the SDK may take to wind down after we stop reading.
+_CLOSE_TIMEOUT_S = 10.0
+
+
+def _bundled_cli() -> Path | None:
+    import claude_agent_sdk
+
+    path = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def tool_result_text(content: str | list[dict[str, Any]] | None) -> str:
+    """Flatten a tool_result's content (a string or a list of blocks) to text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content:
+        if block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        else:
+            parts.append(f"[{block.get('type', 'block')}]")
+    return "\n".join(parts)
+
+
+def usage_from_api(raw: dict[str, Any] | None) -> Usage:
+    raw = raw or {}
+    return Usage(
+        input_tokens=int(raw.get("input_tokens") or 0),
+        output_tokens=int(raw.get("output_tokens") or 0),
+        cache_read_tokens=int(raw.get("cache_read_input_tokens") or 0),
+        cache_write_tokens=int(raw.get("cache_creation_input_tokens") or 0),
+    )
+
+
+def classify_api_error(status: int | None, text: str) -> str:
+    """Map a failed API call to the error kinds recorded in sessions."""
+    lowered = text.lower()
+    if status in (401, 403) or "invalid api key" in lowered or "authentication" in lowered:
+        return "auth"
+    if status == 429 or "rate limit" in lowered:
+        return "rate_limit"
+    if (status is not None and status >= 500) or "connection" in lowered or "overloaded" in lowered:
+        return "model_unavailable"
+    return "runtime_error"
+
+
+_REMEDIES = {
+    "auth": "the model API refused the credentials: set ANTHROPIC_API_KEY (or log in with "
+    "`claude login`)",
+    "rate_limit": "the model API is rate limiting: retry later or lower max_concurrent_sessions",
+    "model_unavailable": "the model API is unreachable or failing: check [butler.runtime] "
+    "base_url and that the server is up",
+}
+
+
+class _RunState:
+    """Folds SDK messages into events and the final outcome for one run."""
+
+    def __init__(self, spec: RunSpec, emit: EventSink) -> None:
+        self.spec = spec
+        self.emit = emit
+        self.calls: dict[str, ToolCall] = {}
+        self.text_parts: list[str] = []
+        self.text_chars = 0
+        self.usage_by_message: dict[str, Usage] = {}
+        self.result: ResultMessage | None = None
+        self.model: str | None = spec.model
+        self.runtime_session_id = spec.runtime_session_id
+        self.mcp_status: str | None = None
+
+    @property
+    def partial_output(self) -> str:
+        return "\n\n".join(self.text_parts)
+
+    def handle(self, message: Message) -> None:
+        sid = self.spec.session_id
+        if isinstance(message, StreamEvent):
+            event = message.event
+            if event.get("type") == "content_block_delta" and message.parent_tool_use_id is None:
+                delta = event.get("delta", {})
+                if delta.get("type") == "text_delta" and delta.get("text"):
+                    self.emit(TextDelta(sid, delta["text"]))
+        elif isinstance(message, AssistantMessage):
+            self.model = message.model or self.model
+            for block in message.content:
+                if isinstance(block, TextBlock) and block.text:
+                    if message.parent_tool_use_id is None and self.text_chars < OUTPUT_LIMIT:
+                        self.text_parts.append(block.text)
+                        self.text_chars += len(block.text)
+                    self.emit(AssistantText(sid, block.text))
+                elif isinstance(block, ToolUseBlock):
+                    call = ToolCall.start(block.id, block.name, dict(block.input), _now())
+                    self.calls[block.id] = call
+                    self.emit(ToolCallStarted(sid, call))
+            if message.message_id and message.usage:
+                self.usage_by_message[message.message_id] = usage_from_api(message.usage)
+                total = sum(self.usage_by_message.values(), Usage())
+                self.emit(UsageUpdate(sid, total, None, len(self.usage_by_message)))
+        elif isinstance(message, UserMessage) and isinstance(message.content, list):
+            for block in message.content:
+                if isinstance(block, ToolResultBlock) and block.tool_use_id in self.calls:
+                    done = self.calls[block.tool_use_id].finish(
+                        tool_result_text(block.content), bool(block.is_error), _now()
+                    )
+                    self.calls[block.tool_use_id] = done
+                    self.emit(ToolCallFinished(sid, done))
+        elif isinstance(message, SystemMessage) and message.subtype == "init":
+            self.runtime_session_id = message.data.get("session_id") or self.runtime_session_id
+            self.model = message.data.get("model") or self.model
+            for server in message.data.get("mcp_servers", []):
+                if server.get("name") == self.spec.mcp_server.name:
+                    self.mcp_status = server.get("status")
+        elif isinstance(message, ResultMessage):
+            self.result = message
+
+    def outcome(self) -> RunOutcome:
+        result = self.result
+        if result is None:
+            raise RuntimeFailure("Claude Code ended without a result message", "crash")
+        usage = usage_from_api(result.usage)
+        text = result.result if result.result is not None else self.partial_output
+        outcome = RunOutcome(
+            output=truncate(text, OUTPUT_LIMIT),
+            runtime_session_id=result.session_id or self.runtime_session_id,
+            usage=usage,
+            cost_usd=result.total_cost_usd,
+            num_turns=result.num_turns,
+            model=self.model,
+        )
+        if result.is_error:
+            outcome.success = False
+            outcome.output = self.partial_output
+            if result.subtype == "error_max_turns":
+                outcome.error_kind = "max_turns"
+                outcome.error = f"reached the max_turns limit ({self.spec.max_turns})"
+            else:
+                detail = "; ".join(result.errors or []) or (result.result or result.subtype)
+                kind = classify_api_error(result.api_error_status, detail)
+                outcome.error_kind = kind
+                remedy = _REMEDIES.get(kind)
+                outcome.error = f"{detail} ({remedy})" if remedy else detail
+        elif self.mcp_status not in (None, "connected"):
+            # The run completed, but without the butler's tools: say so.
+            logger.warning(
+                "MCP server %s was %s during the run", self.spec.mcp_server.name, self.mcp_status
+            )
+        return outcome
+
+
+class ClaudeCodeAdapter(RuntimeAdapter):
+    type: ClassVar[str] = "claude-code"
+    binary_name: ClassVar[str] = "claude"
+    install_hint: ClassVar[str] = (
+        "pip install claude-agent-sdk (it bundles the CLI), "
+        "or npm install -g @anthropic-ai/claude-code"
+    )
+    passthrough_env: ClassVar[tuple[str, ...]] = ("HOME", "CLAUDE_CONFIG_DIR")
+
+    _version_cache: ClassVar[dict[Path, str | None]] = {}
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)
+        self._binary: Path | None = None
+
+    def reset(self) -> None:
+        self._binary = None
+        type(self)._version_cache.clear()
+
+    def find_binary(self) -> Path:
+        if self._binary is None:
+            found = _bundled_cli() or (Path(p) if (p := shutil.which("claude")) else None)
+            if found is None:
+                raise RuntimeNotFoundError(self.type, self.binary_name, self.install_hint)
+            self._binary = found
+        return self._binary
+
+    def binary_version(self) -> str | None:
+        binary = self.find_binary()
+        if binary not in self._version_cache:
+            try:
+                done = subprocess.run(
+                    [str(binary), "-v"], capture_output=True, text=True, timeout=30, check=False
+                )
+                self._version_cache[binary] = done.stdout.strip() or None
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                logger.warning("cannot read the version of %s: %s", binary, exc)
+                self._version_cache[binary] = None
+        return self._version_cache[binary]
+
+    def new_runtime_session_id(self) -> str:
+        return str(uuid.uuid4())
+
+    def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:
+        path = workspace / "mcp.json"
+        path.write_text(
+            json.dumps({"mcpServers": {server.name: self._server_config(server)}}, indent=2),
+            encoding="utf-8",
+        )
+        return path
+
+    @staticmethod
+    def _server_config(server: McpServerSpec) -> McpHttpServerConfig | McpSSEServerConfig:
+        if server.transport == "sse":
+            return McpSSEServerConfig(type="sse", url=server.url)
+        return McpHttpServerConfig(type="http", url=server.url)
+
+    def child_env(self, spec: RunSpec) -> dict[str, str]:
+        env = dict(spec.env)
+        # MCP tools would otherwise hide behind a tool-search tool.
+        env["ENABLE_TOOL_SEARCH"] = "false"
+        env.setdefault("DISABLE_AUTOUPDATER", "1")
+        env.setdefault("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        if spec.base_url:
+            env["ANTHROPIC_BASE_URL"] = spec.base_url
+            # A local gateway or replay server failing should fail the run in
+            # seconds, not after minutes of retries.
+            env.setdefault("CLAUDE_CODE_MAX_RETRIES", "1")
+        return env
+
+    def capabilities(self) -> dict[str, Any]:
+        return {
+            **super().capabilities(),
+            "supports_resume": True,
+            "supports_subagents": True,
+            "subagent_style": "claude-agents",
+        }
+
+    def options(self, spec: RunSpec, wrapper: Path, pidfile: Path) -> ClaudeAgentOptions:
+        server = spec.mcp_server
+        env = _process.filtered_env(
+            self.child_env(spec), self.find_binary(), pidfile, extra_keep=_SDK_ENV
+        )
+        return ClaudeAgentOptions(
+            cli_path=wrapper,
+            cwd=spec.cwd,
+            env=env,
+            system_prompt=spec.system_prompt,
+            mcp_servers={server.name: self._server_config(server)},
+            strict_mcp_config=True,
+            setting_sources=[],
+            tools=list(spec.tools),
+            allowed_tools=[*spec.tools, f"mcp__{server.name}"],
+            permission_mode="dontAsk",
+            max_turns=spec.max_turns,
+            model=spec.model,
+            session_id=None if spec.resume else spec.runtime_session_id,
+            resume=spec.resume,
+            include_partial_messages=True,
+            stderr=lambda line: logger.debug("claude[%s]: %s", spec.session_id[:8], line),
+        )
+
+    async def invoke(self, spec: RunSpec, emit: EventSink) -> RunOutcome:
+        self.binary_version()  # once per process, so the SDK need not check per run
+        os.environ.setdefault(_SKIP_VERSION_CHECK, "1")
+        wrapper = _process.write_env_filter(spec.workspace)
+        pidfile = spec.workspace / "cli.pid"
+        state = _RunState(spec, emit)
+        options = self.options(spec, wrapper, pidfile)
+        # The SDK is consumed in a task of its own so that a cancellation can
+        # kill the CLI first; the SDK then sees the process gone and winds down
+        # at once instead of waiting out its graceful-shutdown periods.
+        consumer = asyncio.create_task(self._consume(spec.prompt, options, state))
+        try:
+            await asyncio.shield(consumer)
+        except asyncio.CancelledError:
+            await self._stop(consumer, pidfile)
+            raise
+        finally:
+            pgid = _process.read_pidfile(pidfile)
+            if pgid is not None:
+                await asyncio.shield(_process.terminate_group(pgid))
+        return state.outcome()
+
+    async def _consume(self, prompt: str, options: ClaudeAgentOptions, state: _RunState) -> None:
+        messages: AsyncIterator[Message] = query(prompt=prompt, options=options)
+        try:
+            async for message in messages:
+                state.handle(message)
+        except ProcessError as exc:
+            # The CLI exits non-zero after a failed result; the result message,
+            # when it came, says more than the exit code does.
+            if state.result is None:
+                raise RuntimeFailure(self._describe(exc), "crash") from exc
+        except CLINotFoundError as exc:
+            raise RuntimeNotFoundError(self.type, self.binary_name, self.install_hint) from exc
+        except CLIJSONDecodeError as exc:
+            raise RuntimeFailure(f"malformed output from Claude Code: {exc}", "protocol") from exc
+        except CLIConnectionError as exc:
+            raise RuntimeFailure(f"cannot start Claude Code: {exc}", "crash") from exc
+        except ClaudeSDKError as exc:
+            raise RuntimeFailure(f"Claude Code failed: {exc}", "runtime_error") from exc
+        finally:
+            aclose = getattr(messages, "aclose", None)
+            if aclose is not None:
+                try:
+                    async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                        await aclose()
+                except (TimeoutError, ClaudeSDKError, OSError) as exc:
+                    logger.debug("closing the SDK query failed: %r", exc)
+
+    @staticmethod
+    async def _stop(consumer: asyncio.Task[None], pidfile: Path) -> None:
+        """Kill the CLI's process group, then give the SDK a bounded time to finish."""
+        pgid = _process.read_pidfile(pidfile)
+        if pgid is not None:
+            await asyncio.shield(_process.terminate_group(pgid))
+        else:
+            consumer.cancel()
+        done, _ = await asyncio.wait({consumer}, timeout=_CLOSE_TIMEOUT_S)
+        if not done:
+            consumer.cancel()
+            await asyncio.wait({consumer}, timeout=_CLOSE_TIMEOUT_S)
+        if consumer.done() and not consumer.cancelled() and consumer.exception() is not None:
+            logger.debug("after cancellation the SDK reported: %r", consumer.exception())
+
+    @staticmethod
+    def _describe(exc: ProcessError) -> str:
+        stderr = (exc.stderr or "").strip().splitlines()
+        tail = f": {stderr[-1]}" if stderr else ""
+        return f"Claude Code exited with code {exc.exit_code}{tail}"

@@ -1,0 +1,572 @@
+"""The Spawner: admits triggers for one butler, runs them, and records every run.
+
+Admission is decided at once, before any await: a free slot runs now; a busy
+butler queues the trigger up to ``max_queued_sessions`` and refuses the next
+with :class:`~spawnkit.errors.QueueFullError`; a trigger from the butler's own
+agent (``trigger_source="trigger"``) is refused with ``success=False`` when no
+slot is free, because it would wait for the very run that is waiting for it.
+User mistakes (a missing CLI, a missing required variable) raise before a
+trigger is accepted.
+
+An accepted trigger gets exactly one session record, created before the
+runtime starts and completed when the run ends, whatever happens (success,
+failure, timeout, an exception, a cancellation by the caller or by
+:meth:`Spawner.drain`). Each run happens in its own task, inside a fresh
+workspace, with an isolated environment and its own telemetry span; what is
+shared by every runtime is written here once, never per adapter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+from opentelemetry.trace import TracerProvider
+
+from .credentials import CredentialStore, check_required, isolated_env
+from .errors import (
+    ConfigError,
+    InvalidTriggerSource,
+    QueueFullError,
+    RuntimeFailure,
+    RuntimeNotFoundError,
+    SpawnerClosedError,
+)
+from .events import (
+    AssistantText,
+    EventSink,
+    Finished,
+    Queued,
+    RunEvent,
+    Started,
+    ToolCallFinished,
+    ToolCallStarted,
+    UsageUpdate,
+)
+from .memory import MemoryProvider, StoreMemory
+from .result import OUTPUT_LIMIT, RunStatus, SpawnerResult, ToolCall, Usage, truncate
+from .roster import ButlerConfig
+from .runtimes import get_adapter
+from .runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
+from .store import SessionStore
+from .system_prompt import append_memory, compose_system_prompt
+from .telemetry import RunSpan, run_span
+from .workspace import mcp_url, run_workspace
+
+logger = logging.getLogger(__name__)
+
+TRIGGER_SOURCES = ("tick", "external", "trigger", "route")
+_SCHEDULE_RE = re.compile(r"^schedule:[A-Za-z0-9_.-]+$")
+# How long a cancelled run may take to kill its CLI and record itself.
+CANCEL_GRACE_S = 30.0
+
+
+def validate_trigger_source(source: str) -> None:
+    if source in TRIGGER_SOURCES or (isinstance(source, str) and _SCHEDULE_RE.match(source)):
+        return
+    raise InvalidTriggerSource(
+        f"invalid trigger_source {source!r}: use one of {', '.join(TRIGGER_SOURCES)} "
+        "or schedule:<task-name>"
+    )
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def compose_prompt(prompt: str, context: str | None) -> str:
+    """The text the agent receives: context first, when given, then the prompt."""
+    if context is None or not context.strip():
+        return prompt
+    return f"{context.rstrip()}\n\n{prompt}"
+
+
+@dataclass(frozen=True)
+class SpawnerStatus:
+    butler: str
+    capacity: int
+    active: int
+    queued: int
+    max_queued: int
+    accepting: bool
+
+
+class _Collector:
+    """Folds a run's events into its result and fans them out to listeners."""
+
+    def __init__(self, session_id: str, sinks: list[EventSink], span: RunSpan | None) -> None:
+        self.session_id = session_id
+        self.sinks = sinks
+        self.span = span
+        self.calls: dict[str, ToolCall] = {}
+        self.texts: list[str] = []
+        self.text_chars = 0
+        self.usage = Usage()
+        self.cost_usd: float | None = None
+
+    def emit(self, event: RunEvent) -> None:
+        if isinstance(event, ToolCallStarted | ToolCallFinished):
+            self.calls[event.call.id] = event.call
+            if isinstance(event, ToolCallFinished) and self.span is not None:
+                self.span.tool_call(event.call)
+        elif isinstance(event, AssistantText) and self.text_chars < OUTPUT_LIMIT:
+            self.texts.append(event.text)
+            self.text_chars += len(event.text)
+        elif isinstance(event, UsageUpdate):
+            self.usage, self.cost_usd = event.usage, event.cost_usd
+        for sink in self.sinks:
+            try:
+                sink(event)
+            except Exception:
+                # A broken renderer must not break the run it renders.
+                logger.exception("event listener %r failed on %s", sink, type(event).__name__)
+
+    @property
+    def partial_output(self) -> str:
+        return truncate("\n\n".join(self.texts), OUTPUT_LIMIT)
+
+
+class Spawner:
+    """Runs triggers for one butler with bounded concurrency and a bounded queue."""
+
+    def __init__(
+        self,
+        butler: ButlerConfig,
+        *,
+        store: SessionStore | None = None,
+        adapter: RuntimeAdapter | None = None,
+        credentials: CredentialStore | None = None,
+        memory: MemoryProvider | None = None,
+        tracer_provider: TracerProvider | None = None,
+        mcp_host: str = "localhost",
+        mcp_port: int | None = None,
+        base_url: str | None = None,
+        model: str | None = None,
+        workspace_root: Path | None = None,
+    ) -> None:
+        self.butler = butler
+        self.store = store if store is not None else SessionStore()
+        self.adapter = adapter or get_adapter(butler.runtime.type)(butler.runtime)
+        self.credentials = credentials or CredentialStore(self.store)
+        if memory is None and "memory" in butler.modules:
+            memory = StoreMemory.from_module_config(self.store, butler.modules["memory"])
+        self.memory = memory
+        self.tracer_provider = tracer_provider
+        self.mcp_host = mcp_host
+        self.mcp_port = mcp_port
+        self.base_url = base_url or butler.runtime.base_url
+        self.model = model or butler.runtime.model
+        self.workspace_root = workspace_root
+        self._capacity = butler.runtime.max_concurrent_sessions
+        self._max_queued = butler.runtime.max_queued_sessions
+        self._slots = asyncio.Semaphore(self._capacity)
+        self._active = 0
+        self._pending = 0  # accepted, not yet holding a slot
+        self._accepting = True
+        self._runs: dict[str, asyncio.Task[SpawnerResult]] = {}
+        self._listeners: list[EventSink] = []
+
+    # -- observation -------------------------------------------------------------
+
+    def add_listener(self, listener: EventSink) -> Callable[[], None]:
+        """Receive every event of every run; returns a function that unsubscribes."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    @property
+    def status(self) -> SpawnerStatus:
+        return SpawnerStatus(
+            butler=self.butler.name,
+            capacity=self._capacity,
+            active=self._active,
+            queued=self._queued(),
+            max_queued=self._max_queued,
+            accepting=self._accepting,
+        )
+
+    @property
+    def in_flight(self) -> list[str]:
+        """Session ids of accepted runs that have not finished (running or queued)."""
+        return list(self._runs)
+
+    def _queued(self) -> int:
+        return max(0, self._active + self._pending - self._capacity)
+
+    def _has_free_slot(self) -> bool:
+        return self._active + self._pending < self._capacity
+
+    # -- control -------------------------------------------------------------------
+
+    def stop_accepting(self) -> None:
+        """Refuse every new trigger from now on; runs already accepted go on."""
+        self._accepting = False
+
+    def resume_accepting(self) -> None:
+        self._accepting = True
+
+    async def cancel(self, session_id: str) -> bool:
+        """Cancel one in-flight run; it is recorded as cancelled. False if not in flight."""
+        task = self._runs.get(session_id)
+        if task is None:
+            return False
+        task.cancel()
+        await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
+        return True
+
+    async def drain(self, timeout: float) -> dict[str, int]:  # noqa: ASYNC109 - the API asks for it
+        """Wait up to ``timeout`` seconds for in-flight runs, then cancel the rest.
+
+        Returns how many runs finished on their own and how many were cancelled.
+        """
+        tasks = set(self._runs.values())
+        if not tasks:
+            return {"finished": 0, "cancelled": 0}
+        _, remaining = await asyncio.wait(tasks, timeout=max(0.0, timeout))
+        for task in remaining:
+            task.cancel()
+        if remaining:
+            await asyncio.wait(remaining, timeout=CANCEL_GRACE_S)
+        return {"finished": len(tasks) - len(remaining), "cancelled": len(remaining)}
+
+    # -- triggering ------------------------------------------------------------------
+
+    async def trigger(
+        self,
+        prompt: str,
+        context: str | None = None,
+        trigger_source: str = "external",
+        max_turns: int | None = None,
+        *,
+        on_event: EventSink | None = None,
+        parent_session_id: str | None = None,
+        resume: str | None = None,
+    ) -> SpawnerResult:
+        """Run ``prompt`` on this butler's runtime and return its result.
+
+        Raises for triggers that are refused or wrong before they are accepted
+        (bad arguments, closed spawner, full queue, missing CLI or variable);
+        once accepted, failures come back as ``success=False`` results.
+        """
+        validate_trigger_source(trigger_source)
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("prompt must be a non-empty string")
+        if max_turns is not None and max_turns < 1:
+            raise ValueError("max_turns must be at least 1")
+        if not self._accepting:
+            raise SpawnerClosedError(f"butler {self.butler.name!r} is not accepting triggers")
+        if not self._has_free_slot():
+            if trigger_source == "trigger":
+                return self._rejected_self_trigger()
+            if self._queued() >= self._max_queued:
+                raise QueueFullError(
+                    f"butler {self.butler.name!r} is full: {self._active} running, "
+                    f"{self._queued()} queued (max_queued_sessions = {self._max_queued})"
+                )
+        self.adapter.find_binary()
+        check_required(self.butler, self.credentials)
+
+        # Accepted: reserve the place synchronously, before the first await.
+        self._pending += 1
+        session_id = str(uuid.uuid4())
+        position = self._queued()
+        task = asyncio.create_task(
+            self._run(
+                session_id,
+                prompt,
+                context,
+                trigger_source,
+                max_turns or self.butler.runtime.max_turns,
+                [*self._listeners, *([on_event] if on_event else [])],
+                position,
+                parent_session_id,
+                resume,
+            ),
+            name=f"spawnkit:{self.butler.name}:{session_id[:8]}",
+        )
+        self._runs[session_id] = task
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # The caller gave up (an interrupt, a timeout of its own): cancel the
+            # run, let it clean up and record itself, then pass the cancel on.
+            task.cancel()
+            await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
+            raise
+
+    def _rejected_self_trigger(self) -> SpawnerResult:
+        return SpawnerResult(
+            success=False,
+            status="failed",
+            error_kind="rejected",
+            error=(
+                f"rejected: butler {self.butler.name!r} has no free slot, and a run waiting "
+                "for its own butler would deadlock; try again when the current run has finished"
+            ),
+            butler=self.butler.name,
+            runtime=self.butler.runtime.type,
+        )
+
+    async def _run(
+        self,
+        session_id: str,
+        prompt: str,
+        context: str | None,
+        trigger_source: str,
+        max_turns: int,
+        sinks: list[EventSink],
+        position: int,
+        parent_session_id: str | None,
+        resume: str | None,
+    ) -> SpawnerResult:
+        butler = self.butler
+        worker = self.adapter.create_worker()
+        runtime_session_id = None if resume else worker.new_runtime_session_id()
+        holding_slot = False
+        collector = _Collector(session_id, sinks, None)
+        started_at: datetime | None = None
+        started_clock = 0.0
+        result: SpawnerResult | None = None
+        try:
+            await asyncio.to_thread(
+                self.store.create_session,
+                session_id,
+                butler=butler.name,
+                runtime=butler.runtime.type,
+                model=self.model,
+                prompt=prompt,
+                context=context,
+                trigger_source=trigger_source,
+                runtime_session_id=runtime_session_id or resume,
+                parent_session_id=parent_session_id,
+            )
+            if position > 0:
+                collector.emit(Queued(session_id, butler.name, position))
+            async with self._slots:
+                self._pending -= 1
+                self._active += 1
+                holding_slot = True
+                try:
+                    started_at, started_clock = _now(), time.monotonic()
+                    result = await self._execute(
+                        worker, session_id, prompt, context, trigger_source, max_turns,
+                        collector, started_at, runtime_session_id, resume,
+                    )  # fmt: skip
+                finally:
+                    self._active -= 1
+        except asyncio.CancelledError:
+            result = self._unfinished(collector, "cancelled", "the run was cancelled", "cancelled")
+        except Exception as exc:  # a bug of ours: record it rather than lose the session
+            logger.exception("run %s of butler %s failed inside spawnkit", session_id, butler.name)
+            result = self._unfinished(collector, "failed", f"internal error: {exc!r}", "internal")
+        finally:
+            if not holding_slot:
+                self._pending -= 1
+        if started_at is not None and result.duration_ms == 0:
+            result = replace(result, duration_ms=int((time.monotonic() - started_clock) * 1000))
+        result = replace(
+            result, session_id=session_id, butler=butler.name, runtime=butler.runtime.type
+        )
+        try:
+            await asyncio.shield(asyncio.to_thread(self.store.complete_session, session_id, result))
+        except asyncio.CancelledError:
+            logger.debug("cancelled while recording session %s; the write goes on", session_id)
+        finally:
+            self._runs.pop(session_id, None)
+        collector.emit(Finished(session_id, result))
+        return result
+
+    def _unfinished(
+        self, collector: _Collector, status: RunStatus, error: str, kind: str
+    ) -> SpawnerResult:
+        return SpawnerResult(
+            output=collector.partial_output,
+            tool_calls=list(collector.calls.values()),
+            success=False,
+            error=error,
+            error_kind=kind,
+            status=status,
+            usage=collector.usage,
+            cost_usd=collector.cost_usd,
+            model=self.model,
+        )
+
+    async def _execute(
+        self,
+        worker: RuntimeAdapter,
+        session_id: str,
+        prompt: str,
+        context: str | None,
+        trigger_source: str,
+        max_turns: int,
+        collector: _Collector,
+        started_at: datetime,
+        runtime_session_id: str | None,
+        resume: str | None,
+    ) -> SpawnerResult:
+        butler = self.butler
+        clock = time.monotonic()
+        with (
+            run_span(
+                butler=butler.name,
+                runtime=butler.runtime.type,
+                model=self.model,
+                session_id=session_id,
+                trigger_source=trigger_source,
+                provider=self.tracer_provider,
+            ) as span,
+            run_workspace(butler.name, self.workspace_root) as workspace,
+        ):
+            collector.span = span
+            trace_id = span.trace_id
+            await asyncio.to_thread(
+                self.store.mark_started, session_id, started_at=started_at, trace_id=trace_id
+            )
+            collector.emit(
+                Started(
+                    session_id, butler.name, butler.runtime.type, self.model, runtime_session_id
+                )
+            )
+            outcome: RunOutcome | None = None
+            status: RunStatus = "failed"
+            error: str | None = None
+            error_kind: str | None = None
+            try:
+                spec = await self._prepare(
+                    worker, session_id, prompt, context, max_turns, workspace, span,
+                    runtime_session_id, resume,
+                )  # fmt: skip
+                async with asyncio.timeout(butler.runtime.timeout_s):
+                    outcome = await worker.invoke(spec, collector.emit)
+                status = "success" if outcome.success else "failed"
+                error, error_kind = outcome.error, outcome.error_kind
+            except TimeoutError:
+                error = (
+                    f"timed out after {butler.runtime.timeout_s:g} s ([butler.runtime] timeout_s)"
+                )
+                error_kind = "timeout"
+            except (RuntimeFailure, RuntimeNotFoundError, ConfigError) as exc:
+                error = str(exc)
+                error_kind = getattr(
+                    exc, "kind", "config" if isinstance(exc, ConfigError) else "not_found"
+                )
+                worker.reset()
+            except asyncio.CancelledError:
+                cancelled = self._unfinished(
+                    collector, "cancelled", "the run was cancelled", "cancelled"
+                )
+                cancelled = replace(cancelled, trace_id=trace_id, duration_ms=_ms_since(clock))
+                span.finish(cancelled)
+                raise
+            if outcome is not None and not outcome.success:
+                worker.reset()
+            result = self._result(collector, outcome, status, error, error_kind, trace_id, clock)
+            span.finish(result)
+        if result.success and self.memory is not None:
+            try:
+                await self.memory.store_episode(butler.name, session_id, prompt, result.output)
+            except Exception:
+                logger.exception("memory: could not store the episode of %s; going on", session_id)
+        return result
+
+    async def _prepare(
+        self,
+        worker: RuntimeAdapter,
+        session_id: str,
+        prompt: str,
+        context: str | None,
+        max_turns: int,
+        workspace: Path,
+        span: RunSpan,
+        runtime_session_id: str | None,
+        resume: str | None,
+    ) -> RunSpec:
+        butler = self.butler
+        base = worker.parse_system_prompt_file(butler.system_prompt_file, butler.roster_dir)
+        system_prompt = compose_system_prompt(butler, base)
+        if self.memory is not None:
+            try:
+                memory_context = await self.memory.fetch_context(butler.name, prompt)
+            except Exception:
+                logger.exception("memory: could not fetch context for %s; going on", session_id)
+                memory_context = None
+            system_prompt = append_memory(system_prompt, memory_context)
+        server = McpServerSpec(
+            name=butler.name,
+            transport=butler.mcp_transport,
+            url=mcp_url(
+                butler, runtime_session_id or resume or session_id, self.mcp_host, self.mcp_port
+            ),
+        )
+        identity = {
+            "SPAWNKIT_SESSION_ID": session_id,
+            "SPAWNKIT_BUTLER": butler.name,
+            "SPAWNKIT_WORKSPACE": str(workspace),
+        }
+        traceparent = span.traceparent()
+        if traceparent:
+            identity["TRACEPARENT"] = traceparent
+        env = await asyncio.to_thread(
+            isolated_env, butler, self.credentials, worker.passthrough_env, identity
+        )
+        return RunSpec(
+            session_id=session_id,
+            butler=butler.name,
+            prompt=compose_prompt(prompt, context),
+            system_prompt=system_prompt,
+            workspace=workspace,
+            cwd=butler.directory,
+            mcp_server=server,
+            config_file=worker.build_config_file(workspace, server),
+            env=env,
+            max_turns=max_turns,
+            tools=butler.runtime.tools,
+            model=self.model,
+            base_url=self.base_url,
+            runtime_session_id=runtime_session_id,
+            resume=resume,
+        )
+
+    def _result(
+        self,
+        collector: _Collector,
+        outcome: RunOutcome | None,
+        status: RunStatus,
+        error: str | None,
+        error_kind: str | None,
+        trace_id: str | None,
+        clock: float,
+    ) -> SpawnerResult:
+        calls = list(collector.calls.values())
+        if outcome is None:
+            result = self._unfinished(
+                collector, status, error or "the run failed", error_kind or ""
+            )
+            return replace(result, trace_id=trace_id, duration_ms=_ms_since(clock))
+        return SpawnerResult(
+            output=outcome.output
+            if outcome.success
+            else (outcome.output or collector.partial_output),
+            tool_calls=calls,
+            success=outcome.success,
+            error=error,
+            error_kind=error_kind,
+            status=status,
+            runtime_session_id=outcome.runtime_session_id,
+            duration_ms=_ms_since(clock),
+            usage=outcome.usage,
+            cost_usd=outcome.cost_usd,
+            trace_id=trace_id,
+            model=outcome.model or self.model,
+            num_turns=outcome.num_turns,
+        )
+
+
+def _ms_since(clock: float) -> int:
+    return int((time.monotonic() - clock) * 1000)

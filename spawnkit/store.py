@@ -1,0 +1,604 @@
+"""The session store: every accepted run, its tool calls, and butler state, in SQLite.
+
+One database file (``$SPAWNKIT_HOME/sessions.db`` by default) in WAL mode with a
+busy timeout, so several processes (a notebook, ``spawnkit serve``, a CLI run)
+can write at once. A session row is created when a trigger is accepted and
+completed when the run ends, whatever happens; each row also records which
+process owns it, so rows left open by a process that died are marked
+``crashed`` the next time any process opens the store.
+
+The same file holds the tables the butler's MCP server and the core need:
+``state`` (the ``state_*`` tools), ``mcp_calls`` (tool calls as the server saw
+them), ``credentials`` (see :mod:`spawnkit.credentials`) and ``episodes`` (see
+:mod:`spawnkit.memory`). Connections are per thread; methods are synchronous
+and short, and async callers run them with ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .errors import StoreError
+from .home import default_store_path
+from .result import SpawnerResult, ToolCall, Usage
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_MS = 15_000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    butler TEXT NOT NULL,
+    runtime TEXT NOT NULL,
+    model TEXT,
+    prompt TEXT NOT NULL,
+    context TEXT,
+    trigger_source TEXT NOT NULL,
+    status TEXT NOT NULL,
+    success INTEGER,
+    error TEXT,
+    error_kind TEXT,
+    output TEXT,
+    tool_calls TEXT,
+    num_tool_calls INTEGER,
+    duration_ms INTEGER,
+    input_tokens INTEGER,
+    output_tokens INTEGER,
+    cache_read_tokens INTEGER,
+    cache_write_tokens INTEGER,
+    cost_usd REAL,
+    num_turns INTEGER,
+    trace_id TEXT,
+    runtime_session_id TEXT,
+    parent_session_id TEXT,
+    created_at TEXT NOT NULL,
+    started_at TEXT,
+    completed_at TEXT,
+    owner_host TEXT,
+    owner_pid INTEGER,
+    owner_start TEXT
+);
+CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_at);
+CREATE INDEX IF NOT EXISTS sessions_by_butler ON sessions (butler, created_at);
+CREATE INDEX IF NOT EXISTS sessions_by_runtime_id ON sessions (runtime_session_id);
+CREATE INDEX IF NOT EXISTS sessions_open ON sessions (owner_host) WHERE completed_at IS NULL;
+
+CREATE TABLE IF NOT EXISTS tool_calls (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    call_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    server TEXT,
+    tool TEXT NOT NULL,
+    input TEXT,
+    output TEXT,
+    status TEXT NOT NULL,
+    started_at TEXT NOT NULL,
+    finished_at TEXT,
+    duration_ms INTEGER,
+    PRIMARY KEY (session_id, seq)
+);
+
+CREATE TABLE IF NOT EXISTS mcp_calls (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    butler TEXT NOT NULL,
+    session_key TEXT,
+    session_id TEXT,
+    tool TEXT NOT NULL,
+    arguments TEXT,
+    result TEXT,
+    is_error INTEGER NOT NULL DEFAULT 0,
+    called_at TEXT NOT NULL,
+    duration_ms INTEGER
+);
+CREATE INDEX IF NOT EXISTS mcp_calls_by_session ON mcp_calls (session_id);
+
+CREATE TABLE IF NOT EXISTS state (
+    butler TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (butler, key)
+);
+
+CREATE TABLE IF NOT EXISTS credentials (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS episodes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    butler TEXT NOT NULL,
+    session_id TEXT,
+    prompt TEXT NOT NULL,
+    output TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS episodes_by_butler ON episodes (butler, id);
+"""
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def _dt(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+def _process_start(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (Linux), to tell a live owner from a reused pid."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return fields[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _process_alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return start is None or _process_start(pid) in (None, start)
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """One row of the ``sessions`` table."""
+
+    id: str
+    butler: str
+    runtime: str
+    model: str | None
+    prompt: str
+    context: str | None
+    trigger_source: str
+    status: str
+    success: bool | None
+    error: str | None
+    error_kind: str | None
+    output: str | None
+    tool_calls: list[ToolCall]
+    duration_ms: int | None
+    usage: Usage
+    cost_usd: float | None
+    num_turns: int | None
+    trace_id: str | None
+    runtime_session_id: str | None
+    parent_session_id: str | None
+    created_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> SessionRecord:
+        calls = [ToolCall.from_dict(c) for c in json.loads(row["tool_calls"] or "[]")]
+        return cls(
+            id=row["id"],
+            butler=row["butler"],
+            runtime=row["runtime"],
+            model=row["model"],
+            prompt=row["prompt"],
+            context=row["context"],
+            trigger_source=row["trigger_source"],
+            status=row["status"],
+            success=None if row["success"] is None else bool(row["success"]),
+            error=row["error"],
+            error_kind=row["error_kind"],
+            output=row["output"],
+            tool_calls=calls,
+            duration_ms=row["duration_ms"],
+            usage=Usage(
+                row["input_tokens"] or 0,
+                row["output_tokens"] or 0,
+                row["cache_read_tokens"] or 0,
+                row["cache_write_tokens"] or 0,
+            ),
+            cost_usd=row["cost_usd"],
+            num_turns=row["num_turns"],
+            trace_id=row["trace_id"],
+            runtime_session_id=row["runtime_session_id"],
+            parent_session_id=row["parent_session_id"],
+            created_at=datetime.fromisoformat(row["created_at"]),
+            started_at=_dt(row["started_at"]),
+            completed_at=_dt(row["completed_at"]),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "butler": self.butler,
+            "runtime": self.runtime,
+            "model": self.model,
+            "prompt": self.prompt,
+            "context": self.context,
+            "trigger_source": self.trigger_source,
+            "status": self.status,
+            "success": self.success,
+            "error": self.error,
+            "error_kind": self.error_kind,
+            "output": self.output,
+            "tool_calls": [c.to_dict() for c in self.tool_calls],
+            "duration_ms": self.duration_ms,
+            "input_tokens": self.usage.input_tokens,
+            "output_tokens": self.usage.output_tokens,
+            "cache_read_tokens": self.usage.cache_read_tokens,
+            "cache_write_tokens": self.usage.cache_write_tokens,
+            "cost_usd": self.cost_usd,
+            "num_turns": self.num_turns,
+            "trace_id": self.trace_id,
+            "runtime_session_id": self.runtime_session_id,
+            "parent_session_id": self.parent_session_id,
+            "created_at": _iso(self.created_at),
+            "started_at": _iso(self.started_at),
+            "completed_at": _iso(self.completed_at),
+        }
+
+
+class SessionStore:
+    """SQLite-backed store; safe to share between threads and processes."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else default_store_path()
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._host = socket.gethostname()
+        self._pid = os.getpid()
+        self._pid_start = _process_start(self._pid)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._migrate()
+            self.recover_orphans()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the session store {self.path}: {exc}") from exc
+
+    # -- connections -----------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            created = not self.path.exists()
+            conn = sqlite3.connect(
+                self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                check_same_thread=False,
+            )  # fmt: skip
+            if created:
+                self.path.chmod(0o600)  # it may hold credentials
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            self._local.conn = conn
+            with self._lock:
+                self._connections.append(conn)
+        return conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction that takes the write lock up front (no upgrade deadlocks)."""
+        conn = self._connect()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self._tx() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} was written by a newer spawnkit (schema {version}); upgrade"
+                )
+            if version < SCHEMA_VERSION:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._connections:
+                conn.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    def __enter__(self) -> SessionStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- sessions --------------------------------------------------------------
+
+    def create_session(
+        self,
+        session_id: str,
+        *,
+        butler: str,
+        runtime: str,
+        model: str | None,
+        prompt: str,
+        context: str | None,
+        trigger_source: str,
+        runtime_session_id: str | None = None,
+        parent_session_id: str | None = None,
+        created_at: datetime | None = None,
+    ) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                """INSERT INTO sessions (id, butler, runtime, model, prompt, context,
+                       trigger_source, status, runtime_session_id, parent_session_id,
+                       created_at, owner_host, owner_pid, owner_start)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?)""",
+                (
+                    session_id, butler, runtime, model, prompt, context, trigger_source,
+                    runtime_session_id, parent_session_id, _iso(created_at or utcnow()),
+                    self._host, self._pid, self._pid_start,
+                ),
+            )  # fmt: skip
+
+    def mark_started(
+        self, session_id: str, *, started_at: datetime, trace_id: str | None = None
+    ) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                "UPDATE sessions SET status = 'running', started_at = ?, trace_id = ? "
+                "WHERE id = ? AND completed_at IS NULL",
+                (_iso(started_at), trace_id, session_id),
+            )
+
+    def complete_session(
+        self, session_id: str, result: SpawnerResult, completed_at: datetime | None = None
+    ) -> None:
+        """Close the record with the run's result; a record is completed only once."""
+        calls_json = json.dumps([c.to_dict() for c in result.tool_calls], ensure_ascii=False)
+        with self._tx() as conn:
+            updated = conn.execute(
+                """UPDATE sessions SET status = ?, success = ?, error = ?, error_kind = ?,
+                       output = ?, tool_calls = ?, num_tool_calls = ?, duration_ms = ?,
+                       input_tokens = ?, output_tokens = ?, cache_read_tokens = ?,
+                       cache_write_tokens = ?, cost_usd = ?, num_turns = ?,
+                       trace_id = COALESCE(?, trace_id),
+                       runtime_session_id = COALESCE(?, runtime_session_id),
+                       model = COALESCE(?, model), completed_at = ?
+                   WHERE id = ? AND completed_at IS NULL""",
+                (
+                    result.status, int(result.success), result.error, result.error_kind,
+                    result.output, calls_json, len(result.tool_calls), result.duration_ms,
+                    result.usage.input_tokens, result.usage.output_tokens,
+                    result.usage.cache_read_tokens, result.usage.cache_write_tokens,
+                    result.cost_usd, result.num_turns, result.trace_id,
+                    result.runtime_session_id, result.model,
+                    _iso(completed_at or utcnow()), session_id,
+                ),
+            ).rowcount  # fmt: skip
+            if updated:
+                conn.executemany(
+                    """INSERT OR REPLACE INTO tool_calls (session_id, seq, call_id, name, server,
+                           tool, input, output, status, started_at, finished_at, duration_ms)
+                       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                    [
+                        (
+                            session_id, seq, c.id, c.name, c.server, c.tool,
+                            json.dumps(c.input, ensure_ascii=False), c.output, c.status,
+                            _iso(c.started_at), _iso(c.finished_at), c.duration_ms,
+                        )
+                        for seq, c in enumerate(result.tool_calls)
+                    ],
+                )  # fmt: skip
+
+    def get_session(self, session_id: str) -> SessionRecord | None:
+        row = (
+            self._connect().execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        )
+        return SessionRecord.from_row(row) if row else None
+
+    def list_sessions(
+        self,
+        *,
+        butler: str | None = None,
+        status: str | None = None,
+        limit: int = 50,
+    ) -> list[SessionRecord]:
+        clauses, params = [], []
+        if butler:
+            clauses.append("butler = ?")
+            params.append(butler)
+        if status:
+            clauses.append("status = ?")
+            params.append(status)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = (
+            self._connect()
+            .execute(
+                f"SELECT * FROM sessions {where} ORDER BY created_at DESC LIMIT ?",
+                (*params, limit),
+            )
+            .fetchall()
+        )
+        return [SessionRecord.from_row(r) for r in rows]
+
+    def count_sessions(self) -> int:
+        return int(self._connect().execute("SELECT count(*) FROM sessions").fetchone()[0])
+
+    def resolve_session(self, key: str) -> str | None:
+        """spawnkit's session id for a runtime session id (or for itself)."""
+        row = (
+            self._connect()
+            .execute(
+                "SELECT id FROM sessions WHERE runtime_session_id = ? OR id = ? "
+                "ORDER BY created_at DESC LIMIT 1",
+                (key, key),
+            )
+            .fetchone()
+        )
+        return row["id"] if row else None
+
+    def recover_orphans(self) -> int:
+        """Mark this host's open records whose owning process is gone as crashed."""
+        conn = self._connect()
+        rows = conn.execute(
+            "SELECT id, owner_pid, owner_start FROM sessions "
+            "WHERE completed_at IS NULL AND owner_host = ?",
+            (self._host,),
+        ).fetchall()
+        dead = [r["id"] for r in rows if not _process_alive(r["owner_pid"], r["owner_start"])]
+        if dead:
+            now = _iso(utcnow())
+            with self._tx() as tx:
+                tx.executemany(
+                    "UPDATE sessions SET status = 'crashed', success = 0, error_kind = 'crash', "
+                    "error = 'the process that ran this session exited before it completed', "
+                    "completed_at = ? WHERE id = ? AND completed_at IS NULL",
+                    [(now, sid) for sid in dead],
+                )
+        return len(dead)
+
+    # -- MCP calls seen by a butler's server --------------------------------------
+
+    def record_mcp_call(
+        self,
+        *,
+        butler: str,
+        session_key: str | None,
+        tool: str,
+        arguments: dict[str, Any],
+        result: str,
+        is_error: bool,
+        called_at: datetime,
+        duration_ms: int,
+    ) -> str | None:
+        session_id = self.resolve_session(session_key) if session_key else None
+        with self._tx() as conn:
+            conn.execute(
+                """INSERT INTO mcp_calls (butler, session_key, session_id, tool, arguments,
+                       result, is_error, called_at, duration_ms)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                (
+                    butler, session_key, session_id, tool,
+                    json.dumps(arguments, ensure_ascii=False, default=str), result,
+                    int(is_error), _iso(called_at), duration_ms,
+                ),
+            )  # fmt: skip
+        return session_id
+
+    def mcp_calls(self, session_id: str) -> list[dict[str, Any]]:
+        rows = (
+            self._connect()
+            .execute("SELECT * FROM mcp_calls WHERE session_id = ? ORDER BY id", (session_id,))
+            .fetchall()
+        )
+        return [
+            {
+                **dict(r),
+                "arguments": json.loads(r["arguments"] or "{}"),
+                "is_error": bool(r["is_error"]),
+            }
+            for r in rows
+        ]
+
+    # -- butler state ------------------------------------------------------------
+
+    def state_get(self, butler: str, key: str) -> Any:
+        row = (
+            self._connect()
+            .execute("SELECT value FROM state WHERE butler = ? AND key = ?", (butler, key))
+            .fetchone()
+        )
+        return json.loads(row["value"]) if row else None
+
+    def state_set(self, butler: str, key: str, value: Any) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO state (butler, key, value, updated_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (butler, key) DO UPDATE SET value = excluded.value, "
+                "updated_at = excluded.updated_at",
+                (butler, key, json.dumps(value, ensure_ascii=False), _iso(utcnow())),
+            )
+
+    def state_list(self, butler: str, prefix: str = "") -> dict[str, Any]:
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        rows = (
+            self._connect()
+            .execute(
+                "SELECT key, value FROM state WHERE butler = ? AND key LIKE ? ESCAPE '\\' "
+                "ORDER BY key",
+                (butler, f"{escaped}%"),
+            )
+            .fetchall()
+        )
+        return {r["key"]: json.loads(r["value"]) for r in rows}
+
+    # -- credentials --------------------------------------------------------------
+
+    def credential_get(self, name: str) -> str | None:
+        row = (
+            self._connect()
+            .execute("SELECT value FROM credentials WHERE name = ?", (name,))
+            .fetchone()
+        )
+        return row["value"] if row else None
+
+    def credential_set(self, name: str, value: str) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO credentials (name, value, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET value = excluded.value, "
+                "updated_at = excluded.updated_at",
+                (name, value, _iso(utcnow())),
+            )
+
+    def credential_delete(self, name: str) -> bool:
+        with self._tx() as conn:
+            return conn.execute("DELETE FROM credentials WHERE name = ?", (name,)).rowcount > 0
+
+    def credential_names(self) -> list[str]:
+        rows = self._connect().execute("SELECT name FROM credentials ORDER BY name").fetchall()
+        return [r["name"] for r in rows]
+
+    # -- memory episodes -----------------------------------------------------------
+
+    def add_episode(self, butler: str, session_id: str | None, prompt: str, output: str) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO episodes (butler, session_id, prompt, output, created_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (butler, session_id, prompt, output, _iso(utcnow())),
+            )
+
+    def recent_episodes(self, butler: str, limit: int) -> list[dict[str, Any]]:
+        """The latest ``limit`` episodes of ``butler``, newest first."""
+        rows = (
+            self._connect()
+            .execute(
+                "SELECT session_id, prompt, output, created_at FROM episodes "
+                "WHERE butler = ? ORDER BY id DESC LIMIT ?",
+                (butler, limit),
+            )
+            .fetchall()
+        )
+        return [dict(r) for r in rows]

@@ -1,0 +1,130 @@
+"""OpenTelemetry for runs: one ``invoke_agent <butler>`` span each, tool calls as children.
+
+Attributes follow the GenAI semantic conventions (``gen_ai.*``). spawnkit
+never installs a tracer provider itself: with none configured, spans are
+non-recording, no trace id is stored and no ``TRACEPARENT`` reaches the child,
+and the run works the same. With one configured (the application's, or one
+passed to the spawner), the session record keeps the trace id and the child
+gets the W3C ``TRACEPARENT`` of the run's span, so a CLI that exports its own
+telemetry nests under it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from .result import SpawnerResult, ToolCall
+
+TRACER_NAME = "spawnkit"
+_PROVIDERS = {"claude-code": "anthropic", "codex": "openai", "gemini": "gcp.gemini"}
+
+
+def _ns(at: datetime) -> int:
+    return int(at.timestamp() * 1_000_000_000)
+
+
+class RunSpan:
+    """The span of one run, with helpers for its trace id, traceparent and tool calls."""
+
+    def __init__(self, span: trace.Span, tracer: trace.Tracer) -> None:
+        self.span = span
+        self._tracer = tracer
+
+    @property
+    def trace_id(self) -> str | None:
+        ctx = self.span.get_span_context()
+        return trace.format_trace_id(ctx.trace_id) if ctx.is_valid else None
+
+    def traceparent(self) -> str | None:
+        if not self.span.get_span_context().is_valid:
+            return None
+        carrier: dict[str, str] = {}
+        TraceContextTextMapPropagator().inject(carrier, trace.set_span_in_context(self.span))
+        return carrier.get("traceparent")
+
+    def tool_call(self, call: ToolCall) -> None:
+        """Record a finished tool call as a child span with its real start and end."""
+        if not self.span.is_recording():
+            return
+        child = self._tracer.start_span(
+            f"execute_tool {call.tool}",
+            context=trace.set_span_in_context(self.span),
+            kind=SpanKind.INTERNAL,
+            start_time=_ns(call.started_at),
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": call.tool,
+                "gen_ai.tool.call.id": call.id,
+                "gen_ai.tool.type": "extension" if call.server else "function",
+                **({"spawnkit.mcp.server": call.server} if call.server else {}),
+            },
+        )
+        if call.status == "error":
+            child.set_status(Status(StatusCode.ERROR, (call.output or "")[:200]))
+        child.end(end_time=_ns(call.finished_at) if call.finished_at else None)
+
+    def finish(self, result: SpawnerResult) -> None:
+        span = self.span
+        if not span.is_recording():
+            return
+        for call in result.tool_calls:
+            if call.finished_at is None:
+                self.tool_call(call)
+        usage = result.usage
+        span.set_attributes(
+            {
+                "gen_ai.usage.input_tokens": usage.input_tokens,
+                "gen_ai.usage.output_tokens": usage.output_tokens,
+                "gen_ai.usage.cache_read.input_tokens": usage.cache_read_tokens,
+                "gen_ai.usage.cache_creation.input_tokens": usage.cache_write_tokens,
+                "spawnkit.status": result.status,
+                "spawnkit.tool_calls": len(result.tool_calls),
+            }
+        )
+        if result.model:
+            span.set_attribute("gen_ai.response.model", result.model)
+        if result.runtime_session_id:
+            span.set_attribute("gen_ai.conversation.id", result.runtime_session_id)
+        if result.cost_usd is not None:
+            span.set_attribute("spawnkit.cost_usd", result.cost_usd)
+        if not result.success:
+            span.set_attribute("error.type", result.error_kind or result.status)
+            span.set_status(Status(StatusCode.ERROR, (result.error or "")[:200]))
+
+
+@contextmanager
+def run_span(
+    *,
+    butler: str,
+    runtime: str,
+    model: str | None,
+    session_id: str,
+    trigger_source: str,
+    provider: TracerProvider | None = None,
+) -> Iterator[RunSpan]:
+    """Open the run's span and make it current for the block."""
+    tracer = trace.get_tracer(TRACER_NAME, tracer_provider=provider)
+    attributes: dict[str, str] = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": butler,
+        "gen_ai.provider.name": _PROVIDERS.get(runtime, runtime),
+        "spawnkit.session_id": session_id,
+        "spawnkit.runtime": runtime,
+        "spawnkit.trigger_source": trigger_source,
+    }
+    if model:
+        attributes["gen_ai.request.model"] = model
+    with tracer.start_as_current_span(
+        f"invoke_agent {butler}",
+        kind=SpanKind.CLIENT,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        yield RunSpan(span, tracer)
