@@ -110,6 +110,7 @@ class _Collector:
         self.text_chars = 0
         self.usage = Usage()
         self.cost_usd: float | None = None
+        self.trace_id: str | None = None
 
     def emit(self, event: RunEvent) -> None:
         if isinstance(event, ToolCallStarted | ToolCallFinished):
@@ -368,6 +369,7 @@ class Spawner:
         finally:
             if not holding_slot:
                 self._pending -= 1
+        assert result is not None  # every branch above sets it
         if started_at is not None and result.duration_ms == 0:
             result = replace(result, duration_ms=int((time.monotonic() - started_clock) * 1000))
         result = replace(
@@ -385,9 +387,15 @@ class Spawner:
     def _unfinished(
         self, collector: _Collector, status: RunStatus, error: str, kind: str
     ) -> SpawnerResult:
+        """A result for a run that ended before its runtime reported an outcome."""
+        now = _now()
+        calls = [
+            call if call.finished_at else call.finish(f"[not finished: {error}]", True, now)
+            for call in collector.calls.values()
+        ]
         return SpawnerResult(
             output=collector.partial_output,
-            tool_calls=list(collector.calls.values()),
+            tool_calls=calls,
             success=False,
             error=error,
             error_kind=kind,
@@ -395,6 +403,7 @@ class Spawner:
             usage=collector.usage,
             cost_usd=collector.cost_usd,
             model=self.model,
+            trace_id=collector.trace_id,
         )
 
     async def _execute(
@@ -424,7 +433,7 @@ class Spawner:
             run_workspace(butler.name, self.workspace_root) as workspace,
         ):
             collector.span = span
-            trace_id = span.trace_id
+            collector.trace_id = trace_id = span.trace_id
             await asyncio.to_thread(
                 self.store.mark_started, session_id, started_at=started_at, trace_id=trace_id
             )
@@ -461,7 +470,7 @@ class Spawner:
                 cancelled = self._unfinished(
                     collector, "cancelled", "the run was cancelled", "cancelled"
                 )
-                cancelled = replace(cancelled, trace_id=trace_id, duration_ms=_ms_since(clock))
+                cancelled = replace(cancelled, duration_ms=_ms_since(clock))
                 span.finish(cancelled)
                 raise
             if outcome is not None and not outcome.success:

@@ -1,0 +1,311 @@
+"""The ``spawnkit`` command line: a thin frontend that parses arguments and calls the core.
+
+User mistakes (an unknown butler, bad TOML, an unknown runtime, a missing
+variable or CLI) print one line and exit 2, never a traceback; a run that was
+accepted and failed exits 1; Ctrl-C cancels the run, records it as cancelled,
+and exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import os
+import sys
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+
+from . import __version__
+from .console import EventPrinter, Style, render_session, render_sessions_table
+from .errors import SpawnkitError
+from .replay import Scenario, record_forever, serve_forever
+from .result import SpawnerResult
+from .roster import ButlerConfig, Roster, load_roster
+from .service import ButlerService
+from .store import SessionStore
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+DEMO_BUTLER = "health"
+DEMO_SCENARIO = "scenarios/demo.toml"
+DEMO_PROMPT = "I weighed 72.4 kg this morning"
+
+
+def default_roster() -> Path:
+    return Path(os.environ.get("SPAWNKIT_ROSTER", "roster"))
+
+
+def example_roster() -> Path:
+    """The repository's roster when run from a checkout, else the copy in the wheel."""
+    local = Path("roster")
+    if (local / DEMO_BUTLER / "butler.toml").is_file():
+        return local
+    return Path(str(resources.files("spawnkit") / "_examples" / "roster"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spawnkit",
+        description="Spawn agent CLIs as ephemeral, locked-down butler runs, and log every one.",
+    )
+    parser.add_argument("--version", action="version", version=f"spawnkit {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run one prompt on a butler and stream its tool calls")
+    run.add_argument(
+        "--roster", type=Path, default=None, help="roster directory (default ./roster)"
+    )
+    run.add_argument("--butler", required=True, help="butler name")
+    run.add_argument("--max-turns", type=int, default=None, help="override max_turns")
+    run.add_argument(
+        "--replay", type=Path, metavar="SCENARIO", help="play model turns from a scenario"
+    )
+    run.add_argument(
+        "--external-mcp",
+        action="store_true",
+        help="use the MCP server already serving the butler's port instead of starting one",
+    )
+    run.add_argument("--context", default=None, help="context placed before the prompt")
+    run.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    run.add_argument("prompt", help="the prompt")
+
+    sessions = commands.add_parser("sessions", help="list recorded sessions, or show one")
+    sessions.add_argument("session_id", nargs="?", help="show this session (a prefix is enough)")
+    sessions.add_argument("--butler", help="only this butler")
+    sessions.add_argument("--status", help="only this status (success, failed, cancelled, ...)")
+    sessions.add_argument("-n", "--limit", type=int, default=20)
+    sessions.add_argument("--json", action="store_true")
+
+    serve = commands.add_parser("serve", help="serve a butler's MCP server and schedule")
+    serve.add_argument("butler", help="butler name")
+    serve.add_argument("--roster", type=Path, default=None)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=None, help="default: the butler's port")
+    serve.add_argument("--replay", type=Path, metavar="SCENARIO", help="runs use this scenario")
+
+    replay = commands.add_parser("replay", help="the replay model server")
+    replay_commands = replay.add_subparsers(dest="replay_command", required=True)
+    replay_serve = replay_commands.add_parser("serve", help="play a scenario as a model API")
+    replay_serve.add_argument("scenario", type=Path)
+    replay_serve.add_argument("--host", default="127.0.0.1")
+    replay_serve.add_argument("--port", type=int, default=0)
+    record = replay_commands.add_parser("record", help="proxy a real API and write a scenario")
+    record.add_argument("--upstream", required=True, help="e.g. https://api.anthropic.com")
+    record.add_argument("--out", type=Path, required=True, help="scenario file to write")
+    record.add_argument("--host", default="127.0.0.1")
+    record.add_argument("--port", type=int, default=0)
+
+    demo = commands.add_parser("demo", help="run an example butler offline, end to end")
+    demo.add_argument("--json", action="store_true")
+
+    roster = commands.add_parser("roster", help="validate a roster and list its butlers")
+    roster.add_argument("--roster", type=Path, default=None)
+
+    creds = commands.add_parser("credentials", help="values runs get for declared variables")
+    creds_commands = creds.add_subparsers(dest="credentials_command", required=True)
+    creds_set = creds_commands.add_parser("set", help="store a value (asked for when omitted)")
+    creds_set.add_argument("name")
+    creds_set.add_argument("value", nargs="?")
+    creds_commands.add_parser("list", help="list stored names (never values)")
+    creds_delete = creds_commands.add_parser("delete", help="remove a stored value")
+    creds_delete.add_argument("name")
+    return parser
+
+
+def _tracer_provider() -> TracerProvider:
+    """Spans give each session a trace id; OTEL_TRACES_EXPORTER=console prints them."""
+    provider = TracerProvider()
+    if os.environ.get("OTEL_TRACES_EXPORTER") == "console":
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
+    return provider
+
+
+async def _run_once(
+    butler: ButlerConfig,
+    prompt: str,
+    *,
+    context: str | None,
+    max_turns: int | None,
+    replay: Path | None,
+    external_mcp: bool,
+    json_output: bool,
+    store: SessionStore,
+) -> SpawnerResult:
+    printer = EventPrinter(sys.stderr if json_output else sys.stdout)
+    provider = _tracer_provider()
+    try:
+        async with ButlerService(
+            butler,
+            store=store,
+            replay=Scenario.load(replay) if replay else None,
+            external_mcp=external_mcp,
+            tracer_provider=provider,
+        ) as service:
+            return await service.trigger(prompt, context, max_turns=max_turns, on_event=printer)
+    finally:
+        provider.shutdown()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    roster = load_roster(args.roster or default_roster())
+    butler = roster[args.butler]
+    store = SessionStore()
+    result = asyncio.run(
+        _run_once(
+            butler, args.prompt, context=args.context, max_turns=args.max_turns,
+            replay=args.replay, external_mcp=args.external_mcp, json_output=args.json,
+            store=store,
+        )
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False, default=str))
+    return EXIT_OK if result.success else EXIT_FAILED
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    roster = load_roster(example_roster())
+    butler = roster[DEMO_BUTLER]
+    out = sys.stderr if args.json else sys.stdout
+    style = Style.for_stream(out)
+    print(
+        style.bold("spawnkit demo")
+        + f": the {butler.name!r} butler runs the real Claude Code CLI, offline, against\n"
+        "spawnkit's replay model server, with its own MCP server and skills.\n"
+        f"prompt: {DEMO_PROMPT!r}\n",
+        file=out,
+    )
+    store = SessionStore()
+    result = asyncio.run(
+        _run_once(
+            butler, DEMO_PROMPT, context=None, max_turns=None,
+            replay=butler.directory / DEMO_SCENARIO, external_mcp=False, json_output=args.json,
+            store=store,
+        )
+    )  # fmt: skip
+    record = store.get_session(result.session_id or "")
+    if args.json:
+        print(json.dumps(record.to_dict() if record else result.to_dict(), default=str))
+    elif record is not None:
+        print(f"\nThe session record in {store.path}:\n", file=out)
+        print(render_session(record, style), file=out)
+    return EXIT_OK if result.success else EXIT_FAILED
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    store = SessionStore()
+    if args.session_id:
+        matches = [r for r in store.list_sessions(limit=10_000) if r.id.startswith(args.session_id)]
+        if len(matches) != 1:
+            what = "no session" if not matches else f"{len(matches)} sessions"
+            raise SpawnkitError(f"{what} match {args.session_id!r}")
+        record = matches[0]
+        if args.json:
+            print(json.dumps(record.to_dict(), ensure_ascii=False))
+        else:
+            print(render_session(record, Style.for_stream(sys.stdout)))
+        return EXIT_OK
+    records = store.list_sessions(butler=args.butler, status=args.status, limit=args.limit)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in records], ensure_ascii=False))
+    else:
+        print(render_sessions_table(records))
+    return EXIT_OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    roster = load_roster(args.roster or default_roster())
+    butler = roster[args.butler]
+
+    async def main() -> None:
+        provider = _tracer_provider()
+        async with ButlerService(
+            butler,
+            replay=Scenario.load(args.replay) if args.replay else None,
+            mcp_port=butler.port if args.port is None else args.port,
+            mcp_host=args.host,
+            schedules=True,
+            tracer_provider=provider,
+        ) as service:
+            spawner = service.spawner
+            spawner.add_listener(EventPrinter(sys.stdout))
+            schedules = service.scheduler.next_runs() if service.scheduler else {}
+            print(f"serving butler {butler.name!r}: MCP at {service.mcp_url}{butler.mcp_path}")
+            for name, when in schedules.items():
+                print(f"  schedule {name}: next run {when.isoformat()}")
+            print("Ctrl-C stops (in-flight runs are cancelled and recorded).", flush=True)
+            await service.serve_forever()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    if args.replay_command == "serve":
+        serve_forever(args.scenario, args.host, args.port)
+    else:
+        record_forever(args.upstream, args.out, args.host, args.port)
+    return EXIT_OK
+
+
+def cmd_roster(args: argparse.Namespace) -> int:
+    roster: Roster = load_roster(args.roster or default_roster())
+    print(f"roster {roster.directory}: {len(roster)} butler(s)")
+    for b in roster:
+        r = b.runtime
+        print(
+            f"  {b.name:<14} {r.type:<12} port {b.port:<5} {b.mcp_transport:<4} "
+            f"slots {r.max_concurrent_sessions}, queue {r.max_queued_sessions}, "
+            f"{len(b.schedules)} schedule(s), {len(b.skills())} skill(s)"
+        )
+    return EXIT_OK
+
+
+def cmd_credentials(args: argparse.Namespace) -> int:
+    store = SessionStore()
+    if args.credentials_command == "set":
+        value = args.value if args.value is not None else getpass.getpass(f"{args.name}: ")
+        store.credential_set(args.name, value)
+        print(f"stored {args.name}")
+    elif args.credentials_command == "delete":
+        if not store.credential_delete(args.name):
+            raise SpawnkitError(f"no stored credential named {args.name!r}")
+        print(f"deleted {args.name}")
+    else:
+        for name in store.credential_names():
+            print(name)
+    return EXIT_OK
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "demo": cmd_demo,
+    "sessions": cmd_sessions,
+    "serve": cmd_serve,
+    "replay": cmd_replay,
+    "roster": cmd_roster,
+    "credentials": cmd_credentials,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except SpawnkitError as exc:
+        print(f"spawnkit: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("spawnkit: interrupted; the run was cancelled and recorded", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Terminal rendering of runs and sessions, as pure functions of their records.
+
+The command line prints a run live (each tool call when it starts and when it
+finishes, assistant text as each block completes) and a one-line summary at the
+end. Everything here returns strings; the caller decides where they go.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from .events import (
+    AssistantText,
+    Finished,
+    Queued,
+    RunEvent,
+    Started,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from .result import SpawnerResult, ToolCall
+from .store import SessionRecord
+
+PREVIEW_CHARS = 160
+
+
+@dataclass(frozen=True)
+class Style:
+    """ANSI styling, off when the stream is not a terminal or NO_COLOR is set."""
+
+    enabled: bool = False
+
+    @classmethod
+    def for_stream(cls, stream: TextIO) -> Style:
+        return cls(stream.isatty() and not os.environ.get("NO_COLOR"))
+
+    def _wrap(self, code: str, text: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if self.enabled else text
+
+    def dim(self, text: str) -> str:
+        return self._wrap("2", text)
+
+    def bold(self, text: str) -> str:
+        return self._wrap("1", text)
+
+    def green(self, text: str) -> str:
+        return self._wrap("32", text)
+
+    def red(self, text: str) -> str:
+        return self._wrap("31", text)
+
+    def cyan(self, text: str) -> str:
+        return self._wrap("36", text)
+
+
+def one_line(text: str, limit: int = PREVIEW_CHARS) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def describe_input(call: ToolCall) -> str:
+    """The most telling part of a tool call's input."""
+    for key in ("command", "file_path", "pattern", "path", "prompt"):
+        value = call.input.get(key)
+        if isinstance(value, str) and value:
+            return one_line(value)
+    if not call.input:
+        return ""
+    return one_line(json.dumps(call.input, ensure_ascii=False, sort_keys=True))
+
+
+def tool_label(call: ToolCall) -> str:
+    return f"{call.server}.{call.tool}" if call.server else call.name
+
+
+def render_tool_call_started(call: ToolCall, style: Style = Style()) -> str:
+    detail = describe_input(call)
+    return f"  {style.cyan('⚙')} {style.bold(tool_label(call))}" + (f"  {detail}" if detail else "")
+
+
+def render_tool_call_finished(call: ToolCall, style: Style = Style()) -> str:
+    mark = style.red("✗") if call.status == "error" else style.green("✓")
+    ms = f"{call.duration_ms} ms" if call.duration_ms is not None else ""
+    preview = one_line(call.output or "") or "(no output)"
+    return f"    {mark} {style.dim(ms)}  {style.dim(preview)}"
+
+
+def format_tokens(n: int) -> str:
+    return f"{n:,}"
+
+
+def render_summary(result: SpawnerResult, style: Style = Style()) -> str:
+    usage = result.usage
+    parts = [
+        style.green("✓ success") if result.success else style.red(f"✗ {result.status}"),
+        f"{len(result.tool_calls)} tool call{'s' if len(result.tool_calls) != 1 else ''}",
+        f"{result.duration_ms / 1000:.1f} s",
+        f"{format_tokens(usage.input_tokens)} in / {format_tokens(usage.output_tokens)} out tokens"
+        f" (cache {format_tokens(usage.cache_read_tokens)} read,"
+        f" {format_tokens(usage.cache_write_tokens)} write)",
+    ]
+    if result.cost_usd is not None:
+        parts.append(f"${result.cost_usd:.4f}")
+    parts.append(f"session {result.session_id}")
+    line = " · ".join(parts)
+    if not result.success and result.error:
+        line += "\n" + style.red(f"error: {result.error}")
+    return line
+
+
+def render_event(event: RunEvent, style: Style = Style()) -> str | None:
+    """One event as terminal lines, or None for events the terminal skips."""
+    if isinstance(event, Queued):
+        return style.dim(f"… queued for {event.butler} (position {event.position})")
+    if isinstance(event, Started):
+        model = f" · {event.model}" if event.model else ""
+        return style.dim(f"▶ {event.butler} · {event.runtime}{model} · session {event.session_id}")
+    if isinstance(event, ToolCallStarted):
+        return render_tool_call_started(event.call, style)
+    if isinstance(event, ToolCallFinished):
+        return render_tool_call_finished(event.call, style)
+    if isinstance(event, AssistantText):
+        return "\n".join(f"  {line}" for line in event.text.strip().splitlines())
+    if isinstance(event, Finished):
+        return render_summary(event.result, style)
+    return None
+
+
+class EventPrinter:
+    """An event listener that prints each event to a stream as it arrives."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stdout
+        self.style = Style.for_stream(self.stream)
+
+    def __call__(self, event: RunEvent) -> None:
+        text = render_event(event, self.style)
+        if text is not None:
+            print(text, file=self.stream, flush=True)
+
+
+def render_sessions_table(records: list[SessionRecord]) -> str:
+    if not records:
+        return "no sessions recorded yet"
+    header = (
+        "started (UTC)",
+        "butler",
+        "status",
+        "source",
+        "tools",
+        "tokens",
+        "cost",
+        "session",
+        "prompt",
+    )
+    rows = [header]
+    for r in records:
+        rows.append(
+            (
+                r.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                r.butler,
+                r.status,
+                r.trigger_source,
+                str(len(r.tool_calls)),
+                format_tokens(r.usage.total_tokens),
+                f"${r.cost_usd:.4f}" if r.cost_usd is not None else "-",
+                r.id[:8],
+                one_line(r.prompt, 40),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
+    )
+
+
+def render_session(record: SessionRecord, style: Style = Style()) -> str:
+    data: dict[str, Any] = record.to_dict()
+    calls = data.pop("tool_calls")
+    output = data.pop("output") or ""
+    lines = [style.bold(f"session {record.id}")]
+    width = max(len(k) for k in data)
+    for key, value in data.items():
+        if value is not None and value != "":
+            lines.append(f"  {key.ljust(width)}  {one_line(str(value), 200)}")
+    lines.append(f"  {'tool_calls'.ljust(width)}  {len(calls)}")
+    for call in record.tool_calls:
+        lines.append("  " + render_tool_call_started(call, style))
+        lines.append("  " + render_tool_call_finished(call, style))
+    if output:
+        lines.append(f"  {'output'.ljust(width)}")
+        lines.extend(f"    {line}" for line in output.splitlines())
+    return "\n".join(lines)

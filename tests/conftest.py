@@ -1,0 +1,120 @@
+"""Shared fixtures: an isolated SPAWNKIT_HOME and HOME per test, roster builders, stores.
+
+No test touches the real home directory: the CLI's own state (``~/.claude``)
+goes to a per-session temporary HOME, spawnkit's to a per-test SPAWNKIT_HOME.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from spawnkit.roster import ButlerConfig, load_roster
+from spawnkit.store import SessionStore
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def cli_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One HOME for every CLI run of the session (a fresh HOME is slow to start)."""
+    return tmp_path_factory.mktemp("cli-home")
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory, cli_home: Path
+) -> Iterator[Path]:
+    spawnkit_home = tmp_path_factory.mktemp("spawnkit-home")
+    monkeypatch.setenv("SPAWNKIT_HOME", str(spawnkit_home))
+    monkeypatch.setenv("HOME", str(cli_home))
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "TRACEPARENT", "SPAWNKIT_ROSTER"):
+        monkeypatch.delenv(name, raising=False)
+    yield spawnkit_home
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SessionStore]:
+    with SessionStore(tmp_path / "sessions.db") as s:
+        yield s
+
+
+BASE_TOML = """
+[butler]
+name = "{name}"
+port = {port}
+description = "A test butler"
+"""
+
+
+RosterFactory = Callable[..., ButlerConfig]
+
+
+@pytest.fixture
+def make_butler(tmp_path: Path) -> RosterFactory:
+    """Write a butler into ``tmp_path/roster`` and load it.
+
+    ``extra`` is TOML appended after ``[butler]`` (so it may add keys to it or
+    open further tables); ``prompt`` is its CLAUDE.md.
+    """
+    roster_dir = tmp_path / "roster"
+    ports = iter(range(18101, 18200))
+
+    def make(
+        name: str = "health",
+        extra: str = "",
+        prompt: str = "You are the {name} butler. Be brief.",
+        files: dict[str, str] | None = None,
+    ) -> ButlerConfig:
+        folder = roster_dir / name
+        folder.mkdir(parents=True, exist_ok=True)
+        toml = BASE_TOML.format(name=name, port=next(ports)) + textwrap.dedent(extra)
+        (folder / "butler.toml").write_text(toml)
+        (folder / "CLAUDE.md").write_text(prompt.format(name=name))
+        for rel, content in (files or {}).items():
+            path = roster_dir / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
+        return load_roster(roster_dir)[name]
+
+    return make
+
+
+def workspaces_of(butler: str, root: Path | None = None) -> list[Path]:
+    import tempfile
+
+    base = root or Path(tempfile.gettempdir())
+    return sorted(base.glob(f"butler_{butler}_*"))
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """Live pids whose environment has ``name=value`` (Linux /proc)."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and ") Z" not in stat:
+            found.append(int(entry.name))
+    return found
+
+
+def env_lines(text: str) -> dict[str, str]:
+    pairs = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.replace("_", "").isalnum():
+            pairs[key] = value
+    return pairs
+
+
+os.environ.setdefault("NO_COLOR", "1")
