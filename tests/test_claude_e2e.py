@@ -1,0 +1,487 @@
+"""End to end: the real Claude Code CLI, the replay model server and the butler's real MCP server.
+
+Every test here starts the CLI bundled in claude-agent-sdk as a real process,
+through the Spawner, against a scripted scenario; tool calls reach the butler's
+MCP server over HTTP (or SSE). Assertions look at what really happened: the
+server's record of the call, what the child's own shell printed, live
+processes in /proc, the temp directory on disk, the session row in SQLite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import tomllib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from spawnkit.errors import QueueFullError, RuntimeNotFoundError
+from spawnkit.events import Finished, RunEvent, Started, ToolCallStarted
+from spawnkit.replay import Scenario
+from spawnkit.result import OUTPUT_LIMIT
+from spawnkit.roster import ButlerConfig
+from spawnkit.runtimes import claude_code
+from spawnkit.service import REPLAY_API_KEY, ButlerService
+from spawnkit.store import SessionStore
+
+from .conftest import env_lines, processes_with_env, workspaces_of
+
+pytestmark = pytest.mark.e2e
+
+
+def scenario(text: str) -> Scenario:
+    return Scenario.from_dict(tomllib.loads(text), source="<test>")
+
+
+@asynccontextmanager
+async def service(
+    butler: ButlerConfig, store: SessionStore, script: str, **options: Any
+) -> AsyncIterator[ButlerService]:
+    async with ButlerService(butler, store=store, replay=scenario(script), **options) as svc:
+        yield svc
+
+
+def tracer() -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+WEIGHT = """
+[[turn]]
+text = "Recording it."
+tool = "mcp__*__state_set"
+input = { key = "weight", value = "72.4 kg" }
+[turn.usage]
+input_tokens = 100
+output_tokens = 20
+cache_read_input_tokens = 50
+cache_creation_input_tokens = 10
+[[turn]]
+tool = "mcp__*__state_get"
+input = { key = "weight" }
+usage = { input_tokens = 120, output_tokens = 10, cache_read_input_tokens = 70 }
+[[turn]]
+delay_ms = 600
+text = "Your stored weight: {{ last_tool_result }}"
+usage = { input_tokens = 140, output_tokens = 15, cache_read_input_tokens = 90 }
+"""
+
+
+async def test_mcp_tool_calls_stream_and_land_in_the_session(make_butler, store) -> None:
+    butler = make_butler()
+    provider, exporter = tracer()
+    events: list[tuple[float, RunEvent]] = []
+    async with service(butler, store, WEIGHT, tracer_provider=provider) as svc:
+        result = await svc.trigger(
+            "Please log my weight", on_event=lambda e: events.append((time.monotonic(), e))
+        )
+
+    assert result.success, result.error
+    assert "72.4 kg" in result.output
+    assert [(c.server, c.tool, c.status) for c in result.tool_calls] == [
+        ("health", "state_set", "ok"),
+        ("health", "state_get", "ok"),
+    ]
+    assert "72.4 kg" in (result.tool_calls[1].output or "")
+    usage = result.usage
+    assert (usage.input_tokens, usage.output_tokens) == (360, 45)
+    assert (usage.cache_read_tokens, usage.cache_write_tokens) == (210, 10)
+    assert result.cost_usd is not None and result.cost_usd > 0
+
+    # The MCP server saw both calls, tied to this session through the URL.
+    server_calls = store.mcp_calls(result.session_id)
+    assert [(c["tool"], c["session_key"]) for c in server_calls] == [
+        ("state_set", result.runtime_session_id),
+        ("state_get", result.runtime_session_id),
+    ]
+    assert server_calls[0]["arguments"] == {"key": "weight", "value": "72.4 kg"}
+    assert store.state_get("health", "weight") == "72.4 kg"
+
+    record = store.get_session(result.session_id)
+    assert record is not None
+    assert (record.status, record.success, record.trigger_source) == ("success", True, "external")
+    assert record.output == result.output
+    assert [c.tool for c in record.tool_calls] == ["state_set", "state_get"]
+    assert record.usage == result.usage and record.cost_usd == result.cost_usd
+    assert record.runtime_session_id == result.runtime_session_id
+    assert record.trace_id == result.trace_id and len(result.trace_id or "") == 32
+
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    run = spans["invoke_agent health"]
+    assert format(run.context.trace_id, "032x") == result.trace_id
+    assert run.attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert run.attributes["gen_ai.usage.input_tokens"] == 360
+    assert run.attributes["gen_ai.usage.cache_read.input_tokens"] == 210
+    tool_spans = [s for s in exporter.get_finished_spans() if s.name.startswith("execute_tool")]
+    assert sorted(s.name for s in tool_spans) == [
+        "execute_tool state_get",
+        "execute_tool state_set",
+    ]
+    assert all(s.parent is not None and s.parent.span_id == run.context.span_id for s in tool_spans)
+
+    # Tool calls reached the listener while the run was still going: the last
+    # model turn waits 600 ms, so streamed events arrive well before the end.
+    first_tool = next(t for t, e in events if isinstance(e, ToolCallStarted))
+    finished = next(t for t, e in events if isinstance(e, Finished))
+    assert finished - first_tool >= 0.5
+    assert isinstance(events[0][1], Started)
+    assert workspaces_of("health") == []
+
+
+ENV_PROBE = """
+[[turn]]
+tool = "Bash"
+input = { command = "env | sort", description = "show the environment" }
+[[turn]]
+text = "{{ last_tool_result }}"
+"""
+
+
+async def test_child_sees_only_declared_variables(make_butler, store, monkeypatch) -> None:
+    monkeypatch.setenv("SPAWNKIT_CANARY", "must-not-leak")
+    monkeypatch.setenv("OPTIONAL_SETTING", "from-env")
+    monkeypatch.setenv("TRACEPARENT", "00-" + "a" * 32 + "-" + "b" * 16 + "-01")  # ambient, stale
+    store.credential_set("REQUIRED_TOKEN", "from-credential-store")
+    monkeypatch.setenv("REQUIRED_TOKEN", "from-env-loses")
+    butler = make_butler(
+        extra='[butler.env]\nrequired = ["REQUIRED_TOKEN"]\noptional = ["OPTIONAL_SETTING"]\n'
+    )
+    provider, _ = tracer()
+    async with service(butler, store, ENV_PROBE, tracer_provider=provider) as svc:
+        result = await svc.trigger("show env")
+
+    assert result.success, result.error
+    seen = env_lines(result.tool_calls[0].output or "")
+    assert "SPAWNKIT_CANARY" not in seen, "an undeclared host variable reached the child"
+    assert seen["REQUIRED_TOKEN"] == "from-credential-store"
+    assert seen["OPTIONAL_SETTING"] == "from-env"
+    assert seen["ANTHROPIC_API_KEY"] == REPLAY_API_KEY
+    assert seen["SPAWNKIT_SESSION_ID"] == result.session_id
+    assert seen["SPAWNKIT_BUTLER"] == "health"
+    assert seen["TRACEPARENT"].split("-")[1] == result.trace_id, "the run's own trace context"
+    assert "SPAWNKIT_ENV_KEEP" not in seen and "SPAWNKIT_REAL_CLI" not in seen
+
+
+async def test_no_trace_context_means_no_traceparent(make_butler, store, monkeypatch) -> None:
+    monkeypatch.setenv("TRACEPARENT", "00-" + "a" * 32 + "-" + "b" * 16 + "-01")
+    async with service(make_butler(), store, ENV_PROBE) as svc:
+        result = await svc.trigger("show env")
+    assert result.success, result.error
+    assert result.trace_id is None
+    assert "TRACEPARENT" not in env_lines(result.tool_calls[0].output or "")
+
+
+async def test_system_prompt_context_and_memory_reach_the_model(make_butler, store) -> None:
+    butler = make_butler(
+        extra="[modules.memory]\n",
+        prompt="You are the health butler.\n<!-- @include shared/NOTIFY.md -->\n",
+        files={
+            "shared/NOTIFY.md": "Notify the user in one short sentence.",
+            "shared/BUTLER_SKILLS.md": "Skills live under skills/.",
+        },
+    )
+    script = '[[turn]]\ntext = "Noted: {{ prompt }}"\n'
+    async with service(butler, store, script) as svc:
+        first = await svc.trigger("remember the blue notebook", context="Today is Monday.")
+        second = await svc.trigger("what did I ask before?")
+        requests = [r for r in svc.replay_server.requests if r.path == "/v1/messages"]
+
+    assert first.success and second.success
+    assert first.output == "Noted: Today is Monday.\n\nremember the blue notebook"
+    system = str(requests[0].body["system"])
+    assert "You are the health butler." in system
+    assert "Notify the user in one short sentence." in system
+    assert "Skills live under skills/." in system
+    assert "What you remember" not in system
+    later = str(requests[-1].body["system"])
+    assert "## What you remember from recent runs" in later
+    assert "remember the blue notebook" in later
+
+
+async def test_model_error_fails_fast_and_cleans_up(make_butler, store) -> None:
+    script = (
+        '[[turn]]\nerror = { status = 529, type = "overloaded_error", message = "Overloaded" }\n'
+    )
+    async with service(make_butler(), store, script) as svc:
+        result = await svc.trigger("hello")
+    assert not result.success and result.status == "failed"
+    assert result.error_kind == "model_unavailable"
+    assert "Overloaded" in (result.error or "") or "529" in (result.error or "")
+    record = store.get_session(result.session_id)
+    assert record is not None and record.status == "failed" and record.error == result.error
+    assert workspaces_of("health") == []
+
+
+async def test_model_server_down(make_butler, store, monkeypatch, unused_tcp_port) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+    butler = make_butler(
+        extra=f'[butler.runtime]\nbase_url = "http://127.0.0.1:{unused_tcp_port}"\n'
+    )
+    async with ButlerService(butler, store=store) as svc:
+        result = await svc.trigger("hello")
+    assert not result.success
+    assert result.error_kind == "model_unavailable", result.error
+    assert store.get_session(result.session_id).status == "failed"  # type: ignore[union-attr]
+
+
+async def test_max_turns_is_enforced(make_butler, store) -> None:
+    script = """
+[[turn]]
+tool = "mcp__*__state_list"
+input = {}
+[[turn]]
+tool = "mcp__*__state_list"
+input = {}
+[[turn]]
+text = "never reached"
+"""
+    async with service(make_butler(), store, script) as svc:
+        result = await svc.trigger("loop", max_turns=1)
+    assert not result.success and result.error_kind == "max_turns"
+    assert "max_turns limit (1)" in (result.error or "")
+    assert len(result.tool_calls) >= 1
+
+
+SLOW = """
+[[turn]]
+delay_ms = 30000
+text = "too late"
+"""
+
+
+async def test_cancellation_kills_the_cli_and_records(make_butler, store) -> None:
+    started: list[Started] = []
+    async with service(make_butler(), store, SLOW) as svc:
+        task = asyncio.create_task(
+            svc.trigger(
+                "slow", on_event=lambda e: started.append(e) if isinstance(e, Started) else None
+            )
+        )
+        async with asyncio.timeout(60):
+            while not (
+                started and processes_with_env("SPAWNKIT_SESSION_ID", started[0].session_id)
+            ):
+                await asyncio.sleep(0.05)
+        session_id = started[0].session_id
+        assert workspaces_of("health"), "the workspace exists while the run is going"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert processes_with_env("SPAWNKIT_SESSION_ID", session_id) == []
+    assert workspaces_of("health") == []
+    record = store.get_session(session_id)
+    assert record is not None and record.status == "cancelled" and record.completed_at
+
+
+async def test_a_killed_cli_is_a_recorded_crash(make_butler, store) -> None:
+    script = """
+[[turn]]
+tool = "Bash"
+input = { command = "kill -KILL $CLAUDE_PID", description = "kill the CLI" }
+[[turn]]
+text = "unreachable"
+"""
+    async with service(make_butler(), store, script) as svc:
+        result = await svc.trigger("die")
+    assert not result.success and result.error_kind == "crash", result.error
+    assert store.get_session(result.session_id).status == "failed"  # type: ignore[union-attr]
+    assert workspaces_of("health") == []
+    assert processes_with_env("SPAWNKIT_SESSION_ID", result.session_id or "") == []
+
+
+async def test_sse_transport(make_butler, store) -> None:
+    butler = make_butler(extra='mcp_transport = "sse"\n')
+    script = """
+[[turn]]
+tool = "mcp__*__state_set"
+input = { key = "k", value = 1 }
+[[turn]]
+text = "ok"
+"""
+    async with service(butler, store, script) as svc:
+        result = await svc.trigger("store it")
+    assert result.success, result.error
+    assert result.tool_calls[0].status == "ok"
+    calls = store.mcp_calls(result.session_id)
+    assert [(c["tool"], c["session_key"]) for c in calls] == [
+        ("state_set", result.runtime_session_id)
+    ]
+
+
+LIMITED = """
+[butler.runtime]
+max_concurrent_sessions = {slots}
+max_queued_sessions = {queue}
+"""
+DELAYED = '[[turn]]\ndelay_ms = {ms}\ntext = "done: {{{{ prompt }}}}"\n'
+
+
+async def test_serial_dispatch_with_real_clis(make_butler, store) -> None:
+    butler = make_butler(extra=LIMITED.format(slots=1, queue=5))
+    most = 0
+
+    async def sample() -> None:
+        nonlocal most
+        while True:
+            most = max(most, len(processes_with_env("SPAWNKIT_BUTLER", "health")))
+            await asyncio.sleep(0.02)
+
+    async with service(butler, store, DELAYED.format(ms=700)) as svc:
+        sampler = asyncio.create_task(sample())
+        results = await asyncio.gather(svc.trigger("one"), svc.trigger("two"), svc.trigger("three"))
+        sampler.cancel()
+    assert [r.output for r in results] == ["done: one", "done: two", "done: three"]
+    assert most == 1, f"never more than one CLI at a time with one slot (saw {most})"
+    # Each run holds the slot for at least its scripted 700 ms model delay.
+    starts = sorted(r.started_at for r in store.list_sessions() if r.started_at)
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(starts)]
+    assert len(gaps) == 2 and min(gaps) >= 0.7, gaps
+
+
+async def test_queue_full_with_real_clis(make_butler, store) -> None:
+    butler = make_butler(extra=LIMITED.format(slots=1, queue=1))
+    async with service(butler, store, DELAYED.format(ms=1500)) as svc:
+        first = asyncio.create_task(svc.trigger("one"))
+        second = asyncio.create_task(svc.trigger("two"))
+        await asyncio.sleep(0.1)
+        with pytest.raises(QueueFullError):
+            await svc.trigger("three")
+        results = await asyncio.gather(first, second)
+    assert all(r.success for r in results)
+    assert store.count_sessions() == 2
+
+
+NESTED = """
+[[script]]
+match = "^outer"
+  [[script.turn]]
+  tool = "mcp__*__trigger"
+  input = { prompt = "inner task" }
+  [[script.turn]]
+  text = "outer saw: {{ last_tool_result }}"
+[[script]]
+match = "inner task"
+  [[script.turn]]
+  text = "inner done"
+"""
+
+
+async def test_self_trigger_is_rejected_without_a_free_slot(make_butler, store) -> None:
+    butler = make_butler(extra=LIMITED.format(slots=1, queue=5))
+    async with service(butler, store, NESTED) as svc:
+        result = await asyncio.wait_for(svc.trigger("outer run"), 120)
+    assert result.success, result.error
+    assert "rejected" in result.output and "deadlock" in result.output
+    assert store.count_sessions() == 1
+
+
+async def test_self_trigger_runs_a_nested_session_with_a_free_slot(make_butler, store) -> None:
+    butler = make_butler(extra=LIMITED.format(slots=2, queue=5))
+    async with service(butler, store, NESTED) as svc:
+        result = await asyncio.wait_for(svc.trigger("outer run"), 120)
+    assert result.success, result.error
+    assert "inner done" in result.output
+    sources = sorted((r.trigger_source, r.prompt) for r in store.list_sessions())
+    assert sources == [("external", "outer run"), ("trigger", "inner task")]
+
+
+async def test_drain_cancels_real_runs(make_butler, store) -> None:
+    butler = make_butler(extra=LIMITED.format(slots=2, queue=5))
+    async with service(butler, store, SLOW) as svc:
+        tasks = [asyncio.create_task(svc.trigger(f"run {i}")) for i in range(3)]
+        async with asyncio.timeout(60):
+            while len(processes_with_env("SPAWNKIT_BUTLER", "health")) < 2:
+                await asyncio.sleep(0.05)
+        svc.spawner.stop_accepting()
+        summary = await svc.spawner.drain(timeout=0.5)
+        results = await asyncio.gather(*tasks)
+    assert summary == {"finished": 0, "cancelled": 3}
+    assert [r.status for r in results] == ["cancelled"] * 3
+    assert sorted(r.status for r in store.list_sessions()) == ["cancelled"] * 3
+    assert processes_with_env("SPAWNKIT_BUTLER", "health") == []
+    assert workspaces_of("health") == []
+
+
+async def test_missing_cli_is_a_clear_error(
+    make_butler, store, monkeypatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(claude_code, "_bundled_cli", lambda: None)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    async with service(make_butler(), store, ENV_PROBE) as svc:
+        with pytest.raises(RuntimeNotFoundError, match="pip install claude-agent-sdk"):
+            await svc.trigger("hello")
+    assert store.count_sessions() == 0
+
+
+# A stand-in for the CLI that speaks just enough of the SDK's protocol (it answers
+# the initialize request) and then misbehaves in the way a test asks for.
+FAKE_CLI = """#!/usr/bin/env python3
+import json, sys
+request = json.loads(sys.stdin.readline())
+print(json.dumps({"type": "control_response", "response": {
+    "subtype": "success", "request_id": request["request_id"], "response": {}}}), flush=True)
+MODE
+"""
+MALFORMED = """
+print("this is not JSON", flush=True)
+print(json.dumps({"type": "mystery"}), flush=True)
+sys.exit(3)
+"""
+ENDLESS = """
+n = 0
+while True:
+    n += 1
+    print(json.dumps({"type": "assistant", "message": {"id": f"m{n}", "model": "fake",
+        "role": "assistant", "content": [{"type": "text", "text": "more " * 20}]}}), flush=True)
+"""
+
+
+def _fake_cli(tmp_path: Path, mode: str) -> Path:
+    path = tmp_path / "fake-claude"
+    path.write_text(FAKE_CLI.replace("MODE", mode))
+    path.chmod(0o755)
+    return path
+
+
+class _FakeBinaryAdapter(claude_code.ClaudeCodeAdapter):
+    binary: Path
+
+    def find_binary(self) -> Path:
+        return self.binary
+
+    def binary_version(self) -> str | None:
+        return "fake"
+
+
+@pytest.mark.parametrize(
+    ("mode", "kinds"),
+    [(MALFORMED, {"crash", "protocol"}), (ENDLESS, {"timeout"})],
+    ids=["malformed-output", "endless-output"],
+)
+async def test_bad_cli_output_fails_cleanly(make_butler, store, tmp_path, mode, kinds) -> None:
+    butler = make_butler(extra="[butler.runtime]\ntimeout_s = 3\n")
+    adapter = _FakeBinaryAdapter(butler.runtime)
+    _FakeBinaryAdapter.binary = _fake_cli(tmp_path, mode)
+    async with ButlerService(
+        butler, store=store, replay=scenario(ENV_PROBE), adapter=adapter
+    ) as svc:
+        result = await svc.trigger("hello")
+    assert not result.success
+    assert result.error_kind in kinds, (result.error_kind, result.error)
+    record = store.get_session(result.session_id)
+    assert record is not None and record.status == "failed"
+    if mode is ENDLESS:
+        assert len(result.output) <= OUTPUT_LIMIT + 100, "partial output is bounded"
+        assert "more more" in result.output
+    assert processes_with_env("SPAWNKIT_SESSION_ID", result.session_id or "") == []
+    assert workspaces_of("health") == []
