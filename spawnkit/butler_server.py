@@ -174,9 +174,10 @@ class ButlerServer:
             )
 
         @mcp.tool()
-        async def state_get(key: str) -> Any:
-            """Read a value this butler stored under ``key`` (null when absent)."""
-            return await asyncio.to_thread(store.state_get, butler, key)
+        async def state_get(key: str) -> dict[str, Any]:
+            """Read the value stored under ``key``; ``found`` is false when there is none."""
+            found, value = await asyncio.to_thread(store.state_lookup, butler, key)
+            return {"key": key, "found": found, "value": value}
 
         @mcp.tool()
         async def state_set(key: str, value: Any) -> str:

@@ -524,12 +524,17 @@ class SessionStore:
     # -- butler state ------------------------------------------------------------
 
     def state_get(self, butler: str, key: str) -> Any:
+        """The value stored under ``key``, or None."""
+        return self.state_lookup(butler, key)[1]
+
+    def state_lookup(self, butler: str, key: str) -> tuple[bool, Any]:
+        """``(found, value)``: tells a stored null from an absent key."""
         row = (
             self._connect()
             .execute("SELECT value FROM state WHERE butler = ? AND key = ?", (butler, key))
             .fetchone()
         )
-        return json.loads(row["value"]) if row else None
+        return (True, json.loads(row["value"])) if row else (False, None)
 
     def state_set(self, butler: str, key: str, value: Any) -> None:
         with self._tx() as conn:

@@ -1,0 +1,35 @@
+"""The benchmarks stay runnable: one round each, results written, sane numbers.
+
+Ratios are not asserted here (a shared machine may be slow); the README keeps
+the figures of full runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.e2e
+
+
+def test_spawn_overhead_benchmark_runs(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "spawn_overhead.py"), "--rounds", "1",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["rounds"] == 1
+    assert report["bare_median_s"] > 0 and report["spawnkit_median_s"] > 0
+    assert report["ratio"] == pytest.approx(
+        report["spawnkit_median_s"] / report["bare_median_s"], abs=0.002
+    )
+    assert "ratio" in done.stdout
