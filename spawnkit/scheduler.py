@@ -66,6 +66,11 @@ class Scheduler:
             task.add_done_callback(self._tasks.discard)
         return [s.name for s in due]
 
+    async def join(self) -> None:
+        """Wait until every fired trigger has finished (or been refused)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks)
+
     async def _fire(self, schedule: Schedule) -> None:
         try:
             result = await self.spawner.trigger(

@@ -70,6 +70,8 @@ _SDK_ENV = (
 # The SDK runs `claude -v` before every connect unless told not to; spawnkit
 # checks the version once per process instead (see binary_version()).
 _SKIP_VERSION_CHECK = "CLAUDE_AGENT_SDK_SKIP_VERSION_CHECK"
+# Points the adapter at a specific Claude Code binary.
+BINARY_ENV = "SPAWNKIT_CLAUDE_CLI"
 # How long the SDK may take to wind down after we stop reading.
 _CLOSE_TIMEOUT_S = 10.0
 
@@ -245,8 +247,17 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         type(self)._version_cache.clear()
 
     def find_binary(self) -> Path:
+        """``$SPAWNKIT_CLAUDE_CLI`` if set, else the CLI bundled in the SDK, else PATH."""
         if self._binary is None:
-            found = _bundled_cli() or (Path(p) if (p := shutil.which("claude")) else None)
+            configured = os.environ.get(BINARY_ENV)
+            if configured:
+                found: Path | None = Path(configured).expanduser()
+                if not (found and found.is_file() and os.access(found, os.X_OK)):
+                    raise RuntimeNotFoundError(
+                        self.type, f"{configured} (from ${BINARY_ENV})", self.install_hint
+                    )
+            else:
+                found = _bundled_cli() or (Path(p) if (p := shutil.which("claude")) else None)
             if found is None:
                 raise RuntimeNotFoundError(self.type, self.binary_name, self.install_hint)
             self._binary = found

@@ -1,0 +1,235 @@
+"""The ``spawnkit`` command line, run as a real process (and its parser as a pure function)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from mcp import Client
+
+from spawnkit.cli import build_parser
+from spawnkit.store import SessionStore
+
+from .conftest import REPO, processes_with_env, workspaces_of
+
+DEMO = REPO / "roster" / "health" / "scenarios" / "demo.toml"
+
+
+def spawnkit(
+    *args: str, timeout: float = 120, cwd: Path = REPO, **env: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "spawnkit", *args],
+        capture_output=True, text=True, timeout=timeout, check=False,
+        env={**os.environ, **env}, cwd=cwd,
+    )  # fmt: skip
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("spawnkit: error: ")
+    assert "Traceback" not in done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_parser_reads_every_run_option() -> None:
+    args = build_parser().parse_args(
+        ["run", "--roster", "r", "--butler", "b", "--max-turns", "3", "--replay", "s.toml",
+         "--external-mcp", "--json", "--context", "c", "do it"]
+    )  # fmt: skip
+    assert (args.command, args.roster, args.butler, args.max_turns) == ("run", Path("r"), "b", 3)
+    assert (args.replay, args.external_mcp, args.json, args.context, args.prompt) == (
+        Path("s.toml"), True, True, "c", "do it",
+    )  # fmt: skip
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "no butler given"])
+
+
+@pytest.mark.e2e
+def test_run_with_replay_prints_json_and_streams_to_stderr() -> None:
+    done = spawnkit(
+        "run", "--roster", str(REPO / "roster"), "--butler", "health",
+        "--replay", str(DEMO), "--json", "I weighed 72.4 kg this morning",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["success"] is True and result["butler"] == "health"
+    assert [c["tool"] for c in result["tool_calls"]] == ["state_get", "Bash", "state_set", "Bash"]
+    assert "change per week" in result["output"]
+    assert result["trace_id"] and len(result["trace_id"]) == 32
+    assert "⚙ health.state_set" in done.stderr and "✓ success" in done.stderr
+    record = SessionStore().get_session(result["session_id"])
+    assert record is not None and record.status == "success"
+
+    listed = spawnkit("sessions", "--json")
+    assert [s["id"] for s in json.loads(listed.stdout)] == [result["session_id"]]
+    shown = spawnkit("sessions", result["session_id"][:8])
+    assert shown.returncode == 0 and "trigger_source      external" in shown.stdout
+    table = spawnkit("sessions")
+    assert "health" in table.stdout and result["session_id"][:8] in table.stdout
+
+
+@pytest.mark.e2e
+def test_demo_runs_offline_and_shows_the_record() -> None:
+    done = spawnkit("demo", cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "⚙ health.state_get" in done.stdout
+    assert "The session record in" in done.stdout
+    assert "status              success" in done.stdout
+    assert SessionStore().count_sessions() == 1
+
+
+def test_user_mistakes_are_one_line_errors(tmp_path: Path, make_butler) -> None:
+    butler = make_butler()
+    roster = str(butler.roster_dir)
+    assert_one_line_error(
+        spawnkit("run", "--roster", roster, "--butler", "nope", "hi"), "unknown butler 'nope'"
+    )
+    assert_one_line_error(
+        spawnkit("run", "--roster", str(tmp_path / "missing"), "--butler", "x", "hi"),
+        "roster directory not found",
+    )
+    (Path(roster) / "health" / "butler.toml").write_text("[butler\nname = ")
+    assert_one_line_error(
+        spawnkit("run", "--roster", roster, "--butler", "health", "hi"),
+        "butler.toml",
+        "invalid TOML",
+    )
+    (Path(roster) / "health" / "butler.toml").write_text(
+        '[butler]\nname = "health"\nport = 8101\n[butler.runtime]\ntype = "gpt-cli"\n'
+    )
+    assert_one_line_error(
+        spawnkit("roster", "--roster", roster), "[butler.runtime.type]", "unknown runtime 'gpt-cli'"
+    )
+
+
+def test_missing_variable_and_missing_cli(make_butler, tmp_path: Path) -> None:
+    butler = make_butler(extra='[butler.env]\nrequired = ["SPAWNKIT_TEST_SECRET"]\n')
+    roster = str(butler.roster_dir)
+    assert_one_line_error(
+        spawnkit("run", "--roster", roster, "--butler", "health", "hi"),
+        "requires SPAWNKIT_TEST_SECRET", "spawnkit credentials set",
+    )  # fmt: skip
+    plain = make_butler("plain")
+    assert_one_line_error(
+        spawnkit(
+            "run", "--roster", str(plain.roster_dir), "--butler", "plain", "hi",
+            SPAWNKIT_CLAUDE_CLI=str(tmp_path / "no-such-claude"),
+        ),
+        "cannot find", "pip install claude-agent-sdk",
+    )  # fmt: skip
+    assert SessionStore().count_sessions() == 0, "nothing was accepted"
+
+
+def test_bad_scenario_is_a_one_line_error(make_butler, tmp_path: Path) -> None:
+    butler = make_butler()
+    scenario = tmp_path / "bad.toml"
+    scenario.write_text('[[turn]]\ntool = "x"\nbogus = 1\n')
+    assert_one_line_error(
+        spawnkit("run", "--roster", str(butler.roster_dir), "--butler", "health",
+                 "--replay", str(scenario), "hi"),
+        "bad.toml", "bogus",
+    )  # fmt: skip
+    assert_one_line_error(
+        spawnkit("run", "--roster", str(butler.roster_dir), "--butler", "health",
+                 "--replay", str(tmp_path / "missing.toml"), "hi"),
+        "missing.toml", "cannot read scenario",
+    )  # fmt: skip
+
+
+def test_roster_and_credentials_commands() -> None:
+    listing = spawnkit("roster", "--roster", str(REPO / "roster"))
+    assert listing.returncode == 0
+    assert "3 butler(s)" in listing.stdout
+    for name in ("health", "relationship", "general"):
+        assert name in listing.stdout
+    assert spawnkit("credentials", "set", "MY_TOKEN", "s3cret").returncode == 0
+    names = spawnkit("credentials", "list")
+    assert names.stdout.split() == ["MY_TOKEN"] and "s3cret" not in names.stdout
+    assert SessionStore().credential_get("MY_TOKEN") == "s3cret"
+    assert spawnkit("credentials", "delete", "MY_TOKEN").returncode == 0
+    assert_one_line_error(spawnkit("credentials", "delete", "MY_TOKEN"), "no stored credential")
+
+
+def _start(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "spawnkit", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+    )  # fmt: skip
+
+
+def _interrupt(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err
+
+
+@pytest.mark.e2e
+def test_ctrl_c_cancels_the_run_and_records_it(make_butler, tmp_path: Path) -> None:
+    butler = make_butler()
+    slow = tmp_path / "slow.toml"
+    slow.write_text('[[turn]]\ndelay_ms = 60000\ntext = "late"\n')
+    proc = _start("run", "--roster", str(butler.roster_dir), "--butler", "health",
+                  "--replay", str(slow), "wait")  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not processes_with_env("SPAWNKIT_BUTLER", "health"):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+        time.sleep(0.05)
+    code, _, err = _interrupt(proc)
+    assert code == 130, err
+    assert "cancelled and recorded" in err and "Traceback" not in err
+    (record,) = SessionStore().list_sessions()
+    assert record.status == "cancelled"
+    assert processes_with_env("SPAWNKIT_BUTLER", "health") == []
+    assert workspaces_of("health") == []
+
+
+def _first_line(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read() if proc.stderr else ""
+    return line
+
+
+@pytest.mark.e2e
+def test_replay_serve_answers_the_messages_api(tmp_path: Path) -> None:
+    scenario = tmp_path / "hello.toml"
+    scenario.write_text('[[turn]]\ntext = "hello {{ prompt }}"\n')
+    proc = _start("replay", "serve", str(scenario))
+    try:
+        url = _first_line(proc).split()[-1]
+        assert url.startswith("http://127.0.0.1:")
+        body = {"model": "m", "max_tokens": 10, "stream": False,
+                "messages": [{"role": "user", "content": "world"}]}  # fmt: skip
+        reply = httpx.post(f"{url}/v1/messages", json=body, timeout=10).json()
+        assert reply["content"] == [{"type": "text", "text": "hello world"}]
+    finally:
+        code, _, err = _interrupt(proc)
+    assert code == 0, err
+
+
+@pytest.mark.e2e
+async def test_serve_exposes_the_mcp_server(make_butler, unused_tcp_port) -> None:
+    butler = make_butler()
+    proc = _start(
+        "serve", "health", "--roster", str(butler.roster_dir), "--port", str(unused_tcp_port)
+    )
+    try:
+        assert "serving butler 'health'" in _first_line(proc)
+        async with Client(f"http://127.0.0.1:{unused_tcp_port}/mcp?session_id=cli") as client:
+            result = await client.call_tool("state_set", {"key": "from-cli", "value": 1})
+            assert not result.is_error
+    finally:
+        code, _, err = _interrupt(proc)
+    assert code == 0, err
+    assert SessionStore().state_get("health", "from-cli") == 1
