@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 import tomllib
 from collections.abc import AsyncIterator
@@ -25,7 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from spawnkit.errors import QueueFullError, RuntimeNotFoundError
 from spawnkit.events import Finished, RunEvent, Started, ToolCallStarted
-from spawnkit.replay import Scenario
+from spawnkit.replay import ReplayServer, Scenario
 from spawnkit.result import OUTPUT_LIMIT
 from spawnkit.roster import ButlerConfig
 from spawnkit.runtimes import claude_code
@@ -485,3 +486,55 @@ async def test_bad_cli_output_fails_cleanly(make_butler, store, tmp_path, mode, 
         assert "more more" in result.output
     assert processes_with_env("SPAWNKIT_SESSION_ID", result.session_id or "") == []
     assert workspaces_of("health") == []
+
+
+async def test_base_url_and_model_from_butler_toml(make_butler, store, monkeypatch) -> None:
+    """No replay wiring from spawnkit: the butler's own base_url must reach the CLI."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-local-gateway")
+    replay = ReplayServer(scenario('[[turn]]\ntext = "via {{ prompt }}"\n'))
+    async with replay.serve() as url:
+        butler = make_butler(
+            extra=f'[butler.runtime]\nbase_url = "{url}"\nmodel = "claude-sonnet-test"\n'
+        )
+        async with ButlerService(butler, store=store) as svc:
+            result = await svc.trigger("the gateway")
+    assert result.success, result.error
+    assert result.output == "via the gateway"
+    (request,) = [r for r in replay.requests if r.path == "/v1/messages"]
+    assert request.body["model"] == "claude-sonnet-test"
+    assert request.headers["x-api-key"] == "sk-local-gateway"
+    assert store.get_session(result.session_id).model == "claude-sonnet-test"  # type: ignore[union-attr]
+
+
+async def test_no_user_or_project_settings_leak_in(
+    make_butler, store, monkeypatch, tmp_path: Path
+) -> None:
+    """Project .mcp.json, user settings and user MCP servers must not reach the run."""
+    home = tmp_path / "home"
+    (home / ".claude").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    intruder = {"type": "http", "url": "http://127.0.0.1:9/mcp"}
+    (home / ".claude.json").write_text(json.dumps({"mcpServers": {"user_intruder": intruder}}))
+    (home / ".claude" / "settings.json").write_text(
+        json.dumps({"permissions": {"allow": ["Write", "WebFetch"]}, "model": "claude-user-pick"})
+    )
+    butler = make_butler()
+    (butler.directory / ".mcp.json").write_text(
+        json.dumps({"mcpServers": {"project_intruder": intruder}})
+    )
+    (butler.directory / ".claude").mkdir()
+    (butler.directory / ".claude" / "settings.json").write_text(
+        json.dumps({"enableAllProjectMcpServers": True})
+    )
+    async with service(butler, store, '[[turn]]\ntext = "tools: {{ tools }}"\n') as svc:
+        result = await svc.trigger("which tools?")
+        (request,) = [r for r in svc.replay_server.requests if r.path == "/v1/messages"]
+    assert result.success, result.error
+    offered = sorted(tool["name"] for tool in request.body["tools"])
+    assert offered == sorted(
+        ["Bash", "Read", "Glob", "Grep"]
+        + [f"mcp__health__{t}" for t in ("state_get", "state_set", "state_list",
+                                          "schedule_list", "sessions_list", "trigger")]
+    )  # fmt: skip
+    assert "intruder" not in result.output
+    assert request.body["model"] != "claude-user-pick"

@@ -1,0 +1,68 @@
+"""Terminal rendering is a pure function of events and records."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from spawnkit.console import (
+    Style,
+    describe_input,
+    render_event,
+    render_sessions_table,
+    render_summary,
+    render_tool_call_finished,
+    render_tool_call_started,
+)
+from spawnkit.events import Queued, TextDelta, ToolCallStarted
+from spawnkit.result import SpawnerResult, ToolCall, Usage
+
+T0 = datetime(2026, 11, 22, 8, 0, tzinfo=UTC)
+
+
+def call(name: str = "mcp__health__state_get", **input: object) -> ToolCall:
+    return ToolCall.start("c1", name, dict(input) or {"key": "weight"}, T0)
+
+
+def test_tool_call_lines() -> None:
+    started = call()
+    assert (started.server, started.tool) == ("health", "state_get")
+    assert render_tool_call_started(started) == '  ⚙ health.state_get  {"key": "weight"}'
+    bash = call("Bash", command="python3   skills/x.py\n--flag", description="d")
+    assert describe_input(bash) == "python3 skills/x.py --flag"
+    done = started.finish("72.4 kg\nmore", False, T0 + timedelta(milliseconds=35))
+    assert render_tool_call_finished(done) == "    ✓ 35 ms  72.4 kg more"
+    failed = started.finish("", True, T0 + timedelta(milliseconds=1))
+    assert render_tool_call_finished(failed) == "    ✗ 1 ms  (no output)"
+
+
+def test_long_input_is_shortened() -> None:
+    line = render_tool_call_started(call(key="x" * 500))
+    assert len(line) < 200 and line.endswith("…")
+
+
+def test_summary_line() -> None:
+    result = SpawnerResult(
+        output="ok", tool_calls=[call()], duration_ms=1234, usage=Usage(1000, 50, 200, 10),
+        cost_usd=0.01234, session_id="abc",
+    )  # fmt: skip
+    assert render_summary(result) == (
+        "✓ success · 1 tool call · 1.2 s · 1,000 in / 50 out tokens (cache 200 read, 10 write)"
+        " · $0.0123 · session abc"
+    )
+    failed = SpawnerResult(success=False, status="cancelled", error="the run was cancelled")
+    assert render_summary(failed).splitlines()[-1] == "error: the run was cancelled"
+
+
+def test_styles_only_when_enabled() -> None:
+    assert "\033[" not in render_summary(SpawnerResult(), Style(False))
+    assert "\033[32m" in render_summary(SpawnerResult(), Style(True))
+
+
+def test_events() -> None:
+    assert render_event(Queued("s", "health", 2)) == "… queued for health (position 2)"
+    assert render_event(TextDelta("s", "partial")) is None
+    assert render_event(ToolCallStarted("s", call())) == render_tool_call_started(call())
+
+
+def test_sessions_table_handles_empty() -> None:
+    assert render_sessions_table([]) == "no sessions recorded yet"
