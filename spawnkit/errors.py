@@ -15,6 +15,11 @@ caller can catch the family at once and a command line can print one clear line:
     │   ├── QueueFullError          every slot and queue place is taken
     │   └── SpawnerClosedError      stop_accepting() was called
     ├── RuntimeFailure              the runtime ran and failed (carried in results)
+    │   ├── AuthenticationFailure   the model API refused the credentials
+    │   ├── RateLimited             the model API is rate limiting
+    │   ├── ModelUnavailable        the model API is down, unreachable or failing
+    │   ├── RuntimeCrashed          the CLI died or exited without a result
+    │   └── ProtocolError           the CLI's output could not be understood
     ├── SpawnError                  a run failed where the caller asked for an exception
     └── StoreError                  the session store cannot be opened or written
 
@@ -107,11 +112,46 @@ class SpawnerClosedError(TriggerRejected):
 
 
 class RuntimeFailure(SpawnkitError):
-    """A runtime started and failed; ``kind`` classifies why for the session record."""
+    """A runtime started and failed; ``kind`` classifies why for the session record.
 
-    def __init__(self, message: str, kind: str = "runtime_error") -> None:
-        self.kind = kind
-        super().__init__(message)
+    Subclasses carry a fixed ``kind`` and a one-line ``remedy`` that is appended to
+    the message, so ``SpawnerResult.error`` says both what happened and what to do.
+    """
+
+    kind_default = "runtime_error"
+    remedy = ""
+
+    def __init__(self, message: str, kind: str | None = None, remedy: str | None = None) -> None:
+        self.kind = kind or self.kind_default
+        self.detail = message
+        self.remedy = remedy if remedy is not None else type(self).remedy
+        super().__init__(f"{message} ({self.remedy})" if self.remedy else message)
+
+
+class AuthenticationFailure(RuntimeFailure):
+    kind_default = "auth"
+
+
+class RateLimited(RuntimeFailure):
+    kind_default = "rate_limit"
+    remedy = "the model API is rate limiting: retry later or lower max_concurrent_sessions"
+
+
+class ModelUnavailable(RuntimeFailure):
+    kind_default = "model_unavailable"
+    remedy = (
+        "the model API is unreachable or failing: check [butler.runtime] base_url and that "
+        "the server is up"
+    )
+
+
+class RuntimeCrashed(RuntimeFailure):
+    kind_default = "crash"
+
+
+class ProtocolError(RuntimeFailure):
+    kind_default = "protocol"
+    remedy = "the CLI's output was not understood: check the CLI version with `spawnkit doctor`"
 
 
 class SpawnError(SpawnkitError):

@@ -38,6 +38,7 @@ from .errors import (
     RuntimeFailure,
     RuntimeNotFoundError,
     SpawnerClosedError,
+    SpawnkitError,
 )
 from .events import (
     AssistantText,
@@ -53,6 +54,7 @@ from .events import (
 from .memory import MemoryProvider, StoreMemory
 from .result import OUTPUT_LIMIT, RunStatus, SpawnerResult, ToolCall, Usage, truncate
 from .roster import ButlerConfig
+from .runlog import DEFAULT_CAP_BYTES, RunLog, session_log_dir
 from .runtimes import get_adapter
 from .runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
 from .store import SessionStore
@@ -151,6 +153,7 @@ class Spawner:
         base_url: str | None = None,
         model: str | None = None,
         workspace_root: Path | None = None,
+        log_cap_bytes: int = DEFAULT_CAP_BYTES,
     ) -> None:
         self.butler = butler
         self.store = store if store is not None else SessionStore()
@@ -165,6 +168,7 @@ class Spawner:
         self.base_url = base_url or butler.runtime.base_url
         self.model = model or butler.runtime.model
         self.workspace_root = workspace_root
+        self.log_cap_bytes = log_cap_bytes
         self._capacity = butler.runtime.max_concurrent_sessions
         self._max_queued = butler.runtime.max_queued_sessions
         self._slots = asyncio.Semaphore(self._capacity)
@@ -301,6 +305,43 @@ class Spawner:
             await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
             raise
 
+    async def resume(
+        self,
+        session_id: str,
+        prompt: str,
+        context: str | None = None,
+        *,
+        on_event: EventSink | None = None,
+        max_turns: int | None = None,
+    ) -> SpawnerResult:
+        """Continue a finished session on the runtime that ran it, as a new linked session.
+
+        The new session's ``parent_session_id`` is ``session_id``; the runtime
+        picks up the conversation from its own transcript.
+        """
+        record = await asyncio.to_thread(self.store.get_session, session_id)
+        if record is None:
+            raise SpawnkitError(f"no session {session_id!r} in {self.store.path}")
+        if record.butler != self.butler.name or record.runtime != self.butler.runtime.type:
+            raise SpawnkitError(
+                f"session {session_id} ran on butler {record.butler!r} ({record.runtime}); "
+                f"this spawner runs {self.butler.name!r} ({self.butler.runtime.type})"
+            )
+        if record.completed_at is None:
+            raise SpawnkitError(f"session {session_id} has not finished; resume it afterwards")
+        if not record.runtime_session_id:
+            raise SpawnkitError(f"session {session_id} has no runtime session id to resume")
+        if not self.adapter.capabilities().get("supports_resume"):
+            raise SpawnkitError(f"the {self.butler.runtime.type} runtime cannot resume sessions")
+        return await self.trigger(
+            prompt,
+            context,
+            max_turns=max_turns,
+            on_event=on_event,
+            parent_session_id=session_id,
+            resume=record.runtime_session_id,
+        )
+
     def _rejected_self_trigger(self) -> SpawnerResult:
         return SpawnerResult(
             success=False,
@@ -334,6 +375,7 @@ class Spawner:
         started_at: datetime | None = None
         started_clock = 0.0
         result: SpawnerResult | None = None
+        log: RunLog | None = None
         try:
             await asyncio.to_thread(
                 self.store.create_session,
@@ -346,7 +388,9 @@ class Spawner:
                 trigger_source=trigger_source,
                 runtime_session_id=runtime_session_id or resume,
                 parent_session_id=parent_session_id,
+                log_dir=session_log_dir(session_id),
             )
+            log = RunLog.for_session(session_id, self.log_cap_bytes)
             if position > 0:
                 collector.emit(Queued(session_id, butler.name, position))
             async with self._slots:
@@ -357,7 +401,7 @@ class Spawner:
                     started_at, started_clock = _now(), time.monotonic()
                     result = await self._execute(
                         worker, session_id, prompt, context, trigger_source, max_turns,
-                        collector, started_at, runtime_session_id, resume,
+                        collector, started_at, runtime_session_id, resume, log,
                     )  # fmt: skip
                 finally:
                     self._active -= 1
@@ -369,6 +413,8 @@ class Spawner:
         finally:
             if not holding_slot:
                 self._pending -= 1
+            if log is not None:
+                log.close()
         assert result is not None  # every branch above sets it
         if started_at is not None and result.duration_ms == 0:
             result = replace(result, duration_ms=int((time.monotonic() - started_clock) * 1000))
@@ -418,6 +464,7 @@ class Spawner:
         started_at: datetime,
         runtime_session_id: str | None,
         resume: str | None,
+        log: RunLog | None,
     ) -> SpawnerResult:
         butler = self.butler
         clock = time.monotonic()
@@ -449,7 +496,7 @@ class Spawner:
             try:
                 spec = await self._prepare(
                     worker, session_id, prompt, context, max_turns, workspace, span,
-                    runtime_session_id, resume,
+                    runtime_session_id, resume, log,
                 )  # fmt: skip
                 async with asyncio.timeout(butler.runtime.timeout_s):
                     outcome = await worker.invoke(spec, collector.emit)
@@ -495,6 +542,7 @@ class Spawner:
         span: RunSpan,
         runtime_session_id: str | None,
         resume: str | None,
+        log: RunLog | None,
     ) -> RunSpec:
         butler = self.butler
         base = worker.parse_system_prompt_file(butler.system_prompt_file, butler.roster_dir)
@@ -540,6 +588,7 @@ class Spawner:
             base_url=self.base_url,
             runtime_session_id=runtime_session_id,
             resume=resume,
+            log=log,
         )
 
     def _result(

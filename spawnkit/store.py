@@ -32,7 +32,7 @@ from .errors import StoreError
 from .home import default_store_path
 from .result import SpawnerResult, ToolCall, Usage
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 15_000
 
 _SCHEMA = """
@@ -66,7 +66,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     completed_at TEXT,
     owner_host TEXT,
     owner_pid INTEGER,
-    owner_start TEXT
+    owner_start TEXT,
+    log_dir TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_at);
 CREATE INDEX IF NOT EXISTS sessions_by_butler ON sessions (butler, created_at);
@@ -129,6 +130,11 @@ CREATE INDEX IF NOT EXISTS episodes_by_butler ON episodes (butler, id);
 """
 
 
+# _MIGRATIONS[v - 1] takes a store from schema v to v + 1.
+_MIGRATIONS = ("ALTER TABLE sessions ADD COLUMN log_dir TEXT",)
+assert len(_MIGRATIONS) == SCHEMA_VERSION - 1
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -188,6 +194,7 @@ class SessionRecord:
     created_at: datetime
     started_at: datetime | None
     completed_at: datetime | None
+    log_dir: Path | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> SessionRecord:
@@ -221,6 +228,7 @@ class SessionRecord:
             created_at=datetime.fromisoformat(row["created_at"]),
             started_at=_dt(row["started_at"]),
             completed_at=_dt(row["completed_at"]),
+            log_dir=Path(row["log_dir"]) if row["log_dir"] else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -251,6 +259,7 @@ class SessionRecord:
             "created_at": _iso(self.created_at),
             "started_at": _iso(self.started_at),
             "completed_at": _iso(self.completed_at),
+            "log_dir": str(self.log_dir) if self.log_dir else None,
         }
 
 
@@ -313,11 +322,14 @@ class SessionStore:
                 raise StoreError(
                     f"{self.path} was written by a newer spawnkit (schema {version}); upgrade"
                 )
-            if version < SCHEMA_VERSION:
+            if version == 0:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            else:
+                for step in _MIGRATIONS[version:]:
+                    conn.execute(step)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
         with self._lock:
@@ -347,17 +359,18 @@ class SessionStore:
         runtime_session_id: str | None = None,
         parent_session_id: str | None = None,
         created_at: datetime | None = None,
+        log_dir: Path | None = None,
     ) -> None:
         with self._tx() as conn:
             conn.execute(
                 """INSERT INTO sessions (id, butler, runtime, model, prompt, context,
                        trigger_source, status, runtime_session_id, parent_session_id,
-                       created_at, owner_host, owner_pid, owner_start)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?)""",
+                       created_at, owner_host, owner_pid, owner_start, log_dir)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)""",
                 (
                     session_id, butler, runtime, model, prompt, context, trigger_source,
                     runtime_session_id, parent_session_id, _iso(created_at or utcnow()),
-                    self._host, self._pid, self._pid_start,
+                    self._host, self._pid, self._pid_start, str(log_dir) if log_dir else None,
                 ),
             )  # fmt: skip
 

@@ -538,3 +538,35 @@ async def test_no_user_or_project_settings_leak_in(
     )  # fmt: skip
     assert "intruder" not in result.output
     assert request.body["model"] != "claude-user-pick"
+
+
+async def test_resume_continues_the_conversation_as_a_linked_session(make_butler, store) -> None:
+    script = """
+[[turn]]
+text = "First answer to: {{ prompt }}"
+[[turn]]
+text = "Second answer, still in the same conversation: {{ prompt }}"
+"""
+    async with service(make_butler(), store, script) as svc:
+        first = await svc.trigger("remember the number 42")
+        second = await svc.spawner.resume(first.session_id or "", "what number was it?")
+        requests = [r for r in svc.replay_server.requests if r.path == "/v1/messages"]
+    assert first.success and second.success, second.error
+    assert second.output.startswith("Second answer"), "the replay saw the earlier turn"
+    assert "remember the number 42" in json.dumps(requests[-1].body["messages"])
+    assert second.session_id != first.session_id
+    assert second.runtime_session_id == first.runtime_session_id
+    record = store.get_session(second.session_id or "")
+    assert record is not None and record.parent_session_id == first.session_id
+
+
+async def test_runtime_output_is_logged_per_session(make_butler, store) -> None:
+    async with service(make_butler(), store, ENV_PROBE) as svc:
+        result = await svc.trigger("show env")
+    record = store.get_session(result.session_id or "")
+    assert record is not None and record.log_dir is not None
+    stdout = (record.log_dir / "stdout.log").read_text().splitlines()
+    kinds = [json.loads(line)["type"] for line in stdout]
+    assert kinds[0] == "SystemMessage" and kinds[-1] == "ResultMessage"
+    text = (record.log_dir / "stdout.log").read_text()
+    assert '"name": "Bash"' in text and '"tool_use_id"' in text

@@ -21,9 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..errors import (
+    AuthenticationFailure,
+    ModelUnavailable,
+    RateLimited,
+    RuntimeFailure,
+)
 from ..events import EventSink
 from ..result import Usage
 from ..roster import McpTransport, RuntimeConfig
+from ..runlog import RunLog
 from ..system_prompt import read_prompt_file
 
 
@@ -57,6 +64,8 @@ class RunSpec:
     base_url: str | None = None
     runtime_session_id: str | None = None
     resume: str | None = None
+    # Where the runtime's raw output goes, line by line, as it arrives.
+    log: RunLog | None = None
 
 
 @dataclass
@@ -74,12 +83,34 @@ class RunOutcome:
     model: str | None = None
 
 
+_AUTH_WORDS = ("invalid api key", "authentication", "unauthorized", "not logged in", "api key")
+_RATE_WORDS = ("rate limit", "rate_limit", "too many requests", "quota")
+_DOWN_WORDS = (
+    "connection refused", "connection error", "econnrefused", "fetch failed", "overloaded",
+    "unable to connect", "network error", "timed out", "stream disconnected",
+)  # fmt: skip
+
+
+def classify_failure(status: int | None, text: str, *, auth_remedy: str) -> RuntimeFailure:
+    """Turn a failed model call (HTTP status and/or message) into a typed failure."""
+    lowered = text.lower()
+    if status in (401, 403) or any(word in lowered for word in _AUTH_WORDS):
+        return AuthenticationFailure(text, remedy=auth_remedy)
+    if status == 429 or any(word in lowered for word in _RATE_WORDS):
+        return RateLimited(text)
+    if (status is not None and status >= 500) or any(word in lowered for word in _DOWN_WORDS):
+        return ModelUnavailable(text)
+    return RuntimeFailure(text)
+
+
 class RuntimeAdapter(ABC):
     """Base class of the ``claude-code``, ``codex`` and ``gemini`` adapters."""
 
     type: ClassVar[str]
     binary_name: ClassVar[str]
     install_hint: ClassVar[str]
+    # What to do when the model API refuses the credentials.
+    auth_remedy: ClassVar[str] = "check the runtime's API key"
     system_prompt_filename: ClassVar[str] = "CLAUDE.md"
     # Host variables the CLI needs to work at all; they pass credential isolation.
     passthrough_env: ClassVar[tuple[str, ...]] = ("HOME",)

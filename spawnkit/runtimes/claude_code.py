@@ -12,13 +12,14 @@ spawnkit events as they arrive; nothing is buffered until the end.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -44,7 +45,7 @@ from claude_agent_sdk import (
 from claude_agent_sdk.types import McpHttpServerConfig, McpSSEServerConfig
 
 from .. import _process
-from ..errors import RuntimeFailure, RuntimeNotFoundError
+from ..errors import ProtocolError, RuntimeCrashed, RuntimeFailure, RuntimeNotFoundError
 from ..events import (
     AssistantText,
     EventSink,
@@ -54,7 +55,7 @@ from ..events import (
     UsageUpdate,
 )
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
-from .base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
+from .base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter, classify_failure
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,15 @@ def tool_result_text(content: str | list[dict[str, Any]] | None) -> str:
     return "\n".join(parts)
 
 
+def message_json(message: Message) -> str:
+    """One SDK message as a JSON line for the session's stdout log."""
+    return json.dumps(
+        {"type": type(message).__name__, **dataclasses.asdict(message)},
+        ensure_ascii=False,
+        default=str,
+    )
+
+
 def usage_from_api(raw: dict[str, Any] | None) -> Usage:
     raw = raw or {}
     return Usage(
@@ -110,27 +120,6 @@ def usage_from_api(raw: dict[str, Any] | None) -> Usage:
         cache_read_tokens=int(raw.get("cache_read_input_tokens") or 0),
         cache_write_tokens=int(raw.get("cache_creation_input_tokens") or 0),
     )
-
-
-def classify_api_error(status: int | None, text: str) -> str:
-    """Map a failed API call to the error kinds recorded in sessions."""
-    lowered = text.lower()
-    if status in (401, 403) or "invalid api key" in lowered or "authentication" in lowered:
-        return "auth"
-    if status == 429 or "rate limit" in lowered:
-        return "rate_limit"
-    if (status is not None and status >= 500) or "connection" in lowered or "overloaded" in lowered:
-        return "model_unavailable"
-    return "runtime_error"
-
-
-_REMEDIES = {
-    "auth": "the model API refused the credentials: set ANTHROPIC_API_KEY (or log in with "
-    "`claude login`)",
-    "rate_limit": "the model API is rate limiting: retry later or lower max_concurrent_sessions",
-    "model_unavailable": "the model API is unreachable or failing: check [butler.runtime] "
-    "base_url and that the server is up",
-}
 
 
 class _RunState:
@@ -154,6 +143,8 @@ class _RunState:
 
     def handle(self, message: Message) -> None:
         sid = self.spec.session_id
+        if self.spec.log is not None and not isinstance(message, StreamEvent):
+            self.spec.log.stdout(message_json(message))
         if isinstance(message, StreamEvent):
             event = message.event
             if event.get("type") == "content_block_delta" and message.parent_tool_use_id is None:
@@ -196,7 +187,7 @@ class _RunState:
     def outcome(self) -> RunOutcome:
         result = self.result
         if result is None:
-            raise RuntimeFailure("Claude Code ended without a result message", "crash")
+            raise RuntimeCrashed("Claude Code ended without a result message")
         usage = usage_from_api(result.usage)
         text = result.result if result.result is not None else self.partial_output
         outcome = RunOutcome(
@@ -215,10 +206,11 @@ class _RunState:
                 outcome.error = f"reached the max_turns limit ({self.spec.max_turns})"
             else:
                 detail = "; ".join(result.errors or []) or (result.result or result.subtype)
-                kind = classify_api_error(result.api_error_status, detail)
-                outcome.error_kind = kind
-                remedy = _REMEDIES.get(kind)
-                outcome.error = f"{detail} ({remedy})" if remedy else detail
+                failure = classify_failure(
+                    result.api_error_status, detail, auth_remedy=ClaudeCodeAdapter.auth_remedy
+                )
+                outcome.error_kind = failure.kind
+                outcome.error = str(failure)
         elif self.mcp_status not in (None, "connected"):
             # The run completed, but without the butler's tools: say so.
             logger.warning(
@@ -233,6 +225,9 @@ class ClaudeCodeAdapter(RuntimeAdapter):
     install_hint: ClassVar[str] = (
         "pip install claude-agent-sdk (it bundles the CLI), "
         "or npm install -g @anthropic-ai/claude-code"
+    )
+    auth_remedy: ClassVar[str] = (
+        "Claude Code is not authenticated: set ANTHROPIC_API_KEY or run `claude login`"
     )
     passthrough_env: ClassVar[tuple[str, ...]] = ("HOME", "CLAUDE_CONFIG_DIR")
 
@@ -335,8 +330,17 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             session_id=None if spec.resume else spec.runtime_session_id,
             resume=spec.resume,
             include_partial_messages=True,
-            stderr=lambda line: logger.debug("claude[%s]: %s", spec.session_id[:8], line),
+            stderr=self._stderr_sink(spec),
         )
+
+    @staticmethod
+    def _stderr_sink(spec: RunSpec) -> Callable[[str], None]:
+        def sink(line: str) -> None:
+            if spec.log is not None:
+                spec.log.stderr(line)
+            logger.debug("claude[%s]: %s", spec.session_id[:8], line)
+
+        return sink
 
     async def invoke(self, spec: RunSpec, emit: EventSink) -> RunOutcome:
         self.binary_version()  # once per process, so the SDK need not check per run
@@ -369,13 +373,13 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             # The CLI exits non-zero after a failed result; the result message,
             # when it came, says more than the exit code does.
             if state.result is None:
-                raise RuntimeFailure(self._describe(exc), "crash") from exc
+                raise RuntimeCrashed(self._describe(exc)) from exc
         except CLINotFoundError as exc:
             raise RuntimeNotFoundError(self.type, self.binary_name, self.install_hint) from exc
         except CLIJSONDecodeError as exc:
-            raise RuntimeFailure(f"malformed output from Claude Code: {exc}", "protocol") from exc
+            raise ProtocolError(f"malformed output from Claude Code: {exc}") from exc
         except CLIConnectionError as exc:
-            raise RuntimeFailure(f"cannot start Claude Code: {exc}", "crash") from exc
+            raise RuntimeCrashed(f"cannot start Claude Code: {exc}") from exc
         except ClaudeSDKError as exc:
             raise RuntimeFailure(f"Claude Code failed: {exc}", "runtime_error") from exc
         finally:
