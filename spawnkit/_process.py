@@ -12,6 +12,10 @@ Two guarantees live here:
   new session (``setsid``, same pid), records that pid, and the run's owner
   terminates the whole process group afterwards: SIGTERM, a grace period, then
   SIGKILL.
+
+CLIs spawnkit runs directly (Codex, Gemini) go through :func:`run_lines`: an
+exact environment, a new session, output framed into bounded lines and handed
+over as they arrive, and the same group termination on every exit path.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import os
 import re
 import shutil
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -116,3 +120,111 @@ async def terminate_group(pgid: int, grace: float = TERMINATE_GRACE_S) -> None:
         if _group_alive(pgid):
             logger.debug("process group %d ignored SIGTERM; killing it", pgid)
             os.killpg(pgid, signal.SIGKILL)
+
+
+class LineFramer:
+    """Splits a byte stream into text lines, bounding how long one line may grow.
+
+    A line longer than ``max_line`` bytes is cut: its first ``max_line`` bytes
+    come out with ``truncated`` set and the rest, up to the next newline, is
+    dropped, so a runtime that never prints a newline cannot exhaust memory.
+    """
+
+    def __init__(self, max_line: int) -> None:
+        self.max_line = max_line
+        self._buffer = bytearray()
+        self._skipping = False
+
+    def feed(self, chunk: bytes) -> list[tuple[str, bool]]:
+        """Complete lines in ``chunk`` (with what was buffered), as (text, truncated)."""
+        lines: list[tuple[str, bool]] = []
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                break
+            piece = chunk[start:end]
+            start = end + 1
+            if self._skipping:
+                self._skipping = False
+                self._buffer.clear()
+                continue
+            self._buffer += piece
+            lines.append(self._take())
+        rest = chunk[start:]
+        if not self._skipping:
+            self._buffer += rest
+            if len(self._buffer) > self.max_line:
+                lines.append(self._take(truncated=True))
+                self._skipping = True
+        return lines
+
+    def flush(self) -> tuple[str, bool] | None:
+        """The last line if the stream ended without a newline."""
+        if self._skipping or not self._buffer:
+            self._buffer.clear()
+            return None
+        return self._take()
+
+    def _take(self, truncated: bool = False) -> tuple[str, bool]:
+        data = bytes(self._buffer[: self.max_line])
+        self._buffer.clear()
+        return data.decode("utf-8", errors="replace").rstrip("\r"), truncated
+
+
+LineSink = Callable[[str, bool], None]
+READ_CHUNK = 64 * 1024
+DEFAULT_MAX_LINE = 8 * 1024 * 1024
+
+
+async def _pump(stream: asyncio.StreamReader, sink: LineSink, max_line: int) -> None:
+    framer = LineFramer(max_line)
+    while chunk := await stream.read(READ_CHUNK):
+        for text, truncated in framer.feed(chunk):
+            sink(text, truncated)
+    last = framer.flush()
+    if last is not None:
+        sink(*last)
+
+
+async def run_lines(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Path,
+    on_stdout: LineSink,
+    on_stderr: LineSink,
+    stdin: bytes | None = None,
+    max_line: int = DEFAULT_MAX_LINE,
+) -> int:
+    """Run a CLI in its own process group, handing over each output line as it arrives.
+
+    The child gets exactly ``env`` (nothing is merged in from this process).
+    Returns the exit code. On cancellation the whole group is terminated
+    (SIGTERM, then SIGKILL) before the cancellation propagates; on any exit,
+    processes the CLI left in its group are terminated too.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(env),
+        cwd=cwd,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    try:
+        if stdin is not None and proc.stdin is not None:
+            proc.stdin.write(stdin)
+            await proc.stdin.drain()
+            proc.stdin.close()
+        await asyncio.gather(
+            _pump(proc.stdout, on_stdout, max_line), _pump(proc.stderr, on_stderr, max_line)
+        )
+        return await proc.wait()
+    finally:
+        await asyncio.shield(terminate_group(proc.pid))
+        if proc.returncode is None:
+            await asyncio.shield(proc.wait())

@@ -1,0 +1,94 @@
+"""Line framing and the direct CLI runner used for Codex and Gemini."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from spawnkit._process import LineFramer, run_lines
+
+from .conftest import processes_with_env
+
+
+def test_framer_splits_across_chunks() -> None:
+    framer = LineFramer(max_line=100)
+    assert framer.feed(b'{"a": 1}\n{"b"') == [('{"a": 1}', False)]
+    assert framer.feed(b": 2}\r\n\n") == [('{"b": 2}', False), ("", False)]
+    assert framer.feed("é".encode()[:1]) == []
+    assert framer.feed("é".encode()[1:] + b"\n") == [("é", False)]
+    assert framer.flush() is None
+
+
+def test_framer_bounds_a_line_without_newline() -> None:
+    framer = LineFramer(max_line=10)
+    assert framer.feed(b"x" * 25) == [("x" * 10, True)]
+    assert framer.feed(b"y" * 1000) == [], "the rest of the long line is dropped"
+    assert framer.feed(b"yy\nok\n") == [("ok", False)]
+    assert framer.feed(b"tail") == []
+    assert framer.flush() == ("tail", False)
+
+
+async def test_run_lines_streams_with_exact_env(tmp_path: Path) -> None:
+    out: list[str] = []
+    err: list[str] = []
+    script = "echo one; echo warn >&2; sleep 0.2; echo two; env; exit 3"
+    code = await run_lines(
+        ["bash", "-c", script],
+        env={"PATH": os.environ["PATH"], "ONLY_THIS": "yes"},
+        cwd=tmp_path,
+        on_stdout=lambda line, _: out.append(line),
+        on_stderr=lambda line, _: err.append(line),
+    )
+    assert code == 3
+    assert out[:2] == ["one", "two"] and err == ["warn"]
+    names = {line.split("=", 1)[0] for line in out[2:]}
+    assert "ONLY_THIS" in names and "HOME" not in names and "SPAWNKIT_HOME" not in names
+
+
+async def test_run_lines_feeds_stdin(tmp_path: Path) -> None:
+    out: list[str] = []
+    code = await run_lines(
+        ["cat"], env={"PATH": os.environ["PATH"]}, cwd=tmp_path, stdin=b"a\nb",
+        on_stdout=lambda line, _: out.append(line), on_stderr=lambda *_: None,
+    )  # fmt: skip
+    assert (code, out) == (0, ["a", "b"])
+
+
+async def test_cancelling_kills_the_whole_group(tmp_path: Path) -> None:
+    marker = "SPAWNKIT_RUN_LINES_TEST"
+    started = asyncio.Event()
+    script = "trap '' TERM; sleep 300 & echo started; wait"
+
+    def on_stdout(line: str, _: bool) -> None:
+        if line == "started":
+            started.set()
+
+    task = asyncio.create_task(
+        run_lines(
+            ["bash", "-c", script],
+            env={"PATH": os.environ["PATH"], marker: "1"},
+            cwd=tmp_path,
+            on_stdout=on_stdout,
+            on_stderr=lambda *_: None,
+        )
+    )
+    await asyncio.wait_for(started.wait(), 10)
+    assert len(processes_with_env(marker, "1")) == 2
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert processes_with_env(marker, "1") == [], "bash ignored SIGTERM and got SIGKILL"
+
+
+async def test_background_children_die_with_a_finished_run(tmp_path: Path) -> None:
+    marker = "SPAWNKIT_RUN_LINES_ORPHAN"
+    code = await run_lines(
+        ["bash", "-c", "(sleep 300 >/dev/null 2>&1 &); echo done"],
+        env={"PATH": os.environ["PATH"], marker: "1"}, cwd=tmp_path,
+        on_stdout=lambda *_: None, on_stderr=lambda *_: None,
+    )  # fmt: skip
+    assert code == 0
+    assert processes_with_env(marker, "1") == []
