@@ -80,6 +80,8 @@ class ButlerConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     modules: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     schedules: tuple[Schedule, ...] = ()
+    # A system prompt elsewhere than <directory>/CLAUDE.md (ad-hoc butlers).
+    prompt_file: Path | None = None
 
     @property
     def config_file(self) -> Path:
@@ -87,7 +89,7 @@ class ButlerConfig:
 
     @property
     def system_prompt_file(self) -> Path:
-        return self.directory / SYSTEM_PROMPT_FILE
+        return self.prompt_file or self.directory / SYSTEM_PROMPT_FILE
 
     @property
     def mcp_path(self) -> str:
@@ -133,6 +135,39 @@ class Roster:
     @property
     def shared_dir(self) -> Path:
         return self.directory / SHARED_DIR
+
+
+DEFAULT_PROMPT = Path(__file__).parent / "prompts" / "adhoc.md"
+
+
+def adhoc_butler(
+    runtime: str,
+    directory: str | Path,
+    *,
+    name: str | None = None,
+    prompt_file: str | Path | None = None,
+    max_concurrent_sessions: int = 4,
+) -> ButlerConfig:
+    """A butler without a roster: runs in ``directory`` with a given or default prompt.
+
+    Used by the shell adapter contract and the notebook when no butler is named.
+    Its MCP server has no fixed port (``port = 0``): it always runs in-process.
+    """
+    if runtime not in available_runtimes():
+        raise UnknownRuntimeError(runtime, available_runtimes())
+    folder = Path(directory).expanduser().resolve()
+    prompt = Path(prompt_file).expanduser().resolve() if prompt_file else DEFAULT_PROMPT
+    if not prompt.is_file():
+        raise ConfigError(f"system prompt file not found: {prompt}")
+    return ButlerConfig(
+        name=name or f"adhoc-{runtime}",
+        port=0,
+        description=f"ad-hoc {runtime} runs in {folder}",
+        directory=folder,
+        roster_dir=prompt.parent,
+        runtime=RuntimeConfig(type=runtime, max_concurrent_sessions=max_concurrent_sessions),
+        prompt_file=prompt,
+    )
 
 
 def load_roster(directory: str | Path) -> Roster:
