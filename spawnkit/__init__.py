@@ -11,6 +11,20 @@ from .testing import MockSpawner
 
 __version__ = "0.1.0"
 
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext spawnkit``: register the magics, nothing else."""
+    from .notebook import load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: object) -> None:
+    from .notebook import unload
+
+    unload(ipython)
+
+
 __all__ = [
     "ButlerConfig",
     "MockSpawner",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SESSION_PARAM = "session_id"
+# Adds tools to a butler's server (for example the notebook's kernel tools).
+ToolExtension = Callable[[MCPServer[Any]], None]
 _Scope = MutableMapping[str, Any]
 _Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 _Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -99,12 +101,15 @@ class ButlerServer:
         butler: ButlerConfig,
         store: SessionStore,
         spawner: Spawner | None = None,
+        extensions: Sequence[ToolExtension] = (),
     ) -> None:
         self.butler = butler
         self.store = store
         self.spawner = spawner
         self._sse = _SseSessions()
         self.mcp = self._build_mcp()
+        for extend in extensions:
+            extend(self.mcp)
 
     # -- recording -------------------------------------------------------------
 

@@ -7,6 +7,8 @@ store's ``tool_calls`` column and the MCP ``trigger`` tool.
 
 from __future__ import annotations
 
+import html
+import json
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
@@ -155,4 +157,68 @@ class SpawnerResult:
         return (
             f"SpawnerResult({state}, {len(self.tool_calls)} tool calls, "
             f"{self.usage.total_tokens} tokens, session {self.session_id})"
+        )
+
+    # -- rich displays (IPython calls these; plain string formatting, no imports) ----
+
+    def summary_line(self) -> str:
+        u = self.usage
+        parts = [
+            "✓ success" if self.success else f"✗ {self.status}",
+            " · ".join(p for p in (self.butler, self.runtime, self.model) if p),
+            f"{self.duration_ms / 1000:.1f} s",
+            f"{len(self.tool_calls)} tool call{'s' if len(self.tool_calls) != 1 else ''}",
+            f"{u.input_tokens:,} in / {u.output_tokens:,} out tokens",
+        ]
+        if self.cost_usd is not None:
+            parts.append(f"${self.cost_usd:.4f}")
+        return " · ".join(p for p in parts if p)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        lines = [self.summary_line()]
+        if self.error:
+            lines.append(f"error: {self.error}")
+        for call in self.tool_calls:
+            where = f"{call.server}." if call.server else ""
+            mark = {"ok": "✓", "error": "✗"}.get(call.status, "…")
+            lines.append(f"  {mark} {where}{call.tool}")
+        if self.output:
+            lines.append(self.output if len(self.output) <= 4000 else self.output[:4000] + " …")
+        lines.append(f"session {self.session_id}")
+        printer.text("\n".join(lines))
+
+    def _repr_markdown_(self) -> str:
+        lines = [f"**{self.summary_line()}**", ""]
+        if self.error:
+            lines += [f"> error: {self.error}", ""]
+        if self.tool_calls:
+            lines.append("| tool | status | ms |")
+            lines.append("|---|---|---|")
+            for call in self.tool_calls:
+                name = f"{call.server}.{call.tool}" if call.server else call.tool
+                lines.append(f"| `{name}` | {call.status} | {call.duration_ms or ''} |")
+            lines.append("")
+        lines += [self.output, "", f"<sub>session {self.session_id}</sub>"]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        state = "success" if self.success else "failure"
+        rows = "".join(
+            "<details><summary><code>{name}</code> {mark} <small>{ms}</small></summary>"
+            "<pre>{input}</pre><pre>{output}</pre></details>".format(
+                name=esc(f"{c.server}.{c.tool}" if c.server else c.tool),
+                mark={"ok": "✓", "error": "✗"}.get(c.status, "…"),
+                ms=f"{c.duration_ms} ms" if c.duration_ms is not None else "",
+                input=esc(json.dumps(c.input, ensure_ascii=False, indent=1)[:2000]),
+                output=esc((c.output or "")[:2000]),
+            )
+            for c in self.tool_calls
+        )
+        error = f'<div style="color:#c62828">error: {esc(self.error)}</div>' if self.error else ""
+        return (
+            f'<div class="spawnkit-result spawnkit-{state}">'
+            f"<div><b>{esc(self.summary_line())}</b></div>{error}{rows}"
+            f'<div style="white-space:pre-wrap;margin-top:6px">{esc(self.output)}</div>'
+            f"<div><small>session {esc(self.session_id or '')}</small></div></div>"
         )

@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 from opentelemetry.trace import TracerProvider
 
-from .butler_server import ButlerServer
+from .butler_server import ButlerServer, ToolExtension
 from .credentials import CredentialStore
 from .errors import SpawnkitError
 from .replay import ReplayServer, Scenario
@@ -68,6 +69,7 @@ class ButlerService:
         mcp_host: str = "127.0.0.1",
         schedules: bool = False,
         tracer_provider: TracerProvider | None = None,
+        tool_extensions: Sequence[ToolExtension] = (),
         **spawner_options: Any,
     ) -> None:
         self.butler = butler
@@ -80,6 +82,7 @@ class ButlerService:
         self.mcp_host = mcp_host
         self.run_schedules = schedules
         self.tracer_provider = tracer_provider
+        self.tool_extensions = tool_extensions
         self.spawner_options = spawner_options
         self.replay_server: ReplayServer | None = None
         self.replay_url: str | None = None
@@ -124,7 +127,7 @@ class ButlerService:
             self.butler, store=self.store, tracer_provider=self.tracer_provider, **options
         )
         if not self.external_mcp:
-            server = ButlerServer(self.butler, self.store, spawner)
+            server = ButlerServer(self.butler, self.store, spawner, self.tool_extensions)
             address = await stack.enter_async_context(
                 server.serve(self.mcp_host, 0 if self.mcp_port is None else self.mcp_port)
             )

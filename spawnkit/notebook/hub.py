@@ -1,0 +1,239 @@
+"""The kernel's spawnkit hub: running butlers on the background loop, and their runs.
+
+One :class:`Hub` per kernel keeps a :class:`~spawnkit.service.ButlerService`
+per target (a butler, possibly with its runtime, model or replay scenario
+overridden), started on first use and kept for the kernel's lifetime, so
+several runs of one butler share its semaphore, queue and MCP server. Every
+run, blocking or background, is a :class:`RunHandle`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import dataclasses
+import logging
+from collections.abc import Generator, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..butler_server import ToolExtension
+from ..events import EventSink, Finished, Queued, RunEvent, Started
+from ..result import SpawnerResult
+from ..roster import ButlerConfig
+from ..service import ButlerService
+from ..spawner import SpawnerStatus
+from ..store import SessionStore
+from .loop import CANCEL_TIMEOUT_S, BackgroundLoop, Job, shared_loop
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a run runs on; equal targets share one service."""
+
+    butler: ButlerConfig
+    replay: Path | None = None
+    model: str | None = None
+    kernel_tools: bool = False
+
+    def key(self) -> tuple[Any, ...]:
+        b = self.butler
+        return (
+            b.roster_dir,
+            b.directory,
+            b.name,
+            b.runtime,
+            self.replay,
+            self.model,
+            self.kernel_tools,
+        )
+
+
+class RunHandle:
+    """A run started from a notebook: its status, its result, its view.
+
+    ``result()`` blocks (an interrupt cancels the run), ``await handle`` works
+    in a notebook cell, ``cancel()`` stops the run and records it as cancelled.
+    """
+
+    def __init__(self, hub: Hub, target: Target, view: Any | None = None) -> None:
+        self.hub = hub
+        self.target = target
+        self.view = view
+        self.session_id: str | None = None
+        self.state = "queued"
+        self.job: Job[SpawnerResult]
+
+    def observe(self, event: RunEvent) -> None:
+        if isinstance(event, Queued | Started):
+            self.session_id = event.session_id
+            self.state = "queued" if isinstance(event, Queued) else "running"
+        elif isinstance(event, Finished):
+            self.state = event.result.status
+
+    @property
+    def status(self) -> str:
+        """queued, running, success, failed or cancelled."""
+        if self.job.done() and self.job.future.cancelled():
+            return "cancelled"
+        return self.state
+
+    def done(self) -> bool:
+        return self.job.done()
+
+    def result(self, timeout: float | None = None) -> SpawnerResult:
+        try:
+            return self.job.future.result(timeout)
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
+
+    def __await__(self) -> Generator[Any, None, SpawnerResult]:
+        return asyncio.wrap_future(self.job.future).__await__()
+
+    def cancel(self, wait: bool = True) -> None:
+        """Cancel the run (queued or running); by default wait until it is recorded.
+
+        The run's ``result()`` is then a SpawnerResult with status ``cancelled``.
+        """
+        if self.job.done():
+            return
+        spawner = self.hub.spawner_for(self.target)
+        if self.session_id is not None and spawner is not None:
+            job = self.hub.loop.submit(spawner.cancel(self.session_id))
+            if wait:
+                job.future.result(CANCEL_TIMEOUT_S)
+        else:
+            self.job.cancel(wait=CANCEL_TIMEOUT_S if wait else None)
+
+    def __repr__(self) -> str:
+        return f"<RunHandle {self.target.butler.name} {self.status} session={self.session_id}>"
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        if self.view is not None:
+            return self.view._repr_mimebundle_(**kwargs)
+        return {"text/plain": repr(self)}
+
+
+class Hub:
+    """Services and runs of one kernel, all living on the background loop."""
+
+    def __init__(self, store: SessionStore | None = None, loop: BackgroundLoop | None = None):
+        self.store = store if store is not None else SessionStore()
+        self.loop = loop or shared_loop()
+        self._services: dict[tuple[Any, ...], ButlerService] = {}
+        self._stacks: list[AsyncExitStack] = []
+        self._lock = asyncio.Lock()
+        self.runs: list[RunHandle] = []
+        # Runs after any later-registered handler and before the loop stops
+        # (atexit is last-in, first-out): services shut down cleanly at exit.
+        atexit.register(self.close)
+
+    async def _service(self, target: Target, extensions: Sequence[ToolExtension]) -> ButlerService:
+        key = target.key()
+        async with self._lock:
+            service = self._services.get(key)
+            if service is None:
+                stack = AsyncExitStack()
+                service = await stack.enter_async_context(
+                    ButlerService(
+                        target.butler,
+                        store=self.store,
+                        replay=target.replay,
+                        model=target.model,
+                        tool_extensions=extensions,
+                    )
+                )
+                self._stacks.append(stack)
+                self._services[key] = service
+            return service
+
+    def spawner_for(self, target: Target) -> Any:
+        service = self._services.get(target.key())
+        return service.spawner if service is not None else None
+
+    def start(
+        self,
+        target: Target,
+        prompt: str,
+        *,
+        context: str | None = None,
+        max_turns: int | None = None,
+        listeners: Sequence[EventSink] = (),
+        view: Any | None = None,
+        extensions: Sequence[ToolExtension] = (),
+    ) -> RunHandle:
+        """Start a run on the background loop; returns at once."""
+        handle = RunHandle(self, target, view)
+        sinks = [handle.observe, *listeners]
+
+        def fan_out(event: RunEvent) -> None:
+            for sink in sinks:
+                sink(event)
+
+        async def run() -> SpawnerResult:
+            service = await self._service(target, extensions)
+            return await service.trigger(prompt, context, max_turns=max_turns, on_event=fan_out)
+
+        handle.job = self.loop.submit(run())
+        self.runs.append(handle)
+        return handle
+
+    def statuses(self) -> list[SpawnerStatus]:
+        return [service.spawner.status for service in self._services.values()]
+
+    def in_flight(self) -> list[RunHandle]:
+        return [h for h in self.runs if not h.done()]
+
+    def cancel(self, which: str) -> list[RunHandle]:
+        """Cancel runs whose session id starts with ``which``, or every run for ``all``."""
+        chosen = [
+            h for h in self.in_flight()
+            if which == "all" or (h.session_id or "").startswith(which)
+        ]  # fmt: skip
+        for handle in chosen:
+            handle.cancel()
+        return chosen
+
+    def drain(self, timeout: float) -> dict[str, int]:
+        """Wait up to ``timeout`` for every butler's runs, then cancel the rest."""
+
+        async def drain_all() -> dict[str, int]:
+            totals = {"finished": 0, "cancelled": 0}
+            results = await asyncio.gather(
+                *(s.spawner.drain(timeout) for s in self._services.values())
+            )
+            for summary in results:
+                for key in totals:
+                    totals[key] += summary[key]
+            return totals
+
+        return self.loop.submit(drain_all()).future.result(timeout + CANCEL_TIMEOUT_S + 5)
+
+    def close(self) -> None:
+        """Stop every service (runs still going are cancelled and recorded)."""
+        atexit.unregister(self.close)
+        if not self._stacks:
+            return
+
+        async def close_all() -> None:
+            while self._stacks:
+                await self._stacks.pop().aclose()
+            self._services.clear()
+
+        try:
+            self.loop.submit(close_all()).future.result(CANCEL_TIMEOUT_S + 10)
+        except concurrent.futures.TimeoutError:
+            logger.warning("spawnkit: services did not stop within %s s", CANCEL_TIMEOUT_S + 10)
+
+
+def with_runtime(butler: ButlerConfig, runtime: str) -> ButlerConfig:
+    """The same butler run by another runtime."""
+    if butler.runtime.type == runtime:
+        return butler
+    return dataclasses.replace(butler, runtime=dataclasses.replace(butler.runtime, type=runtime))
