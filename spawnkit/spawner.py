@@ -172,6 +172,9 @@ class Spawner:
         self._capacity = butler.runtime.max_concurrent_sessions
         self._max_queued = butler.runtime.max_queued_sessions
         self._slots = asyncio.Semaphore(self._capacity)
+        # Records are written in a thread; this lock keeps runs reaching the
+        # semaphore in the order they were accepted (first come, first served).
+        self._admission = asyncio.Lock()
         self._active = 0
         self._pending = 0  # accepted, not yet holding a slot
         self._accepting = True
@@ -377,19 +380,20 @@ class Spawner:
         result: SpawnerResult | None = None
         log: RunLog | None = None
         try:
-            await asyncio.to_thread(
-                self.store.create_session,
-                session_id,
-                butler=butler.name,
-                runtime=butler.runtime.type,
-                model=self.model,
-                prompt=prompt,
-                context=context,
-                trigger_source=trigger_source,
-                runtime_session_id=runtime_session_id or resume,
-                parent_session_id=parent_session_id,
-                log_dir=session_log_dir(session_id),
-            )
+            async with self._admission:
+                await asyncio.to_thread(
+                    self.store.create_session,
+                    session_id,
+                    butler=butler.name,
+                    runtime=butler.runtime.type,
+                    model=self.model,
+                    prompt=prompt,
+                    context=context,
+                    trigger_source=trigger_source,
+                    runtime_session_id=runtime_session_id or resume,
+                    parent_session_id=parent_session_id,
+                    log_dir=session_log_dir(session_id),
+                )
             log = RunLog.for_session(session_id, self.log_cap_bytes)
             if position > 0:
                 collector.emit(Queued(session_id, butler.name, position))

@@ -129,9 +129,10 @@ async def test_serial_dispatch_with_one_slot(make_butler, store) -> None:
     r1, r2 = await asyncio.gather(first, second)
     assert r1.success and r2.success
     assert adapter.max_running == 1
+    assert [spec.prompt for spec in adapter.specs] == ["one", "two"], "first come, first served"
     rec1, rec2 = store.get_session(r1.session_id), store.get_session(r2.session_id)
-    assert rec1 and rec2 and rec1.completed_at and rec2.started_at
-    assert rec2.started_at >= rec1.completed_at or rec2.started_at >= rec1.started_at
+    assert rec1 and rec2 and rec1.started_at and rec2.started_at
+    assert rec2.started_at > rec1.started_at
 
 
 async def test_queue_full_is_rejected_at_once(make_butler, store) -> None:
