@@ -37,7 +37,7 @@ BINARY_VAR = "SPAWNKIT_REAL_CLI"
 PIDFILE_VAR = "SPAWNKIT_PIDFILE"
 TERMINATE_GRACE_S = 2.0
 
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Kept deliberately tiny: it runs before every CLI start and must cost
 # milliseconds. ${!name} reads the variable whose name is in $name.
@@ -48,6 +48,11 @@ for name in ${keep}; do
   if [[ -v $name ]]; then keep+=("$name=${{!name}}"); fi
 done
 if [[ -n "${{{pidfile}:-}}" ]]; then echo $$ > "${pidfile}"; fi
+# setsid forks (changing the pid we just wrote) when we already lead a group.
+if [[ -r /proc/$$/stat ]]; then read -r -a stat < /proc/$$/stat; fi
+if [[ "${{stat[4]:-}}" == "$$" ]]; then
+  exec env -i "${{keep[@]}}" "${binary}" "$@"
+fi
 exec {setsid}env -i "${{keep[@]}}" "${binary}" "$@"
 """
 
@@ -79,7 +84,7 @@ def filtered_env(
     """
     names = sorted({*env, *extra_keep})
     for name in names:
-        if not _NAME_RE.match(name):
+        if not _NAME_RE.fullmatch(name):
             raise ValueError(f"invalid environment variable name: {name!r}")
     return {
         **env,
@@ -97,13 +102,27 @@ def read_pidfile(pidfile: Path) -> int | None:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs (zombies, already dead, do not count)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # fields[0] is the state, fields[2] the process group.
+        if fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
 
 
 async def terminate_group(pgid: int, grace: float = TERMINATE_GRACE_S) -> None:

@@ -30,8 +30,8 @@ SHARED_DIR = "shared"
 SYSTEM_PROMPT_FILE = "CLAUDE.md"
 DEFAULT_TOOLS = ("Bash", "Read", "Glob", "Grep")
 
-_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -281,12 +281,12 @@ class _Reader:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise self.error(name, "must be a list of strings")
         for item in value:
-            if not pattern.match(item):
+            if not pattern.fullmatch(item):
                 raise self.error(name, f"invalid name {item!r}")
         return tuple(value)
 
 
-_TOOL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(\(.*\))?$")
+_TOOL_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\([^\n]*\))?")
 
 
 def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
@@ -295,7 +295,7 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
     b.check_keys({"name", "port", "description", "mcp_transport", "runtime", "env", "schedule"})
 
     name = b.string("name")
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise b.error("name", f"invalid butler name {name!r} (lowercase letters, digits, - and _)")
     if name != folder.name:
         raise b.error("name", f"{name!r} must match the folder name {folder.name!r}")
@@ -336,7 +336,7 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
     for s in b.tables("schedule"):
         s.check_keys({"name", "cron", "prompt"})
         sname = s.string("name")
-        if not _NAME_RE.match(sname):
+        if not _NAME_RE.fullmatch(sname):
             raise s.error("name", f"invalid schedule name {sname!r}")
         if any(existing.name == sname for existing in schedules):
             raise s.error("name", f"duplicate schedule name {sname!r}")

@@ -21,6 +21,7 @@ import os
 import socket
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -167,6 +168,19 @@ def _process_alive(pid: int, start: str | None) -> bool:
     return start is None or _process_start(pid) in (None, start)
 
 
+def _enable_wal(conn: sqlite3.Connection) -> None:
+    """Switch to WAL, waiting for other openers: this PRAGMA ignores the busy timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 @dataclass(frozen=True)
 class SessionRecord:
     """One row of the ``sessions`` table."""
@@ -295,7 +309,7 @@ class SessionStore:
                 self.path.chmod(0o600)  # it may hold credentials
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA journal_mode = WAL")
+            _enable_wal(conn)
             conn.execute("PRAGMA synchronous = NORMAL")
             self._local.conn = conn
             with self._lock:
@@ -327,7 +341,7 @@ class SessionStore:
                     if statement.strip():
                         conn.execute(statement)
             else:
-                for step in _MIGRATIONS[version:]:
+                for step in _MIGRATIONS[version - 1 :]:
                     conn.execute(step)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -559,13 +573,13 @@ class SessionStore:
             )
 
     def state_list(self, butler: str, prefix: str = "") -> dict[str, Any]:
-        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        # substr, not LIKE: LIKE ignores ASCII case and treats % and _ as wildcards.
         rows = (
             self._connect()
             .execute(
-                "SELECT key, value FROM state WHERE butler = ? AND key LIKE ? ESCAPE '\\' "
+                "SELECT key, value FROM state WHERE butler = ? AND substr(key, 1, ?) = ? "
                 "ORDER BY key",
-                (butler, f"{escaped}%"),
+                (butler, len(prefix), prefix),
             )
             .fetchall()
         )

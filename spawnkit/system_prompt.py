@@ -40,6 +40,10 @@ def resolve_includes(text: str, source: Path, roster_dir: Path, _depth: int = 0)
             raise RosterError(source, f"included file not found: {raw}") from None
         except IsADirectoryError:
             raise RosterError(source, f"include names a directory: {raw}") from None
+        except UnicodeDecodeError as exc:
+            raise RosterError(
+                source, f"included file is not UTF-8 text: {raw} ({exc.reason})"
+            ) from None
         return resolve_includes(included, target, root, _depth + 1).rstrip("\n")
 
     return INCLUDE_RE.sub(include, text)
