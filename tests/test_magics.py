@@ -1,0 +1,145 @@
+"""The magics in an IPython test shell: loading, settings and argument errors.
+
+Runs through real kernels (outputs, widgets, interrupts) are in test_notebook_kernel.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import warnings
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
+
+import spawnkit.notebook.loop as loop_module
+from spawnkit.notebook import magics as magics_module
+
+from .conftest import REPO
+
+DEMO = REPO / "roster" / "health" / "scenarios" / "demo.toml"
+
+
+@pytest.fixture(scope="module")
+def ip() -> Any:
+    shell = start_ipython()
+    assert shell is not None
+    return shell
+
+
+def spawn_magics(ip: Any) -> list[Any]:
+    return [c for c in ip.configurables if type(c).__name__ == "SpawnMagics"]
+
+
+def test_loading_only_registers_magics(ip: Any) -> None:
+    threads = threading.active_count()
+    filters = list(warnings.filters)
+    policy = asyncio.get_event_loop_policy()
+    shared_before = loop_module._shared
+    ip.run_line_magic("load_ext", "spawnkit")
+    assert "spawn" in ip.magics_manager.magics["cell"]
+    for name in (
+        "spawn_sessions",
+        "spawn_status",
+        "spawn_cancel",
+        "spawn_drain",
+        "spawn_dashboard",
+    ):
+        assert name in ip.magics_manager.magics["line"]
+    assert threading.active_count() == threads, "no thread (no loop) is started by loading"
+    assert warnings.filters == filters
+    assert asyncio.get_event_loop_policy() is policy
+    assert loop_module._shared is shared_before
+    assert len(spawn_magics(ip)) == 1
+
+
+def test_reload_and_unload_are_safe(ip: Any) -> None:
+    ip.run_line_magic("load_ext", "spawnkit")
+    ip.run_line_magic("reload_ext", "spawnkit")
+    ip.run_line_magic("reload_ext", "spawnkit")
+    assert len(spawn_magics(ip)) == 1
+    ip.run_line_magic("unload_ext", "spawnkit")
+    assert "spawn" not in ip.magics_manager.magics["cell"]
+    assert spawn_magics(ip) == []
+    ip.run_line_magic("load_ext", "spawnkit")
+    assert "spawn" in ip.magics_manager.magics["cell"]
+
+
+def test_settings_are_configurable_traitlets(ip: Any) -> None:
+    ip.run_line_magic("load_ext", "spawnkit")
+    ip.run_line_magic("config", 'SpawnMagics.default_runtime = "codex"')
+    ip.run_line_magic("config", "SpawnMagics.max_turns = 3")
+    (magics,) = spawn_magics(ip)
+    assert (magics.default_runtime, magics.max_turns) == ("codex", 3)
+    helps = {name: trait.help for name, trait in magics.traits(config=True).items()}
+    assert set(helps) >= {"default_runtime", "roster", "max_turns", "render"}
+    assert all(helps[name] for name in ("default_runtime", "roster", "max_turns", "render"))
+    with pytest.raises(Exception, match="render"):
+        magics.render = "fireworks"
+    ip.run_line_magic("config", 'SpawnMagics.default_runtime = "claude-code"')
+    ip.run_line_magic("config", "SpawnMagics.max_turns = None")
+
+
+def test_help_lists_the_options(ip: Any) -> None:
+    ip.run_line_magic("load_ext", "spawnkit")
+    doc = ip.magics_manager.magics["cell"]["spawn"].__doc__
+    options = "--butler --roster --max-turns --model --replay --background --out --context"
+    for option in (*options.split(), "--interpolate", "--allow-failure", "--kernel-tools"):
+        assert option in doc
+
+
+@pytest.mark.parametrize(
+    ("line", "cell", "message"),
+    [
+        ("gpt-cli", "hi", "unknown runtime 'gpt-cli'"),
+        ("--butler nope", "hi", "unknown butler 'nope'"),
+        ("--butler health --roster /nonexistent", "hi", "roster directory not found"),
+        ("--replay /no/such/scenario.toml", "hi", "no scenario file"),
+        ("--max-turns 0", "hi", "--max-turns must be at least 1"),
+        ("--max-turns many", "hi", "invalid int value"),
+        ("--context undefined_name_xyz", "hi", "--context 'undefined_name_xyz' failed: NameError"),
+        ("", "   \n", "needs a prompt"),
+        ("--no-such-flag", "hi", "unrecognized arguments"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(ip: Any, line: str, cell: str, message: str) -> None:
+    ip.run_line_magic("load_ext", "spawnkit")
+    ip.run_line_magic("cd", str(REPO))
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ip.run_cell_magic("spawn", line, cell)
+
+
+def test_line_magic_errors(ip: Any) -> None:
+    ip.run_line_magic("load_ext", "spawnkit")
+    with pytest.raises(UsageError, match="usage: %spawn_cancel"):
+        ip.run_line_magic("spawn_cancel", "")
+    with pytest.raises(UsageError, match="no run in flight"):
+        ip.run_line_magic("spawn_cancel", "abc")
+    with pytest.raises(UsageError, match="usage: %spawn_drain"):
+        ip.run_line_magic("spawn_drain", "soon")
+
+
+@pytest.mark.e2e
+def test_terminal_shell_runs_and_prints_text(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    ip.run_line_magic("load_ext", "spawnkit")
+    ip.run_line_magic("cd", str(REPO))
+    result = ip.run_cell_magic(
+        "spawn", f"--butler health --replay {DEMO} --out demo_result", "I weighed 72.4 kg"
+    )
+    printed = capsys.readouterr().out
+    assert result.success, result.error
+    assert ip.user_ns["demo_result"] is result
+    assert "⚙ health.state_set" in printed and "✓ success" in printed
+    assert "Recorded 72.4 kg" in result._repr_markdown_()
+    assert "<details>" in result._repr_html_()
+    sessions = ip.run_line_magic("spawn_sessions", "-n 5")
+    assert list(sessions["id"]) == [result.session_id]
+    assert str(sessions["created_at"].dtype).startswith("datetime64")
+    status = ip.run_line_magic("spawn_status", "")
+    assert list(status["butler"]) == ["health"] and list(status["running"]) == [0]
+
+
+def test_render_mode_follows_the_frontend() -> None:
+    assert magics_module._in_kernel() is False, "the test shell is a terminal shell"
