@@ -33,3 +33,16 @@ def test_spawn_overhead_benchmark_runs(tmp_path: Path) -> None:
         report["spawnkit_median_s"] / report["bare_median_s"], abs=0.002
     )
     assert "ratio" in done.stdout
+
+
+def test_render_benchmark_runs(tmp_path: Path) -> None:
+    out = tmp_path / "render.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "render.py"), "--events", "3000",
+         "--rounds", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["events"] == 3000 and report["messages"] > 0
+    assert report["rows_kept"] <= 500

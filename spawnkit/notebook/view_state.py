@@ -32,6 +32,9 @@ from ..result import SpawnerResult, ToolCall
 MAX_ROWS = 500
 MAX_TEXT_CHARS = 20_000
 PREVIEW_CHARS = 2_000
+# A snapshot (for views opened late) is re-sent about once a second: keep it small.
+SNAPSHOT_ROWS = 200
+SNAPSHOT_PREVIEW_CHARS = 300
 FLUSH_INTERVAL_S = 0.05  # at most ~20 frontend messages a second
 
 
@@ -50,6 +53,15 @@ def tool_row(call: ToolCall) -> dict[str, Any]:
         "duration_ms": call.duration_ms,
         "output": None if call.output is None else _preview(call.output),
     }
+
+
+def _shortened(row: dict[str, Any]) -> dict[str, Any]:
+    short = dict(row)
+    for key in ("input", "output"):
+        value = short.get(key)
+        if isinstance(value, str) and len(value) > SNAPSHOT_PREVIEW_CHARS:
+            short[key] = value[:SNAPSHOT_PREVIEW_CHARS] + "…"
+    return short
 
 
 @dataclass
@@ -201,13 +213,14 @@ class ViewState:
         return batch
 
     def snapshot(self) -> dict[str, Any]:
-        """Everything a newly opened view needs (bounded), tagged with the batch seq."""
+        """What a newly opened view needs (bounded), tagged with the batch seq."""
+        rows = list(self.rows.values())[-SNAPSHOT_ROWS:]
         return {
             "seq": self.seq,
-            "rows": list(self.rows.values()),
+            "rows": [_shortened(row) for row in rows],
             "text": self.text[-self.max_text :],
             "status": self.status.as_dict(),
-            "dropped_rows": self.dropped_rows,
+            "dropped_rows": self.dropped_rows + max(0, len(self.rows) - SNAPSHOT_ROWS),
         }
 
     def render_text(self) -> str:
