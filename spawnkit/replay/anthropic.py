@@ -8,17 +8,28 @@ Pure functions only, no I/O: reduce a ``POST /v1/messages`` body to the API-neut
 to the first user message and may put ``role: "system"`` entries in ``messages``; both are
 handled here so scenarios only ever see the user's own prompt. Everything derived from a
 request (ids, token estimates) is deterministic, so two runs of a scenario are identical.
+The reverse direction, for record mode, is here too: :class:`MessageAssembler` folds a
+relayed stream back into a :class:`~spawnkit.replay.recorded.RecordedTurn`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, TypedDict
 
-from .scenario import ErrorSpec, Reply, TurnRequest, Usage
+from .recorded import RecordedCall, RecordedTurn, int_or_none
+from .scenario import USAGE_KEYS, ErrorSpec, Reply, ShellTool, TurnRequest, Usage, estimate_tokens
+from .sse import SSEEvent, chunks, frame
+
+logger = logging.getLogger(__name__)
+
+# Claude Code names the session in this header on every model request.
+SESSION_HEADER = "x-claude-code-session-id"
+SHELL_TOOL = ShellTool("Bash", "command")
 
 
 class TextBlock(TypedDict):
@@ -121,18 +132,20 @@ def system_text(body: MessagesRequest) -> str:
 
 
 def to_turn_request(body: MessagesRequest) -> TurnRequest:
+    tools = tool_names(body)
     return TurnRequest(
         prompt=prompt_text(body),
         turn_index=turn_index(body),
-        tools=tool_names(body),
+        tools=tools,
         last_tool_result=last_tool_result(body),
         system=system_text(body),
+        shell=SHELL_TOOL if SHELL_TOOL.name in tools else None,
     )
 
 
 def count_tokens(body: Any) -> int:
     """A deterministic stand-in for a tokenizer: about four characters a token."""
-    return max(1, len(json.dumps(body, sort_keys=True, separators=(",", ":"))) // 4)
+    return estimate_tokens(body)
 
 
 def estimate_usage(body: MessagesRequest, reply: Reply) -> WireUsage:
@@ -154,35 +167,18 @@ def _given(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-def conversation_seed(request: TurnRequest) -> str:
-    """A short hash naming the conversation, so ids differ between scripts but not runs."""
-    return hashlib.sha256(request.prompt.encode()).hexdigest()[:12]
-
-
 def message_id(request: TurnRequest) -> str:
-    return f"msg_replay_{conversation_seed(request)}_{request.turn_index}"
+    return f"msg_replay_{request.seed}_{request.turn_index}"
 
 
 def tool_use_id(request: TurnRequest, position: int) -> str:
-    return f"toolu_replay_{conversation_seed(request)}_{request.turn_index}_{position}"
-
-
-def sse_frame(event: str, data: Any) -> str:
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
-
-
-def _chunks(text: str, size: int | None) -> Iterator[str]:
-    if not size or len(text) <= size:
-        yield text
-        return
-    for start in range(0, len(text), size):
-        yield text[start : start + size]
+    return f"toolu_replay_{request.seed}_{request.turn_index}_{position}"
 
 
 def sse_frames(request: TurnRequest, reply: Reply, *, model: str, usage: WireUsage) -> list[str]:
     """The full event stream of one streamed model turn (text block first, then tool uses)."""
     frames = [
-        sse_frame(
+        frame(
             "message_start",
             {
                 "type": "message_start",
@@ -204,11 +200,9 @@ def sse_frames(request: TurnRequest, reply: Reply, *, model: str, usage: WireUsa
         frames.append(_block_start(index, {"type": "text", "text": ""}))
         frames.extend(
             _block_delta(index, {"type": "text_delta", "text": chunk})
-            for chunk in _chunks(reply.text, reply.chunk_chars)
+            for chunk in chunks(reply.text, reply.chunk_chars)
         )
-        frames.append(
-            sse_frame("content_block_stop", {"type": "content_block_stop", "index": index})
-        )
+        frames.append(frame("content_block_stop", {"type": "content_block_stop", "index": index}))
         index += 1
     for position, call in enumerate(reply.tool_calls):
         block = {
@@ -220,14 +214,12 @@ def sse_frames(request: TurnRequest, reply: Reply, *, model: str, usage: WireUsa
         frames.append(_block_start(index, block))
         frames.extend(
             _block_delta(index, {"type": "input_json_delta", "partial_json": chunk})
-            for chunk in _chunks(json.dumps(call.input), reply.chunk_chars)
+            for chunk in chunks(json.dumps(call.input), reply.chunk_chars)
         )
-        frames.append(
-            sse_frame("content_block_stop", {"type": "content_block_stop", "index": index})
-        )
+        frames.append(frame("content_block_stop", {"type": "content_block_stop", "index": index}))
         index += 1
     frames.append(
-        sse_frame(
+        frame(
             "message_delta",
             {
                 "type": "message_delta",
@@ -236,19 +228,19 @@ def sse_frames(request: TurnRequest, reply: Reply, *, model: str, usage: WireUsa
             },
         )
     )
-    frames.append(sse_frame("message_stop", {"type": "message_stop"}))
+    frames.append(frame("message_stop", {"type": "message_stop"}))
     return frames
 
 
 def _block_start(index: int, block: dict[str, Any]) -> str:
-    return sse_frame(
+    return frame(
         "content_block_start",
         {"type": "content_block_start", "index": index, "content_block": block},
     )
 
 
 def _block_delta(index: int, delta: dict[str, Any]) -> str:
-    return sse_frame(
+    return frame(
         "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
     )
 
@@ -283,3 +275,128 @@ def message_body(
 
 def error_body(error: ErrorSpec) -> ErrorBody:
     return ErrorBody(type="error", error=ErrorDetail(type=error.type, message=error.message))
+
+
+@dataclass
+class _Block:
+    type: str
+    text: str = ""
+    name: str = ""
+    partial_json: list[str] = field(default_factory=list)
+    input: Any = None
+
+
+class MessageAssembler:
+    """Folds the Messages API stream events of one response back into a turn."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[int, _Block] = {}
+        self._usage: dict[str, int] = {}
+        self.stop_reason: str | None = None
+        self.complete = False
+        self.error: ErrorSpec | None = None
+
+    def feed(self, event: SSEEvent) -> None:
+        try:
+            data = json.loads(event.data)
+        except json.JSONDecodeError:
+            logger.warning("recorder: skipped a non-JSON %r event", event.event)
+            return
+        if not isinstance(data, dict):
+            return
+        kind = data.get("type", event.event)
+        if kind == "message_start":
+            self._merge_usage(data.get("message", {}).get("usage"))
+        elif kind == "content_block_start":
+            block = data.get("content_block", {})
+            self._blocks[data.get("index", len(self._blocks))] = _Block(
+                type=block.get("type", ""),
+                text=block.get("text", "") or "",
+                name=block.get("name", ""),
+                input=block.get("input"),
+            )
+        elif kind == "content_block_delta":
+            current = self._blocks.get(data.get("index", -1))
+            delta = data.get("delta", {})
+            if current is None:
+                return
+            if delta.get("type") == "text_delta":
+                current.text += delta.get("text", "")
+            elif delta.get("type") == "input_json_delta":
+                current.partial_json.append(delta.get("partial_json", ""))
+        elif kind == "message_delta":
+            self.stop_reason = data.get("delta", {}).get("stop_reason") or self.stop_reason
+            self._merge_usage(data.get("usage"))
+        elif kind == "message_stop":
+            self.complete = True
+        elif kind == "error":
+            detail = data.get("error", {})
+            self.error = ErrorSpec(
+                status=529 if detail.get("type") == "overloaded_error" else 500,
+                type=str(detail.get("type", "api_error")),
+                message=str(detail.get("message", "")),
+            )
+
+    def _merge_usage(self, usage: Any) -> None:
+        if isinstance(usage, dict):
+            for key in USAGE_KEYS:
+                value = int_or_none(usage.get(key))
+                if value is not None:
+                    self._usage[key] = value
+
+    def turn(self) -> RecordedTurn:
+        texts: list[str] = []
+        calls: list[RecordedCall] = []
+        for index in sorted(self._blocks):
+            block = self._blocks[index]
+            if block.type == "text":
+                texts.append(block.text)
+            elif block.type == "tool_use":
+                calls.append(RecordedCall(block.name, _tool_input(block)))
+            else:
+                # Thinking and server-tool blocks have no scenario equivalent.
+                logger.info("recorder: dropped a %r content block", block.type)
+        return RecordedTurn(
+            text="\n\n".join(text for text in texts if text),
+            tool_calls=tuple(calls),
+            usage=dict(self._usage),
+            stop_reason=self.stop_reason,
+        )
+
+
+def _tool_input(block: _Block) -> Mapping[str, Any]:
+    raw = "".join(block.partial_json)
+    if raw:
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            logger.warning("recorder: tool %r input is not JSON: %.200s", block.name, raw)
+            return {}
+        return value if isinstance(value, dict) else {}
+    return block.input if isinstance(block.input, dict) else {}
+
+
+def turn_from_message(body: Any) -> RecordedTurn:
+    """A turn from a non-streamed Messages API response body."""
+    assembler = MessageAssembler()
+    if not isinstance(body, dict):
+        return assembler.turn()
+    assembler.feed(
+        SSEEvent("message_start", json.dumps({"type": "message_start", "message": body}))
+    )
+    for index, block in enumerate(body.get("content", [])):
+        assembler.feed(
+            SSEEvent(
+                "",
+                json.dumps({"type": "content_block_start", "index": index, "content_block": block}),
+            )
+        )
+    assembler.feed(
+        SSEEvent(
+            "",
+            json.dumps(
+                {"type": "message_delta", "delta": {"stop_reason": body.get("stop_reason")}}
+            ),
+        )
+    )
+    return assembler.turn()

@@ -2,16 +2,22 @@
 
 A scenario is a TOML file of scripts; each script is a list of model turns, chosen by a
 regex on the user's prompt. This module knows nothing of any vendor's wire format: a wire
-adapter (``anthropic.py`` today, the OpenAI and Gemini ones later) reduces a request to a
+adapter (``anthropic.py``, ``openai.py``, ``gemini.py``) reduces a request to a
 :class:`TurnRequest`, asks :meth:`Scenario.reply` for a :class:`Reply`, and encodes that
-reply in its own format. Loading validates everything up front (keys, types, regexes,
-template placeholders) and raises :class:`~spawnkit.errors.ScenarioError` naming the file
-and the place, so a bad scenario fails before any agent CLI is started, never mid-run.
+reply in its own format. The adapters present tool names so that one glob (such as
+``mcp__*__state_get``) matches on every runtime, and name the runtime's shell tool
+(:class:`ShellTool`) so a ``shell = "..."`` turn runs a command on any of them.
+
+Loading validates everything up front (keys, types, regexes, template placeholders) and
+raises :class:`~spawnkit.errors.ScenarioError` naming the file and the place, so a bad
+scenario fails before any agent CLI is started, never mid-run.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import json
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -28,9 +34,9 @@ MAX_DELAY_MS = 600_000
 TOP_KEYS = frozenset({"description", "model", "script", "turn"})
 SCRIPT_KEYS = frozenset({"match", "turn"})
 TURN_KEYS = frozenset(
-    {"text", "tool", "input", "tool_calls", "usage", "delay_ms", "chunk_chars", "error"}
+    {"text", "tool", "input", "shell", "tool_calls", "usage", "delay_ms", "chunk_chars", "error"}
 )
-CALL_KEYS = frozenset({"tool", "input"})
+CALL_KEYS = frozenset({"tool", "input", "shell"})
 USAGE_KEYS = (
     "input_tokens",
     "output_tokens",
@@ -76,11 +82,18 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class ShellCall:
+    """A scripted shell command, run with whatever shell tool the requesting CLI offers."""
+
+    command: str
+
+
+@dataclass(frozen=True)
 class Turn:
     """One scripted model response (text first, then tool calls), or an HTTP error."""
 
     text: str | None = None
-    tool_calls: tuple[ToolCall, ...] = ()
+    tool_calls: tuple[ToolCall | ShellCall, ...] = ()
     usage: Usage = Usage()
     delay_ms: int = 0
     chunk_chars: int | None = None
@@ -96,14 +109,53 @@ class Script:
 
 
 @dataclass(frozen=True)
+class ShellTool:
+    """How the requesting CLI runs a shell command: its tool's name and argument.
+
+    Claude Code's ``Bash`` and Gemini's ``run_shell_command`` take ``{"command": str}``,
+    Codex's ``exec_command`` ``{"cmd": str}``; ``argv`` marks a tool taking an argv list,
+    which gets ``["bash", "-lc", command]``.
+    """
+
+    name: str
+    argument: str = "command"
+    argv: bool = False
+
+    def input(self, command: str) -> dict[str, Any]:
+        return {self.argument: ["bash", "-lc", command] if self.argv else command}
+
+    def command_of(self, tool_input: Mapping[str, Any]) -> str | None:
+        """The command if ``tool_input`` is exactly what :meth:`input` would build, else None."""
+        if set(tool_input) != {self.argument}:
+            return None
+        value = tool_input[self.argument]
+        if self.argv:
+            if isinstance(value, list) and len(value) == 3 and value[:2] == ["bash", "-lc"]:
+                value = value[2]
+            else:
+                return None
+        return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
 class TurnRequest:
-    """What a wire adapter extracted from a model request: all a scenario needs to answer."""
+    """What a wire adapter extracted from a model request: all a scenario needs to answer.
+
+    ``tools`` are the offered tool names as scenarios see them (the adapter maps them back);
+    ``shell`` is the CLI's shell tool, if one is offered.
+    """
 
     prompt: str
     turn_index: int
     tools: tuple[str, ...] = ()
     last_tool_result: str = ""
     system: str = ""
+    shell: ShellTool | None = None
+
+    @property
+    def seed(self) -> str:
+        """A short hash naming the conversation, so ids differ between scripts but not runs."""
+        return hashlib.sha256(self.prompt.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -189,6 +241,17 @@ class Scenario:
         context = _context(request, found)
         calls: list[PlannedCall] = []
         for call in turn.tool_calls:
+            if isinstance(call, ShellCall):
+                if request.shell is None:
+                    offered = ", ".join(request.tools) or "none"
+                    return replace(
+                        timing,
+                        text="[replay] a shell turn needs a shell tool, and none is offered: "
+                        f"{offered}",
+                    )
+                command = render(call.command, context)
+                calls.append(PlannedCall(request.shell.name, request.shell.input(command)))
+                continue
             name = _resolve_tool(call.tool, request.tools)
             if name is None:
                 offered = ", ".join(request.tools) or "none"
@@ -200,6 +263,11 @@ class Scenario:
             calls.append(PlannedCall(name, render_value(call.input, context)))
         text = render(turn.text, context) if turn.text is not None else ""
         return replace(timing, text=text, tool_calls=tuple(calls))
+
+
+def estimate_tokens(value: Any) -> int:
+    """A deterministic stand-in for a tokenizer: about four characters of JSON a token."""
+    return max(1, len(json.dumps(value, sort_keys=True, separators=(",", ":"))) // 4)
 
 
 def _clip(text: str, limit: int = 200) -> str:
@@ -349,12 +417,15 @@ class _Loader:
         text = None
         if "text" in data:
             text = self.template(data["text"], _join(where, "text"), groups)
-        if "tool" in data and "tool_calls" in data:
-            raise self.fail(_join(where, "tool_calls"), "use either tool or tool_calls, not both")
+        given = [key for key in ("tool", "shell", "tool_calls") if key in data]
+        if len(given) > 1:
+            raise self.fail(
+                _join(where, given[1]), f"use either {given[0]} or {given[1]}, not both"
+            )
         if "input" in data and "tool" not in data:
             raise self.fail(_join(where, "input"), "input needs tool")
-        calls: list[ToolCall] = []
-        if "tool" in data:
+        calls: list[ToolCall | ShellCall] = []
+        if "tool" in data or "shell" in data:
             calls.append(self.call({k: data[k] for k in CALL_KEYS if k in data}, where, groups))
         if "tool_calls" in data:
             items = self.tables(data["tool_calls"], _join(where, "tool_calls"))
@@ -363,7 +434,7 @@ class _Loader:
                 for index, item in enumerate(items)
             )
         if text is None and not calls:
-            raise self.fail(where, "a turn needs text, tool, tool_calls or error")
+            raise self.fail(where, "a turn needs text, tool, shell, tool_calls or error")
         chunk_chars = None
         if "chunk_chars" in data:
             chunk_chars = self.integer(data["chunk_chars"], _join(where, "chunk_chars"), 1)
@@ -376,8 +447,16 @@ class _Loader:
             chunk_chars=chunk_chars,
         )
 
-    def call(self, value: Any, where: str, groups: int | None) -> ToolCall:
+    def call(self, value: Any, where: str, groups: int | None) -> ToolCall | ShellCall:
         data = self.table(value, where, CALL_KEYS)
+        if "shell" in data:
+            extra = sorted(set(data) - {"shell"})
+            if extra:
+                raise self.fail(_join(where, extra[0]), "a shell call takes only the command")
+            command = self.template(data["shell"], _join(where, "shell"), groups)
+            if not command.strip():
+                raise self.fail(_join(where, "shell"), "empty shell command")
+            return ShellCall(command)
         if "tool" not in data:
             raise self.fail(_join(where, "tool"), "missing tool name pattern")
         tool = self.string(data["tool"], _join(where, "tool"))

@@ -1,10 +1,14 @@
-"""The replay model server: a Starlette app that plays a scenario as the Anthropic API.
+"""The replay model server: a Starlette app that plays a scenario as three vendors' APIs.
 
-:class:`ReplayServer` answers ``POST /v1/messages`` (streamed or not) from a
-:class:`~spawnkit.replay.scenario.Scenario`, plus the side endpoints Claude Code calls
-(``HEAD /api/hello``, ``/v1/messages/count_tokens``), and keeps a bounded log of every
-request so tests can assert what the CLI sent. :meth:`ReplayServer.recorder` builds the same
-server in record mode: a transparent proxy to a real upstream API that rebuilds each turn
+:class:`ReplayServer` answers, from one :class:`~spawnkit.replay.scenario.Scenario` and on
+one port, the Anthropic Messages API (``POST /v1/messages``, for Claude Code), the OpenAI
+Responses API (``POST /v1/responses``, for Codex) and the Gemini API (``POST
+/v1beta/models/MODEL:streamGenerateContent|generateContent|countTokens``, for the Gemini
+CLI), streamed or not, plus the side endpoints Claude Code calls (``HEAD /api/hello``,
+``/v1/messages/count_tokens``). Requests are routed by path; the wire modules do the
+translating. The server keeps a bounded log of every request so tests can assert what the
+CLI sent. :meth:`ReplayServer.recorder` builds the same server in record mode: a
+transparent proxy to a real upstream API that rebuilds each turn, of any of the three APIs,
 from the bytes it relays and writes them as a scenario. Serving goes through
 ``spawnkit._asgi`` (on the caller's loop or on a thread); :func:`serve_forever` and
 :func:`record_forever` are the blocking entry points behind ``spawnkit replay``.
@@ -15,9 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -30,6 +35,7 @@ from starlette.routing import Route
 from uvicorn._types import ASGIApplication
 
 from .._asgi import serve, serve_in_thread
+from . import anthropic, gemini, openai
 from .anthropic import (
     MessagesRequest,
     count_tokens,
@@ -39,15 +45,10 @@ from .anthropic import (
     sse_frames,
     to_turn_request,
 )
-from .recorder import (
-    MessageAssembler,
-    RecordedTurn,
-    Recording,
-    SSEDecoder,
-    turn_from_error,
-    turn_from_message,
-)
-from .scenario import ErrorSpec, Scenario
+from .recorded import RecordedTurn, TurnAssembler, turn_from_error
+from .recorder import Recording
+from .scenario import ErrorSpec, Reply, Scenario, TurnRequest
+from .sse import SSEDecoder
 
 MAX_LOGGED_REQUESTS = 1000
 # A non-streamed upstream body is buffered to be parsed; bound it.
@@ -106,7 +107,11 @@ class _RequestLog:
 
 
 class ReplayServer:
-    """Plays ``scenario`` as the Anthropic Messages API (or records one: :meth:`recorder`)."""
+    """Plays ``scenario`` as the Anthropic, OpenAI Responses and Gemini APIs at once.
+
+    Or records one: :meth:`recorder`. Point Claude Code at the bare URL, Codex at
+    ``URL/v1`` and the Gemini CLI at the bare URL (see ``docs/replay.md``).
+    """
 
     scenario: Scenario | None
     recording: Recording | None
@@ -165,18 +170,63 @@ def _replay_app(scenario: Scenario, log: _RequestLog) -> Starlette:
         wire = cast(MessagesRequest, body)
         turn_request = to_turn_request(wire)
         reply = scenario.reply(turn_request)
-        if reply.delay_ms and not await _pause(request, reply.delay_ms / 1000):
-            return Response(status_code=499)  # the client is gone; nobody reads this
-        if reply.error is not None:
-            return JSONResponse(error_body(reply.error), status_code=reply.error.status)
+        early = await _delay_or_error(request, reply, error_body)
+        if early is not None:
+            return early
         model = scenario.model or str(wire.get("model") or "replay")
         usage = estimate_usage(wire, reply)
         if not wire.get("stream"):
             return JSONResponse(message_body(turn_request, reply, model=model, usage=usage))
-        frames = sse_frames(turn_request, reply, model=model, usage=usage)
-        return StreamingResponse(
-            iter(frames), media_type="text/event-stream", headers={"cache-control": "no-cache"}
-        )
+        return _event_stream(sse_frames(turn_request, reply, model=model, usage=usage))
+
+    async def responses(request: Request) -> Response:
+        body = log.add(request, await request.body())
+        if not isinstance(body, dict):
+            error = ErrorSpec(400, "invalid_request_error", "the body must be a JSON object")
+            return JSONResponse(openai.error_body(error), status_code=400)
+        wire = cast(openai.ResponsesRequest, body)
+        turn_request = openai.to_turn_request(wire)
+        reply = scenario.reply(turn_request)
+        early = await _delay_or_error(request, reply, openai.error_body)
+        if early is not None:
+            return early
+        model = scenario.model or str(wire.get("model") or "replay")
+        usage = openai.estimate_usage(wire, reply)
+        if not wire.get("stream"):
+            return JSONResponse(
+                openai.response_body(wire, turn_request, reply, model=model, usage=usage)
+            )
+        return _event_stream(openai.sse_frames(wire, turn_request, reply, model=model, usage=usage))
+
+    async def generate(request: Request) -> Response:
+        body = log.add(request, await request.body())
+        # The model is in the path: /v1beta/models/gemini-2.5-flash:streamGenerateContent
+        asked, _, method = request.path_params["target"].rpartition(":")
+        if method not in _GEMINI_METHODS:
+            return _gemini_error(404, f"the replay server does not serve {request.url.path}")
+        if not isinstance(body, dict):
+            return _gemini_error(400, "the body must be a JSON object")
+        wire = cast(gemini.GenerateContentRequest, body)
+        if method == "countTokens":
+            counted = body.get("generateContentRequest", body)
+            return JSONResponse({"totalTokens": gemini.count_tokens(counted)})
+        turn_request = gemini.to_turn_request(wire)
+        reply = scenario.reply(turn_request)
+        early = await _delay_or_error(request, reply, gemini.error_body)
+        if early is not None:
+            return early
+        model = scenario.model or asked or "replay"
+        usage = gemini.estimate_usage(wire, reply)
+        if method == "generateContent":
+            return JSONResponse(
+                gemini.response_body(wire, turn_request, reply, model=model, usage=usage)
+            )
+        if request.query_params.get("alt") != "sse":
+            # Without alt=sse the streaming method answers one JSON array of the chunks.
+            return JSONResponse(
+                gemini.response_chunks(wire, turn_request, reply, model=model, usage=usage)
+            )
+        return _event_stream(gemini.sse_frames(wire, turn_request, reply, model=model, usage=usage))
 
     async def tokens(request: Request) -> Response:
         body = log.add(request, await request.body())
@@ -202,9 +252,41 @@ def _replay_app(scenario: Scenario, log: _RequestLog) -> Starlette:
             Route("/api/hello", hello, methods=["GET", "HEAD"]),
             Route("/v1/messages/count_tokens", tokens, methods=["POST"]),
             Route("/v1/messages", messages, methods=["POST"]),
+            # Codex appends /responses to its provider's base_url, normally .../v1.
+            Route("/v1/responses", responses, methods=["POST"]),
+            Route("/responses", responses, methods=["POST"]),
+            *(
+                Route(f"/{version}/models/{{target:path}}", generate, methods=["POST"])
+                for version in _GEMINI_VERSIONS
+            ),
             Route("/{path:path}", other, methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]),
         ]
     )
+
+
+_GEMINI_VERSIONS = ("v1beta", "v1", "v1alpha")
+_GEMINI_METHODS = frozenset({"streamGenerateContent", "generateContent", "countTokens"})
+
+
+def _event_stream(frames: list[str]) -> StreamingResponse:
+    return StreamingResponse(
+        iter(frames), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+    )
+
+
+def _gemini_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(gemini.error_body(ErrorSpec(status, "", message)), status_code=status)
+
+
+async def _delay_or_error(
+    request: Request, reply: Reply, encode_error: Callable[[ErrorSpec], Any]
+) -> Response | None:
+    """Wait out the turn's ``delay_ms``, then answer its ``error``; None to play the turn."""
+    if reply.delay_ms and not await _pause(request, reply.delay_ms / 1000):
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    if reply.error is not None:
+        return JSONResponse(encode_error(reply.error), status_code=reply.error.status)
+    return None
 
 
 async def _pause(request: Request, seconds: float) -> bool:
@@ -255,18 +337,13 @@ def _record_app(upstream: str, recording: Recording, log: _RequestLog) -> Starle
             for key, value in upstream_response.headers.items()
             if key.lower() not in _RESPONSE_HEADERS_DROPPED
         }
-        records = (
-            request.method == "POST"
-            and request.url.path.rstrip("/") == "/v1/messages"
-            and isinstance(body, dict)
-        )
-        session_id = request.headers.get("x-claude-code-session-id", "")
-        relay = _relay(
-            upstream_response,
-            recording if records else None,
-            cast(MessagesRequest, body),
-            session_id,
-        )
+        api = _recorded_api(request.method, request.url.path) if isinstance(body, dict) else None
+        target = None
+        if api is not None:
+            target = _RecordTarget(
+                recording, api, api.turn_request(body), request.headers.get(api.session_header, "")
+            )
+        relay = _relay(upstream_response, target)
         return StreamingResponse(
             relay, status_code=upstream_response.status_code, headers=response_headers
         )
@@ -279,37 +356,111 @@ def _record_app(upstream: str, recording: Recording, log: _RequestLog) -> Starle
     )
 
 
-async def _relay(
-    response: httpx.Response,
-    recording: Recording | None,
-    body: MessagesRequest,
-    session_id: str,
-) -> AsyncIterator[bytes]:
-    """Pass the upstream bytes on unchanged while rebuilding the turn they carry."""
+@dataclass(frozen=True)
+class _RecordedApi:
+    """How record mode reads one API: its request, session header, and answers."""
+
+    turn_request: Callable[[Any], TurnRequest]
+    session_header: str
+    assembler: Callable[[], TurnAssembler]
+    from_body: Callable[[Any], RecordedTurn]
+
+
+_ANTHROPIC = _RecordedApi(
+    lambda body: to_turn_request(cast(MessagesRequest, body)),
+    anthropic.SESSION_HEADER,
+    anthropic.MessageAssembler,
+    anthropic.turn_from_message,
+)
+_OPENAI = _RecordedApi(
+    lambda body: openai.to_turn_request(cast(openai.ResponsesRequest, body)),
+    openai.SESSION_HEADER,
+    openai.ResponseAssembler,
+    openai.turn_from_response,
+)
+# The Gemini CLI sends no session header: its conversations are told apart by prompt.
+_GEMINI = _RecordedApi(
+    lambda body: gemini.to_turn_request(cast(gemini.GenerateContentRequest, body)),
+    "",
+    gemini.GenerateAssembler,
+    gemini.turn_from_generate,
+)
+_GEMINI_MODEL_CALL = re.compile(r"/v1(?:beta|alpha)?/models/[^:]+:(?:stream)?[gG]enerateContent")
+
+
+def _recorded_api(method: str, path: str) -> _RecordedApi | None:
+    """Which API a relayed request speaks, if it is a model turn worth recording."""
+    path = path.rstrip("/")
+    if method != "POST":
+        return None
+    if path == "/v1/messages":
+        return _ANTHROPIC
+    if path in ("/v1/responses", "/responses"):
+        return _OPENAI
+    if _GEMINI_MODEL_CALL.fullmatch(path):
+        return _GEMINI
+    return None
+
+
+@dataclass(frozen=True)
+class _RecordTarget:
+    recording: Recording
+    api: _RecordedApi
+    request: TurnRequest
+    session_id: str
+
+
+async def _relay(response: httpx.Response, target: _RecordTarget | None) -> AsyncIterator[bytes]:
+    """Pass the upstream bytes on unchanged while rebuilding the turn they carry.
+
+    A streamed turn is recorded as soon as its final event is parsed, before that event is
+    passed on: Claude Code and Codex act on ``message_stop`` / ``response.completed``
+    without waiting for the stream to close, and may exit (and their caller stop the
+    recorder) before code after the last chunk would run. Anything arriving later (Gemini
+    may send usage after ``finishReason``) is recorded again when the stream ends.
+    """
     is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
     decoder = SSEDecoder()
-    assembler = MessageAssembler()
+    assembler = target.api.assembler() if target is not None else None
     buffered = bytearray()
+    recorded: RecordedTurn | None = None
     try:
         async for chunk in response.aiter_bytes():
-            if recording is not None:
+            if target is not None and assembler is not None:
                 if is_sse:
                     for event in decoder.feed(chunk):
                         assembler.feed(event)
+                    if recorded is None and (assembler.complete or assembler.error is not None):
+                        recorded = _record(target, response.status_code, assembler, b"", True)
                 elif len(buffered) < MAX_BUFFERED_BODY:
                     buffered.extend(chunk)
             yield chunk
     finally:
         await response.aclose()
-    if recording is None:
-        return
-    turn = _recorded_turn(response.status_code, is_sse, assembler, bytes(buffered))
-    if turn is not None:
-        recording.add(body, session_id, turn)
+    if target is not None and assembler is not None:
+        _record(target, response.status_code, assembler, bytes(buffered), is_sse, recorded)
+
+
+def _record(
+    target: _RecordTarget,
+    status: int,
+    assembler: TurnAssembler,
+    buffered: bytes,
+    is_sse: bool,
+    already: RecordedTurn | None = None,
+) -> RecordedTurn | None:
+    turn = _recorded_turn(status, is_sse, assembler, buffered, target.api.from_body)
+    if turn is not None and turn != already:
+        target.recording.add_turn(target.request, target.session_id, turn)
+    return turn
 
 
 def _recorded_turn(
-    status: int, is_sse: bool, assembler: MessageAssembler, buffered: bytes
+    status: int,
+    is_sse: bool,
+    assembler: TurnAssembler,
+    buffered: bytes,
+    from_body: Callable[[Any], RecordedTurn],
 ) -> RecordedTurn | None:
     if is_sse:
         if assembler.error is not None:
@@ -322,7 +473,7 @@ def _recorded_turn(
         parsed = None
     if status >= 400:
         return turn_from_error(status, parsed)
-    return turn_from_message(parsed) if isinstance(parsed, dict) else None
+    return from_body(parsed) if isinstance(parsed, dict | list) else None
 
 
 def serve_forever(scenario_path: Path | str, host: str = "127.0.0.1", port: int = 0) -> None:
