@@ -239,9 +239,18 @@ async def run_lines(
             proc.stdin.write(stdin)
             await proc.stdin.drain()
             proc.stdin.close()
-        await asyncio.gather(
-            _pump(proc.stdout, on_stdout, max_line), _pump(proc.stderr, on_stderr, max_line)
-        )
+        pumps = [
+            asyncio.create_task(_pump(proc.stdout, on_stdout, max_line)),
+            asyncio.create_task(_pump(proc.stderr, on_stderr, max_line)),
+        ]
+        try:
+            done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()  # a sink that raised stops the run here
+        finally:
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
         return await proc.wait()
     finally:
         await asyncio.shield(terminate_group(proc.pid))

@@ -39,10 +39,14 @@ class CredentialStore:
         return self.environ.get(name)
 
 
-def allowed_names(butler: ButlerConfig, adapter_passthrough: Iterable[str]) -> list[str]:
+def allowed_names(
+    butler: ButlerConfig, adapter_passthrough: Iterable[str], withheld: Iterable[str] = ()
+) -> list[str]:
+    """Names a run may see: declared ones always; core keys unless ``withheld``."""
+    skip = set(withheld)
     names = [
         *ALWAYS,
-        *CORE_KEYS,
+        *(key for key in CORE_KEYS if key not in skip),
         *butler.env.required,
         *butler.env.optional,
         *butler.module_credentials,
@@ -63,11 +67,12 @@ def isolated_env(
     credentials: CredentialStore,
     adapter_passthrough: Iterable[str],
     extra: Mapping[str, str] | None = None,
+    withheld: Iterable[str] = (),
 ) -> dict[str, str]:
     """The environment for one run: allowed names with values, plus ``extra``."""
     check_required(butler, credentials)
     env: dict[str, str] = {}
-    for name in allowed_names(butler, adapter_passthrough):
+    for name in allowed_names(butler, adapter_passthrough, withheld):
         value = credentials.resolve(name)
         if value is not None:
             env[name] = value

@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 # The key a replayed run presents to the local replay server; never a real one.
 REPLAY_API_KEY = "spawnkit-replay"
+REPLAY_KEYS = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY")
 
 
 class _OverlayCredentials(CredentialStore):
@@ -121,7 +122,7 @@ class ButlerService:
             options["base_url"] = self.replay_url
             credentials = options.pop("credentials", None) or CredentialStore(self.store)
             options["credentials"] = _OverlayCredentials(
-                credentials, {"ANTHROPIC_API_KEY": REPLAY_API_KEY}
+                credentials, dict.fromkeys(REPLAY_KEYS, REPLAY_API_KEY)
             )
         spawner = Spawner(
             self.butler, store=self.store, tracer_provider=self.tracer_provider, **options

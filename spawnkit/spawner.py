@@ -574,8 +574,9 @@ class Spawner:
         if traceparent:
             identity["TRACEPARENT"] = traceparent
         env = await asyncio.to_thread(
-            isolated_env, butler, self.credentials, worker.passthrough_env, identity
-        )
+            isolated_env, butler, self.credentials, worker.passthrough_env, identity,
+            worker.other_vendor_keys,
+        )  # fmt: skip
         return RunSpec(
             session_id=session_id,
             butler=butler.name,

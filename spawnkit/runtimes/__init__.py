@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
 _REGISTRY: dict[str, str | type[RuntimeAdapter]] = {
     "claude-code": "spawnkit.runtimes.claude_code:ClaudeCodeAdapter",
+    "codex": "spawnkit.runtimes.codex:CodexAdapter",
+    "gemini": "spawnkit.runtimes.gemini:GeminiAdapter",
 }
 
 

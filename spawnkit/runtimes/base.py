@@ -114,6 +114,8 @@ class RuntimeAdapter(ABC):
     system_prompt_filename: ClassVar[str] = "CLAUDE.md"
     # Host variables the CLI needs to work at all; they pass credential isolation.
     passthrough_env: ClassVar[tuple[str, ...]] = ("HOME",)
+    # Core API keys of other vendors, withheld unless the butler declares them.
+    other_vendor_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: RuntimeConfig | None = None) -> None:
         self.config = config or RuntimeConfig(type=self.type)

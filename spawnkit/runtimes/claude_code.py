@@ -230,6 +230,7 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         "Claude Code is not authenticated: set ANTHROPIC_API_KEY or run `claude login`"
     )
     passthrough_env: ClassVar[tuple[str, ...]] = ("HOME", "CLAUDE_CONFIG_DIR")
+    other_vendor_keys: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY",)
 
     _version_cache: ClassVar[dict[Path, str | None]] = {}
 

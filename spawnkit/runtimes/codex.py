@@ -1,0 +1,274 @@
+"""The ``codex`` runtime: OpenAI's Codex CLI, ``codex exec --json``.
+
+Each run gets a private ``CODEX_HOME`` and ``HOME`` inside its workspace whose
+``config.toml`` reaches exactly the butler's MCP server (tools pre-approved,
+``required`` so a slow start cannot lose the race) and, when
+``[butler.runtime] base_url`` is set, a custom model provider speaking the
+Responses API at that URL (the replay server is reached the same way). Retries
+are off and the CLI's remote features are disabled, so a down model server
+fails the run in seconds.
+
+System prompt: Codex has no system-prompt flag. spawnkit passes the composed
+prompt as ``developer_instructions``: Codex sends it as a developer message,
+above the user's prompt, and keeps its own base instructions (which teach the
+model its shell and patch tools). Replacing those (``model_instructions_file``)
+made the model lose its tools; embedding the prompt in the user message would
+give it only user authority. See docs/runtimes.md.
+
+Sessions: Codex keeps rollouts under ``CODEX_HOME/sessions``; that folder is a
+link to ``$SPAWNKIT_HOME/runtimes/codex/sessions`` so ``codex exec resume``
+finds earlier sessions and their transcripts outlive the workspace.
+
+Codex has no turn limit: spawnkit enforces ``max_turns`` by counting tool calls.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+import tomli_w
+
+from ..errors import RuntimeCrashed
+from ..events import AssistantText, RunEvent, ToolCallFinished, ToolCallStarted, UsageUpdate
+from ..home import spawnkit_home
+from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
+from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure
+from .streaming import LineParser, StreamingCliAdapter
+
+# An unknown model slug: Codex then offers MCP tools directly, not behind tool_search.
+REPLAY_MODEL = "replay-model"
+PROVIDER = "spawnkit"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _mcp_result_text(result: Any) -> str:
+    """Text of an MCP result as Codex reports it ({content: [...], structured_content})."""
+    if not isinstance(result, dict):
+        return "" if result is None else str(result)
+    parts = [
+        str(block.get("text", ""))
+        for block in result.get("content") or []
+        if isinstance(block, dict) and block.get("type") == "text"
+    ]
+    return "\n".join(parts)
+
+
+class CodexParser(LineParser):
+    """Codex ``exec --json`` events -> spawnkit events."""
+
+    def __init__(self, session_id: str, server: str) -> None:
+        super().__init__(session_id, server)
+        self.calls: dict[str, ToolCall] = {}
+        self.messages: list[str] = []
+        self.usage = Usage()
+        self.failure: str | None = None
+        self.errors: list[str] = []
+        self.turns = 0
+
+    def handle(self, data: dict[str, Any]) -> list[RunEvent]:
+        kind = data.get("type")
+        sid = self.session_id
+        if kind == "thread.started":
+            self.runtime_session_id = data.get("thread_id") or self.runtime_session_id
+        elif kind == "turn.started":
+            self.turns += 1
+        elif kind == "turn.completed":
+            self.usage = self.usage + _usage(data.get("usage") or {})
+            return [UsageUpdate(sid, self.usage, None, self.turns)]
+        elif kind == "turn.failed":
+            self.failure = str((data.get("error") or {}).get("message") or "the turn failed")
+        elif kind == "error":
+            self.errors.append(str(data.get("message") or data))
+        elif kind in ("item.started", "item.updated", "item.completed"):
+            item = data.get("item")
+            if isinstance(item, dict):
+                return self._item(item, done=kind == "item.completed")
+        return []
+
+    def _item(self, item: dict[str, Any], done: bool) -> list[RunEvent]:
+        sid = self.session_id
+        item_type = item.get("type")
+        item_id = str(item.get("id", ""))
+        if item_type == "agent_message":
+            if done and item.get("text"):
+                self.messages.append(str(item["text"]))
+                return [AssistantText(sid, str(item["text"]))]
+            return []
+        if item_type == "error":
+            if done:
+                self.errors.append(str(item.get("message", "")))
+            return []
+        if item_type in (None, "reasoning", "todo_list"):
+            return []
+        events: list[RunEvent] = []
+        call = self.calls.get(item_id)
+        if call is None:
+            call = self._start(item_id, item)
+            self.calls[item_id] = call
+            self.tool_calls += 1
+            events.append(ToolCallStarted(sid, call))
+        if done:
+            output, failed = self._result(item)
+            finished = call.finish(output, failed, _now())
+            self.calls[item_id] = finished
+            events.append(ToolCallFinished(sid, finished))
+        return events
+
+    def _start(self, item_id: str, item: dict[str, Any]) -> ToolCall:
+        item_type = item.get("type")
+        if item_type == "mcp_tool_call":
+            server, tool = str(item.get("server", "")), str(item.get("tool", ""))
+            arguments = item.get("arguments")
+            call = ToolCall.start(
+                item_id, f"mcp__{server}__{tool}",
+                arguments if isinstance(arguments, dict) else {"arguments": arguments}, _now(),
+            )  # fmt: skip
+            return call
+        if item_type == "command_execution":
+            return ToolCall.start(item_id, "shell", {"command": item.get("command", "")}, _now())
+        details = {k: v for k, v in item.items() if k not in ("id", "type", "status")}
+        return ToolCall.start(item_id, str(item_type), details, _now())
+
+    @staticmethod
+    def _result(item: dict[str, Any]) -> tuple[str, bool]:
+        item_type = item.get("type")
+        status = item.get("status")
+        if item_type == "mcp_tool_call":
+            error = item.get("error")
+            if error:
+                message = error.get("message") if isinstance(error, dict) else error
+                return str(message), True
+            return _mcp_result_text(item.get("result")), status == "failed"
+        if item_type == "command_execution":
+            exit_code = item.get("exit_code")
+            failed = status == "failed" or (exit_code is not None and exit_code != 0)
+            return str(item.get("aggregated_output") or ""), failed
+        return str(item.get("status", "")), status == "failed"
+
+    def outcome(self, exit_code: int, stderr: Sequence[str]) -> RunOutcome:
+        output = self.messages[-1] if self.messages else ""
+        outcome = RunOutcome(
+            output=truncate(output, OUTPUT_LIMIT),
+            runtime_session_id=self.runtime_session_id,
+            usage=self.usage,
+            num_turns=self.turns or None,
+        )
+        if self.failure is None and exit_code == 0:
+            return outcome
+        detail = self.failure or "; ".join(self.errors) or _last(stderr)
+        if detail is None:
+            raise RuntimeCrashed(f"codex exited with code {exit_code} and no error message")
+        failure = classify_failure(None, detail, auth_remedy=CodexAdapter.auth_remedy)
+        outcome.success = False
+        outcome.output = "\n\n".join(self.messages)
+        outcome.error, outcome.error_kind = str(failure), failure.kind
+        return outcome
+
+
+def _usage(raw: dict[str, Any]) -> Usage:
+    cached = int(raw.get("cached_input_tokens") or 0)
+    written = int(raw.get("cache_write_input_tokens") or 0)
+    total_in = int(raw.get("input_tokens") or 0)
+    return Usage(
+        input_tokens=max(0, total_in - cached - written),
+        output_tokens=int(raw.get("output_tokens") or 0),
+        cache_read_tokens=cached,
+        cache_write_tokens=written,
+    )
+
+
+def _last(lines: Sequence[str]) -> str | None:
+    meaningful = [line for line in lines if line.strip() and "Reading additional input" not in line]
+    return meaningful[-1].strip() if meaningful else None
+
+
+class CodexAdapter(StreamingCliAdapter):
+    type: ClassVar[str] = "codex"
+    binary_name: ClassVar[str] = "codex"
+    binary_env: ClassVar[str] = "SPAWNKIT_CODEX_CLI"
+    install_hint: ClassVar[str] = "npm install -g @openai/codex"
+    auth_remedy: ClassVar[str] = "Codex is not logged in: set OPENAI_API_KEY or run `codex login`"
+    passthrough_env: ClassVar[tuple[str, ...]] = ()
+    other_vendor_keys: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY",)
+    system_prompt_filename: ClassVar[str] = "CLAUDE.md"
+
+    def capabilities(self) -> dict[str, Any]:
+        return {
+            **super().capabilities(),
+            "supports_resume": True,
+            "supports_subagents": False,
+            "subagent_style": None,
+            "supports_max_turns": False,
+            "max_turns_enforced_by": "spawnkit (tool calls are counted)",
+        }
+
+    def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:
+        home = workspace / "codex-home"
+        home.mkdir(exist_ok=True)
+        sessions = spawnkit_home() / "runtimes" / "codex" / "sessions"
+        sessions.mkdir(parents=True, exist_ok=True)
+        (home / "sessions").symlink_to(sessions, target_is_directory=True)
+        config: dict[str, Any] = {
+            "approval_policy": "never",
+            "sandbox_mode": "read-only",
+            "features": {
+                "plugins": False, "apps": False, "remote_plugin": False,
+                "unbounded_connection_retries": False,
+            },
+            "analytics": {"enabled": False},
+            "mcp_servers": {
+                server.name: {
+                    "url": server.url, "required": True, "default_tools_approval_mode": "approve",
+                }
+            },
+        }  # fmt: skip
+        path = home / "config.toml"
+        path.write_text(tomli_w.dumps(config), encoding="utf-8")
+        return path
+
+    def _write_run_config(self, spec: RunSpec) -> None:
+        """Add what depends on the run (prompt, model, provider) to the config file."""
+        with open(spec.config_file, "rb") as fh:
+            config: dict[str, Any] = tomllib.load(fh)
+        config["developer_instructions"] = spec.system_prompt
+        model = spec.model or (REPLAY_MODEL if spec.base_url else None)
+        if model:
+            config["model"] = model
+        if spec.base_url:
+            config["model_provider"] = PROVIDER
+            config["model_providers"] = {
+                PROVIDER: {
+                    "name": PROVIDER, "base_url": spec.base_url.rstrip("/") + "/v1",
+                    "wire_api": "responses", "env_key": "OPENAI_API_KEY",
+                    "request_max_retries": 0, "stream_max_retries": 0,
+                }
+            }  # fmt: skip
+        spec.config_file.write_text(tomli_w.dumps(config), encoding="utf-8")
+
+    def child_env(self, spec: RunSpec) -> dict[str, str]:
+        home = spec.config_file.parent
+        env = dict(spec.env)
+        env.update({"CODEX_HOME": str(home), "HOME": str(home), "TMPDIR": str(spec.workspace)})
+        env.setdefault("NO_COLOR", "1")
+        return env
+
+    def command(self, spec: RunSpec) -> list[str]:
+        self._write_run_config(spec)
+        binary = str(self.find_binary())
+        if spec.resume:
+            return [binary, "exec", "resume", "--json", "--skip-git-repo-check", spec.resume,
+                    spec.prompt]  # fmt: skip
+        return [binary, "exec", "--json", "--skip-git-repo-check", spec.prompt]
+
+    def stdin(self, spec: RunSpec) -> bytes | None:
+        return b""  # codex exec appends piped stdin to the prompt: give it nothing
+
+    def parser(self, spec: RunSpec) -> LineParser:
+        return CodexParser(spec.session_id, spec.mcp_server.name)

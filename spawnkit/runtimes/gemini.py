@@ -1,0 +1,278 @@
+"""The ``gemini`` runtime: Google's Gemini CLI, ``gemini -p ... --output-format stream-json``.
+
+The Gemini CLI has no ``--system-prompt`` flag: ``GEMINI_SYSTEM_MD`` names a
+file that replaces its system instruction, so the composed prompt is written
+to the workspace and passed that way. Each run has a private
+``GEMINI_CLI_HOME`` in its workspace whose ``.gemini/settings.json`` holds the
+run's settings: the butler's MCP server, trusted, and no other
+(``mcp.allowed``); API-key auth, which headless mode needs to accept a local
+endpoint; no retries; no telemetry; the turn limit. (A system-settings file
+would outrank project settings, but the CLI ignores one whose parent folders
+are world-writable, as ``/tmp`` is.) The chats folder, ``.gemini/tmp``, links
+to ``$SPAWNKIT_HOME/runtimes/gemini/tmp`` so chats can be resumed
+(``--resume``) and outlive the workspace.
+
+The child gets ``GEMINI_API_KEY``/``GOOGLE_API_KEY`` and never the other
+vendors' keys. ``max_turns`` is the CLI's own ``model.maxSessionTurns``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..errors import RuntimeCrashed
+from ..events import (
+    AssistantText,
+    RunEvent,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    UsageUpdate,
+)
+from ..home import spawnkit_home
+from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
+from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure
+from .streaming import LineParser, StreamingCliAdapter
+
+DEFAULT_MODEL = "gemini-2.5-flash"
+# The butler's built-in tools, as Gemini names them.
+TOOL_NAMES = {
+    "Bash": ("run_shell_command",),
+    "Read": ("read_file", "list_directory"),
+    "Glob": ("glob",),
+    "Grep": ("grep_search",),
+    "Write": ("write_file",),
+    "Edit": ("replace",),
+}
+# Built-in tools a butler does not list are excluded ("tools.core" would hide MCP tools too).
+BUILTIN_TOOLS = (
+    "run_shell_command", "read_file", "read_many_files", "list_directory", "glob",
+    "grep_search", "write_file", "replace", "web_fetch", "google_web_search", "save_memory",
+)  # fmt: skip
+# Headless exit codes of the Gemini CLI.
+EXIT_MEANINGS = {
+    41: ("auth", "authentication failed"),
+    42: ("runtime_error", "invalid input"),
+    52: ("runtime_error", "invalid configuration"),
+    53: ("max_turns", "reached the max_turns limit"),
+    54: ("runtime_error", "a tool failed fatally"),
+    130: ("cancelled", "cancelled"),
+}
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class GeminiParser(LineParser):
+    """Gemini ``stream-json`` events -> spawnkit events."""
+
+    def __init__(self, session_id: str, server: str) -> None:
+        super().__init__(session_id, server)
+        self.calls: dict[str, ToolCall] = {}
+        self.blocks: list[str] = []
+        self.block: list[str] = []
+        self.usage = Usage()
+        self.result: dict[str, Any] | None = None
+        self.errors: list[str] = []
+        self.model: str | None = None
+
+    def tool_name(self, name: str) -> str:
+        """``mcp_<server>_<tool>`` -> ``mcp__<server>__<tool>`` for the butler's server."""
+        prefix = f"mcp_{self.server}_"
+        if name.startswith(prefix):
+            return f"mcp__{self.server}__{name[len(prefix) :]}"
+        return name
+
+    def handle(self, data: dict[str, Any]) -> list[RunEvent]:
+        kind = data.get("type")
+        sid = self.session_id
+        if kind == "init":
+            self.runtime_session_id = data.get("session_id") or self.runtime_session_id
+            self.model = data.get("model") or self.model
+        elif kind == "message" and data.get("role") == "assistant":
+            content = str(data.get("content") or "")
+            if not content:
+                return []
+            self.block.append(content)
+            return [TextDelta(sid, content)]
+        elif kind == "tool_use":
+            events = self._close_block()
+            call_id = str(data.get("tool_id") or len(self.calls))
+            parameters = data.get("parameters")
+            call = ToolCall.start(
+                call_id, self.tool_name(str(data.get("tool_name", "?"))),
+                parameters if isinstance(parameters, dict) else {"parameters": parameters}, _now(),
+            )  # fmt: skip
+            self.calls[call_id] = call
+            self.tool_calls += 1
+            return [*events, ToolCallStarted(sid, call)]
+        elif kind == "tool_result":
+            call_id = str(data.get("tool_id"))
+            started = self.calls.get(call_id)
+            if started is None:
+                return []
+            failed = data.get("status") != "success"
+            output = data.get("output") if not failed else data.get("error") or data.get("output")
+            text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+            finished = started.finish(text or "", failed, _now())
+            self.calls[call_id] = finished
+            return [ToolCallFinished(sid, finished)]
+        elif kind == "error":
+            self.errors.append(str(data.get("message") or data))
+        elif kind == "result":
+            self.result = data
+            self.usage = _usage(data.get("stats") or {})
+            return [*self._close_block(), UsageUpdate(sid, self.usage, None, None)]
+        return []
+
+    def _close_block(self) -> list[RunEvent]:
+        if not self.block:
+            return []
+        text, self.block = "".join(self.block), []
+        self.blocks.append(text)
+        return [AssistantText(self.session_id, text)]
+
+    def outcome(self, exit_code: int, stderr: Sequence[str]) -> RunOutcome:
+        self._close_block()
+        # Like the other runtimes, the answer is the last block of text; on
+        # failure, everything the model wrote.
+        output = self.blocks[-1] if self.blocks else ""
+        outcome = RunOutcome(
+            output=truncate(output, OUTPUT_LIMIT),
+            runtime_session_id=self.runtime_session_id,
+            usage=self.usage,
+            model=self.model,
+        )
+        status = (self.result or {}).get("status")
+        if exit_code == 0 and status in (None, "success") and self.result is not None:
+            return outcome
+        outcome.success = False
+        outcome.output = truncate("\n\n".join(self.blocks), OUTPUT_LIMIT)
+        if exit_code in EXIT_MEANINGS and exit_code != 41:
+            kind, meaning = EXIT_MEANINGS[exit_code]
+            reason = _error_text(self.result) or "; ".join(self.errors) or meaning
+            outcome.error_kind = kind
+            outcome.error = f"{meaning}: {reason}" if reason != meaning else meaning
+            return outcome
+        detail = _error_text(self.result) or "; ".join(self.errors) or _last(stderr)
+        if detail is None:
+            raise RuntimeCrashed(f"gemini exited with code {exit_code} and no error message")
+        # Headless gemini exits with the HTTP status of a failed model call, modulo 256.
+        http = {244: 500, 173: 429, 144: 400, 247: 503, 17: 529, 145: 401, 147: 403}
+        status_code = 401 if exit_code == 41 else http.get(exit_code)
+        failure = classify_failure(status_code, detail, auth_remedy=GeminiAdapter.auth_remedy)
+        outcome.error, outcome.error_kind = str(failure), failure.kind
+        return outcome
+
+
+def _error_text(result: dict[str, Any] | None) -> str | None:
+    error = (result or {}).get("error")
+    if isinstance(error, dict):
+        return str(error.get("message") or error)
+    return str(error) if error else None
+
+
+def _usage(stats: dict[str, Any]) -> Usage:
+    cached = int(stats.get("cached") or 0)
+    # input_tokens counts the cached part too; spawnkit keeps them apart.
+    return Usage(
+        input_tokens=max(0, int(stats.get("input_tokens") or 0) - cached),
+        output_tokens=int(stats.get("output_tokens") or 0),
+        cache_read_tokens=cached,
+    )
+
+
+def _last(lines: Sequence[str]) -> str | None:
+    noise = ("256-color", "Ripgrep is not available")
+    meaningful = [ln for ln in lines if ln.strip() and not any(n in ln for n in noise)]
+    return meaningful[-1].strip() if meaningful else None
+
+
+class GeminiAdapter(StreamingCliAdapter):
+    type: ClassVar[str] = "gemini"
+    binary_name: ClassVar[str] = "gemini"
+    binary_env: ClassVar[str] = "SPAWNKIT_GEMINI_CLI"
+    install_hint: ClassVar[str] = "npm install -g @google/gemini-cli"
+    auth_remedy: ClassVar[str] = (
+        "Gemini is not authenticated: set GEMINI_API_KEY (or GOOGLE_API_KEY)"
+    )
+    passthrough_env: ClassVar[tuple[str, ...]] = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
+    native_turn_limit: ClassVar[bool] = True
+    other_vendor_keys: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
+
+    def capabilities(self) -> dict[str, Any]:
+        return {
+            **super().capabilities(),
+            "supports_resume": True,
+            "supports_subagents": False,
+            "subagent_style": None,
+            "supports_max_turns": True,
+        }
+
+    def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:
+        config_dir = workspace / "gemini-home" / ".gemini"
+        config_dir.mkdir(parents=True)
+        chats = spawnkit_home() / "runtimes" / "gemini" / "tmp"
+        chats.mkdir(parents=True, exist_ok=True)
+        (config_dir / "tmp").symlink_to(chats, target_is_directory=True)
+        path = config_dir / "settings.json"
+        path.write_text(json.dumps(self._settings(server, [], 20), indent=2), encoding="utf-8")
+        return path
+
+    @staticmethod
+    def _settings(server: McpServerSpec, tools: Sequence[str], max_turns: int) -> dict[str, Any]:
+        allowed = [name for tool in tools for name in TOOL_NAMES.get(tool, ())]
+        return {
+            "security": {"auth": {"selectedType": "gemini-api-key"}},
+            "privacy": {"usageStatisticsEnabled": False},
+            "telemetry": {"enabled": False},
+            "general": {"retryFetchErrors": False, "maxAttempts": 1, "disableAutoUpdate": True},
+            "model": {"maxSessionTurns": max_turns},
+            "tools": {
+                "allowed": allowed,
+                "exclude": [tool for tool in BUILTIN_TOOLS if tool not in allowed],
+            },
+            "mcp": {"allowed": [server.name]},
+            "mcpServers": {
+                server.name: {"type": server.transport, "url": server.url, "trust": True}
+            },
+        }
+
+    def child_env(self, spec: RunSpec) -> dict[str, str]:
+        env = dict(spec.env)
+        system = spec.workspace / "system.md"
+        system.write_text(spec.system_prompt, encoding="utf-8")
+        home = spec.config_file.parent.parent
+        env.update(
+            {
+                "GEMINI_SYSTEM_MD": str(system),
+                "GEMINI_CLI_HOME": str(home),
+                "HOME": str(home),
+                "TMPDIR": str(spec.workspace),
+                "GEMINI_CLI_TRUST_WORKSPACE": "true",
+                "NO_COLOR": "1",
+            }
+        )
+        if spec.base_url:
+            env["GOOGLE_GEMINI_BASE_URL"] = spec.base_url.rstrip("/")
+        return env
+
+    def command(self, spec: RunSpec) -> list[str]:
+        spec.config_file.write_text(
+            json.dumps(self._settings(spec.mcp_server, spec.tools, spec.max_turns), indent=2),
+            encoding="utf-8",
+        )
+        model = spec.model or DEFAULT_MODEL
+        command = [str(self.find_binary()), "-m", model, "-p", spec.prompt,
+                   "--output-format", "stream-json"]  # fmt: skip
+        if spec.resume:
+            command += ["--resume", spec.resume]
+        return command
+
+    def parser(self, spec: RunSpec) -> LineParser:
+        return GeminiParser(spec.session_id, spec.mcp_server.name)

@@ -1,0 +1,179 @@
+"""What the runtimes spawnkit runs directly (Codex, Gemini) share: a JSON-lines CLI.
+
+A :class:`StreamingCliAdapter` writes the run's private configuration, starts
+the CLI through :func:`spawnkit._process.run_lines` (exact environment, own
+process group, bounded lines) and hands each stdout line to the runtime's
+:class:`LineParser`, a pure object that turns lines into spawnkit events and,
+at the end, into a :class:`~spawnkit.runtimes.base.RunOutcome`. Parsers never
+see a process, so they are tested on recorded lines from the real CLIs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from .. import _process
+from ..errors import RuntimeFailure, RuntimeNotFoundError
+from ..events import EventSink, RunEvent
+from .base import RunOutcome, RunSpec, RuntimeAdapter
+
+logger = logging.getLogger(__name__)
+
+STDERR_TAIL_LINES = 50
+
+
+def find_cli(runtime: str, name: str, env_var: str, install_hint: str) -> Path:
+    """``$env_var``, else ``name`` on PATH, else a ``node_modules/.bin`` nearby."""
+    configured = os.environ.get(env_var)
+    if configured:
+        path = Path(configured).expanduser()
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+        raise RuntimeNotFoundError(runtime, f"{configured} (from ${env_var})", install_hint)
+    on_path = shutil.which(name)
+    if on_path:
+        return Path(on_path)
+    # A project-local install: the current directory, or this package's checkout.
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        local = root / "node_modules" / ".bin" / name
+        if local.is_file() and os.access(local, os.X_OK):
+            return local
+    raise RuntimeNotFoundError(runtime, name, install_hint)
+
+
+class LineParser(ABC):
+    """Turns one runtime's stdout lines into events; pure and incremental."""
+
+    def __init__(self, session_id: str, server: str) -> None:
+        self.session_id = session_id
+        self.server = server
+        self.bad_lines = 0
+        self.tool_calls = 0
+        self.runtime_session_id: str | None = None
+
+    def feed(self, line: str) -> list[RunEvent]:
+        """Events for one stdout line; lines that are not JSON objects are counted."""
+        text = line.strip()
+        if not text:
+            return []
+        try:
+            data = json.loads(text)
+        except ValueError:
+            self.bad_lines += 1
+            return []
+        if not isinstance(data, dict):
+            self.bad_lines += 1
+            return []
+        return self.handle(data)
+
+    @abstractmethod
+    def handle(self, data: dict[str, Any]) -> list[RunEvent]:
+        """Events for one decoded JSON object."""
+
+    @abstractmethod
+    def outcome(self, exit_code: int, stderr: Sequence[str]) -> RunOutcome:
+        """The run's outcome once the CLI has exited."""
+
+
+class _TurnLimit(Exception):
+    """Raised inside the stdout callback when a run exceeds its max_turns."""
+
+
+class StreamingCliAdapter(RuntimeAdapter):
+    """Base of adapters that run a JSON-lines CLI as a subprocess."""
+
+    binary_env: ClassVar[str]
+    # Whether the CLI enforces max_turns itself; if not, spawnkit counts tool calls.
+    native_turn_limit: ClassVar[bool] = False
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)
+        self._binary: Path | None = None
+
+    def reset(self) -> None:
+        self._binary = None
+
+    def find_binary(self) -> Path:
+        if self._binary is None:
+            self._binary = find_cli(self.type, self.binary_name, self.binary_env, self.install_hint)
+        return self._binary
+
+    def binary_version(self) -> str | None:
+        import subprocess
+
+        try:
+            done = subprocess.run(
+                [str(self.find_binary()), "--version"],
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() or None
+
+    @abstractmethod
+    def command(self, spec: RunSpec) -> list[str]:
+        """The CLI's argv for this run."""
+
+    @abstractmethod
+    def parser(self, spec: RunSpec) -> LineParser:
+        """A fresh parser for this run's output."""
+
+    def stdin(self, spec: RunSpec) -> bytes | None:
+        return None
+
+    async def invoke(self, spec: RunSpec, emit: EventSink) -> RunOutcome:
+        parser = self.parser(spec)
+        stderr: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        limited = False
+
+        def on_stdout(line: str, truncated: bool) -> None:
+            nonlocal limited
+            if spec.log is not None:
+                spec.log.stdout(line)
+            if truncated:
+                parser.bad_lines += 1
+                return
+            for event in parser.feed(line):
+                emit(event)
+            if not self.native_turn_limit and parser.tool_calls > spec.max_turns:
+                limited = True
+                raise _TurnLimit
+
+        def on_stderr(line: str, truncated: bool) -> None:
+            if spec.log is not None:
+                spec.log.stderr(line)
+            stderr.append(line)
+
+        try:
+            code = await _process.run_lines(
+                self.command(spec), env=self.child_env(spec), cwd=spec.cwd,
+                on_stdout=on_stdout, on_stderr=on_stderr, stdin=self.stdin(spec),
+            )  # fmt: skip
+        except _TurnLimit:
+            code = -1
+        except FileNotFoundError as exc:
+            raise RuntimeNotFoundError(self.type, self.binary_name, self.install_hint) from exc
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot start {self.binary_name}: {exc}", "crash") from exc
+        outcome = parser.outcome(code, list(stderr))
+        if limited:
+            outcome.success = False
+            outcome.error_kind = "max_turns"
+            outcome.error = (
+                f"stopped after {spec.max_turns} tool calls: {self.binary_name} has no turn "
+                "limit of its own, so spawnkit enforces max_turns by counting tool calls"
+            )
+        if parser.bad_lines:
+            logger.warning(
+                "%s: %d unparseable output lines in session %s (see its stdout.log)",
+                self.type, parser.bad_lines, spec.session_id,
+            )  # fmt: skip
+        return outcome
