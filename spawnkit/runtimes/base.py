@@ -86,7 +86,8 @@ class RunOutcome:
 _AUTH_WORDS = ("invalid api key", "authentication", "unauthorized", "not logged in", "api key")
 _RATE_WORDS = ("rate limit", "rate_limit", "too many requests", "quota")
 _DOWN_WORDS = (
-    "connection refused", "connection error", "econnrefused", "fetch failed", "overloaded",
+    "connection refused", "connection error", "connection failed", "error sending request",
+    "failed to connect", "econnrefused", "fetch failed", "overloaded",
     "unable to connect", "network error", "timed out", "stream disconnected",
 )  # fmt: skip
 
