@@ -14,19 +14,22 @@ import getpass
 import json
 import os
 import sys
+import uuid
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 
 from . import __version__
 from .console import EventPrinter, Style, render_session, render_sessions_table
-from .errors import SpawnkitError
+from .errors import RuntimeNotFoundError, SpawnkitError
 from .replay import Scenario, record_forever, serve_forever
 from .result import SpawnerResult
 from .roster import ButlerConfig, Roster, load_roster
+from .runtimes import available_runtimes, get_adapter
 from .service import ButlerService
 from .store import SessionStore
 
@@ -106,6 +109,38 @@ def build_parser() -> argparse.ArgumentParser:
     roster = commands.add_parser("roster", help="validate a roster and list its butlers")
     roster.add_argument("--roster", type=Path, default=None)
 
+    doctor = commands.add_parser("doctor", help="find each runtime's CLI and report versions")
+    doctor.add_argument("--json", action="store_true")
+
+    adapter = commands.add_parser(
+        "adapter",
+        help="the shell adapter contract for orchestrators (see docs/adapter-contract.md)",
+    )
+    adapter.add_argument("runtime", help="claude-code, codex or gemini")
+    adapter.add_argument("--roster", type=Path, help="run as a roster butler (with --butler)")
+    adapter.add_argument(
+        "--butler", help="a butler of the roster (default: the brief is the prompt)"
+    )
+    adapter.add_argument("--replay", type=Path, metavar="SCENARIO", help="offline model turns")
+    contract = adapter.add_subparsers(dest="contract_command", required=True)
+    contract.add_parser("capabilities", help="print the runtime's capabilities as JSON")
+    c_spawn = contract.add_parser("spawn", help="start a session; prints its id")
+    c_spawn.add_argument("brief", type=Path)
+    c_spawn.add_argument("state", type=Path)
+    c_spawn.add_argument("prompt")
+    c_resume = contract.add_parser("resume", help="continue a session; prints the new id")
+    c_resume.add_argument("session_id")
+    c_resume.add_argument("state", type=Path)
+    c_resume.add_argument("prompt")
+    c_status = contract.add_parser("check_status", help="pending, active, completed or failed")
+    c_status.add_argument("session_id")
+    worker = contract.add_parser("_worker", help=argparse.SUPPRESS)
+    worker.add_argument("--session-id", required=True)
+    worker.add_argument("--brief", type=Path, required=True)
+    worker.add_argument("--state", type=Path, required=True)
+    worker.add_argument("--resume-from")
+    worker.add_argument("prompt")
+
     creds = commands.add_parser("credentials", help="values runs get for declared variables")
     creds_commands = creds.add_subparsers(dest="credentials_command", required=True)
     creds_set = creds_commands.add_parser("set", help="store a value (asked for when omitted)")
@@ -114,6 +149,17 @@ def build_parser() -> argparse.ArgumentParser:
     creds_commands.add_parser("list", help="list stored names (never values)")
     creds_delete = creds_commands.add_parser("delete", help="remove a stored value")
     creds_delete.add_argument("name")
+
+    hist = commands.add_parser("history", help="tokens, cost and tool calls, summed up")
+    hist.add_argument("--source", choices=["store", "claude", "codex", "gemini"], default="store",
+                      help="spawnkit's store (default) or a CLI's own transcripts")  # fmt: skip
+    hist.add_argument("--by", choices=["day", "group", "session"], default="day",
+                      help="rows per day, per butler/project, or per session")  # fmt: skip
+    hist.add_argument("--since", help="only activity from this date or time on (UTC)")
+    hist.add_argument("--root", type=Path, help="the CLI's transcript folder (default: its own)")
+    hist.add_argument("--prices", type=Path, help="a pricing table replacing the shipped one")
+    hist.add_argument("-n", "--limit", type=int, default=None, help="at most this many rows")
+    hist.add_argument("--json", action="store_true")
     return parser
 
 
@@ -284,6 +330,118 @@ def cmd_credentials(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    rows = []
+    for runtime in available_runtimes():
+        adapter = get_adapter(runtime)()
+        try:
+            path = adapter.find_binary()
+        except RuntimeNotFoundError as exc:
+            rows.append({"runtime": runtime, "found": False, "install": exc.install_hint})
+            continue
+        rows.append(
+            {
+                "runtime": runtime,
+                "found": True,
+                "path": str(path),
+                "version": adapter.binary_version(),
+            }
+        )
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        for row in rows:
+            if row["found"]:
+                print(f"{row['runtime']:<12} ok       {row['version'] or '?'}  ({row['path']})")
+            else:
+                print(f"{row['runtime']:<12} missing  install it with: {row['install']}")
+    return EXIT_OK if all(row["found"] for row in rows) else EXIT_FAILED
+
+
+def cmd_adapter(args: argparse.Namespace) -> int:
+    from . import contract
+
+    if args.runtime not in available_runtimes():
+        raise SpawnkitError(
+            f"unknown runtime {args.runtime!r}; available: {', '.join(available_runtimes())}"
+        )
+    try:
+        return _adapter(args, contract)
+    except contract.ContractError as exc:
+        print(f"spawnkit adapter: {exc}", file=sys.stderr)
+        return exc.code
+
+
+def _adapter(args: argparse.Namespace, contract: Any) -> int:
+    command = args.contract_command
+    if command == "capabilities":
+        print(json.dumps(contract.capabilities(args.runtime)))
+        return EXIT_OK
+    store = SessionStore()
+    if command == "check_status":
+        print(contract.check_status(args.session_id, store))
+        return EXIT_OK
+    options = [f"--{name}={value}" for name in ("roster", "butler", "replay")
+               if (value := getattr(args, name)) is not None]  # fmt: skip
+    if command in ("spawn", "resume"):
+        contract.read_state(args.state)  # a broken state file is refused now, not later
+        if command == "spawn":
+            brief = args.brief
+            parent = None
+        else:
+            parent = store.get_session(args.session_id)
+            if parent is None:
+                raise contract.ContractError(
+                    f"unknown session {args.session_id!r}", contract.EXIT_UNKNOWN
+                )
+            brief = Path(contract.session_meta(args.session_id).get("brief", ""))
+        butler = contract.contract_butler(args.runtime, brief.resolve(), args.roster, args.butler)
+        contract.preflight(butler)
+        session_id = str(uuid.uuid4())
+        contract.save_meta(session_id, brief=str(brief.resolve()))
+        argv = ["adapter", args.runtime, *options, "_worker", "--session-id", session_id,
+                "--brief", str(brief.resolve()), "--state", str(args.state.resolve())]  # fmt: skip
+        if parent is not None:
+            argv += ["--resume-from", parent.id]
+        print(contract.start_worker([*argv, args.prompt], session_id, store))
+        return EXIT_OK
+    # _worker: run the session in this (detached) process.
+    butler = contract.contract_butler(args.runtime, args.brief, args.roster, args.butler)
+    state = contract.read_state(args.state)
+
+    async def work() -> SpawnerResult:
+        async with ButlerService(
+            butler, store=store, replay=Scenario.load(args.replay) if args.replay else None
+        ) as service:
+            if args.resume_from:
+                return await service.spawner.resume(
+                    args.resume_from, args.prompt, contract.state_context(state),
+                    new_session_id=args.session_id,
+                )  # fmt: skip
+            return await service.trigger(
+                args.prompt, contract.state_context(state), session_id=args.session_id
+            )
+
+    result = asyncio.run(work())
+    try:
+        contract.record_result(args.state, result)
+    finally:
+        contract.save_meta(args.session_id, done=True)
+    return EXIT_OK if result.success else EXIT_FAILED
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from . import history
+
+    pricing = history.PricingTable.load(args.prices) if args.prices else None
+    table = history.report.summarize(
+        args.source, view=args.by, root=args.root, since=args.since, limit=args.limit,
+        pricing=pricing,
+    )  # fmt: skip
+    print(history.report.to_json(table) if args.json else history.report.render_table(table))
+    return EXIT_OK
+
+
 COMMANDS = {
     "run": cmd_run,
     "demo": cmd_demo,
@@ -292,6 +450,9 @@ COMMANDS = {
     "replay": cmd_replay,
     "roster": cmd_roster,
     "credentials": cmd_credentials,
+    "doctor": cmd_doctor,
+    "adapter": cmd_adapter,
+    "history": cmd_history,
 }
 
 

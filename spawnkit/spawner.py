@@ -255,8 +255,12 @@ class Spawner:
         on_event: EventSink | None = None,
         parent_session_id: str | None = None,
         resume: str | None = None,
+        session_id: str | None = None,
     ) -> SpawnerResult:
         """Run ``prompt`` on this butler's runtime and return its result.
+
+        ``session_id`` chooses the new session's id (the shell adapter contract
+        announces it before the run starts); by default a fresh UUID.
 
         Raises for triggers that are refused or wrong before they are accepted
         (bad arguments, closed spawner, full queue, missing CLI or variable);
@@ -282,7 +286,7 @@ class Spawner:
 
         # Accepted: reserve the place synchronously, before the first await.
         self._pending += 1
-        session_id = str(uuid.uuid4())
+        session_id = session_id or str(uuid.uuid4())
         position = self._queued()
         task = asyncio.create_task(
             self._run(
@@ -316,6 +320,7 @@ class Spawner:
         *,
         on_event: EventSink | None = None,
         max_turns: int | None = None,
+        new_session_id: str | None = None,
     ) -> SpawnerResult:
         """Continue a finished session on the runtime that ran it, as a new linked session.
 
@@ -343,6 +348,7 @@ class Spawner:
             on_event=on_event,
             parent_session_id=session_id,
             resume=record.runtime_session_id,
+            session_id=new_session_id,
         )
 
     def _rejected_self_trigger(self) -> SpawnerResult:
