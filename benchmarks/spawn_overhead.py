@@ -1,40 +1,47 @@
 """What spawnkit adds on top of the bare CLI: the same scenario both ways, in one run.
 
-Both sides run the same Claude Code binary against the same replay model server
-and the same butler MCP server (each on its own thread), with the same system
-prompt, tools and MCP configuration; the scenario makes one real MCP tool call.
+For each runtime, both sides run the same CLI binary against the same replay
+model server and the same butler MCP server (each on its own thread), and the
+scenario makes one real MCP tool call.
 
-* bare: ``claude -p PROMPT --output-format stream-json --verbose ...`` as a
-  subprocess, output read to the end.
+* bare: the CLI as a plain subprocess, output read to the end. For Claude Code
+  that is ``claude -p PROMPT --output-format stream-json --verbose`` with the
+  same system prompt, tools and MCP configuration; for Codex and Gemini it is
+  exactly the command, configuration files and environment the adapter builds.
 * spawnkit: ``Spawner.trigger(PROMPT)``: admission, session record, workspace,
-  isolated environment, system prompt composition, telemetry span, the SDK,
-  event parsing, cleanup.
+  isolated environment, system prompt composition, telemetry span, output
+  parsing, per-session logs, cleanup.
 
 Rounds alternate between the two (after one warm-up each) so drift on a shared
 machine hits both alike; the figure is the ratio of the medians. Usage::
 
-    .venv/bin/python benchmarks/spawn_overhead.py [--rounds 8]
+    .venv/bin/python benchmarks/spawn_overhead.py [--rounds 8] [--runtimes claude-code,codex]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from spawnkit._asgi import serve_in_thread
 from spawnkit.butler_server import ButlerServer
 from spawnkit.replay import ReplayServer, Scenario
-from spawnkit.roster import load_roster
-from spawnkit.runtimes.claude_code import ClaudeCodeAdapter
+from spawnkit.roster import ButlerConfig, load_roster
+from spawnkit.runtimes import get_adapter
+from spawnkit.runtimes.base import McpServerSpec, RunSpec
 from spawnkit.spawner import Spawner
 from spawnkit.store import SessionStore
 from spawnkit.system_prompt import compose_system_prompt, read_prompt_file
@@ -49,41 +56,142 @@ input = { key = "measurements/weight" }
 [[turn]]
 text = "Your weight log: {{ last_tool_result }}"
 """
+KEY = "spawnkit-replay"
 
 
-def bare_command(binary: Path, system_prompt: str, mcp_config: Path, butler: str) -> list[str]:
+def claude_bare(
+    butler: ButlerConfig, replay_url: str, mcp_port: int, work: Path
+) -> Callable[[], None]:
+    """The bare Claude Code command, with the settings spawnkit gives it."""
+    binary = get_adapter("claude-code")(butler.runtime).find_binary()
+    system_prompt = compose_system_prompt(
+        butler, read_prompt_file(butler.system_prompt_file, butler.roster_dir)
+    )
+    mcp_config = work / "mcp.json"
+    url = f"http://localhost:{mcp_port}/mcp?session_id=bench"
+    mcp_config.write_text(json.dumps({"mcpServers": {butler.name: {"type": "http", "url": url}}}))
     tools = ["Bash", "Read", "Glob", "Grep"]
-    return [
+    command = [
         str(binary), "-p", PROMPT, "--output-format", "stream-json", "--verbose",
         "--system-prompt", system_prompt, "--tools", ",".join(tools),
-        "--allowedTools", ",".join([*tools, f"mcp__{butler}"]), "--permission-mode", "dontAsk",
+        "--allowedTools", ",".join([*tools, f"mcp__{butler.name}"]), "--permission-mode", "dontAsk",
         "--max-turns", "20", "--mcp-config", str(mcp_config), "--strict-mcp-config",
         "--setting-sources=",
     ]  # fmt: skip
+    env = {
+        "PATH": os.environ["PATH"], "HOME": os.environ["HOME"], "ANTHROPIC_API_KEY": KEY,
+        "ANTHROPIC_BASE_URL": replay_url, "ENABLE_TOOL_SEARCH": "false",
+        "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "CLAUDE_CODE_MAX_RETRIES": "1",
+    }  # fmt: skip
+
+    def run() -> None:
+        done = subprocess.run(
+            command, env=env, cwd=butler.directory, capture_output=True, text=True, timeout=120,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        last = json.loads(done.stdout.strip().splitlines()[-1])
+        if done.returncode or last.get("is_error") or "measurements/weight" not in last["result"]:
+            raise SystemExit(f"bare claude failed: {done.stdout[-500:]} {done.stderr[-500:]}")
+
+    return run
 
 
-def run_bare(command: list[str], env: dict[str, str], cwd: Path) -> float:
-    start = time.perf_counter()
-    done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
-    elapsed = time.perf_counter() - start
-    last = json.loads(done.stdout.strip().splitlines()[-1])
-    if done.returncode != 0 or last.get("is_error") or "measurements/weight" not in last["result"]:
-        raise SystemExit(f"bare CLI run failed: {done.stdout[-500:]} {done.stderr[-500:]}")
-    return elapsed
+def adapter_bare(
+    runtime: str, butler: ButlerConfig, replay_url: str, mcp_port: int, work: Path
+) -> Callable[[], None]:
+    """The exact command, files and environment the adapter builds, run without spawnkit."""
+    adapter = get_adapter(runtime)(butler.runtime)
+    system_prompt = compose_system_prompt(
+        butler, read_prompt_file(butler.system_prompt_file, butler.roster_dir)
+    )
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ["HOME"], "OPENAI_API_KEY": KEY,
+           "GEMINI_API_KEY": KEY}  # fmt: skip
+
+    def run() -> None:
+        workspace = Path(tempfile.mkdtemp(prefix="bare-", dir=work))
+        try:
+            server = McpServerSpec(
+                butler.name, "http", f"http://localhost:{mcp_port}/mcp?session_id=bench"
+            )
+            spec = RunSpec(
+                session_id="bench", butler=butler.name, prompt=PROMPT,
+                system_prompt=system_prompt, workspace=workspace, cwd=butler.directory,
+                mcp_server=server, config_file=adapter.build_config_file(workspace, server),
+                env=env, max_turns=20, tools=butler.runtime.tools, base_url=replay_url,
+            )  # fmt: skip
+            command = adapter.command(spec)  # type: ignore[attr-defined]
+            done = subprocess.run(
+                command, env=adapter.child_env(spec), cwd=spec.cwd, capture_output=True,
+                text=True, timeout=120, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+            if done.returncode or "measurements/weight" not in done.stdout:
+                raise SystemExit(
+                    f"bare {runtime} failed: {done.stdout[-500:]} {done.stderr[-500:]}"
+                )
+        finally:
+            shutil.rmtree(workspace, ignore_errors=True)
+
+    return run
 
 
-async def run_spawnkit(spawner: Spawner) -> float:
-    start = time.perf_counter()
-    result = await spawner.trigger(PROMPT)
-    elapsed = time.perf_counter() - start
-    if not result.success or "measurements/weight" not in result.output:
-        raise SystemExit(f"spawnkit run failed: {result.error} {result.output[:300]}")
-    return elapsed
+def measure(runtime: str, rounds: int, work: Path) -> dict[str, Any]:
+    base = load_roster(ROOT / "roster")["health"]
+    butler = dataclasses.replace(base, runtime=dataclasses.replace(base.runtime, type=runtime))
+    store = SessionStore(work / f"{runtime}.db")
+    replay = ReplayServer(Scenario.from_dict(tomllib.loads(SCENARIO), source="benchmark"))
+    with (
+        serve_in_thread(replay.app) as replay_address,
+        serve_in_thread(ButlerServer(butler, store).app()) as mcp_address,
+    ):
+        for key in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY"):
+            os.environ[key] = KEY
+        spawner = Spawner(
+            butler, store=store, base_url=replay_address.url, mcp_port=mcp_address.port
+        )
+        if runtime == "claude-code":
+            bare = claude_bare(butler, replay_address.url, mcp_address.port, work)
+        else:
+            bare = adapter_bare(runtime, butler, replay_address.url, mcp_address.port, work)
+
+        async def through_spawnkit() -> None:
+            result = await spawner.trigger(PROMPT)
+            if not result.success or "measurements/weight" not in result.output:
+                raise SystemExit(f"spawnkit {runtime} failed: {result.error} {result.output[:300]}")
+
+        runner = asyncio.Runner()
+
+        def timed(run: Callable[[], Any]) -> float:
+            start = time.perf_counter()
+            run()
+            return time.perf_counter() - start
+
+        def via_spawnkit() -> None:
+            runner.run(through_spawnkit())
+
+        timed(bare)  # warm-up: first start in a fresh HOME
+        timed(via_spawnkit)
+        bare_s, spawnkit_s = [], []
+        for _ in range(rounds):
+            bare_s.append(timed(bare))
+            spawnkit_s.append(timed(via_spawnkit))
+        runner.close()
+    adapter = get_adapter(runtime)(butler.runtime)
+    return {
+        "cli_version": adapter.binary_version(),
+        "rounds": rounds,
+        "bare_median_s": round(statistics.median(bare_s), 4),
+        "spawnkit_median_s": round(statistics.median(spawnkit_s), 4),
+        "ratio": round(statistics.median(spawnkit_s) / statistics.median(bare_s), 3),
+        "bare_s": [round(x, 4) for x in bare_s],
+        "spawnkit_s": [round(x, 4) for x in spawnkit_s],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--runtimes", default="claude-code,codex,gemini")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     args = parser.parse_args()
 
@@ -91,78 +199,22 @@ def main() -> None:
     os.environ["HOME"] = str(work / "home")
     os.environ["SPAWNKIT_HOME"] = str(work / "spawnkit")
     (work / "home").mkdir()
-    butler = load_roster(ROOT / "roster")["health"]
-    store = SessionStore(work / "sessions.db")
-    adapter = ClaudeCodeAdapter(butler.runtime)
-    binary = adapter.find_binary()
-    replay = ReplayServer(Scenario.from_dict(tomllib.loads(SCENARIO), source="benchmark"))
-
-    with (
-        serve_in_thread(replay.app) as replay_address,
-        serve_in_thread(ButlerServer(butler, store).app()) as mcp_address,
-    ):
-        os.environ["ANTHROPIC_API_KEY"] = "spawnkit-replay"
-        spawner = Spawner(
-            butler, store=store, base_url=replay_address.url, mcp_port=mcp_address.port
+    report: dict[str, Any] = {
+        "benchmark": "spawn_overhead", "python": sys.version.split()[0], "cpus": os.cpu_count(),
+        "runtimes": {},
+    }  # fmt: skip
+    for runtime in args.runtimes.split(","):
+        result = measure(runtime, args.rounds, work)
+        report["runtimes"][runtime] = result
+        print(
+            f"{runtime}: bare CLI median {result['bare_median_s']:.3f} s, spawnkit median "
+            f"{result['spawnkit_median_s']:.3f} s, ratio {result['ratio']:.3f} over "
+            f"{args.rounds} rounds (target <= 1.05)",
+            flush=True,
         )
-        system_prompt = compose_system_prompt(
-            butler, read_prompt_file(butler.system_prompt_file, butler.roster_dir)
-        )
-        mcp_config = work / "mcp.json"
-        mcp_config.write_text(
-            json.dumps(
-                {
-                    "mcpServers": {
-                        butler.name: {
-                            "type": "http",
-                            "url": f"http://localhost:{mcp_address.port}/mcp?session_id=bench",
-                        }
-                    }
-                }
-            )
-        )
-        env = {
-            "PATH": os.environ["PATH"],
-            "HOME": os.environ["HOME"],
-            "ANTHROPIC_API_KEY": "spawnkit-replay",
-            "ANTHROPIC_BASE_URL": replay_address.url,
-            "ENABLE_TOOL_SEARCH": "false",
-            "DISABLE_AUTOUPDATER": "1",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "CLAUDE_CODE_MAX_RETRIES": "1",
-        }
-        command = bare_command(binary, system_prompt, mcp_config, butler.name)
-
-        runner = asyncio.Runner()
-        bare: list[float] = []
-        sk: list[float] = []
-        run_bare(command, env, butler.directory)  # warm-up: first start in a fresh HOME
-        runner.run(run_spawnkit(spawner))
-        for _ in range(args.rounds):
-            bare.append(run_bare(command, env, butler.directory))
-            sk.append(runner.run(run_spawnkit(spawner)))
-        runner.close()
-
-    report = {
-        "benchmark": "spawn_overhead",
-        "runtime": "claude-code",
-        "cli_version": adapter.binary_version(),
-        "rounds": args.rounds,
-        "bare_median_s": round(statistics.median(bare), 4),
-        "spawnkit_median_s": round(statistics.median(sk), 4),
-        "ratio": round(statistics.median(sk) / statistics.median(bare), 3),
-        "bare_s": [round(x, 4) for x in bare],
-        "spawnkit_s": [round(x, 4) for x in sk],
-        "python": sys.version.split()[0],
-        "cpus": os.cpu_count(),
-    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(
-        f"claude-code: bare CLI median {report['bare_median_s']:.3f} s, "
-        f"spawnkit median {report['spawnkit_median_s']:.3f} s, "
-        f"ratio {report['ratio']:.3f} over {args.rounds} rounds (target <= 1.05)"
-    )
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
