@@ -254,7 +254,9 @@ def test_get_adapter_unknown_lists_registered_types() -> None:
     with pytest.raises(ValueError, match="available runtimes: claude-code") as info:
         spawnkit.get_adapter("nope")
     assert isinstance(info.value, UnknownRuntimeError)
-    assert str(info.value) == "unknown runtime 'nope'; available runtimes: claude-code"
+    assert (
+        str(info.value) == "unknown runtime 'nope'; available runtimes: claude-code, codex, gemini"
+    )
 
 
 # -- butler errors: each names the file and the key ----------------------------------------
@@ -340,10 +342,11 @@ def test_websocket_transport_is_refused(tmp_path: Path) -> None:
 
 def test_unknown_runtime_type_is_refused_at_load(tmp_path: Path) -> None:
     path, message = load_error(
-        tmp_path, MINIMAL.format(name="health", port=8201) + '[butler.runtime]\ntype = "codex"\n'
+        tmp_path, MINIMAL.format(name="health", port=8201) + '[butler.runtime]\ntype = "aider"\n'
     )
     assert message == (
-        f"{path}: [butler.runtime.type]: unknown runtime 'codex'; available runtimes: claude-code"
+        f"{path}: [butler.runtime.type]: unknown runtime 'aider'; "
+        "available runtimes: claude-code, codex, gemini"
     )
 
 
