@@ -114,4 +114,5 @@ def test_run_view_coalesces_into_one_message_per_flush() -> None:
     assert updates and updates[-1]["state"]["snapshot"]["status"]["state"] == "success"
     bundle, _ = view._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
-    assert "success" in bundle["text/plain"] and bundle["text/html"].startswith("<pre>")
+    assert bundle["text/plain"] == RunView.FALLBACK_TEXT
+    assert "success" in view.text(), "the text rendering follows the run"

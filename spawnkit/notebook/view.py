@@ -90,13 +90,18 @@ class RunView(anywidget.AnyWidget):
     def fallback_html(self) -> str:
         return f"<pre>{html.escape(self.text())}</pre>"
 
+    # What a notebook saves next to the widget, for viewers without a widget
+    # manager. It is fixed text on purpose: the view is displayed before the
+    # run's events arrive, so anything about the run here would be a race (and
+    # would make saved notebooks differ from run to run). The run itself is in
+    # the cell's result, or in the handle's status.
+    FALLBACK_TEXT = "spawnkit live run view (shown live in JupyterLab, Notebook 7, VS Code, Voila)"
+
     def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
         bundle = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
         data, metadata = bundle
-        # Frontends without a widget manager (terminal, a saved notebook on
-        # GitHub) render these instead of the widget.
-        data["text/plain"] = self.text()
-        data["text/html"] = self.fallback_html()
+        data["text/plain"] = self.FALLBACK_TEXT
+        data["text/html"] = f"<p><i>{html.escape(self.FALLBACK_TEXT)}</i></p>"
         return data, metadata
