@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, cast
@@ -102,6 +102,14 @@ class ButlerConfig:
         for module in self.modules.values():
             names.extend(module.get("credentials", ()))
         return tuple(names)
+
+    def with_runtime(self, runtime: str) -> ButlerConfig:
+        """The same butler run by another runtime (``claude-code``, ``codex``, ``gemini``)."""
+        if runtime not in available_runtimes():
+            raise UnknownRuntimeError(runtime, available_runtimes())
+        if runtime == self.runtime.type:
+            return self
+        return replace(self, runtime=replace(self.runtime, type=runtime))
 
     def skills(self) -> list[Path]:
         skills_dir = self.directory / "skills"

@@ -21,7 +21,7 @@ from typing import Any
 
 import ipywidgets as w
 
-from .notebook.hub import Hub, RunHandle, Target
+from .notebook.hub import Hub, RunHandle, Target, default_hub
 from .notebook.view import RunView
 from .roster import ButlerConfig, Roster, load_roster
 from .service import ButlerService
@@ -122,7 +122,7 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
         self, roster: str | Path | Roster, *, hub: Hub | None = None, refresh_s: float = REFRESH_S
     ) -> None:
         self.roster = roster if isinstance(roster, Roster) else load_roster(roster)
-        self.hub = hub or Hub()
+        self.hub = hub or default_hub()
         self.refresh_s = refresh_s
         self.cards = {b.name: _Card(self, b) for b in self.roster}
         names = list(self.cards)
@@ -250,6 +250,11 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
     def _schedule(self, delay: float, callback: Any) -> None:
         loop = self.hub.loop.loop
         loop.call_soon_threadsafe(loop.call_later, delay, callback)
+
+    def __repr__(self) -> str:
+        # Stable text (no widget ids): it is what a saved notebook shows without widgets.
+        names = ", ".join(self.cards)
+        return f"ButlerDashboard(roster={self.roster.directory.name!r}, butlers=[{names}])"
 
     def close(self) -> None:
         self._refresher.cancel()

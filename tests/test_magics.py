@@ -15,7 +15,7 @@ from IPython.core.error import UsageError
 from IPython.testing.globalipapp import start_ipython
 
 import spawnkit.notebook.loop as loop_module
-from spawnkit.notebook import magics as magics_module
+from spawnkit.notebook import runner
 
 from .conftest import REPO
 
@@ -142,4 +142,4 @@ def test_terminal_shell_runs_and_prints_text(ip: Any, capsys: pytest.CaptureFixt
 
 
 def test_render_mode_follows_the_frontend() -> None:
-    assert magics_module._in_kernel() is False, "the test shell is a terminal shell"
+    assert runner.in_kernel() is False, "the test shell is a terminal shell"

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .runner import spawn
+
+__all__ = ["load", "spawn", "unload"]
+
 _MAGICS: dict[int, Any] = {}
 
 

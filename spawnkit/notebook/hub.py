@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
-import dataclasses
 import logging
 from collections.abc import Generator, Sequence
 from contextlib import AsyncExitStack
@@ -130,6 +129,7 @@ class Hub:
         self._stacks: list[AsyncExitStack] = []
         self._lock = asyncio.Lock()
         self.runs: list[RunHandle] = []
+        self.closed = False
         # Runs after any later-registered handler and before the loop stops
         # (atexit is last-in, first-out): services shut down cleanly at exit.
         atexit.register(self.close)
@@ -152,6 +152,11 @@ class Hub:
                 self._stacks.append(stack)
                 self._services[key] = service
             return service
+
+    def schedule(self, delay: float, callback: Any) -> None:
+        """Run ``callback`` on the background loop after ``delay`` seconds (thread-safe)."""
+        loop = self.loop.loop
+        loop.call_soon_threadsafe(loop.call_later, delay, callback)
 
     def spawner_for(self, target: Target) -> Any:
         service = self._services.get(target.key())
@@ -218,6 +223,7 @@ class Hub:
     def close(self) -> None:
         """Stop every service (runs still going are cancelled and recorded)."""
         atexit.unregister(self.close)
+        self.closed = True
         if not self._stacks:
             return
 
@@ -234,6 +240,22 @@ class Hub:
 
 def with_runtime(butler: ButlerConfig, runtime: str) -> ButlerConfig:
     """The same butler run by another runtime."""
-    if butler.runtime.type == runtime:
-        return butler
-    return dataclasses.replace(butler, runtime=dataclasses.replace(butler.runtime, type=runtime))
+    return butler.with_runtime(runtime)
+
+
+_default: Hub | None = None
+
+
+def default_hub() -> Hub:
+    """The kernel's hub, shared by the magics, spawn() and the dashboard."""
+    global _default
+    if _default is None or _default.closed:
+        _default = Hub()
+    return _default
+
+
+def close_default_hub() -> None:
+    global _default
+    if _default is not None:
+        _default.close()
+        _default = None

@@ -8,52 +8,17 @@ background loop through the kernel's :class:`~spawnkit.notebook.hub.Hub`.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from IPython.display import display
 from traitlets import Enum, Integer, Unicode
 
-from ..console import render_event
-from ..errors import ConfigError, SpawnError, SpawnkitError
-from ..events import RunEvent
+from ..errors import ConfigError, SpawnError
 from ..result import SpawnerResult
-from ..roster import adhoc_butler, load_roster
-from ..runtimes import available_runtimes
-from .hub import Hub, RunHandle, Target, with_runtime
-from .kernel_tools import kernel_tools
-from .view import RunView
-
-
-def _in_kernel() -> bool:
-    return "ipykernel" in sys.modules and type(_shell()).__name__ == "ZMQInteractiveShell"
-
-
-def _shell() -> Any:
-    from IPython import get_ipython
-
-    return get_ipython()
-
-
-class _TextLines:
-    """Collects rendered event lines on the loop thread; the cell's thread prints them."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def __call__(self, event: RunEvent) -> None:
-        text = render_event(event)
-        if text is not None:
-            self.lines.append(text)
-
-    def drain(self) -> None:
-        lines, self.lines = self.lines, []
-        for line in lines:
-            print(line, flush=True)
+from .hub import Hub, RunHandle, close_default_hub, default_hub
+from .runner import spawn
 
 
 @magics_class
@@ -75,10 +40,6 @@ class SpawnMagics(Magics):
         help="Live rendering: widget (Jupyter), text (terminal), none, or auto.",
     ).tag(config=True)
 
-    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
-        super().__init__(shell=shell, **kwargs)
-        self._hub: Hub | None = None
-
     @property
     def ip(self) -> Any:
         """The shell these magics are registered with."""
@@ -88,14 +49,10 @@ class SpawnMagics(Magics):
 
     @property
     def hub(self) -> Hub:
-        if self._hub is None:
-            self._hub = Hub()
-        return self._hub
+        return default_hub()
 
     def close(self) -> None:
-        if self._hub is not None:
-            self._hub.close()
-            self._hub = None
+        close_default_hub()
 
     # -- %%spawn ---------------------------------------------------------------------
 
@@ -113,87 +70,37 @@ class SpawnMagics(Magics):
     @argument("--allow-failure", action="store_true", help="return a failed result, not raise")
     @argument("--kernel-tools", action="store_true", help="let the agent read kernel variables")
     @cell_magic
-    def spawn(self, line: str, cell: str) -> SpawnerResult | RunHandle | None:
+    def spawn(self, line: str, cell: str) -> SpawnerResult | RunHandle:
         """Run the cell as a prompt on an agent CLI; the value is the SpawnerResult."""
         args = parse_argstring(self.spawn, line)
         prompt = self.ip.var_expand(cell, depth=1) if args.interpolate else cell
         if not prompt.strip():
             raise UsageError("%%spawn needs a prompt in the cell body")
-        target = self._target(args)
-        context = self._context(args.context)
         max_turns = args.max_turns if args.max_turns is not None else self.max_turns
         if max_turns is not None and max_turns < 1:
             raise UsageError("--max-turns must be at least 1")
-        mode = self._render_mode()
-        view = RunView(schedule=self._scheduler()) if mode == "widget" else None
-        text = _TextLines() if mode == "text" else None
-        listeners = [sink for sink in (view, text) if sink is not None]
-        extensions = [kernel_tools(lambda: self.ip.user_ns)] if args.kernel_tools else []
-        handle = self.hub.start(
-            target, prompt, context=context, max_turns=max_turns,
-            listeners=listeners, view=view, extensions=extensions,
-        )  # fmt: skip
-        if args.background:
-            if args.out:
-                self.ip.user_ns[args.out] = handle
-            return handle
-        if view is not None:
-            display(view)
-        result = self._wait(handle, text)
-        if args.out:
-            self.ip.user_ns[args.out] = result
-        if not result.success and not args.allow_failure:
-            raise SpawnError(result)
-        return result
-
-    def _wait(self, handle: RunHandle, text: _TextLines | None) -> SpawnerResult:
-        """Block the cell until the run ends; an interrupt cancels the run and re-raises."""
         try:
-            while True:
-                try:
-                    return handle.job.future.result(timeout=0.05)
-                except TimeoutError:
-                    if text is not None:
-                        text.drain()
-        except KeyboardInterrupt:
-            handle.job.cancel(wait=30)
-            raise
-        finally:
-            if text is not None:
-                text.drain()
-
-    def _render_mode(self) -> str:
-        if self.render != "auto":
-            return str(self.render)
-        return "widget" if _in_kernel() else "text"
-
-    def _scheduler(self) -> Any:
-        loop = self.hub.loop
-
-        def schedule(delay: float, callback: Any) -> None:
-            loop.loop.call_soon_threadsafe(loop.loop.call_later, delay, callback)
-
-        return schedule
-
-    def _target(self, args: Any) -> Target:
-        runtime = args.runtime
-        if runtime is not None and runtime not in available_runtimes():
-            raise UsageError(
-                f"unknown runtime {runtime!r}; available: {', '.join(available_runtimes())}"
+            outcome = spawn(
+                prompt,
+                runtime=args.runtime,
+                butler=args.butler,
+                roster=args.roster or self.roster,
+                replay=args.replay,
+                model=args.model,
+                max_turns=max_turns,
+                context=self._context(args.context),
+                background=args.background,
+                render=self.render,  # type: ignore[arg-type]  # an Enum trait of those values
+                namespace=(lambda: self.ip.user_ns) if args.kernel_tools else None,
+                default_runtime=self.default_runtime,
             )
-        try:
-            if args.butler:
-                butler = load_roster(args.roster or self.roster)[args.butler]
-                if runtime:
-                    butler = with_runtime(butler, runtime)
-            else:
-                butler = adhoc_butler(runtime or self.default_runtime, Path.cwd(), name="notebook")
-        except SpawnkitError as exc:
+        except ConfigError as exc:
             raise UsageError(str(exc)) from None
-        replay = Path(args.replay).expanduser().resolve() if args.replay else None
-        if replay is not None and not replay.is_file():
-            raise UsageError(f"--replay: no scenario file at {replay}")
-        return Target(butler, replay=replay, model=args.model, kernel_tools=args.kernel_tools)
+        if args.out:
+            self.ip.user_ns[args.out] = outcome
+        if isinstance(outcome, SpawnerResult) and not outcome.success and not args.allow_failure:
+            raise SpawnError(outcome)
+        return outcome
 
     def _context(self, expression: str | None) -> str | None:
         if expression is None:
