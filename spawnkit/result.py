@@ -192,11 +192,12 @@ class SpawnerResult:
         if self.error:
             lines += [f"> error: {self.error}", ""]
         if self.tool_calls:
-            lines.append("| tool | status | ms |")
+            lines.append("| tool | status | duration |")
             lines.append("|---|---|---|")
             for call in self.tool_calls:
                 name = f"{call.server}.{call.tool}" if call.server else call.tool
-                lines.append(f"| `{name}` | {call.status} | {call.duration_ms or ''} |")
+                took = f"{call.duration_ms} ms" if call.duration_ms is not None else ""
+                lines.append(f"| `{name}` | {call.status} | {took} |")
             lines.append("")
         lines += [self.output, "", f"<sub>session {self.session_id}</sub>"]
         return "\n".join(lines)
