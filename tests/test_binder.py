@@ -1,0 +1,29 @@
+"""The Binder set-up builds and every notebook runs in it (scripts/check-binder, no Docker)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import REPO
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(1200),
+    pytest.mark.skipif(shutil.which("python3.11") is None, reason="Binder's Python is missing"),
+]
+
+
+def test_binder_environment_runs_every_notebook() -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "check-binder")],
+        capture_output=True, text=True, timeout=1100, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    notebooks = sorted(p.name for p in (REPO / "notebooks").glob("*.ipynb"))
+    for name in notebooks:
+        assert f"ran {name}" in done.stdout
+    assert "repo2docker: Python 3.11" in done.stdout
