@@ -67,6 +67,17 @@ class Schedule:
 
 
 @dataclass(frozen=True)
+class AgentRole:
+    """``[butler.agents.<role>]``: a role the butler's runs can delegate to."""
+
+    name: str
+    description: str
+    prompt: str
+    tools: tuple[str, ...] | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True)
 class ButlerConfig:
     """A validated butler definition."""
 
@@ -80,6 +91,7 @@ class ButlerConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     modules: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     schedules: tuple[Schedule, ...] = ()
+    agents: Mapping[str, AgentRole] = field(default_factory=dict)
     # A system prompt elsewhere than <directory>/CLAUDE.md (ad-hoc butlers).
     prompt_file: Path | None = None
 
@@ -300,7 +312,9 @@ _TOOL_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\([^\n]*\))?")
 def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
     doc.check_keys({"butler", "modules"})
     b = doc.table("butler", required=True)
-    b.check_keys({"name", "port", "description", "mcp_transport", "runtime", "env", "schedule"})
+    b.check_keys(
+        {"name", "port", "description", "mcp_transport", "runtime", "env", "schedule", "agents"}
+    )
 
     name = b.string("name")
     if not _NAME_RE.fullmatch(name):
@@ -356,6 +370,30 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
             raise s.error("prompt", "must not be empty")
         schedules.append(Schedule(sname, cron, prompt))
 
+    agents: dict[str, AgentRole] = {}
+    a = b.table("agents")
+    for role in a.data:
+        if not _NAME_RE.fullmatch(role):
+            raise a.error(role, f"invalid role name {role!r}")
+        r_ = a.table(role)
+        r_.check_keys({"description", "prompt", "prompt_file", "tools", "model"})
+        if ("prompt" in r_.data) == ("prompt_file" in r_.data):
+            raise r_.error("prompt", "give exactly one of prompt and prompt_file")
+        if "prompt_file" in r_.data:
+            prompt_path = (folder / r_.string("prompt_file")).resolve()
+            if not prompt_path.is_relative_to(folder) or not prompt_path.is_file():
+                raise r_.error("prompt_file", f"no such file inside the butler: {prompt_path}")
+            prompt_text = prompt_path.read_text(encoding="utf-8")
+        else:
+            prompt_text = r_.string("prompt")
+        agents[role] = AgentRole(
+            name=role,
+            description=r_.string("description"),
+            prompt=prompt_text,
+            tools=r_.names("tools", _TOOL_RE) if "tools" in r_.data else None,
+            model=r_.optional_string("model"),
+        )
+
     modules: dict[str, Mapping[str, Any]] = {}
     m = doc.table("modules")
     for module_name in m.data:
@@ -375,4 +413,5 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
         env=env,
         modules=MappingProxyType(modules),
         schedules=tuple(schedules),
+        agents=MappingProxyType(agents),
     )

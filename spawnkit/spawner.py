@@ -66,6 +66,7 @@ logger = logging.getLogger(__name__)
 
 TRIGGER_SOURCES = ("tick", "external", "trigger", "route")
 _SCHEDULE_RE = re.compile(r"^schedule:[A-Za-z0-9_.-]+$")
+_ROLE_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 # How long a cancelled run may take to kill its CLI and record itself.
 CANCEL_GRACE_S = 30.0
 
@@ -103,10 +104,10 @@ class SpawnerStatus:
 class _Collector:
     """Folds a run's events into its result and fans them out to listeners."""
 
-    def __init__(self, session_id: str, sinks: list[EventSink], span: RunSpan | None) -> None:
+    def __init__(self, session_id: str, sinks: list[EventSink]) -> None:
         self.session_id = session_id
         self.sinks = sinks
-        self.span = span
+        self.span: RunSpan | None = None
         self.calls: dict[str, ToolCall] = {}
         self.texts: list[str] = []
         self.text_chars = 0
@@ -134,6 +135,24 @@ class _Collector:
     @property
     def partial_output(self) -> str:
         return truncate("\n\n".join(self.texts), OUTPUT_LIMIT)
+
+
+@dataclass
+class _Run:
+    """One accepted trigger on its way through the spawner."""
+
+    session_id: str
+    prompt: str
+    context: str | None
+    trigger_source: str
+    max_turns: int
+    parent_session_id: str | None
+    resume: str | None
+    role: str | None
+    worker: RuntimeAdapter
+    runtime_session_id: str | None
+    collector: _Collector
+    log: RunLog | None = None
 
 
 class Spawner:
@@ -256,11 +275,15 @@ class Spawner:
         parent_session_id: str | None = None,
         resume: str | None = None,
         session_id: str | None = None,
+        role: str | None = None,
     ) -> SpawnerResult:
         """Run ``prompt`` on this butler's runtime and return its result.
 
         ``session_id`` chooses the new session's id (the shell adapter contract
-        announces it before the run starts); by default a fresh UUID.
+        announces it before the run starts); by default a fresh UUID. ``role``
+        runs the prompt as one of the butler's ``[butler.agents.<role>]`` (its
+        prompt, tools and model), or, for a role the butler does not define,
+        only labels the run (``SPAWNKIT_ROLE``).
 
         Raises for triggers that are refused or wrong before they are accepted
         (bad arguments, closed spawner, full queue, missing CLI or variable);
@@ -281,25 +304,30 @@ class Spawner:
                     f"butler {self.butler.name!r} is full: {self._active} running, "
                     f"{self._queued()} queued (max_queued_sessions = {self._max_queued})"
                 )
+        if role is not None and not _ROLE_RE.fullmatch(role):
+            raise ValueError(f"invalid role name {role!r}")
         self.adapter.find_binary()
         check_required(self.butler, self.credentials)
 
         # Accepted: reserve the place synchronously, before the first await.
         self._pending += 1
         session_id = session_id or str(uuid.uuid4())
-        position = self._queued()
+        worker = self.adapter.create_worker()
+        run = _Run(
+            session_id=session_id,
+            prompt=prompt,
+            context=context,
+            trigger_source=trigger_source,
+            max_turns=max_turns or self.butler.runtime.max_turns,
+            parent_session_id=parent_session_id,
+            resume=resume,
+            role=role,
+            worker=worker,
+            runtime_session_id=None if resume else worker.new_runtime_session_id(),
+            collector=_Collector(session_id, [*self._listeners, *([on_event] if on_event else [])]),
+        )
         task = asyncio.create_task(
-            self._run(
-                session_id,
-                prompt,
-                context,
-                trigger_source,
-                max_turns or self.butler.runtime.max_turns,
-                [*self._listeners, *([on_event] if on_event else [])],
-                position,
-                parent_session_id,
-                resume,
-            ),
+            self._run(run, position=self._queued()),
             name=f"spawnkit:{self.butler.name}:{session_id[:8]}",
         )
         self._runs[session_id] = task
@@ -364,80 +392,68 @@ class Spawner:
             runtime=self.butler.runtime.type,
         )
 
-    async def _run(
-        self,
-        session_id: str,
-        prompt: str,
-        context: str | None,
-        trigger_source: str,
-        max_turns: int,
-        sinks: list[EventSink],
-        position: int,
-        parent_session_id: str | None,
-        resume: str | None,
-    ) -> SpawnerResult:
+    async def _run(self, run: _Run, position: int) -> SpawnerResult:
         butler = self.butler
-        worker = self.adapter.create_worker()
-        runtime_session_id = None if resume else worker.new_runtime_session_id()
+        collector = run.collector
         holding_slot = False
-        collector = _Collector(session_id, sinks, None)
         started_at: datetime | None = None
         started_clock = 0.0
         result: SpawnerResult | None = None
-        log: RunLog | None = None
         try:
             async with self._admission:
                 await asyncio.to_thread(
                     self.store.create_session,
-                    session_id,
+                    run.session_id,
                     butler=butler.name,
                     runtime=butler.runtime.type,
                     model=self.model,
-                    prompt=prompt,
-                    context=context,
-                    trigger_source=trigger_source,
-                    runtime_session_id=runtime_session_id or resume,
-                    parent_session_id=parent_session_id,
-                    log_dir=session_log_dir(session_id),
+                    prompt=run.prompt,
+                    context=run.context,
+                    trigger_source=run.trigger_source,
+                    runtime_session_id=run.runtime_session_id or run.resume,
+                    parent_session_id=run.parent_session_id,
+                    log_dir=session_log_dir(run.session_id),
+                    role=run.role,
                 )
-            log = RunLog.for_session(session_id, self.log_cap_bytes)
+            run.log = RunLog.for_session(run.session_id, self.log_cap_bytes)
             if position > 0:
-                collector.emit(Queued(session_id, butler.name, position))
+                collector.emit(Queued(run.session_id, butler.name, position))
             async with self._slots:
                 self._pending -= 1
                 self._active += 1
                 holding_slot = True
                 try:
                     started_at, started_clock = _now(), time.monotonic()
-                    result = await self._execute(
-                        worker, session_id, prompt, context, trigger_source, max_turns,
-                        collector, started_at, runtime_session_id, resume, log,
-                    )  # fmt: skip
+                    result = await self._execute(run, started_at)
                 finally:
                     self._active -= 1
         except asyncio.CancelledError:
             result = self._unfinished(collector, "cancelled", "the run was cancelled", "cancelled")
         except Exception as exc:  # a bug of ours: record it rather than lose the session
-            logger.exception("run %s of butler %s failed inside spawnkit", session_id, butler.name)
+            logger.exception(
+                "run %s of butler %s failed inside spawnkit", run.session_id, butler.name
+            )
             result = self._unfinished(collector, "failed", f"internal error: {exc!r}", "internal")
         finally:
             if not holding_slot:
                 self._pending -= 1
-            if log is not None:
-                log.close()
+            if run.log is not None:
+                run.log.close()
         assert result is not None  # every branch above sets it
         if started_at is not None and result.duration_ms == 0:
             result = replace(result, duration_ms=int((time.monotonic() - started_clock) * 1000))
         result = replace(
-            result, session_id=session_id, butler=butler.name, runtime=butler.runtime.type
+            result, session_id=run.session_id, butler=butler.name, runtime=butler.runtime.type
         )
         try:
-            await asyncio.shield(asyncio.to_thread(self.store.complete_session, session_id, result))
+            await asyncio.shield(
+                asyncio.to_thread(self.store.complete_session, run.session_id, result)
+            )
         except asyncio.CancelledError:
-            logger.debug("cancelled while recording session %s; the write goes on", session_id)
+            logger.debug("cancelled while recording session %s; the write goes on", run.session_id)
         finally:
-            self._runs.pop(session_id, None)
-        collector.emit(Finished(session_id, result))
+            self._runs.pop(run.session_id, None)
+        collector.emit(Finished(run.session_id, result))
         return result
 
     def _unfinished(
@@ -462,29 +478,16 @@ class Spawner:
             trace_id=collector.trace_id,
         )
 
-    async def _execute(
-        self,
-        worker: RuntimeAdapter,
-        session_id: str,
-        prompt: str,
-        context: str | None,
-        trigger_source: str,
-        max_turns: int,
-        collector: _Collector,
-        started_at: datetime,
-        runtime_session_id: str | None,
-        resume: str | None,
-        log: RunLog | None,
-    ) -> SpawnerResult:
-        butler = self.butler
+    async def _execute(self, run: _Run, started_at: datetime) -> SpawnerResult:
+        butler, worker, collector = self.butler, run.worker, run.collector
         clock = time.monotonic()
         with (
             run_span(
                 butler=butler.name,
                 runtime=butler.runtime.type,
                 model=self.model,
-                session_id=session_id,
-                trigger_source=trigger_source,
+                session_id=run.session_id,
+                trigger_source=run.trigger_source,
                 provider=self.tracer_provider,
             ) as span,
             run_workspace(butler.name, self.workspace_root) as workspace,
@@ -492,11 +495,15 @@ class Spawner:
             collector.span = span
             collector.trace_id = trace_id = span.trace_id
             await asyncio.to_thread(
-                self.store.mark_started, session_id, started_at=started_at, trace_id=trace_id
+                self.store.mark_started, run.session_id, started_at=started_at, trace_id=trace_id
             )
             collector.emit(
                 Started(
-                    session_id, butler.name, butler.runtime.type, self.model, runtime_session_id
+                    run.session_id,
+                    butler.name,
+                    butler.runtime.type,
+                    self.model,
+                    run.runtime_session_id,
                 )
             )
             outcome: RunOutcome | None = None
@@ -504,10 +511,7 @@ class Spawner:
             error: str | None = None
             error_kind: str | None = None
             try:
-                spec = await self._prepare(
-                    worker, session_id, prompt, context, max_turns, workspace, span,
-                    runtime_session_id, resume, log,
-                )  # fmt: skip
+                spec = await self._prepare(run, workspace, span)
                 async with asyncio.timeout(butler.runtime.timeout_s):
                     outcome = await worker.invoke(spec, collector.emit)
                 status = "success" if outcome.success else "failed"
@@ -527,8 +531,7 @@ class Spawner:
                 cancelled = self._unfinished(
                     collector, "cancelled", "the run was cancelled", "cancelled"
                 )
-                cancelled = replace(cancelled, duration_ms=_ms_since(clock))
-                span.finish(cancelled)
+                span.finish(replace(cancelled, duration_ms=_ms_since(clock)))
                 raise
             if outcome is not None and not outcome.success:
                 worker.reset()
@@ -536,44 +539,40 @@ class Spawner:
             span.finish(result)
         if result.success and self.memory is not None:
             try:
-                await self.memory.store_episode(butler.name, session_id, prompt, result.output)
+                await self.memory.store_episode(
+                    butler.name, run.session_id, run.prompt, result.output
+                )
             except Exception:
-                logger.exception("memory: could not store the episode of %s; going on", session_id)
+                logger.exception(
+                    "memory: could not store the episode of %s; going on", run.session_id
+                )
         return result
 
-    async def _prepare(
-        self,
-        worker: RuntimeAdapter,
-        session_id: str,
-        prompt: str,
-        context: str | None,
-        max_turns: int,
-        workspace: Path,
-        span: RunSpan,
-        runtime_session_id: str | None,
-        resume: str | None,
-        log: RunLog | None,
-    ) -> RunSpec:
-        butler = self.butler
-        base = worker.parse_system_prompt_file(butler.system_prompt_file, butler.roster_dir)
+    async def _prepare(self, run: _Run, workspace: Path, span: RunSpan) -> RunSpec:
+        butler, worker = self.butler, run.worker
+        agent = butler.agents.get(run.role) if run.role else None
+        if agent is not None:
+            base = agent.prompt
+        else:
+            base = worker.parse_system_prompt_file(butler.system_prompt_file, butler.roster_dir)
         system_prompt = compose_system_prompt(butler, base)
         if self.memory is not None:
             try:
-                memory_context = await self.memory.fetch_context(butler.name, prompt)
+                memory_context = await self.memory.fetch_context(butler.name, run.prompt)
             except Exception:
-                logger.exception("memory: could not fetch context for %s; going on", session_id)
+                logger.exception("memory: could not fetch context for %s; going on", run.session_id)
                 memory_context = None
             system_prompt = append_memory(system_prompt, memory_context)
+        session_key = run.runtime_session_id or run.resume or run.session_id
         server = McpServerSpec(
             name=butler.name,
             transport=butler.mcp_transport,
-            url=mcp_url(
-                butler, runtime_session_id or resume or session_id, self.mcp_host, self.mcp_port
-            ),
+            url=mcp_url(butler, session_key, self.mcp_host, self.mcp_port),
         )
         identity = {
-            "SPAWNKIT_SESSION_ID": session_id,
+            "SPAWNKIT_SESSION_ID": run.session_id,
             "SPAWNKIT_BUTLER": butler.name,
+            "SPAWNKIT_ROLE": run.role or "butler",
             "SPAWNKIT_WORKSPACE": str(workspace),
         }
         traceparent = span.traceparent()
@@ -584,22 +583,26 @@ class Spawner:
             worker.other_vendor_keys,
         )  # fmt: skip
         return RunSpec(
-            session_id=session_id,
+            session_id=run.session_id,
             butler=butler.name,
-            prompt=compose_prompt(prompt, context),
+            prompt=compose_prompt(run.prompt, run.context),
             system_prompt=system_prompt,
             workspace=workspace,
             cwd=butler.directory,
             mcp_server=server,
             config_file=worker.build_config_file(workspace, server),
             env=env,
-            max_turns=max_turns,
-            tools=butler.runtime.tools,
-            model=self.model,
+            max_turns=run.max_turns,
+            tools=agent.tools
+            if agent is not None and agent.tools is not None
+            else butler.runtime.tools,
+            model=(agent.model if agent is not None and agent.model else None) or self.model,
             base_url=self.base_url,
-            runtime_session_id=runtime_session_id,
-            resume=resume,
-            log=log,
+            runtime_session_id=run.runtime_session_id,
+            resume=run.resume,
+            log=run.log,
+            # A run acting as one of the roles does not delegate further.
+            agents={} if agent is not None else butler.agents,
         )
 
     def _result(

@@ -33,7 +33,7 @@ from .errors import StoreError
 from .home import default_store_path
 from .result import SpawnerResult, ToolCall, Usage
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_MS = 15_000
 
 _SCHEMA = """
@@ -68,7 +68,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     owner_host TEXT,
     owner_pid INTEGER,
     owner_start TEXT,
-    log_dir TEXT
+    log_dir TEXT,
+    role TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_at);
 CREATE INDEX IF NOT EXISTS sessions_by_butler ON sessions (butler, created_at);
@@ -132,7 +133,10 @@ CREATE INDEX IF NOT EXISTS episodes_by_butler ON episodes (butler, id);
 
 
 # _MIGRATIONS[v - 1] takes a store from schema v to v + 1.
-_MIGRATIONS = ("ALTER TABLE sessions ADD COLUMN log_dir TEXT",)
+_MIGRATIONS = (
+    "ALTER TABLE sessions ADD COLUMN log_dir TEXT",
+    "ALTER TABLE sessions ADD COLUMN role TEXT",
+)
 assert len(_MIGRATIONS) == SCHEMA_VERSION - 1
 
 
@@ -209,6 +213,7 @@ class SessionRecord:
     started_at: datetime | None
     completed_at: datetime | None
     log_dir: Path | None = None
+    role: str | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> SessionRecord:
@@ -243,6 +248,7 @@ class SessionRecord:
             started_at=_dt(row["started_at"]),
             completed_at=_dt(row["completed_at"]),
             log_dir=Path(row["log_dir"]) if row["log_dir"] else None,
+            role=row["role"],
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -274,6 +280,7 @@ class SessionRecord:
             "started_at": _iso(self.started_at),
             "completed_at": _iso(self.completed_at),
             "log_dir": str(self.log_dir) if self.log_dir else None,
+            "role": self.role,
         }
 
 
@@ -374,17 +381,19 @@ class SessionStore:
         parent_session_id: str | None = None,
         created_at: datetime | None = None,
         log_dir: Path | None = None,
+        role: str | None = None,
     ) -> None:
         with self._tx() as conn:
             conn.execute(
                 """INSERT INTO sessions (id, butler, runtime, model, prompt, context,
                        trigger_source, status, runtime_session_id, parent_session_id,
-                       created_at, owner_host, owner_pid, owner_start, log_dir)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)""",
+                       created_at, owner_host, owner_pid, owner_start, log_dir, role)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (
                     session_id, butler, runtime, model, prompt, context, trigger_source,
                     runtime_session_id, parent_session_id, _iso(created_at or utcnow()),
                     self._host, self._pid, self._pid_start, str(log_dir) if log_dir else None,
+                    role,
                 ),
             )  # fmt: skip
 

@@ -108,6 +108,20 @@ def processes_with_env(name: str, value: str) -> list[int]:
     return found
 
 
+def sessions_running(butler: str) -> set[str]:
+    """Session ids of live processes of ``butler``'s runs (a CLI may have helper processes)."""
+    sessions = set()
+    for pid in processes_with_env("SPAWNKIT_BUTLER", butler):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for item in env:
+            if item.startswith(b"SPAWNKIT_SESSION_ID="):
+                sessions.add(item.split(b"=", 1)[1].decode())
+    return sessions
+
+
 def env_lines(text: str) -> dict[str, str]:
     pairs = {}
     for line in text.splitlines():

@@ -33,7 +33,7 @@ from spawnkit.runtimes import claude_code
 from spawnkit.service import REPLAY_API_KEY, ButlerService
 from spawnkit.store import SessionStore
 
-from .conftest import env_lines, processes_with_env, workspaces_of
+from .conftest import env_lines, processes_with_env, sessions_running, workspaces_of
 
 pytestmark = pytest.mark.e2e
 
@@ -334,7 +334,7 @@ async def test_serial_dispatch_with_real_clis(make_butler, store) -> None:
     async def sample() -> None:
         nonlocal most
         while True:
-            most = max(most, len(processes_with_env("SPAWNKIT_BUTLER", "health")))
+            most = max(most, len(sessions_running("health")))
             await asyncio.sleep(0.02)
 
     async with service(butler, store, DELAYED.format(ms=700)) as svc:
@@ -401,7 +401,7 @@ async def test_drain_cancels_real_runs(make_butler, store) -> None:
     async with service(butler, store, SLOW) as svc:
         tasks = [asyncio.create_task(svc.trigger(f"run {i}")) for i in range(3)]
         async with asyncio.timeout(60):
-            while len(processes_with_env("SPAWNKIT_BUTLER", "health")) < 2:
+            while len(sessions_running("health")) < 2:
                 await asyncio.sleep(0.05)
         svc.spawner.stop_accepting()
         summary = await svc.spawner.drain(timeout=0.5)
@@ -570,3 +570,58 @@ async def test_runtime_output_is_logged_per_session(make_butler, store) -> None:
     assert kinds[0] == "SystemMessage" and kinds[-1] == "ResultMessage"
     text = (record.log_dir / "stdout.log").read_text()
     assert '"name": "Bash"' in text and '"tool_use_id"' in text
+
+
+DELEGATING = """
+[[script]]
+match = "^Find out"
+  [[script.turn]]
+  tool = "Agent"
+  # run_in_background = false: the role's answer comes back as this call's result.
+  [script.turn.input]
+  description = "look it up"
+  prompt = "Research task: which planet is largest?"
+  subagent_type = "researcher"
+  run_in_background = false
+  [[script.turn]]
+  text = "The researcher says: {{ last_tool_result }}"
+[[script]]
+match = "^Research task"
+  [[script.turn]]
+  text = "Jupiter is the largest planet."
+"""
+
+
+async def test_a_run_delegates_to_a_butler_role(make_butler, store) -> None:
+    butler = make_butler(
+        extra="""
+[butler.agents.researcher]
+description = "Looks facts up and reports them in one sentence"
+prompt = "You are the researcher. Answer in one sentence."
+tools = ["Read"]
+"""
+    )
+    assert set(butler.agents) == {"researcher"}
+    async with service(butler, store, DELEGATING) as svc:
+        result = await svc.trigger("Find out which planet is largest")
+        requests = [r for r in svc.replay_server.requests if r.path == "/v1/messages"]
+    assert result.success, result.error
+    assert "Jupiter is the largest planet." in result.output
+    delegation = next(c for c in result.tool_calls if c.tool == "Agent")
+    assert delegation.input["subagent_type"] == "researcher" and delegation.status == "ok"
+    sub = [r for r in requests if "Research task" in json.dumps(r.body["messages"])[:2000]]
+    assert sub, "the sub-agent's own conversation reached the model"
+    assert "You are the researcher" in str(sub[0].body["system"])
+
+
+async def test_a_run_as_a_role_uses_its_prompt_and_identity(make_butler, store) -> None:
+    butler = make_butler(
+        extra='[butler.agents.writer]\ndescription = "Writes"\nprompt = "You are the writer."\n'
+    )
+    async with service(butler, store, ENV_PROBE) as svc:
+        result = await svc.spawner.trigger("show env", role="writer")
+        system = str(svc.replay_server.requests[-1].body["system"])
+    assert result.success, result.error
+    assert "You are the writer." in system and "You are the health butler" not in system
+    assert env_lines(result.tool_calls[0].output or "")["SPAWNKIT_ROLE"] == "writer"
+    assert store.get_session(result.session_id or "").role == "writer"  # type: ignore[union-attr]

@@ -311,8 +311,8 @@ def test_unknown_key_in_butler(tmp_path: Path) -> None:
         tmp_path, MINIMAL.format(name="health", port=8201) + 'descripton = "typo"\n'
     )
     assert message == (
-        f"{path}: [butler.descripton]: unknown key (allowed: description, env, mcp_transport, "
-        "name, port, runtime, schedule)"
+        f"{path}: [butler.descripton]: unknown key (allowed: agents, description, env, "
+        "mcp_transport, name, port, runtime, schedule)"
     )
 
 

@@ -159,6 +159,7 @@ def test_lifecycle_round_trips_every_column(store: SessionStore, tmp_path: Path)
         "started_at": (T0 + timedelta(seconds=1)).isoformat(),
         "completed_at": done_at.isoformat(),
         "log_dir": str(tmp_path / "logs" / "s-1"),
+        "role": None,
     }
     assert record.tool_calls == tool_calls(), "tool calls round-trip with their datetimes"
     assert record.tool_calls[0].started_at.tzinfo is not None
@@ -503,15 +504,28 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     with SessionStore(db) as store:
         create(store, "old")
+    execute(db, "ALTER TABLE sessions DROP COLUMN role")  # as schema 2 wrote it
     execute(db, "ALTER TABLE sessions DROP COLUMN log_dir")  # as schema 1 wrote it
     execute(db, "PRAGMA user_version = 1")
     with SessionStore(db) as store:
         old = store.get_session("old")
-        create(store, "new", log_dir=tmp_path / "logs")
+        create(store, "new", log_dir=tmp_path / "logs", role="researcher")
         new = store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(3,)]
     assert old is not None and old.log_dir is None and old.status == "queued"
-    assert new is not None and new.log_dir == tmp_path / "logs"
+    assert new is not None and new.log_dir == tmp_path / "logs" and new.role == "researcher"
+
+
+def test_a_version_2_file_is_migrated(tmp_path: Path) -> None:
+    db = tmp_path / "sessions.db"
+    with SessionStore(db) as store:
+        create(store, "old")
+    execute(db, "ALTER TABLE sessions DROP COLUMN role")
+    execute(db, "PRAGMA user_version = 2")
+    with SessionStore(db) as store:
+        create(store, "new", role="writer")
+        assert store.get_session("new").role == "writer"  # type: ignore[union-attr]
+        assert store.get_session("old").role is None  # type: ignore[union-attr]
 
 
 def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:

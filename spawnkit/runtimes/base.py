@@ -29,7 +29,7 @@ from ..errors import (
 )
 from ..events import EventSink
 from ..result import Usage
-from ..roster import McpTransport, RuntimeConfig
+from ..roster import AgentRole, McpTransport, RuntimeConfig
 from ..runlog import RunLog
 from ..system_prompt import read_prompt_file
 
@@ -66,6 +66,8 @@ class RunSpec:
     resume: str | None = None
     # Where the runtime's raw output goes, line by line, as it arrives.
     log: RunLog | None = None
+    # Roles the run may delegate to (runtimes with sub-agents only).
+    agents: Mapping[str, AgentRole] = field(default_factory=dict)
 
 
 @dataclass

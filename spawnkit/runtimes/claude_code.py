@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from claude_agent_sdk import (
+    AgentDefinition,
     AssistantMessage,
     ClaudeAgentOptions,
     ClaudeSDKError,
@@ -312,6 +313,8 @@ class ClaudeCodeAdapter(RuntimeAdapter):
 
     def options(self, spec: RunSpec, wrapper: Path, pidfile: Path) -> ClaudeAgentOptions:
         server = spec.mcp_server
+        # The tool that starts a sub-agent ("Task", called "Agent" in newer CLIs).
+        delegation = ["Task", "Agent"] if spec.agents else []
         env = _process.filtered_env(
             self.child_env(spec), self.find_binary(), pidfile, extra_keep=_SDK_ENV
         )
@@ -323,8 +326,18 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             mcp_servers={server.name: self._server_config(server)},
             strict_mcp_config=True,
             setting_sources=[],
-            tools=list(spec.tools),
-            allowed_tools=[*spec.tools, f"mcp__{server.name}"],
+            tools=[*spec.tools, *delegation],
+            allowed_tools=[*spec.tools, *delegation, f"mcp__{server.name}"],
+            agents={
+                role.name: AgentDefinition(
+                    description=role.description,
+                    prompt=role.prompt,
+                    tools=list(role.tools) if role.tools is not None else None,
+                    model=role.model,
+                )
+                for role in spec.agents.values()
+            }
+            or None,
             permission_mode="dontAsk",
             max_turns=spec.max_turns,
             model=spec.model,
