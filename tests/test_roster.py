@@ -512,3 +512,62 @@ def test_load_butler_without_butler_toml(tmp_path: Path) -> None:
     with pytest.raises(RosterError) as info:
         load_butler(tmp_path / "health")
     assert str(info.value) == f"{(tmp_path / 'health' / 'butler.toml').resolve()}: file not found"
+
+
+# -- agent roles ---------------------------------------------------------------------
+
+
+def test_agent_roles(tmp_path: Path) -> None:
+    toml = MINIMAL.format(name="health", port=8201) + (
+        '[butler.agents.researcher]\ndescription = "Looks things up"\nprompt = "Research."\n'
+        'tools = ["Read", "Grep"]\nmodel = "haiku"\n'
+        '[butler.agents.writer]\ndescription = "Writes"\nprompt_file = "agents/writer.md"\n'
+    )
+    write_butler(tmp_path, "health", toml)
+    (tmp_path / "health" / "agents").mkdir()
+    (tmp_path / "health" / "agents" / "writer.md").write_text("You write reports.")
+    agents = load_roster(tmp_path)["health"].agents
+    assert set(agents) == {"researcher", "writer"}
+    assert agents["researcher"].tools == ("Read", "Grep")
+    assert agents["researcher"].model == "haiku"
+    assert agents["writer"].prompt == "You write reports." and agents["writer"].tools is None
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "error"),
+    [
+        (
+            '[butler.agents.r]\ndescription = "d"\n',
+            "butler.agents.r.prompt",
+            "give exactly one of prompt and prompt_file",
+        ),
+        (
+            '[butler.agents.r]\ndescription = "d"\nprompt = "p"\nprompt_file = "x.md"\n',
+            "butler.agents.r.prompt",
+            "give exactly one of prompt and prompt_file",
+        ),
+        (
+            '[butler.agents.r]\ndescription = "d"\nprompt_file = "../../etc/passwd"\n',
+            "butler.agents.r.prompt_file",
+            "no such file inside the butler",
+        ),
+        (
+            '[butler.agents.R2]\ndescription = "d"\nprompt = "p"\n',
+            "butler.agents.R2",
+            "invalid role name 'R2'",
+        ),
+        (
+            '[butler.agents.r]\nprompt = "p"\n',
+            "butler.agents.r.description",
+            "missing required key",
+        ),
+        (
+            '[butler.agents.r]\ndescription = "d"\nprompt = "p"\ncolour = "red"\n',
+            "butler.agents.r.colour",
+            "unknown key",
+        ),
+    ],
+)
+def test_agent_role_errors(tmp_path: Path, table: str, key: str, error: str) -> None:
+    path, message = load_error(tmp_path, MINIMAL.format(name="health", port=8201) + table)
+    assert message.startswith(f"{path}: [{key}]: {error}"), message
