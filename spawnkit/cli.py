@@ -14,7 +14,6 @@ import getpass
 import json
 import os
 import sys
-import uuid
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -134,11 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
     c_resume.add_argument("prompt")
     c_status = contract.add_parser("check_status", help="pending, active, completed or failed")
     c_status.add_argument("session_id")
+    c_sub = contract.add_parser("spawn_subagent", help="start a session as a role; prints its id")
+    c_sub.add_argument("role")
+    c_sub.add_argument("brief", type=Path)
+    c_sub.add_argument("state", type=Path)
+    c_sub.add_argument("prompt")
+    contract.add_parser("start_mcp_server", help="serve the butler's MCP server; prints its pid")
     worker = contract.add_parser("_worker", help=argparse.SUPPRESS)
     worker.add_argument("--session-id", required=True)
     worker.add_argument("--brief", type=Path, required=True)
     worker.add_argument("--state", type=Path, required=True)
     worker.add_argument("--resume-from")
+    worker.add_argument("--role")
     worker.add_argument("prompt")
 
     creds = commands.add_parser("credentials", help="values runs get for declared variables")
@@ -377,57 +383,30 @@ def _adapter(args: argparse.Namespace, contract: Any) -> int:
     if command == "capabilities":
         print(json.dumps(contract.capabilities(args.runtime)))
         return EXIT_OK
+    options = contract.Options(args.runtime, args.roster, args.butler, args.replay)
+    if command == "start_mcp_server":
+        print(contract.start_mcp_server(options))
+        return EXIT_OK
     store = SessionStore()
     if command == "check_status":
         print(contract.check_status(args.session_id, store))
-        return EXIT_OK
-    options = [f"--{name}={value}" for name in ("roster", "butler", "replay")
-               if (value := getattr(args, name)) is not None]  # fmt: skip
-    if command in ("spawn", "resume"):
-        contract.read_state(args.state)  # a broken state file is refused now, not later
-        if command == "spawn":
-            brief = args.brief
-            parent = None
-        else:
-            parent = store.get_session(args.session_id)
-            if parent is None:
-                raise contract.ContractError(
-                    f"unknown session {args.session_id!r}", contract.EXIT_UNKNOWN
-                )
-            brief = Path(contract.session_meta(args.session_id).get("brief", ""))
-        butler = contract.contract_butler(args.runtime, brief.resolve(), args.roster, args.butler)
-        contract.preflight(butler)
-        session_id = str(uuid.uuid4())
-        contract.save_meta(session_id, brief=str(brief.resolve()))
-        argv = ["adapter", args.runtime, *options, "_worker", "--session-id", session_id,
-                "--brief", str(brief.resolve()), "--state", str(args.state.resolve())]  # fmt: skip
-        if parent is not None:
-            argv += ["--resume-from", parent.id]
-        print(contract.start_worker([*argv, args.prompt], session_id, store))
-        return EXIT_OK
-    # _worker: run the session in this (detached) process.
-    butler = contract.contract_butler(args.runtime, args.brief, args.roster, args.butler)
-    state = contract.read_state(args.state)
-
-    async def work() -> SpawnerResult:
-        async with ButlerService(
-            butler, store=store, replay=Scenario.load(args.replay) if args.replay else None
-        ) as service:
-            if args.resume_from:
-                return await service.spawner.resume(
-                    args.resume_from, args.prompt, contract.state_context(state),
-                    new_session_id=args.session_id,
-                )  # fmt: skip
-            return await service.trigger(
-                args.prompt, contract.state_context(state), session_id=args.session_id
+    elif command == "spawn":
+        print(contract.spawn(options, args.brief, args.state, args.prompt, store=store))
+    elif command == "spawn_subagent":
+        print(
+            contract.spawn(
+                options, args.brief, args.state, args.prompt, role=args.role, store=store
             )
-
-    result = asyncio.run(work())
-    try:
-        contract.record_result(args.state, result)
-    finally:
-        contract.save_meta(args.session_id, done=True)
-    return EXIT_OK if result.success else EXIT_FAILED
+        )
+    elif command == "resume":
+        print(contract.resume(options, args.session_id, args.state, args.prompt, store=store))
+    else:  # _worker: run the session in this (detached) process
+        result = contract.run_worker(
+            options, args.session_id, args.brief, args.state, args.prompt,
+            resume_from=args.resume_from, role=args.role, store=store,
+        )  # fmt: skip
+        return EXIT_OK if result.success else EXIT_FAILED
+    return EXIT_OK
 
 
 def cmd_history(args: argparse.Namespace) -> int:

@@ -7,6 +7,8 @@ calls::
     spawnkit adapter RUNTIME spawn BRIEF_FILE STATE_FILE PROMPT -> a session id
     spawnkit adapter RUNTIME resume SESSION_ID STATE_FILE PROMPT -> a new session id
     spawnkit adapter RUNTIME check_status SESSION_ID           -> pending|active|completed|failed
+    spawnkit adapter RUNTIME spawn_subagent ROLE BRIEF_FILE STATE_FILE PROMPT -> a session id
+    spawnkit adapter RUNTIME --roster R --butler B start_mcp_server -> the server's pid
 
 ``spawn`` and ``resume`` return as soon as the session exists: the run goes on
 in a detached worker process (logging to ``$SPAWNKIT_HOME/sessions/<id>/
@@ -14,6 +16,10 @@ adapter.log``), so ``check_status`` can be polled at once. The brief is the
 run's system prompt; the state file is a JSON object the agent receives as
 context and that the worker updates when the run ends (under ``"spawnkit"``:
 the latest session and its result; under ``"sessions"``: every session id).
+``spawn`` is idempotent: the same brief and state file (and role) while that
+session is still pending or active return it instead of starting another.
+Timeouts come from ``$SPAWNKIT_HOME/adapter.toml`` (``[adapter] timeout_s``,
+``start_timeout_s``).
 
 Exit codes (see docs/adapter-contract.md): 0 done, 1 failure of the session
 being waited on, 2 usage error (bad arguments, unreadable brief, state file
@@ -22,18 +28,25 @@ that is not a JSON object), 3 runtime unavailable, 4 unknown session.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
+import tomllib
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from .errors import RuntimeNotFoundError, SpawnkitError
+from .home import spawnkit_home
 from .result import SpawnerResult
 from .roster import ButlerConfig, adhoc_butler, load_roster
 from .runlog import session_log_dir
@@ -144,16 +157,243 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def contract_butler(
-    runtime: str, brief: Path, roster: Path | None, butler_name: str | None
-) -> ButlerConfig:
-    if not brief.is_file():
-        raise ContractError(f"the brief file {brief} does not exist")
-    if butler_name:
-        from .notebook.hub import with_runtime
+@dataclass(frozen=True)
+class Options:
+    """What every contract command shares: the runtime and where its runs come from."""
 
-        return with_runtime(load_roster(roster or "roster")[butler_name], runtime)
-    return adhoc_butler(runtime, Path.cwd(), name=f"adapter-{runtime}", prompt_file=brief)
+    runtime: str
+    roster: Path | None = None
+    butler: str | None = None
+    replay: Path | None = None
+
+    def argv(self) -> list[str]:
+        flags = [f"--{name}={value}" for name in ("roster", "butler", "replay")
+                 if (value := getattr(self, name)) is not None]  # fmt: skip
+        return ["adapter", self.runtime, *flags]
+
+
+@dataclass(frozen=True)
+class Config:
+    """``$SPAWNKIT_HOME/adapter.toml``, section ``[adapter]``."""
+
+    timeout_s: float | None = None  # a session's run timeout (else the butler's own)
+    start_timeout_s: float = START_TIMEOUT_S  # how long spawn waits for the worker
+
+    @classmethod
+    def load(cls) -> Config:
+        path = spawnkit_home() / "adapter.toml"
+        try:
+            with open(path, "rb") as fh:
+                table = tomllib.load(fh).get("adapter", {})
+        except FileNotFoundError:
+            return cls()
+        except tomllib.TOMLDecodeError as exc:
+            raise ContractError(f"{path}: invalid TOML: {exc}") from None
+        unknown = set(table) - {"timeout_s", "start_timeout_s"}
+        if unknown:
+            raise ContractError(f"{path}: [adapter]: unknown keys {', '.join(sorted(unknown))}")
+        try:
+            return cls(
+                timeout_s=float(table["timeout_s"]) if "timeout_s" in table else None,
+                start_timeout_s=float(table.get("start_timeout_s", START_TIMEOUT_S)),
+            )
+        except (TypeError, ValueError):
+            raise ContractError(f"{path}: [adapter]: timeouts must be numbers") from None
+
+
+def contract_butler(options: Options, brief: Path, role: str | None = None) -> ButlerConfig:
+    """The butler a contract session runs as: a roster butler, or the brief as a prompt."""
+    config = Config.load()
+    if options.butler:
+        butler = load_roster(options.roster or "roster")[options.butler].with_runtime(
+            options.runtime
+        )
+        if role is not None and role not in butler.agents:
+            known = ", ".join(sorted(butler.agents)) or "none"
+            raise ContractError(f"butler {butler.name!r} has no role {role!r} (roles: {known})")
+    else:
+        if not brief.is_file():
+            raise ContractError(f"the brief file {brief} does not exist")
+        butler = adhoc_butler(
+            options.runtime, Path.cwd(), name=f"adapter-{options.runtime}", prompt_file=brief
+        )
+    if config.timeout_s is not None:
+        butler = replace(butler, runtime=replace(butler.runtime, timeout_s=config.timeout_s))
+    return butler
+
+
+def preflight(butler: ButlerConfig) -> None:
+    """Fail fast, before a worker is started, when the runtime's CLI is missing."""
+    try:
+        get_adapter(butler.runtime.type)(butler.runtime).find_binary()
+    except RuntimeNotFoundError as exc:
+        raise ContractError(str(exc), EXIT_UNAVAILABLE) from None
+
+
+# -- spawn, resume, spawn_subagent ---------------------------------------------------------
+
+
+def spawn(
+    options: Options,
+    brief: Path,
+    state: Path,
+    prompt: str,
+    *,
+    role: str | None = None,
+    store: SessionStore,
+) -> str:
+    """Start a session (or return the one still active for this brief and state file)."""
+    if role is not None and not capabilities(options.runtime).get("supports_subagents"):
+        raise ContractError(f"the {options.runtime} runtime has no sub-agents")
+    brief, state = brief.resolve(), state.resolve()
+    read_state(state)  # a broken state file is refused now, not in the worker
+    butler = contract_butler(options, brief, role)
+    preflight(butler)
+    key = _spawn_key(options, brief, state, role)
+    with _spawn_lock():
+        active = _active_spawn(key, store)
+        if active is not None:
+            return active
+        session_id = str(uuid.uuid4())
+        save_meta(session_id, brief=str(brief), spawn_key=key, role=role)
+        argv = [*options.argv(), "_worker", "--session-id", session_id, "--brief", str(brief),
+                "--state", str(state)]  # fmt: skip
+        if role is not None:
+            argv += ["--role", role]
+        start_worker([*argv, "--", prompt], session_id, store)
+        _spawns_dir().joinpath(f"{key}.json").write_text(json.dumps({"session_id": session_id}))
+    return session_id
+
+
+def resume(
+    options: Options, session_id: str, state: Path, prompt: str, *, store: SessionStore
+) -> str:
+    """Continue a finished contract session as a new linked one; returns the new id."""
+    if store.get_session(session_id) is None:
+        raise ContractError(f"unknown session {session_id!r}", EXIT_UNKNOWN)
+    meta = session_meta(session_id)
+    read_state(state)
+    brief = Path(meta.get("brief", ""))
+    butler = contract_butler(options, brief)
+    preflight(butler)
+    new_id = str(uuid.uuid4())
+    save_meta(new_id, brief=str(brief))
+    argv = [*options.argv(), "_worker", "--session-id", new_id, "--brief", str(brief),
+            "--state", str(state.resolve()), "--resume-from", session_id]  # fmt: skip
+    return start_worker([*argv, "--", prompt], new_id, store)
+
+
+def _spawn_key(options: Options, brief: Path, state: Path, role: str | None) -> str:
+    material = json.dumps(
+        [options.runtime, str(options.roster), options.butler, str(brief), str(state), role]
+    )
+    return hashlib.sha256(material.encode()).hexdigest()[:32]
+
+
+def _spawns_dir() -> Path:
+    folder = spawnkit_home() / "contract" / "spawns"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@contextmanager
+def _spawn_lock() -> Iterator[None]:
+    """One spawn decision at a time across processes (two identical spawns race here)."""
+    with open(_spawns_dir().parent / "spawn.lock", "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _active_spawn(key: str, store: SessionStore) -> str | None:
+    """The session of an earlier identical spawn, if it is still pending or active."""
+    try:
+        earlier = json.loads(_spawns_dir().joinpath(f"{key}.json").read_text())["session_id"]
+    except (OSError, ValueError, KeyError):
+        return None
+    try:
+        status = check_status(earlier, store)
+    except ContractError:
+        return None
+    return str(earlier) if status in ("pending", "active") else None
+
+
+# -- the worker and the MCP server ----------------------------------------------------------
+
+
+def run_worker(
+    options: Options,
+    session_id: str,
+    brief: Path,
+    state: Path,
+    prompt: str,
+    *,
+    resume_from: str | None,
+    role: str | None,
+    store: SessionStore,
+) -> SpawnerResult:
+    """Run one contract session in this (detached) process and update the state file."""
+    import asyncio
+
+    from .replay import Scenario
+    from .service import ButlerService
+
+    butler = contract_butler(options, brief, role)
+    context = state_context(read_state(state))
+
+    async def work() -> SpawnerResult:
+        async with ButlerService(
+            butler, store=store, replay=Scenario.load(options.replay) if options.replay else None
+        ) as service:
+            if resume_from:
+                return await service.spawner.resume(
+                    resume_from, prompt, context, new_session_id=session_id
+                )
+            return await service.spawner.trigger(prompt, context, session_id=session_id, role=role)
+
+    try:
+        result = asyncio.run(work())
+        record_result(state, result)
+    finally:
+        save_meta(session_id, done=True)
+    return result
+
+
+def start_mcp_server(options: Options) -> int:
+    """Serve the butler's MCP server in a detached process; returns its pid once it listens."""
+    if not options.butler:
+        raise ContractError("start_mcp_server needs --butler (and --roster)")
+    butler = load_roster(options.roster or "roster")[options.butler]
+    if _listening(butler.port):
+        raise ContractError(f"port {butler.port} of butler {butler.name!r} is already in use")
+    logs = spawnkit_home() / "servers"
+    logs.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "spawnkit", "serve", butler.name,
+            "--roster", str(butler.roster_dir)]  # fmt: skip
+    with open(logs / f"{butler.name}.log", "ab") as log:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            env=dict(os.environ),
+        )  # fmt: skip
+    deadline = time.monotonic() + Config.load().start_timeout_s
+    while not _listening(butler.port):
+        if proc.poll() is not None:
+            raise ContractError(f"the MCP server exited; see {logs / f'{butler.name}.log'}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise ContractError(f"the MCP server did not listen on port {butler.port} in time")
+        time.sleep(0.05)
+    return proc.pid
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
 
 
 def start_worker(argv: list[str], session_id: str, store: SessionStore) -> str:
@@ -167,7 +407,8 @@ def start_worker(argv: list[str], session_id: str, store: SessionStore) -> str:
             start_new_session=True, env=dict(os.environ),
         )  # fmt: skip
     save_meta(session_id, worker_pid=proc.pid)
-    deadline = time.monotonic() + START_TIMEOUT_S
+    timeout = Config.load().start_timeout_s
+    deadline = time.monotonic() + timeout
     while store.get_session(session_id) is None:
         code = proc.poll()
         if code is not None:
@@ -176,7 +417,7 @@ def start_worker(argv: list[str], session_id: str, store: SessionStore) -> str:
             exit_code = EXIT_UNAVAILABLE if code == EXIT_UNAVAILABLE else EXIT_USAGE
             raise ContractError(f"the session did not start: {reason}", exit_code)
         if time.monotonic() > deadline:
-            raise ContractError("the session did not start within 30 s", EXIT_FAILED)
+            raise ContractError(f"the session did not start within {timeout:g} s", EXIT_FAILED)
         time.sleep(0.05)
     return session_id
 
@@ -206,11 +447,3 @@ def session_meta(session_id: str) -> dict[str, Any]:
             f"session {session_id} was not started through the adapter contract", EXIT_UNKNOWN
         )
     return meta
-
-
-def preflight(butler: ButlerConfig) -> None:
-    """Fail fast, before a worker is started, when the runtime's CLI is missing."""
-    try:
-        get_adapter(butler.runtime.type)(butler.runtime).find_binary()
-    except RuntimeNotFoundError as exc:
-        raise ContractError(str(exc), EXIT_UNAVAILABLE) from None

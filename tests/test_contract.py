@@ -139,3 +139,99 @@ def test_doctor(work: Path, tmp_path: Path) -> None:
     assert (
         "gemini       missing  install it with: npm install -g @google/gemini-cli" in missing.stdout
     )
+
+
+def test_spawn_is_idempotent_while_the_session_is_active(work: Path) -> None:
+    args = ("adapter", "codex", "--replay", "slow.toml", "spawn", "brief.md", "state.json", "hi")
+    first = spawnkit(*args, cwd=work).stdout.strip()
+    again = spawnkit(*args, cwd=work).stdout.strip()
+    assert again == first, "the same brief and state file while active: the same session"
+    other_state = spawnkit(*args[:6], "other.json", "hi", cwd=work).stdout.strip()
+    assert other_state != first
+    assert wait_status("codex", first, work, {"completed", "failed"}) == "completed"
+    later = spawnkit(*args, cwd=work).stdout.strip()
+    assert later not in (first, ""), "once it finished, a new session starts"
+    assert wait_status("codex", later, work, {"completed", "failed"}) == "completed"
+    assert SessionStore().count_sessions() == 3
+
+
+def test_spawn_subagent_runs_as_a_butler_role(work: Path) -> None:
+    roster = work / "roster" / "desk"
+    roster.mkdir(parents=True)
+    (roster / "butler.toml").write_text(
+        '[butler]\nname = "desk"\nport = 18455\n'
+        '[butler.agents.researcher]\ndescription = "Looks things up"\nprompt = "You research."\n'
+    )
+    (roster / "CLAUDE.md").write_text("You are the desk butler.")
+    (work / "env.toml").write_text(
+        '[[turn]]\nshell = "echo role=$SPAWNKIT_ROLE"\n[[turn]]\ntext = "{{ last_tool_result }}"\n'
+    )
+    base = (
+        "adapter",
+        "claude-code",
+        "--roster",
+        "roster",
+        "--butler",
+        "desk",
+        "--replay",
+        "env.toml",
+    )
+    done = spawnkit(*base, "spawn_subagent", "researcher", "brief.md", "state.json", "go", cwd=work)
+    assert done.returncode == 0, done.stderr
+    session_id = done.stdout.strip()
+    assert wait_status("claude-code", session_id, work, {"completed", "failed"}) == "completed"
+    assert json.loads((work / "state.json").read_text())["spawnkit"]["output"] == "role=researcher"
+    assert SessionStore().get_session(session_id).role == "researcher"  # type: ignore[union-attr]
+    unknown = spawnkit(*base, "spawn_subagent", "poet", "brief.md", "state.json", "go", cwd=work)
+    assert unknown.returncode == 2 and "has no role 'poet' (roles: researcher)" in unknown.stderr
+    codex = spawnkit(
+        "adapter", "codex", "spawn_subagent", "r", "brief.md", "state.json", "x", cwd=work
+    )
+    assert codex.returncode == 2 and "codex runtime has no sub-agents" in codex.stderr
+
+
+def test_start_mcp_server(work: Path, unused_tcp_port: int) -> None:
+    import asyncio
+    import signal
+
+    from mcp import Client
+
+    roster = work / "roster" / "desk"
+    roster.mkdir(parents=True)
+    (roster / "butler.toml").write_text(f'[butler]\nname = "desk"\nport = {unused_tcp_port}\n')
+    (roster / "CLAUDE.md").write_text("You are the desk butler.")
+    args = ("adapter", "claude-code", "--roster", "roster", "--butler", "desk", "start_mcp_server")
+    done = spawnkit(*args, cwd=work)
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout.strip())
+    try:
+
+        async def call() -> bool:
+            async with Client(f"http://127.0.0.1:{unused_tcp_port}/mcp") as client:
+                return not (await client.call_tool("state_set", {"key": "k", "value": 1})).is_error
+
+        assert asyncio.run(call())
+        busy = spawnkit(*args, cwd=work)
+        assert busy.returncode == 2 and "already in use" in busy.stderr
+    finally:
+        os.kill(pid, signal.SIGINT)
+    assert SessionStore().state_get("desk", "k") == 1
+    needs = spawnkit("adapter", "claude-code", "start_mcp_server", cwd=work)
+    assert needs.returncode == 2 and "needs --butler" in needs.stderr
+
+
+def test_session_timeout_comes_from_config(work: Path) -> None:
+    from spawnkit.home import spawnkit_home
+
+    (spawnkit_home() / "adapter.toml").write_text("[adapter]\ntimeout_s = 1\n")
+    (work / "stuck.toml").write_text('[[turn]]\ndelay_ms = 60000\ntext = "late"\n')
+    session_id = spawnkit(
+        "adapter", "codex", "--replay", "stuck.toml", "spawn", "brief.md", "state.json", "x",
+        cwd=work,
+    ).stdout.strip()  # fmt: skip
+    assert wait_status("codex", session_id, work, {"completed", "failed"}) == "failed"
+    record = SessionStore().get_session(session_id)
+    assert record is not None and record.error_kind == "timeout"
+    (spawnkit_home() / "adapter.toml").write_text("[adapter]\ntimeout_seconds = 1\n")
+    bad = spawnkit("adapter", "codex", "spawn", "brief.md", "state.json", "x", cwd=work)
+    assert bad.returncode == 2 and "unknown keys timeout_seconds" in bad.stderr
