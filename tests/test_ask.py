@@ -1,0 +1,1023 @@
+"""Ask mode: templates, agent command templates, the working directory, and real runs.
+
+The end-to-end tests run the real Claude Code CLI (bundled in claude-agent-sdk), and Codex
+and Gemini when installed, against the replay server: the scripted model calls the CLI's
+own Read/Grep/Bash tools on the linked sources, and the answer must carry what the files
+say. Failing agents are small Python scripts configured as user command templates. The
+terminal chat is driven through a pseudo-terminal (pexpect).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import claude_agent_sdk
+import pytest
+
+from spawnkit.ask import (
+    BUILTIN_AGENTS,
+    DEFAULT_TEMPLATE,
+    AgentCommand,
+    AskConfig,
+    AskConfigError,
+    AskError,
+    AskResult,
+    ClaudeStreamParser,
+    TemplateError,
+    TextParser,
+    ask,
+    ask_sync,
+    ask_turn,
+    ask_workdir,
+    build_invocation,
+    detect_output,
+    ensure_template,
+    load_config,
+    load_template,
+    prepare_workdir,
+    remove_workdir,
+    render_prompt,
+    save_config,
+    sources_list,
+    template_path,
+)
+from spawnkit.errors import RuntimeNotFoundError, UnknownRuntimeError
+from spawnkit.events import RunEvent, TextDelta, ToolCallFinished, ToolCallStarted
+from spawnkit.replay import ReplayServer, Scenario
+from spawnkit.sources import Source, SourcePathError, SourceRegistry, UnknownSourceError
+
+REPO = Path(__file__).resolve().parent.parent
+CLAUDE = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
+CODEX = REPO / "node_modules" / ".bin" / "codex"
+GEMINI = REPO / "node_modules" / ".bin" / "gemini"
+RUN_TIMEOUT_S = 60.0
+KEYS = {"ANTHROPIC_API_KEY": "replay", "OPENAI_API_KEY": "replay", "GEMINI_API_KEY": "replay"}
+
+needs_claude = pytest.mark.skipif(not CLAUDE.exists(), reason="the bundled claude CLI is missing")
+
+
+# -- fixtures ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tmp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The temp dir ask mode creates its working directories in, private to the test."""
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    monkeypatch.setenv("TMPDIR", str(root))
+    return root
+
+
+def workdirs(root: Path) -> list[Path]:
+    return sorted(root.glob("spawnkit-ask-*"))
+
+
+@pytest.fixture
+def library(tmp_path: Path) -> Path:
+    """Files outside the working directory that the sources point at."""
+    lib = tmp_path / "library"
+    (lib / "notes" / "deep").mkdir(parents=True)
+    (lib / "notes" / "todo.txt").write_text("buy oat milk\nwater the fern\n")
+    (lib / "notes" / "deep" / "recipe.md").write_text("# Pancakes\nflour, eggs, milk\n")
+    (lib / "single.md").write_text("The meeting moved to Thursday 14:00.\n")
+    return lib
+
+
+@pytest.fixture
+def registry(library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SourceRegistry:
+    """notes (directory), single (file) and repo (a git clone of a local repository)."""
+    for role in ("AUTHOR", "COMMITTER"):
+        monkeypatch.setenv(f"GIT_{role}_NAME", "spawnkit tests")
+        monkeypatch.setenv(f"GIT_{role}_EMAIL", "tests@spawnkit.invalid")
+    upstream = tmp_path / "upstream"
+    upstream.mkdir()
+    (upstream / "README.md").write_text("Release codename: BLUE HERON\n")
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "init"]):
+        subprocess.run(["git", *args], cwd=upstream, check=True, timeout=30)
+    registry = SourceRegistry(git_timeout_s=30)
+    registry.add("notes", library / "notes")
+    registry.add("single", library / "single.md")
+    registry.add("repo", upstream, kind="git")
+    return registry
+
+
+def write_script(path: Path, body: str) -> Path:
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def user_agents(isolated_home: Path, agents: dict[str, dict[str, Any]], default: str) -> None:
+    import tomli_w
+
+    (isolated_home / "ask.toml").write_text(
+        tomli_w.dumps({"ask": {"default": default, "agents": agents}})
+    )
+
+
+def scenario(text: str) -> ReplayServer:
+    return ReplayServer(Scenario.from_dict(tomllib.loads(text), source="ask-test.toml"))
+
+
+# -- the prompt template ----------------------------------------------------------------
+
+
+def test_template_is_created_from_the_bundled_default(isolated_home: Path) -> None:
+    path = template_path()
+    assert path == isolated_home / "prompt_template.md"
+    assert not path.exists()
+
+    assert ensure_template() == path
+
+    text = path.read_text()
+    assert text == DEFAULT_TEMPLATE.read_text()
+    assert "# Question\n\n${question}" in text
+    assert "# Available Sources\n\n${sourcesList}" in text
+    assert "Grep" in text and "Glob" in text  # how to search with the agent's tools
+
+
+def test_user_additions_to_the_template_are_kept(isolated_home: Path) -> None:
+    ensure_template()
+    path = template_path()
+    custom = path.read_text() + "\nAlways answer in French. Budget: $5 per ${unit}.\n"
+    path.write_text(custom)
+
+    ensure_template()  # a second call never overwrites
+
+    assert path.read_text() == custom
+    prompt = render_prompt(load_template(), "Où est le lait ?", ["notes"])
+    assert prompt.endswith("Always answer in French. Budget: $5 per ${unit}.\n")
+    assert "Où est le lait ?" in prompt
+
+
+def test_only_the_two_placeholders_are_substituted() -> None:
+    template = (
+        "Q: ${question}\nS:\n${sourcesList}\n"
+        "Keep $HOME, $question, ${other}, $$, ${ question }, $5 and ${sourcesList}!"
+    )
+    question = "Is ${sourcesList} expanded inside a question? $PATH"
+
+    prompt = render_prompt(template, question, ["a", "b"])
+
+    assert prompt == (
+        "Q: Is ${sourcesList} expanded inside a question? $PATH\nS:\n- ./a/\n- ./b/\n"
+        "Keep $HOME, $question, ${other}, $$, ${ question }, $5 and - ./a/\n- ./b/!"
+    )
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        (
+            "Sources: ${sourcesList}",
+            "Invalid prompt template: missing required placeholder ${question}",
+        ),
+        (
+            "Question: ${question} $sourcesList {sourcesList}",
+            "Invalid prompt template: missing required placeholder ${sourcesList}",
+        ),
+        (
+            "Nothing here but $question",
+            "Invalid prompt template: missing required placeholder ${question}; "
+            "missing required placeholder ${sourcesList}",
+        ),
+    ],
+)
+def test_template_validation_messages(template: str, message: str) -> None:
+    with pytest.raises(TemplateError) as info:
+        render_prompt(template, "q", ["a"])
+    assert str(info.value) == message
+
+
+def test_a_broken_user_template_fails_before_anything_runs(
+    isolated_home: Path, registry: SourceRegistry, tmp_root: Path
+) -> None:
+    template_path().write_text("Just ${question}, no sources.\n")
+
+    with pytest.raises(TemplateError, match=r"placeholder \$\{sourcesList\}$") as info:
+        ask_sync(["notes"], "anything", registry=registry)
+
+    assert info.value.path == template_path()
+    assert workdirs(tmp_root) == []
+
+
+def test_sources_list_lines() -> None:
+    when = Source("x", "directory", Path("/x"), added_at=time_zero())
+    as_file = Source("f", "file", Path("/f.md"), added_at=time_zero())
+    assert sources_list(["notes", "repo"]) == "- ./notes/\n- ./repo/"
+    assert sources_list([when, as_file]) == "- ./x/\n- ./f"
+
+
+def time_zero() -> Any:
+    from datetime import UTC, datetime
+
+    return datetime(2026, 1, 1, tzinfo=UTC)
+
+
+# -- agent command templates ------------------------------------------------------------
+
+
+def test_builtin_agents_without_a_config_file(isolated_home: Path) -> None:
+    config = load_config()
+    assert config.default == "claude-code"
+    assert set(config.agents) == {"claude-code", "codex", "gemini"}
+    assert config.agent() is config.agents["claude-code"]
+    with pytest.raises(UnknownRuntimeError, match="available runtimes: claude-code, codex"):
+        config.agent("nope")
+
+
+def test_user_agents_and_changes_to_a_builtin(isolated_home: Path) -> None:
+    user_agents(
+        isolated_home,
+        {
+            "mine": {"command": ["my-agent", "--file", "{prompt_file}"], "output": "text"},
+            "claude-code": {"pass_env": ["ANTHROPIC_API_KEY", "MY_PROXY_TOKEN"]},
+        },
+        default="mine",
+    )
+
+    config = load_config()
+
+    assert config.default == "mine"
+    mine = config.agent()
+    assert (mine.command, mine.output, mine.stdin, mine.setup) == (
+        ("my-agent", "--file", "{prompt_file}"), "text", "none", "none",
+    )  # fmt: skip
+    assert mine.chat_command == ()
+    claude = config.agent("claude-code")
+    assert claude.pass_env == ("ANTHROPIC_API_KEY", "MY_PROXY_TOKEN")
+    assert claude.command == BUILTIN_AGENTS["claude-code"].command  # the rest is kept
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"command": ["x"], "colour": "red"}, r"\[ask\.agents\.bad\]: unknown keys colour"),
+        ({"command": ["x", "{prompt_fil}"]}, r"unknown placeholder \{prompt_fil\}"),
+        ({"command": ["x"], "chat_command": ["x", "{prompt}"]}, r"chat_command: unknown place"),
+        ({"command": ["x", "{resume}"]}, r"command: unknown placeholder \{resume\}"),
+        ({"command": ["x"], "output": "xml"}, "output must be one of auto, claude-stream-json"),
+        ({"command": ["x"], "stdin": "file"}, "stdin must be one of prompt, none"),
+        ({"command": "x --y"}, "command must be a list of strings"),
+        ({"output": "text"}, "command is required"),
+        ({"command": ["x"], "env": {"A": "{prompt}"}}, r"env: unknown placeholder \{prompt\}"),
+    ],
+)
+def test_config_errors_name_the_key(
+    isolated_home: Path, table: dict[str, Any], message: str
+) -> None:
+    user_agents(isolated_home, {"bad": table}, default="claude-code")
+    with pytest.raises(AskConfigError, match=message) as info:
+        load_config()
+    assert str(isolated_home / "ask.toml") in str(info.value)
+
+
+def test_config_default_must_exist(isolated_home: Path) -> None:
+    (isolated_home / "ask.toml").write_text('[ask]\ndefault = "ghost"\n')
+    with pytest.raises(AskConfigError, match="default 'ghost' is not an agent"):
+        load_config()
+
+
+def test_save_config_round_trip(isolated_home: Path) -> None:
+    mine = AgentCommand(name="mine", command=("mine", "{{literal}}", "{prompt}"), output="text")
+    config = AskConfig(agents={**BUILTIN_AGENTS, "mine": mine}, default="mine", timeout_s=42)
+
+    path = save_config(config, isolated_home / "ask.toml")
+
+    loaded = load_config(path)
+    assert loaded.agent() == mine
+    assert loaded.timeout_s == 42
+    assert "claude-code" not in tomllib.loads(path.read_text())["ask"].get("agents", {})
+
+
+def test_claude_invocation_is_locked_down(tmp_path: Path) -> None:
+    workdir = tmp_path / "spawnkit-ask-x"
+    workdir.mkdir()
+    host = {
+        "PATH": "/usr/bin",
+        "HOME": "/home/u",
+        "ANTHROPIC_API_KEY": "sk-ant",
+        "OPENAI_API_KEY": "sk-openai",
+        "AWS_SECRET_ACCESS_KEY": "aws",
+        "TERM": "xterm",
+    }
+
+    run = build_invocation(
+        BUILTIN_AGENTS["claude-code"], workdir, prompt="the prompt", base_url="http://h:1",
+        binaries={"claude": "/bin/claude"}, environ=host,
+    )  # fmt: skip
+
+    argv = list(run.argv)
+    assert argv[:2] == ["/bin/claude", "-p"]
+    assert argv[argv.index("--mcp-config") + 1] == str(workdir / ".mcp.json")
+    assert "--strict-mcp-config" in argv
+    assert argv[argv.index("--setting-sources") + 1] == ""
+    assert argv[argv.index("--allowedTools") + 1] == "Read,Glob,Grep,Bash"
+    assert argv[argv.index("--output-format") + 1] == "stream-json"
+    assert "--resume" not in argv
+    assert run.stdin == b"the prompt"
+    assert run.cwd == workdir
+    assert dict(run.env) == {
+        "PATH": "/usr/bin",
+        "HOME": "/home/u",
+        "ANTHROPIC_API_KEY": "sk-ant",
+        "ANTHROPIC_BASE_URL": "http://h:1",
+        "CLAUDE_CODE_MAX_RETRIES": "1",
+        "ENABLE_TOOL_SEARCH": "false",
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "NO_COLOR": "1",
+    }
+
+
+def test_resume_and_chat_invocations(tmp_path: Path, library: Path) -> None:
+    workdir = tmp_path / "spawnkit-ask-y"
+    workdir.mkdir()
+    (workdir / "notes").symlink_to(library / "notes")
+    (workdir / "single").symlink_to(library / "single.md")
+    agent = BUILTIN_AGENTS["claude-code"]
+    host = {"PATH": "/bin", "HOME": "/h", "TERM": "xterm-256color", "LANG": "C.UTF-8"}
+
+    resumed = build_invocation(
+        agent, workdir, mode="resume", prompt="next", resume="sess-1",
+        binaries={"claude": "claude"}, environ=host,
+    )  # fmt: skip
+    chat = build_invocation(
+        agent, workdir, mode="chat", binaries={"claude": "claude"}, environ=host,
+        env={"EXTRA": "1"},
+    )  # fmt: skip
+
+    assert list(resumed.argv[-2:]) == ["--resume", "sess-1"]
+    assert "TERM" not in resumed.env
+    assert "-p" not in chat.argv
+    assert chat.stdin is None
+    instructions = chat.argv[chat.argv.index("--append-system-prompt") + 1]
+    assert "- ./notes/\n- ./single\n" in instructions
+    assert (chat.env["TERM"], chat.env["LANG"], chat.env["EXTRA"]) == (
+        "xterm-256color",
+        "C.UTF-8",
+        "1",
+    )
+    assert "NO_COLOR" not in chat.env
+
+
+def test_user_placeholders_and_env(tmp_path: Path) -> None:
+    agent = AgentCommand(
+        name="mine",
+        command=("mine", "--prompt={prompt}", "{prompt_file}", "{{json}}", "{workdir}"),
+        env={"MINE_URL": "{base_url}/v2", "FIXED": "yes"},
+        pass_env=("MINE_KEY",),
+    )
+    run = build_invocation(
+        agent, tmp_path, prompt="hi", base_url="http://b", binaries={},
+        environ={"PATH": "/p", "MINE_KEY": "k", "OTHER": "o"},
+    )  # fmt: skip
+    assert run.argv == ("mine", "--prompt=hi", str(tmp_path / "prompt.md"), "{json}", str(tmp_path))
+    assert run.stdin is None
+    assert run.env == {
+        "PATH": "/p", "MINE_KEY": "k", "MINE_URL": "http://b/v2", "FIXED": "yes",
+        "ENABLE_TOOL_SEARCH": "false", "NO_COLOR": "1",
+    }  # fmt: skip
+
+
+def test_a_missing_cli_fails_before_a_directory_exists(
+    registry: SourceRegistry, tmp_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPAWNKIT_CODEX_CLI", str(tmp_root / "no-codex"))
+    with pytest.raises(RuntimeNotFoundError, match="codex"):
+        ask_sync(["notes"], "q", runtime="codex", registry=registry)
+    assert workdirs(tmp_root) == []
+
+
+# -- the working directory --------------------------------------------------------------
+
+
+def test_prepare_workdir_links_sources_and_blocks_mcp(
+    registry: SourceRegistry, library: Path, tmp_root: Path, isolated_home: Path
+) -> None:
+    workdir = prepare_workdir("notes, single,repo", registry=registry)
+    try:
+        assert workdir.parent == tmp_root
+        assert workdir.name.startswith("spawnkit-ask-") and len(workdir.name) == 13 + 32
+        assert oct(workdir.stat().st_mode & 0o777) == "0o700"
+        assert (workdir / "notes").readlink() == (library / "notes").resolve()
+        assert (workdir / "single").readlink() == (library / "single.md").resolve()
+        assert (workdir / "repo").readlink() == isolated_home / "sources" / "git" / "repo"
+        assert (workdir / "notes" / "todo.txt").read_text().startswith("buy oat milk")
+        assert (workdir / "repo" / "README.md").read_text() == "Release codename: BLUE HERON\n"
+        configs = {
+            name: json.loads((workdir / name).read_text())
+            for name in (".mcp.json", ".gemini/settings.json", ".cursor/mcp.json", "opencode.json")
+        }
+        assert configs == {
+            ".mcp.json": {"mcpServers": {}},
+            ".gemini/settings.json": {"mcpServers": {}},
+            ".cursor/mcp.json": {"mcpServers": {}},
+            "opencode.json": {"mcp": {}},
+        }
+        assert not (workdir / "prompt.md").exists()
+    finally:
+        remove_workdir(workdir)
+    assert not workdir.exists()
+    # Removing the directory removed the links, never what they point at.
+    assert (library / "notes" / "deep" / "recipe.md").exists()
+    assert (library / "single.md").exists()
+    assert (isolated_home / "sources" / "git" / "repo" / "README.md").exists()
+
+
+def test_ask_workdir_is_removed_when_the_block_raises(
+    registry: SourceRegistry, tmp_root: Path
+) -> None:
+    seen: list[Path] = []
+
+    def fail_inside() -> None:
+        with ask_workdir(["notes"], registry=registry) as workdir:
+            seen.append(workdir)
+            raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        fail_inside()
+    assert seen and seen[0].parent == tmp_root
+    assert workdirs(tmp_root) == []
+
+
+def test_prepare_workdir_refuses_unknown_and_vanished_sources(
+    registry: SourceRegistry, library: Path, tmp_root: Path
+) -> None:
+    with pytest.raises(UnknownSourceError) as info:
+        prepare_workdir(["notes", "wiki", "blog"], registry=registry)
+    assert info.value.names == ("wiki", "blog")
+    (library / "single.md").unlink()
+    with pytest.raises(SourcePathError, match="source 'single' does not exist"):
+        prepare_workdir(["notes", "single"], registry=registry)
+    assert workdirs(tmp_root) == []
+    with pytest.raises(ValueError, match="not an ask working directory"):
+        remove_workdir(library)
+
+
+# -- reading output ---------------------------------------------------------------------
+
+CLAUDE_LINES = [
+    '{"type":"system","subtype":"init","session_id":"s-1","model":"claude-x","tools":["Read"]}',
+    '{"type":"stream_event","event":{"type":"content_block_delta","index":0,'
+    '"delta":{"type":"text_delta","text":"Look"}},"parent_tool_use_id":null}',
+    '{"type":"assistant","message":{"content":[{"type":"tool_use","id":"t1","name":"Read",'
+    '"input":{"file_path":"notes/todo.txt"}}]},"parent_tool_use_id":null}',
+    '{"type":"user","message":{"content":[{"tool_use_id":"t1","type":"tool_result",'
+    '"content":"1\\tbuy milk"}]}}',
+    '{"type":"assistant","message":{"content":[{"type":"text","text":"Buy milk."}]},'
+    '"parent_tool_use_id":null}',
+    '{"type":"result","subtype":"success","is_error":false,"result":"Buy milk.",'
+    '"session_id":"s-1","num_turns":2,"total_cost_usd":0.01,'
+    '"usage":{"input_tokens":10,"output_tokens":3}}',
+]
+
+
+def test_claude_stream_parser_on_recorded_lines() -> None:
+    parser = ClaudeStreamParser("ask-1")
+    events = [event for line in CLAUDE_LINES for event in parser.feed(line)]
+
+    kinds = [type(event).__name__ for event in events]
+    assert kinds == [
+        "TextDelta", "ToolCallStarted", "ToolCallFinished", "AssistantText", "UsageUpdate",
+    ]  # fmt: skip
+    finished = events[2]
+    assert isinstance(finished, ToolCallFinished)
+    assert (finished.call.name, finished.call.output, finished.call.status) == (
+        "Read", "1\tbuy milk", "ok",
+    )  # fmt: skip
+    outcome = parser.outcome(0, [])
+    assert (outcome.success, outcome.output, outcome.runtime_session_id) == (
+        True, "Buy milk.", "s-1",
+    )  # fmt: skip
+    assert outcome.usage.input_tokens == 10
+
+
+def test_claude_stream_parser_failures() -> None:
+    parser = ClaudeStreamParser("ask-1")
+    parser.feed(
+        '{"type":"result","subtype":"success","is_error":true,"result":"API Error: 400 nope"}'
+    )
+    assert parser.outcome(1, []).error == "API Error: 400 nope"
+    empty = ClaudeStreamParser("ask-2").outcome(1, ["", "Error: something broke", ""])
+    assert (empty.success, empty.error) == (
+        False, "Claude Code ended without a result: Error: something broke",
+    )  # fmt: skip
+
+
+def test_text_parser_and_output_detection() -> None:
+    parser = TextParser("ask-1")
+    for line in ["", "The answer", "is 42.", ""]:
+        parser.feed(line)
+    assert parser.outcome(0, []).output == "The answer\nis 42."
+    assert parser.outcome(2, ["bad", ""]).error == "bad"
+    assert parser.outcome(2, []).error == "exited with code 2"
+    assert detect_output(CLAUDE_LINES[0]) == "claude-stream-json"
+    assert detect_output('{"type":"thread.started","thread_id":"t"}') == "codex-json"
+    assert detect_output('{"type":"init","session_id":"s","model":"m"}') == "gemini-stream-json"
+    assert detect_output('{"answer": 42}') == "text"
+    assert detect_output("# Plain markdown") == "text"
+    assert detect_output("[1, 2]") == "text"
+
+
+# -- end to end: the real Claude Code CLI against the replay server ----------------------
+
+DIRECTORY_SCENARIO = """
+[[turn]]
+tool = "Grep"
+input = { pattern = "milk", path = "notes", output_mode = "content" }
+[[turn]]
+tool = "Read"
+input = { file_path = "notes/todo.txt" }
+[[turn]]
+text = "From your notes: {{ last_tool_result }}"
+"""
+
+FILE_SCENARIO = """
+[[turn]]
+shell = "cat ./single; cat .mcp.json .gemini/settings.json .cursor/mcp.json opencode.json"
+[[turn]]
+text = "{{ last_tool_result }}"
+"""
+
+GIT_SCENARIO = """
+[[turn]]
+tool = "Read"
+input = { file_path = "repo/README.md" }
+[[turn]]
+text = "The repository says: {{ last_tool_result }}"
+"""
+
+
+@pytest.mark.e2e
+@needs_claude
+@pytest.mark.parametrize(
+    ("source", "script", "expected_tools", "expected"),
+    [
+        ("notes", DIRECTORY_SCENARIO, ["Grep", "Read"], ["From your notes:", "buy oat milk"]),
+        ("single", FILE_SCENARIO, ["Bash"], ["Thursday 14:00", '"mcpServers": {}', '"mcp": {}']),
+        ("repo", GIT_SCENARIO, ["Read"], ["The repository says:", "BLUE HERON"]),
+    ],
+    ids=["directory", "file", "git"],
+)
+async def test_ask_reads_each_kind_of_source(
+    registry: SourceRegistry,
+    tmp_root: Path,
+    source: str,
+    script: str,
+    expected_tools: list[str],
+    expected: list[str],
+) -> None:
+    server = scenario(script)
+    events: list[RunEvent] = []
+    async with server.serve() as url:
+        result = await ask(
+            [source], "What do my sources say?", base_url=url, env=KEYS,
+            registry=registry, timeout_s=RUN_TIMEOUT_S, on_event=events.append,
+        )  # fmt: skip
+
+    assert isinstance(result, AskResult)
+    for fragment in expected:
+        assert fragment in result.answer
+    assert result.runtime == "claude-code"
+    assert [call.name for call in result.tool_calls] == expected_tools
+    assert all(call.status == "ok" for call in result.tool_calls)
+    assert result.session_id and result.exit_code == 0 and result.sources == (source,)
+    assert result.duration_s < RUN_TIMEOUT_S
+    assert not result.workdir.exists()
+    assert workdirs(tmp_root) == []
+    assert any(isinstance(e, ToolCallStarted) for e in events)
+    assert any(isinstance(e, TextDelta) for e in events)
+    # The model saw the rendered template: the question and the source list.
+    first = json.dumps(server.requests[-1].body["messages"][0])
+    assert "What do my sources say?" in first
+    assert f"- ./{source}" in first
+
+
+@pytest.mark.e2e
+@needs_claude
+async def test_ask_over_several_sources_in_one_run(
+    registry: SourceRegistry, tmp_root: Path
+) -> None:
+    server = scenario(
+        """
+        [[turn]]
+        shell = "pwd; ls; cat ./notes/deep/recipe.md ./single ./repo/README.md"
+        [[turn]]
+        text = "{{ last_tool_result }}"
+        """.replace("\n        ", "\n")
+    )
+    async with server.serve() as url:
+        result = await ask(
+            "notes,single,repo", "Everything?", base_url=url, env=KEYS, registry=registry,
+            timeout_s=RUN_TIMEOUT_S,
+        )  # fmt: skip
+
+    cwd, *rest = result.answer.splitlines()
+    assert Path(cwd) == result.workdir and cwd.startswith(str(tmp_root))
+    assert rest[:5] == ["notes", "opencode.json", "prompt.md", "repo", "single"]
+    for fragment in ("flour, eggs, milk", "Thursday 14:00", "BLUE HERON"):
+        assert fragment in result.answer
+    assert workdirs(tmp_root) == []
+
+
+@pytest.mark.e2e
+@needs_claude
+async def test_a_failing_model_raises_and_removes_the_workdir(
+    registry: SourceRegistry, tmp_root: Path
+) -> None:
+    server = scenario(
+        '[[turn]]\nerror = { status = 400, type = "invalid_request_error", '
+        'message = "Replayed refusal" }\n'
+    )
+    async with server.serve() as url:
+        with pytest.raises(AskError) as info:
+            await ask(
+                ["notes"], "q", base_url=url, env=KEYS, registry=registry,
+                timeout_s=RUN_TIMEOUT_S,
+            )  # fmt: skip
+
+    error = info.value
+    assert error.runtime == "claude-code"
+    assert error.exit_code not in (0, None)
+    assert "Replayed refusal" in str(error)
+    assert error.workdir is not None and not error.workdir.exists()
+    assert workdirs(tmp_root) == []
+
+
+@pytest.mark.e2e
+@needs_claude
+async def test_ask_turn_resumes_the_session(registry: SourceRegistry, tmp_root: Path) -> None:
+    server = scenario(
+        """
+        [[turn]]
+        shell = "cat ./single"
+        [[turn]]
+        text = "First: {{ last_tool_result }}"
+        [[turn]]
+        text = "Second, about: {{ prompt }}"
+        """.replace("\n        ", "\n")
+    )
+    async with server.serve() as url:
+        with ask_workdir(["single"], registry=registry) as workdir:
+            first = await ask_turn(workdir, "When is the meeting?", base_url=url, env=KEYS)
+            second = await ask_turn(
+                workdir, "And who comes?", resume=first.session_id, base_url=url, env=KEYS
+            )
+            assert (workdir / "prompt.md").read_text() == "And who comes?"
+
+    assert first.answer == "First: The meeting moved to Thursday 14:00."
+    # The third scripted turn played: the model got the first two turns back as history.
+    assert second.answer == "Second, about: When is the meeting?"
+    last = json.dumps(server.requests[-1].body["messages"])
+    assert "And who comes?" in last and "First: The meeting moved" in last
+    assert second.session_id == first.session_id
+    assert workdirs(tmp_root) == []
+
+
+# -- end to end: user command templates -------------------------------------------------
+
+
+def test_a_plain_text_agent_answers_on_stdout(
+    isolated_home: Path, registry: SourceRegistry, tmp_path: Path, tmp_root: Path
+) -> None:
+    agent = write_script(
+        tmp_path / "plain_agent.py",
+        """
+        import os, sys
+        prompt = open(sys.argv[1]).read()
+        question = prompt.split("# Question")[1].split("#")[0].strip()
+        print(f"You asked: {question}")
+        print(f"Todo says: {open('notes/todo.txt').readline().strip()}")
+        # What the process was started with (Python may add LC_CTYPE to os.environ).
+        names = open("/proc/self/environ", "rb").read().split(b"\\0")
+        print(f"Environment: {sorted(n.split(b'=')[0].decode() for n in names if n)}")
+        """,
+    )
+    user_agents(
+        isolated_home,
+        {"plain": {"command": [sys.executable, str(agent), "{prompt_file}"]}},
+        default="plain",
+    )
+
+    result = ask_sync(["notes"], "What is on my list?", registry=registry, env={"X_KEY": "1"})
+
+    lines = result.answer.splitlines()
+    assert lines[:2] == ["You asked: What is on my list?", "Todo says: buy oat milk"]
+    # Nothing of the host leaks: exactly these variables reach the agent.
+    expected = sorted(["PATH", "HOME", "ENABLE_TOOL_SEARCH", "NO_COLOR", "X_KEY"])
+    assert lines[2] == f"Environment: {expected}"
+    assert result.runtime == "plain"
+    assert result.tool_calls == ()
+    assert workdirs(tmp_root) == []
+
+
+def test_a_failing_agent_raises_with_its_stderr_and_exit_code(
+    isolated_home: Path, registry: SourceRegistry, tmp_path: Path, tmp_root: Path
+) -> None:
+    agent = write_script(
+        tmp_path / "failing_agent.py",
+        """
+        import os, sys
+        print("partial thoughts")
+        print(f"cannot reach the model from {os.getcwd()}", file=sys.stderr)
+        sys.exit(3)
+        """,
+    )
+    user_agents(isolated_home, {"bad": {"command": [sys.executable, str(agent)]}}, default="bad")
+
+    with pytest.raises(AskError) as info:
+        ask_sync(["notes", "single"], "q", registry=registry)
+
+    error = info.value
+    assert error.exit_code == 3
+    assert error.runtime == "bad"
+    assert "cannot reach the model from" in error.stderr
+    assert str(error).startswith("bad failed (exit code 3): cannot reach the model from ")
+    assert error.partial_answer == "partial thoughts"
+    assert error.workdir is not None and str(error.workdir) in error.stderr
+    assert not error.workdir.exists()
+    assert workdirs(tmp_root) == []
+
+
+async def test_a_hanging_agent_is_stopped_at_the_timeout(
+    isolated_home: Path, registry: SourceRegistry, tmp_path: Path, tmp_root: Path
+) -> None:
+    pidfile = tmp_path / "agent.pid"
+    agent = write_script(
+        tmp_path / "hanging_agent.py",
+        f"""
+        import os, subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        open({str(pidfile)!r}, "w").write(f"{{os.getpid()}} {{child.pid}}")
+        print("thinking...", file=sys.stderr, flush=True)
+        time.sleep(60)
+        """,
+    )
+    user_agents(isolated_home, {"slow": {"command": [sys.executable, str(agent)]}}, default="slow")
+
+    started = time.monotonic()
+    with pytest.raises(AskError, match=r"no answer within 1\.5 s") as info:
+        await ask(["notes"], "q", registry=registry, timeout_s=1.5)
+
+    assert time.monotonic() - started < 10
+    assert info.value.exit_code is None
+    assert "thinking..." in info.value.stderr
+    for pid in map(int, pidfile.read_text().split()):
+        assert not _alive(pid), f"process {pid} survived the timeout"
+    assert workdirs(tmp_root) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_cancelling_ask_removes_the_workdir(
+    isolated_home: Path, registry: SourceRegistry, tmp_path: Path, tmp_root: Path
+) -> None:
+    agent = write_script(tmp_path / "sleepy.py", "import time\ntime.sleep(60)\n")
+    user_agents(isolated_home, {"slow": {"command": [sys.executable, str(agent)]}}, default="slow")
+
+    task = asyncio.create_task(ask(["notes"], "q", registry=registry, timeout_s=30))
+    for _ in range(100):
+        if workdirs(tmp_root):
+            break
+        await asyncio.sleep(0.05)
+    assert len(workdirs(tmp_root)) == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, timeout=10)
+    assert workdirs(tmp_root) == []
+
+
+async def test_an_unknown_source_fails_before_anything_is_spawned(
+    registry: SourceRegistry, tmp_root: Path
+) -> None:
+    server = scenario('[[turn]]\ntext = "should never be asked"\n')
+    async with server.serve() as url:
+        with pytest.raises(UnknownSourceError) as info:
+            await ask(
+                ["notes", "nope", "also-nope"], "q", base_url=url, env=KEYS, registry=registry
+            )
+
+    assert info.value.names == ("nope", "also-nope")
+    assert "'nope', 'also-nope'" in str(info.value)
+    assert server.requests == []
+    assert workdirs(tmp_root) == []
+
+
+def test_ask_sync_refuses_a_running_loop(registry: SourceRegistry) -> None:
+    async def inside() -> None:
+        with pytest.raises(Exception, match="use `await ask"):
+            ask_sync(["notes"], "q", registry=registry)
+
+    asyncio.run(inside())
+
+
+def test_an_empty_question_is_refused(registry: SourceRegistry) -> None:
+    with pytest.raises(Exception, match="the question is empty"):
+        ask_sync(["notes"], "  \n", registry=registry)
+
+
+# -- end to end: Codex and Gemini -------------------------------------------------------
+
+SHELL_SCENARIO = """
+[[turn]]
+shell = "cat ./notes/todo.txt ./single ./repo/README.md"
+[[turn]]
+text = "Found: {{ last_tool_result }}"
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "runtime",
+    [
+        pytest.param("codex", marks=pytest.mark.skipif(not CODEX.exists(), reason="no codex")),
+        pytest.param("gemini", marks=pytest.mark.skipif(not GEMINI.exists(), reason="no gemini")),
+    ],
+)
+async def test_ask_with_codex_and_gemini(
+    registry: SourceRegistry, tmp_root: Path, runtime: str
+) -> None:
+    server = scenario(SHELL_SCENARIO)
+    async with server.serve() as url:
+        result = await ask(
+            ["notes", "single", "repo"], "What is there?", runtime=runtime, base_url=url,
+            env=KEYS, registry=registry, timeout_s=RUN_TIMEOUT_S,
+        )  # fmt: skip
+
+    for fragment in ("Found:", "buy oat milk", "Thursday 14:00", "BLUE HERON"):
+        assert fragment in result.answer
+    assert len(result.tool_calls) == 1 and result.tool_calls[0].status == "ok"
+    assert result.session_id
+    assert workdirs(tmp_root) == []
+    paths = {request.path for request in server.requests}
+    assert any(("responses" if runtime == "codex" else "v1beta") in path for path in paths)
+
+
+# -- chat on a terminal -----------------------------------------------------------------
+
+FAKE_CHAT = """
+import os, signal, sys
+signal.signal(signal.SIGINT, lambda *_: print("[fake] got SIGINT", flush=True))
+print("[fake] ready in", os.getcwd(), flush=True)
+print("[fake] links:", sorted(n for n in os.listdir(".") if os.path.islink(n)), flush=True)
+print("[fake] foreground:", os.tcgetpgrp(0) == os.getpgrp(), flush=True)
+print("[fake] mcp:", open(".mcp.json").read().split(), flush=True)
+print("[fake] prompt.md:", os.path.exists("prompt.md"), flush=True)
+print("[fake] sources:", sys.argv[1].replace(chr(10), " | "), flush=True)
+line = input("you> ")
+print("[fake] echo:", line, "/", open("notes/todo.txt").readline().strip(), flush=True)
+line = input("you> ")
+print("[fake] bye", line, flush=True)
+sys.exit(7)
+"""
+
+
+@pytest.fixture
+def pexpect_mod() -> Any:
+    return pytest.importorskip("pexpect")
+
+
+def test_chat_in_a_terminal(
+    pexpect_mod: Any,
+    isolated_home: Path,
+    registry: SourceRegistry,
+    tmp_path: Path,
+    tmp_root: Path,
+) -> None:
+    fake = write_script(tmp_path / "fake_chat.py", FAKE_CHAT)
+    user_agents(
+        isolated_home,
+        {"fake": {"command": ["unused"], "chat_command": [sys.executable, str(fake), "{sources}"]}},
+        default="fake",
+    )
+    child = pexpect_mod.spawn(
+        sys.executable,
+        ["-c", "import sys; from spawnkit.ask import chat; sys.exit(chat('notes,single'))"],
+        env={**os.environ, "TMPDIR": str(tmp_root)},
+        cwd=str(tmp_path),
+        encoding="utf-8",
+        timeout=20,
+    )
+    try:
+        child.expect(r"\[fake\] ready in (\S+)\r\n")
+        workdir = Path(child.match.group(1))
+        assert workdir.parent == tmp_root and workdir.name.startswith("spawnkit-ask-")
+        child.expect_exact("[fake] links: ['notes', 'single']")
+        child.expect_exact("[fake] foreground: True")
+        child.expect_exact("[fake] mcp: ['{', '\"mcpServers\":', '{}', '}']")
+        child.expect_exact("[fake] prompt.md: False")
+        child.expect_exact("[fake] sources: - ./notes/ | - ./single")
+        child.expect_exact("you> ")
+        child.sendline("hello there")
+        child.expect_exact("[fake] echo: hello there / buy oat milk")
+        child.expect_exact("you> ")
+        # Ctrl-C goes to the CLI (which owns the terminal), not to spawnkit.
+        child.sendintr()
+        child.expect_exact("[fake] got SIGINT")
+        child.sendline("ok")
+        child.expect_exact("[fake] bye ok")
+        child.expect(pexpect_mod.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 7
+    assert not workdir.exists()
+    assert workdirs(tmp_root) == []
+
+
+def test_chat_needs_a_chat_command(isolated_home: Path, registry: SourceRegistry) -> None:
+    from spawnkit.ask import chat
+
+    user_agents(isolated_home, {"mute": {"command": ["x"]}}, default="mute")
+    with pytest.raises(Exception, match="has no chat_command"):
+        chat(["notes"], registry=registry)
+
+
+# Escape sequences and whitespace: a TUI moves the cursor instead of printing spaces.
+_ANSI = re.compile(r"\x1b\[[0-9;?<>=]*[A-Za-z~]|\x1b\][^\x07]*\x07|\x1b[()][A-Z0-9]|\s")
+
+
+def _screen_text(child: Any, pexpect_mod: Any, wanted: str, timeout_s: float) -> str:
+    """Read the TUI's output until ``wanted`` shows (compared without spaces and escapes)."""
+    seen = ""
+    needle = _ANSI.sub("", wanted)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(pexpect_mod.TIMEOUT):
+            seen += child.read_nonblocking(size=65536, timeout=0.5)
+        if needle in _ANSI.sub("", seen):
+            return seen
+    raise AssertionError(f"{wanted!r} did not appear; the screen showed:\n{_ANSI.sub('', seen)}")
+
+
+@pytest.mark.e2e
+@needs_claude
+def test_chat_with_the_real_claude_cli_in_a_terminal(
+    pexpect_mod: Any, registry: SourceRegistry, tmp_path: Path, tmp_root: Path
+) -> None:
+    # A HOME where Claude Code's first-run screens are done and the temp dir is trusted
+    # (trust is inherited by sub-folders, so the fresh working directory needs no dialog).
+    home = tmp_path / "claude-home"
+    home.mkdir()
+    (home / ".claude.json").write_text(
+        json.dumps(
+            {
+                "hasCompletedOnboarding": True,
+                "theme": "dark",
+                "projects": {str(tmp_root): {"hasTrustDialogAccepted": True}},
+            }
+        )
+    )
+    server = scenario(
+        '[[turn]]\nshell = "cat ./notes/todo.txt"\n'
+        '[[turn]]\ntext = "CHAT ANSWER: {{ last_tool_result }}"\n'
+    )
+    with server.serve_in_thread() as url:
+        code = (
+            "import sys; from spawnkit.ask import chat; "
+            f"sys.exit(chat('notes', base_url={url!r}, "
+            f"env={{'HOME': {str(home)!r}, 'ANTHROPIC_AUTH_TOKEN': 'replay'}}))"
+        )
+        child = pexpect_mod.spawn(
+            sys.executable, ["-c", code],
+            env={**os.environ, "TMPDIR": str(tmp_root), "TERM": "xterm-256color"},
+            encoding="utf-8", timeout=30, dimensions=(40, 120),
+        )  # fmt: skip
+        try:
+            _screen_text(child, pexpect_mod, "don't ask on", 30)  # the prompt box is up
+            assert len(workdirs(tmp_root)) == 1
+            child.send("What is in my notes?")
+            time.sleep(0.3)
+            child.send("\r")
+            _screen_text(child, pexpect_mod, "CHAT ANSWER: buy oat milk", 30)
+            child.send("/exit")
+            time.sleep(0.3)
+            child.send("\r")
+            child.expect(pexpect_mod.EOF, timeout=20)
+        finally:
+            child.close(force=True)
+
+    assert child.exitstatus == 0
+    assert workdirs(tmp_root) == []
+    prompts = [json.dumps(r.body["messages"]) for r in server.requests if r.path == "/v1/messages"]
+    assert prompts and "What is in my notes?" in prompts[0]
+    system = json.dumps(server.requests[-1].body.get("system"))
+    assert "- ./notes/" in system  # the chat instructions list the sources
