@@ -7,6 +7,7 @@ goes to a per-session temporary HOME, spawnkit's to a per-test SPAWNKIT_HOME.
 from __future__ import annotations
 
 import os
+import tempfile
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,11 @@ from spawnkit.roster import ButlerConfig, load_roster
 from spawnkit.store import SessionStore
 
 REPO = Path(__file__).resolve().parent.parent
+
+# The whole test process (and the notebook kernels nbval starts, which inherit its
+# environment) gets a scratch HOME and SPAWNKIT_HOME: no test touches the real ones.
+os.environ["HOME"] = tempfile.mkdtemp(prefix="spawnkit-tests-home-")
+os.environ["SPAWNKIT_HOME"] = tempfile.mkdtemp(prefix="spawnkit-tests-state-")
 
 
 @pytest.fixture(scope="session")
@@ -85,8 +91,6 @@ def make_butler(tmp_path: Path) -> RosterFactory:
 
 
 def workspaces_of(butler: str, root: Path | None = None) -> list[Path]:
-    import tempfile
-
     base = root or Path(tempfile.gettempdir())
     return sorted(base.glob(f"butler_{butler}_*"))
 

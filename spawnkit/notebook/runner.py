@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from ..console import render_event
 from ..errors import ConfigError
@@ -28,10 +28,11 @@ from ..roster import adhoc_butler, load_roster
 from ..runtimes import available_runtimes
 from .hub import Hub, RunHandle, Target, default_hub
 from .kernel_tools import kernel_tools
-from .loop import CANCEL_TIMEOUT_S
+from .loop import CANCEL_TIMEOUT_S, Job
 from .view import RunView
 
 Render = Literal["auto", "widget", "text", "none"]
+T = TypeVar("T")
 
 
 def in_kernel() -> bool:
@@ -132,6 +133,19 @@ def spawn(
 
         display(view)  # type: ignore[no-untyped-call]
     return wait(handle, text)
+
+
+def wait_job(job: Job[T]) -> T:
+    """Block on a background-loop job; an interrupt cancels it, waits for it, re-raises."""
+    try:
+        while True:
+            try:
+                return job.future.result(timeout=0.05)
+            except TimeoutError:
+                continue
+    except KeyboardInterrupt:
+        job.cancel(wait=CANCEL_TIMEOUT_S)
+        raise
 
 
 def wait(handle: RunHandle, text: _TextLines | None = None) -> SpawnerResult:

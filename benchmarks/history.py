@@ -1,0 +1,363 @@
+"""Session history into DataFrames: spawnkit against ccusage, and the store at scale, in one run.
+
+Three figures, each against a baseline measured in the same run:
+
+* cold: all Claude Code transcripts of a synthetic corpus (``gen_transcripts.py``, about
+  1 GB by default) into the sessions and tool-calls frames, with an empty cache, against
+  ``ccusage session --json --offline`` (its native binary) on the same folder. Rounds
+  alternate between the two so drift on a shared machine hits both alike; the ratio is of
+  the medians.
+* warm: the same load again with the cache in place (target: under 1 s), against the cold
+  median.
+* store: 100,000 sessions with 1,000,000 tool calls from spawnkit's store into
+  ``sessions()`` and ``tool_calls()`` (target: under 2 s), against ``pandas.read_sql`` over
+  ``sqlite3`` on the same file.
+
+The run also checks correctness: per-session and per-day token totals against ccusage's
+``session`` and ``daily`` reports. Generated data lives in ``benchmarks/.work/`` and ccusage
+in ``benchmarks/.node/`` (both ignored by git); results go to
+``benchmarks/results/history.json``. Usage::
+
+    .venv/bin/python benchmarks/history.py [--size-mb 1000] [--rounds 5] [--store-sessions 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gen_transcripts  # noqa: E402
+
+from spawnkit import history  # noqa: E402
+from spawnkit.store import SessionStore  # noqa: E402
+
+WORK = ROOT / "benchmarks" / ".work"
+NODE_PREFIX = ROOT / "benchmarks" / ".node"
+CCUSAGE_VERSION = "20.0.24"  # the newest version whose native binary the registry serves
+RESULTS = ROOT / "benchmarks" / "results" / "history.json"
+TOKENS = [("inputTokens", "input_tokens"), ("outputTokens", "output_tokens"),
+          ("cacheCreationTokens", "cache_write_tokens"), ("cacheReadTokens", "cache_read_tokens"),
+          ("totalTokens", "total_tokens")]  # fmt: skip
+
+
+# -- ccusage -------------------------------------------------------------------------------
+
+
+def ccusage_binary(prefix: Path = NODE_PREFIX) -> Path:
+    """The native ccusage binary, installed with npm under ``prefix`` if missing."""
+    arch = {"x86_64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine(), "x64")
+    binary = prefix / "node_modules" / "@ccusage" / f"ccusage-linux-{arch}" / "bin" / "ccusage"
+    if not binary.exists():
+        prefix.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
+             f"ccusage@{CCUSAGE_VERSION}"],
+            check=True, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    if not binary.exists():
+        raise RuntimeError(f"npm installed ccusage but not its native binary at {binary}")
+    # npm leaves it without the execute bit; ccusage's own launcher sets it on first run.
+    binary.chmod(binary.stat().st_mode | 0o111)
+    return binary
+
+
+def run_ccusage(binary: Path, corpus: Path, report: str) -> dict[str, Any]:
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(corpus / "no-home"),
+           "CLAUDE_CONFIG_DIR": str(corpus), "TZ": "UTC", "NO_COLOR": "1"}  # fmt: skip
+    done = subprocess.run(
+        [str(binary), report, "--json", "--offline", "--timezone", "UTC"],
+        env=env, capture_output=True, check=True, timeout=600,
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+# -- correctness against ccusage -------------------------------------------------------------
+
+
+def compare(
+    loaded: history.Transcripts, sessions: dict[str, Any], daily: dict[str, Any]
+) -> dict[str, Any]:
+    """Token and cost differences between spawnkit's frames and ccusage's reports."""
+    ours = loaded.sessions.set_index("session_id")
+    session_diffs = []
+    for row in sessions["session"]:
+        sid = row["period"]
+        if sid not in ours.index:
+            session_diffs.append({"session": sid, "missing": True})
+            continue
+        mine = ours.loc[sid]
+        diff = {a: int(mine[b]) - row[a] for a, b in TOKENS if int(mine[b]) != row[a]}
+        if diff:
+            session_diffs.append({"session": sid, **diff})
+    days = loaded.daily().set_index("date")
+    day_diffs = []
+    cost_diff = 0.0
+    for row in daily["daily"]:
+        mine = days.loc[row["period"]]
+        diff = {a: int(mine[b]) - row[a] for a, b in TOKENS if int(mine[b]) != row[a]}
+        cost_diff = max(cost_diff, abs(float(mine["cost_usd"]) - row["totalCost"]))
+        if diff:
+            day_diffs.append({"date": row["period"], **diff})
+    # ccusage's session report counts some side-chain replays its daily report drops; the
+    # session differences are fully explained when they add up to that gap.
+    gap = sessions["totals"]["totalTokens"] - daily["totals"]["totalTokens"]
+    explained = sum(d.get("totalTokens", 0) for d in session_diffs) == -gap
+    return {
+        "sessions": len(sessions["session"]),
+        "ccusage_session_minus_daily_tokens": gap,
+        "session_differences_equal_that_gap": explained,
+        "spawnkit_sessions": len(ours),
+        "session_mismatches": session_diffs,
+        "days": len(daily["daily"]),
+        "day_mismatches": day_diffs,
+        "max_day_cost_difference_usd": cost_diff,
+    }
+
+
+# -- the store at scale ----------------------------------------------------------------------
+
+# Named, so columns the store gains later (with defaults) do not break the insert.
+SESSION_COLUMNS = [
+    "id",
+    "butler",
+    "runtime",
+    "model",
+    "prompt",
+    "context",
+    "trigger_source",
+    "status",
+    "success",
+    "error",
+    "error_kind",
+    "output",
+    "tool_calls",
+    "num_tool_calls",
+    "duration_ms",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "cost_usd",
+    "num_turns",
+    "trace_id",
+    "runtime_session_id",
+    "parent_session_id",
+    "created_at",
+    "started_at",
+    "completed_at",
+    "owner_host",
+    "owner_pid",
+    "owner_start",
+    "log_dir",
+]
+CALL_COLUMNS = [
+    "session_id",
+    "seq",
+    "call_id",
+    "name",
+    "server",
+    "tool",
+    "input",
+    "output",
+    "status",
+    "started_at",
+    "finished_at",
+    "duration_ms",
+]
+
+
+def make_store(path: Path, n_sessions: int, calls_per_session: int) -> None:
+    """A store with the real schema, filled in bulk (the store's API commits row by row)."""
+    SessionStore(path).close()
+    butlers = ["health", "general", "relationship", "finance", "travel"]
+    t0 = datetime(2026, 9, 1, tzinfo=UTC)
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("BEGIN")
+        sessions, calls = [], []
+        for i in range(n_sessions):
+            sid = str(uuid.UUID(int=i + 1))
+            created = t0 + timedelta(seconds=i * 30)
+            ok = i % 11 != 0
+            duration = 500 + (i * 7919) % 120_000
+            sessions.append((
+                sid, butlers[i % 5], ("claude-code", "codex", "gemini")[i % 3],
+                "claude-sonnet-4-5", "prompt", None, "external", "success" if ok else "failed",
+                int(ok), None if ok else "boom", None if ok else "crash", "output", None,
+                calls_per_session, duration, 1000 + i % 9000, 10 + i % 900, i % 50_000, i % 5000,
+                None if i % 5 == 0 else (i % 100) / 1000, 1 + i % 20, uuid.UUID(int=i).hex,
+                str(uuid.UUID(int=i + 10**9)), None, created.isoformat(),
+                (created + timedelta(seconds=0.2)).isoformat(),
+                (created + timedelta(milliseconds=duration)).isoformat(), "host", 1, "1", None,
+            ))  # fmt: skip
+            for seq in range(calls_per_session):
+                started = created + timedelta(seconds=seq)
+                mcp = seq % 3 != 0
+                calls.append((
+                    sid, seq, f"toolu_{i}_{seq}",
+                    "mcp__health__state_get" if mcp else "Bash", "health" if mcp else None,
+                    "state_get" if mcp else "Bash", json.dumps({"key": "weight", "n": seq}),
+                    "result", "error" if (i + seq) % 23 == 0 else "ok", started.isoformat(),
+                    (started + timedelta(milliseconds=35)).isoformat(), 35,
+                ))  # fmt: skip
+        conn.executemany(
+            f"INSERT INTO sessions ({', '.join(SESSION_COLUMNS)}) "
+            f"VALUES ({', '.join('?' * len(SESSION_COLUMNS))})",
+            sessions,
+        )
+        conn.executemany(
+            f"INSERT INTO tool_calls ({', '.join(CALL_COLUMNS)}) "
+            f"VALUES ({', '.join('?' * len(CALL_COLUMNS))})",
+            calls,
+        )
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def read_sql_baseline(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The obvious way: pandas.read_sql over sqlite3, then the same dtypes by hand."""
+    conn = sqlite3.connect(path)
+    try:
+        s = pd.read_sql("SELECT * FROM sessions", conn)
+        c = pd.read_sql("SELECT * FROM tool_calls", conn)
+    finally:
+        conn.close()
+    for frame, columns in ((s, ["created_at", "started_at", "completed_at"]),
+                           (c, ["started_at", "finished_at"])):  # fmt: skip
+        for column in columns:
+            frame[column] = pd.to_datetime(frame[column], utc=True, format="ISO8601")
+    return s, c
+
+
+# -- timing ------------------------------------------------------------------------------------
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mb", type=float, default=1000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--store-sessions", type=int, default=100_000)
+    parser.add_argument("--calls-per-session", type=int, default=10)
+    parser.add_argument("--work", type=Path, default=WORK)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+
+    corpus = args.work / f"claude-{args.size_mb:g}mb"
+    if not (corpus / "projects").is_dir():
+        print(f"generating {args.size_mb:g} MB of transcripts in {corpus} ...", flush=True)
+        shutil.rmtree(corpus, ignore_errors=True)
+        gen_transcripts.generate(corpus, args.size_mb, seed=7)
+    corpus_bytes = sum(p.stat().st_size for p in (corpus / "projects").rglob("*.jsonl"))
+    binary = ccusage_binary()
+    homes = Path(tempfile.mkdtemp(prefix="spawnkit-history-bench-"))
+    try:
+        # Warm the page cache (both tools read the same files) and check correctness.
+        theirs_sessions = run_ccusage(binary, corpus, "session")
+        theirs_daily = run_ccusage(binary, corpus, "daily")
+
+        def cold() -> history.Transcripts:
+            os.environ["SPAWNKIT_HOME"] = str(Path(tempfile.mkdtemp(dir=homes)))
+            return history.transcripts("claude", root=corpus)
+
+        loaded = cold()
+        check = compare(loaded, theirs_sessions, theirs_daily)
+        cold_s, ccusage_s = [], []
+        for _ in range(args.rounds):
+            ccusage_s.append(timed(lambda: run_ccusage(binary, corpus, "session")))
+            cold_s.append(timed(cold))
+        warm_s = [timed(lambda: history.transcripts("claude", root=corpus))
+                  for _ in range(args.rounds)]  # fmt: skip
+
+        store_path = args.work / f"store-{args.store_sessions}x{args.calls_per_session}.db"
+        if not store_path.exists():
+            print(f"building a store of {args.store_sessions} sessions ...", flush=True)
+            make_store(store_path, args.store_sessions, args.calls_per_session)
+        store_s, baseline_s = [], []
+        for _ in range(args.rounds):
+            baseline_s.append(timed(lambda: read_sql_baseline(store_path)))
+            store_s.append(timed(lambda: (history.sessions(store_path),
+                                          history.tool_calls(store_path))))  # fmt: skip
+        frames = (history.sessions(store_path), history.tool_calls(store_path))
+    finally:
+        shutil.rmtree(homes, ignore_errors=True)
+
+    med = statistics.median
+    report = {
+        "corpus_mb": round(corpus_bytes / 1e6, 1),
+        "corpus_files": int(loaded.files.shape[0]),
+        "sessions": int(loaded.sessions.shape[0]),
+        "tool_calls": int(loaded.tool_calls.shape[0]),
+        "rounds": args.rounds,
+        "ccusage_version": CCUSAGE_VERSION,
+        "ccusage_session_median_s": round(med(ccusage_s), 3),
+        "cold_median_s": round(med(cold_s), 3),
+        "cold_vs_ccusage_ratio": round(med(cold_s) / med(ccusage_s), 3),
+        "cold_vs_ccusage_paired_median_ratio": round(
+            med(c / u for c, u in zip(cold_s, ccusage_s, strict=True)), 3
+        ),
+        "warm_median_s": round(med(warm_s), 3),
+        "warm_vs_cold_ratio": round(med(warm_s) / med(cold_s), 3),
+        "store_sessions": int(frames[0].shape[0]),
+        "store_tool_calls": int(frames[1].shape[0]),
+        "store_median_s": round(med(store_s), 3),
+        "store_read_sql_baseline_median_s": round(med(baseline_s), 3),
+        "store_vs_read_sql_ratio": round(med(store_s) / med(baseline_s), 3),
+        "samples": {
+            "ccusage": ccusage_s,
+            "cold": cold_s,
+            "warm": warm_s,
+            "store": store_s,
+            "read_sql": baseline_s,
+        },
+        "correctness": check,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    mismatched = len(check["session_mismatches"]), len(check["day_mismatches"])
+    print(
+        f"corpus {report['corpus_mb']} MB, {report['corpus_files']} files, "
+        f"{report['sessions']} sessions, {report['tool_calls']} tool calls\n"
+        f"cold  {report['cold_median_s']:.3f} s vs ccusage "
+        f"{report['ccusage_session_median_s']:.3f} s: ratio {report['cold_vs_ccusage_ratio']:.2f}\n"
+        f"warm  {report['warm_median_s']:.3f} s "
+        f"(ratio to cold {report['warm_vs_cold_ratio']:.2f})\n"
+        f"store {report['store_median_s']:.3f} s for {report['store_sessions']} sessions + "
+        f"{report['store_tool_calls']} tool calls vs read_sql "
+        f"{report['store_read_sql_baseline_median_s']:.3f} s: ratio "
+        f"{report['store_vs_read_sql_ratio']:.2f}\n"
+        f"vs ccusage: {mismatched[0]} of {check['sessions']} sessions and {mismatched[1]} of "
+        f"{check['days']} days differ in tokens\nwrote {args.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""Claude Code transcripts: ``<config>/projects/<escaped cwd>/<session>.jsonl`` into rows.
+
+Claude Code writes one JSON object a line. An API response is split over several
+``assistant`` lines, one per content block, each repeating the response's ``message.id``,
+``requestId`` and usage (older versions wrote a partial ``output_tokens`` on the first
+lines). Subagents write side-chain files under ``<session>/subagents/``; they count towards
+the parent session. This module only turns lines into rows, one usage row per line that
+carries usage; deduplication needs every file of a session and lives in
+:mod:`spawnkit.history.frames`.
+
+Lines are decoded with msgspec into structs that name only the fields used, so the large
+fields (tool outputs, attachments, file snapshots) are skipped without being materialised.
+A line that is not JSON, or whose fields have the wrong types, is counted in the file's
+``bad_lines``. Lines with usage are kept or dropped by the rules ccusage applies, so totals
+can be compared with it: a ``version`` that is not a semantic version, an empty
+``sessionId``, ``requestId``, ``message.id`` or ``model``, or an explicit ``null`` in one of
+those fields (or in the cache token counts) drops the line.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import msgspec
+from msgspec import Raw, Struct
+
+from .rows import INPUT_PREVIEW, OUTPUT_PREVIEW, PROMPT_PREVIEW, FileFacts, Rows
+
+_SEMVER = re.compile(r"\d+\.\d+\.\d")
+_TOOL_USE = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
+SYNTHETIC_MODEL = "<synthetic>"
+# Defaults that tell an absent field from an explicit null (None) without isinstance checks.
+ABSENT = "\x00absent"
+ABSENT_INT = -1
+ABSENT_FLOAT = -1.0
+
+
+class _CacheCreation(Struct, gc=False):
+    ephemeral_5m_input_tokens: int = 0
+    ephemeral_1h_input_tokens: int = 0
+
+
+class _Usage(Struct, gc=False):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int | None = ABSENT_INT
+    cache_read_input_tokens: int | None = ABSENT_INT
+    cache_creation: _CacheCreation | None = None
+    speed: str | None = ABSENT
+
+
+class _Block(Struct, gc=False):
+    type: str = ""
+    id: str | None = None
+    name: str | None = None
+    input: Raw = Raw()
+    tool_use_id: str | None = None
+    is_error: bool | None = None
+    content: Raw = Raw()
+
+
+class _Message(Struct, gc=False):
+    id: str | None = ABSENT
+    model: str | None = ABSENT
+    usage: _Usage | None = None
+    content: str | list[_Block] | None = None
+
+
+class _Line(Struct, rename="camel", gc=False):
+    type: str | None = None
+    timestamp: str | None = None
+    session_id: str | None = ABSENT
+    request_id: str | None = ABSENT
+    is_sidechain: bool | None = None
+    is_meta: bool | None = None
+    version: str | None = ABSENT
+    cwd: str | None = None
+    message: _Message | None = None
+    cost_usd: float | None = msgspec.field(default=ABSENT_FLOAT, name="costUSD")
+    total_cost_usd: float | None = msgspec.field(default=None, name="totalCostUSD")
+
+
+_decode = msgspec.json.Decoder(_Line).decode
+
+
+def session_parts(path: Path) -> tuple[str, str]:
+    """``(session_id, project)`` of a transcript path, as ccusage derives them.
+
+    ``projects/P/S.jsonl`` is session S of project P; a file under ``projects/P/S/``
+    (``subagents/`` included) belongs to session S.
+    """
+    parts = path.parts
+    try:
+        rel = parts[len(parts) - 1 - parts[::-1].index("projects") + 1 :]
+    except ValueError:
+        rel = parts
+    stem = rel[-1].removesuffix(".jsonl") if rel else ""
+    if len(rel) == 2 and stem:
+        return stem, rel[0]
+    if len(rel) >= 4 and rel[-2] == "subagents":
+        return rel[-3], "/".join(rel[:-3]) or "Unknown Project"
+    session = rel[-2] if len(rel) >= 2 else "unknown"
+    return session, "/".join(rel[:-2]) if len(rel) > 2 else "Unknown Project"
+
+
+def parse_claude_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
+    """Append the rows of one transcript file to ``rows`` and fill in ``facts``.
+
+    This loop is the cold-load hot path: look-ups are hoisted, absent fields are told from
+    explicit nulls by sentinel defaults, and ccusage's filter is written out inline.
+    """
+    session = facts.session_id
+    usage_rows, call_rows, result_rows = rows.usage, rows.calls, rows.results
+    decode, error, tool_use = _decode, msgspec.DecodeError, _TOOL_USE
+    first = last = None
+    semver_ok: dict[str, bool] = {}
+    view, find, size = memoryview(data), data.find, len(data)
+    start = number = lines = 0
+    while start < size:
+        end = find(b"\n", start)
+        if end < 0:
+            end = size
+        number += 1
+        raw = view[start:end]  # a view: decoding needs no copy of the line
+        blank = end - start < 8 and not data[start:end].strip()
+        start = end + 1
+        if blank:
+            continue
+        lines += 1
+        try:
+            line = decode(raw)
+        except error:
+            facts.bad(number)
+            continue
+        message = line.message
+        if message is None:
+            if line.type == "cost-state" and line.total_cost_usd is not None:
+                facts.reported_cost = line.total_cost_usd
+            continue
+        ts = line.timestamp
+        if ts is None or len(ts) < 19 or ts[10] != "T":
+            if line.type in ("user", "assistant"):
+                facts.bad(number)  # a conversation line that cannot be placed in time
+            continue
+        if first is None or ts < first:
+            first = ts
+        if last is None or ts > last:
+            last = ts
+        content = message.content
+        usage = message.usage
+        if usage is None:
+            if line.type == "user":
+                if type(content) is list:
+                    for block in content:
+                        if block.type == "tool_result" and block.tool_use_id:
+                            out = memoryview(block.content)[: OUTPUT_PREVIEW * 4].tobytes()
+                            result_rows.append((session, block.tool_use_id, ts, block.is_error,
+                                                _text(out, OUTPUT_PREVIEW)))  # fmt: skip
+                elif facts.first_prompt is None and type(content) is str and not line.is_meta:
+                    facts.first_prompt = content[:PROMPT_PREVIEW]
+                if facts.cwd is None:
+                    facts.cwd = line.cwd
+                    facts.version = line.version if line.version is not ABSENT else None
+            continue
+        sidechain = line.is_sidechain is True
+        model = message.model
+        if type(content) is list:
+            for block in content:
+                if block.type in tool_use and block.id:
+                    args = memoryview(block.input)[: INPUT_PREVIEW * 4].tobytes()
+                    known = model if model is not ABSENT else None
+                    preview = _text(args, INPUT_PREVIEW)
+                    call_rows.append(
+                        (session, block.id, block.name or "", preview, ts, known, sidechain)
+                    )
+        # ccusage's filter: an explicit null or an empty identifier drops the line.
+        sid, rid, mid, version = line.session_id, line.request_id, message.id, line.version
+        write, read = usage.cache_creation_input_tokens, usage.cache_read_input_tokens
+        if (
+            sid is None or rid is None or mid is None or model is None or version is None
+            or line.cost_usd is None or usage.speed is None or write is None or read is None
+            or not sid or not rid or not mid or not model
+        ):  # fmt: skip
+            continue
+        if version is not ABSENT:
+            ok = semver_ok.get(version)
+            if ok is None:
+                ok = semver_ok[version] = _SEMVER.match(version) is not None
+            if not ok:
+                continue
+        name = None if model is ABSENT or model == SYNTHETIC_MODEL else model
+        if name is not None and usage.speed == "fast":
+            name += "-fast"
+        breakdown = usage.cache_creation
+        if breakdown is not None:
+            write_5m = breakdown.ephemeral_5m_input_tokens
+            write_1h = breakdown.ephemeral_1h_input_tokens
+        else:
+            write_5m, write_1h = (write if write > 0 else 0), 0
+        cost = line.cost_usd
+        usage_rows.append((
+            session, None if mid is ABSENT else mid, None if rid is ABSENT else rid, ts, name,
+            usage.input_tokens, usage.output_tokens, write_5m, write_1h,
+            read if read > 0 else 0, sidechain, None if cost == ABSENT_FLOAT else cost,
+        ))  # fmt: skip
+    facts.lines += lines
+    facts.seen(first)
+    facts.seen(last)
+
+
+def _text(raw: bytes, limit: int) -> str:
+    text = raw.decode("utf-8", "replace")
+    if text[:1] == '"':
+        text = text[1:-1] if text[-1:] == '"' else text[1:]
+    return text[:limit]
+
+
+def discover(root: Path) -> list[Path]:
+    """Transcript files under ``root/projects``, sorted by path (ccusage's order)."""
+    projects = root / "projects"
+    if not projects.is_dir():
+        return []
+    return sorted(projects.rglob("*.jsonl"), key=str)

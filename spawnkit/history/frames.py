@@ -1,0 +1,197 @@
+"""From parsed rows to the pandas frames users see: deduplicate, price, aggregate.
+
+Deduplication follows Claude Code's traps as ccusage resolves them, so totals agree with it
+to the token:
+
+1. rows with the same session, ``message.id`` and ``requestId`` are one API response; the
+   one kept is a main-chain row before a side-chain row, then the most complete usage (the
+   largest token total), then the first seen (files in path order, lines in file order);
+2. a side-chain row with the same session and ``message.id`` as a row kept in step 1 is a
+   replay of it (``/btw`` side chains replay parent responses under new request ids) and is
+   dropped; of several side-chain replays without a main-chain row, the most complete is kept.
+
+ccusage 20.0.24 applies rule 2 in its ``daily`` report; its ``session`` report still requires
+the replay's timestamp to equal the kept row's, so a replayed multi-line response whose lines
+got distinct request ids is counted more than once there (see docs/history.md).
+
+Rows without a message id are never merged. Costs come from the runtime when it reported one
+(``cost_source`` "reported"), else from the pricing table ("computed"); tokens of a model the
+table does not know are counted but not priced ("unpriced" rows; a session with some is
+"partial").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .pricing import PricingTable
+from .rows import Column
+
+TOKEN_COLUMNS = ["input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens"]
+
+
+def codes(column: Column) -> npt.NDArray[np.int64]:
+    """Integer codes of a column's values, nulls included as one more value."""
+    encoded: Column = pc.dictionary_encode(column, null_encoding="encode")
+    if isinstance(encoded, pa.ChunkedArray):
+        encoded = encoded.combine_chunks()
+    return np.asarray(encoded.indices, dtype=np.int64)
+
+
+def first_of(
+    keys: list[npt.NDArray[np.int64]], order: npt.NDArray[np.int64]
+) -> npt.NDArray[np.bool_]:
+    """Mask over ``order`` positions: True where the key is seen for the first time."""
+    if len(order) == 0:
+        return np.zeros(0, dtype=bool)
+    combined = np.zeros(len(order), dtype=np.int64)
+    for key in keys:
+        # Codes are re-packed after each key, so the product stays below len(order) ** 2.
+        _, combined = np.unique(combined, return_inverse=True)
+        combined = combined.astype(np.int64) * (int(key.max(initial=0)) + 2) + key[order]
+    _, first = np.unique(combined, return_index=True)
+    mask = np.zeros(len(order), dtype=bool)
+    mask[first] = True
+    return mask
+
+
+def first_rows(table: pa.Table, columns: list[str]) -> npt.NDArray[np.int64]:
+    """Indices of the first row of each distinct ``columns`` combination, in table order."""
+    order = np.arange(table.num_rows)
+    mask = first_of([codes(table[c]) for c in columns], order)
+    return order[mask]
+
+
+def deduplicate(usage: pa.Table) -> npt.NDArray[np.int64]:
+    """Indices of the rows kept, one per API response (see the module docstring), in order."""
+    n = usage.num_rows
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    total = np.zeros(n, dtype=np.int64)
+    for column in ("input_tokens", "output_tokens", "cache_write_5m", "cache_write_1h",
+                   "cache_read_tokens"):  # fmt: skip
+        total += usage[column].to_numpy()  # parsers never leave token counts null
+    sidechain = usage["is_sidechain"].to_numpy(zero_copy_only=False).astype(bool)
+    has_id = np.asarray(pc.is_valid(usage["message_id"]), dtype=bool)
+    session, message, request = (
+        codes(usage[c]) for c in ("session_id", "message_id", "request_id")
+    )
+    # Best first: main chain, then the largest total, then the first seen.
+    order = np.lexsort((np.arange(n), -total, sidechain))
+    order = order[has_id[order]]
+    order = order[first_of([session, message, request], order)]
+    # Main-chain rows sort first, so a side-chain row is a replay if anything precedes it.
+    replay = sidechain[order] & ~first_of([session, message], order)
+    kept = np.concatenate([order[~replay], np.flatnonzero(~has_id)])
+    kept.sort()
+    return kept
+
+
+def price(usage: pd.DataFrame, pricing: PricingTable) -> pd.DataFrame:
+    """Add ``cost_usd`` and ``cost_source`` to deduplicated usage rows."""
+    cost = np.full(len(usage), np.nan)
+    source = np.full(len(usage), "unpriced", dtype=object)
+    models = usage["model"]
+    for model in models.dropna().unique():
+        prices = pricing.lookup(str(model))
+        if prices is None:
+            continue
+        mask = (models == model).to_numpy()
+        part = usage[mask]
+        cost[mask] = prices.cost(
+            part["input_tokens"].to_numpy(), part["output_tokens"].to_numpy(),
+            part["cache_write_5m"].to_numpy(), part["cache_write_1h"].to_numpy(),
+            part["cache_read_tokens"].to_numpy(),
+        )  # fmt: skip
+        source[mask] = "computed"
+    zero = (usage[["input_tokens", "output_tokens", "cache_write_5m", "cache_write_1h",
+                   "cache_read_tokens"]].sum(axis=1) == 0).to_numpy()  # fmt: skip
+    unpriced = np.isnan(cost) & zero  # nothing used, nothing to price (<synthetic> errors)
+    cost[unpriced] = 0.0
+    source[unpriced] = "computed"
+    reported = usage["reported_cost"].notna().to_numpy()
+    cost[reported] = usage["reported_cost"].to_numpy()[reported]
+    source[reported] = "reported"
+    return usage.assign(cost_usd=cost, cost_source=pd.Categorical(source, categories=COST_SOURCES))
+
+
+COST_SOURCES = ["reported", "computed", "mixed", "partial", "unpriced"]
+
+
+def session_cost_source(sessions: pd.Series, sources: pd.Series) -> pd.Series:
+    """Per session: reported, computed, mixed (both), partial (some unpriced) or unpriced."""
+    session_codes, uniques = pd.factorize(sessions)
+    n = len(uniques)
+    has = {
+        name: np.bincount(session_codes[(sources == name).to_numpy()], minlength=n) > 0
+        for name in ("reported", "computed", "unpriced")
+    }
+    out = np.select(
+        [
+            has["unpriced"] & ~has["computed"] & ~has["reported"],
+            has["unpriced"],
+            has["reported"] & has["computed"],
+            has["reported"],
+        ],
+        ["unpriced", "partial", "mixed", "reported"],
+        default="computed",
+    )
+    return pd.Series(pd.Categorical(out, categories=COST_SOURCES), index=pd.Index(uniques))
+
+
+def tool_parts(names: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """``(server, tool)`` of tool names: ``mcp__github__get_issue`` is github's get_issue.
+
+    Computed once per distinct name, then mapped onto the rows as categories.
+    """
+    names = names.astype("category")
+    servers: list[str | None] = []
+    tools: list[str] = []
+    for name in names.cat.categories:
+        server, sep, tool = str(name).removeprefix("mcp__").partition("__")
+        is_mcp = str(name).startswith("mcp__") and bool(sep)
+        servers.append(server if is_mcp else None)
+        tools.append(tool if is_mcp else str(name))
+    codes = names.cat.codes.to_numpy()
+
+    def mapped(values: list[Any]) -> pd.Series:
+        uniques = pd.Series(values, dtype=object)
+        out = pd.Series(uniques.to_numpy()[codes], index=names.index, dtype=object)
+        out[codes < 0] = None
+        return out.astype("category")
+
+    return mapped(servers), mapped(tools)
+
+
+def as_category(frame: pd.DataFrame, *columns: str) -> None:
+    for column in columns:
+        frame[column] = frame[column].astype("category")
+
+
+def as_int(frame: pd.DataFrame, *columns: str) -> None:
+    for column in columns:
+        frame[column] = frame[column].astype("Int64")
+
+
+def arrow_frame(table: pa.Table) -> pd.DataFrame:
+    """A pandas frame of an Arrow table with numpy-backed numbers and nullable booleans."""
+    return table.to_pandas(
+        types_mapper={pa.bool_(): pd.BooleanDtype(), pa.int64(): pd.Int64Dtype()}.get,
+        split_blocks=True,
+        self_destruct=False,
+    )
+
+
+def drop_null_timestamps(table: pa.Table, column: str = "timestamp") -> tuple[pa.Table, list[str]]:
+    """The rows whose timestamp parsed, and the file path of each row whose did not."""
+    if table[column].null_count == 0:
+        return table, []
+    valid = pc.is_valid(table[column])
+    dropped = [str(p) for p in table.filter(pc.invert(valid))["path"].to_pylist()]
+    return table.filter(valid), dropped

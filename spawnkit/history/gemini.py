@@ -1,0 +1,195 @@
+"""Gemini CLI transcripts: ``$GEMINI_CLI_HOME/.gemini/tmp/<project>/chats/session-*`` into rows.
+
+Gemini CLI 0.61 writes JSON lines: a header (``sessionId``, ``startTime``, ``kind``),
+message records (``id``, ``timestamp``, ``type`` "user" | "gemini" | "info" | "error",
+``tokens``, ``model``, ``toolCalls``) and ``{"$set": {...}}`` updates, where a ``messages``
+key replaces the whole list. A message is written again when it gains its tool calls, so
+records are merged by ``id``, the last one winning. Older versions wrote one JSON document
+``session-*.json`` with a ``messages`` array; both are read.
+
+Gemini's ``tokens.input`` includes the cached tokens: rows split it into ``input_tokens``
+(uncached, plus ``tool`` prompt tokens) and ``cache_read_tokens``. Thinking tokens are
+billed as output and are added to ``output_tokens``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from msgspec import Raw, Struct
+
+from .rows import INPUT_PREVIEW, OUTPUT_PREVIEW, PROMPT_PREVIEW, FileFacts, Rows, preview
+
+_ERROR_STATUSES = frozenset({"error", "cancelled"})
+_EXIT = re.compile(r"Exit Code: (-?\d+)")
+
+
+class _Tokens(Struct):
+    input: int = 0
+    output: int = 0
+    cached: int = 0
+    thoughts: int = 0
+    tool: int = 0
+
+
+class _ToolCall(Struct):
+    id: str | None = None
+    name: str | None = None
+    args: Raw = Raw()
+    result: Raw = Raw()
+    status: str | None = None
+    timestamp: str | None = None
+
+
+class _Message(Struct, rename="camel"):
+    id: str | None = None
+    timestamp: str | None = None
+    type: str | None = None
+    content: Raw = Raw()
+    tokens: _Tokens | None = None
+    model: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Record(Struct, rename="camel"):
+    session_id: str | None = None
+    start_time: str | None = None
+    last_updated: str | None = None
+    id: str | None = None
+    timestamp: str | None = None
+    type: str | None = None
+    content: Raw = Raw()
+    tokens: _Tokens | None = None
+    model: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+    messages: list[_Message] | None = None
+    set: dict[str, Any] | None = msgspec.field(default=None, name="$set")
+
+
+_decode = msgspec.json.Decoder(_Record).decode
+_decode_messages = msgspec.json.Decoder(list[_Message]).decode
+
+
+def default_roots() -> list[Path]:
+    home = os.environ.get("GEMINI_CLI_HOME")
+    base = Path(home).expanduser() if home else Path.home()
+    return [base / ".gemini"]
+
+
+def discover(root: Path) -> list[Path]:
+    tmp = root / "tmp" if (root / "tmp").is_dir() else root
+    return sorted(
+        (p for p in tmp.glob("*/chats/session-*") if p.suffix in (".json", ".jsonl")), key=str
+    )
+
+
+def identify(path: Path, root: Path) -> tuple[str, str]:
+    """``(session_id, project)``: the file stem until the header names the session."""
+    return path.stem, path.parent.parent.name
+
+
+def parse_gemini_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
+    messages: dict[str, _Message] = {}
+    first = data.lstrip().split(b"\n", 1)[0].strip()
+    # A pretty-printed single document (older versions) opens with a lone brace.
+    records = [data] if first == b"{" else data.split(b"\n")
+    number = 0
+    for raw in records:
+        number += 1
+        if not raw or raw.isspace():
+            continue
+        facts.lines += 1
+        try:
+            record = _decode(raw)
+        except msgspec.DecodeError:
+            facts.bad(number)
+            continue
+        if record.session_id:
+            facts.session_id = record.session_id
+        facts.seen(record.start_time)
+        if record.messages is not None:  # a whole-document (older) session file
+            messages = {m.id or str(i): m for i, m in enumerate(record.messages)}
+        if record.set is not None and "messages" in record.set:
+            try:
+                listed = _decode_messages(msgspec.json.encode(record.set["messages"]))
+            except msgspec.DecodeError:
+                facts.bad(number)
+                continue
+            messages = {m.id or str(i): m for i, m in enumerate(listed)}
+        if record.id and record.type:
+            messages[record.id] = _Message(
+                record.id, record.timestamp, record.type, record.content, record.tokens,
+                record.model, record.tool_calls,
+            )  # fmt: skip
+    _emit(messages, facts, rows)
+
+
+def _emit(messages: dict[str, _Message], facts: FileFacts, rows: Rows) -> None:
+    session = facts.session_id
+    for message in messages.values():
+        ts = message.timestamp
+        if not ts:
+            continue
+        facts.seen(ts)
+        if message.type == "user" and facts.first_prompt is None:
+            text = _text(message.content)
+            if text and not text.startswith("<"):
+                facts.first_prompt = text[:PROMPT_PREVIEW]
+        if message.type != "gemini":
+            continue
+        tokens = message.tokens
+        if tokens is not None:
+            cached = min(tokens.cached, tokens.input)
+            rows.usage.append((session, message.id, None, ts, message.model,
+                           tokens.input - cached + tokens.tool, tokens.output + tokens.thoughts,
+                           0, 0, cached, False, None))  # fmt: skip
+        for call in message.tool_calls or ():
+            if not call.id:
+                continue
+            rows.calls.append((session, call.id, call.name or "", preview(call.args, INPUT_PREVIEW),
+                          ts, message.model, False))  # fmt: skip
+            if call.status:
+                output = _output(call.result)
+                failed = call.status in _ERROR_STATUSES or _nonzero_exit(output)
+                rows.results.append((session, call.id, call.timestamp or ts, failed,
+                                     output[:OUTPUT_PREVIEW]))  # fmt: skip
+
+
+def _output(result: Raw) -> str:
+    """The text a tool returned: ``functionResponse.response.output`` (or ``error``)."""
+    try:
+        value = msgspec.json.decode(result) if result else None
+    except msgspec.DecodeError:
+        return preview(result, OUTPUT_PREVIEW)
+    for part in value if isinstance(value, list) else [value]:
+        response = (
+            part.get("functionResponse", {}).get("response") if isinstance(part, dict) else None
+        )
+        if isinstance(response, dict):
+            for key in ("output", "error"):
+                if isinstance(response.get(key), str):
+                    return str(response[key])
+    return preview(result, OUTPUT_PREVIEW)
+
+
+def _nonzero_exit(output: str) -> bool:
+    """Gemini CLI reports a shell command's failure in its output, with status "success"."""
+    match = _EXIT.search(output)
+    return match is not None and int(match.group(1)) != 0
+
+
+def _text(content: Raw) -> str | None:
+    try:
+        value = msgspec.json.decode(content) if content else None
+    except msgspec.DecodeError:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = [v.get("text") for v in value if isinstance(v, dict)]
+        return " ".join(p for p in parts if isinstance(p, str)) or None
+    return None

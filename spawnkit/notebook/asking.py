@@ -1,0 +1,212 @@
+"""Ask mode in notebooks: ``%%ask`` (one question) and the chat widget (a conversation).
+
+Both run the agent through :mod:`spawnkit.ask` on spawnkit's background loop,
+with the same live view as ``%%spawn``. The chat widget prepares one working
+directory for the whole conversation and continues it turn by turn (the
+runtime's resume); the directory is removed when the widget is closed or the
+kernel exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import html
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+import ipywidgets as w
+
+from ..ask import (
+    AskError,
+    AskResult,
+    ask,
+    ask_turn,
+    load_template,
+    prepare_workdir,
+    remove_workdir,
+    render_prompt,
+    resolve_sources,
+)
+from ..credentials import CredentialStore
+from ..events import Finished, Started
+from ..replay import ReplayServer, Scenario
+from ..result import SpawnerResult
+from ..service import REPLAY_API_KEY, REPLAY_KEYS
+from ..sources import Source
+from ..store import SessionStore
+from .hub import Hub, default_hub
+from .loop import Job
+from .runner import in_kernel, wait_job
+from .view import RunView
+
+KEYS = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY")
+
+
+def agent_env(replaying: bool) -> dict[str, str]:
+    """The API keys an ask agent gets: spawnkit's credentials, or the replay key."""
+    if replaying:
+        return dict.fromkeys(REPLAY_KEYS, REPLAY_API_KEY)
+    credentials = CredentialStore(SessionStore())
+    return {name: value for name in KEYS if (value := credentials.resolve(name))}
+
+
+@asynccontextmanager
+async def model_endpoint(replay: str | Path | None) -> AsyncIterator[str | None]:
+    """The replay server's URL while the block runs, or None for the real model."""
+    if replay is None:
+        yield None
+        return
+    async with ReplayServer(Scenario.load(replay)).serve() as url:
+        yield url
+
+
+def _finish(view: RunView | None, result: AskResult | None, error: AskError | None) -> None:
+    """Close a view: ask runs have no spawner to send the final event."""
+    if view is None:
+        return
+    sid = view.state.status.session_id or "ask"
+    if result is not None:
+        final = SpawnerResult(
+            output=result.answer, tool_calls=list(result.tool_calls), usage=result.usage,
+            cost_usd=result.cost_usd, runtime=result.runtime, session_id=result.session_id,
+        )  # fmt: skip
+    else:
+        final = SpawnerResult(
+            success=False,
+            status="failed",
+            error=str(error),
+            runtime=error.runtime if error else None,
+        )
+    view.handle(Finished(sid, final))
+
+
+def ask_cell(
+    question: str,
+    sources: str | Iterable[str | Source],
+    *,
+    runtime: str | None = None,
+    replay: str | Path | None = None,
+    hub: Hub | None = None,
+) -> AskResult:
+    """``%%ask``: answer ``question`` about ``sources``, shown live; interrupts cancel it."""
+    resolve_sources(sources)  # an unknown name fails now, before anything runs
+    hub = hub or default_hub()
+    view = RunView(schedule=hub.schedule) if in_kernel() else None
+    if view is not None:
+        view.handle(Started("ask", "ask", runtime or "ask", None, None))
+
+    async def run() -> AskResult:
+        async with model_endpoint(replay) as url:
+            try:
+                result = await ask(
+                    sources, question, runtime=runtime, base_url=url,
+                    env=agent_env(replay is not None), on_event=view,
+                )  # fmt: skip
+            except AskError as exc:
+                _finish(view, None, exc)
+                raise
+            _finish(view, result, None)
+            return result
+
+    if view is not None:
+        from IPython.display import display
+
+        display(view)  # type: ignore[no-untyped-call]
+    return wait_job(hub.loop.submit(run()))
+
+
+class ChatWidget(w.VBox):  # type: ignore[misc]
+    """A conversation with an agent about sources, one turn per message."""
+
+    def __init__(
+        self,
+        sources: str | Iterable[str | Source],
+        *,
+        runtime: str | None = None,
+        replay: str | Path | None = None,
+        hub: Hub | None = None,
+    ) -> None:
+        self.sources = resolve_sources(sources)
+        self.runtime = runtime
+        self.replay = replay
+        self.hub = hub or default_hub()
+        self.workdir: Path | None = prepare_workdir(self.sources)
+        self.turns: list[AskResult] = []
+        self._stack = AsyncExitStack()
+        self._url: str | None = None
+        self.transcript = w.VBox()
+        self.entry = w.Text(placeholder="Ask about " + ", ".join(s.name for s in self.sources))
+        self.button = w.Button(description="Send", button_style="primary")
+        self.button.on_click(lambda _: self.send(self.entry.value))
+        self.entry.on_submit(lambda _: self.send(self.entry.value))
+        self.status = w.HTML()
+        super().__init__([self.transcript, w.HBox([self.entry, self.button]), self.status])
+        atexit.register(self.close)
+
+    def send(self, text: str) -> Job[AskResult] | None:
+        """Send one message; returns the running turn (awaitable with ``await job``)."""
+        text = text.strip()
+        if not text or self.workdir is None:
+            return None
+        self.entry.value = ""
+        self.button.disabled = True
+        view = RunView(schedule=self.hub.schedule)
+        answer = w.HTML()
+        self.transcript.children = (
+            *self.transcript.children,
+            w.HTML(f"<b>you:</b> {html.escape(text)}"),
+            view,
+            answer,
+        )
+        first = not self.turns
+        prompt = render_prompt(load_template(), text, self.sources) if first else text
+        resume = None if first else self.turns[-1].session_id
+
+        async def turn() -> AskResult:
+            if self._url is None and self.replay is not None:
+                self._url = await self._stack.enter_async_context(model_endpoint(self.replay))
+            view.handle(Started("chat", "chat", self.runtime or "ask", None, resume))
+            assert self.workdir is not None
+            try:
+                result = await ask_turn(
+                    self.workdir, prompt, runtime=self.runtime, resume=resume,
+                    base_url=self._url, env=agent_env(self.replay is not None), on_event=view,
+                )  # fmt: skip
+            except AskError as exc:
+                _finish(view, None, exc)
+                answer.value = f'<span style="color:#c62828">{html.escape(str(exc))}</span>'
+                raise
+            finally:
+                self.button.disabled = False
+            _finish(view, result, None)
+            self.turns.append(result)
+            answer.value = f'<div style="white-space:pre-wrap">{html.escape(result.answer)}</div>'
+            return result
+
+        return self.hub.loop.submit(turn())
+
+    def close(self) -> None:
+        """End the conversation: stop its replay server, remove its working directory."""
+        atexit.unregister(self.close)
+        if self.workdir is not None:
+            remove_workdir(self.workdir)
+            self.workdir = None
+        with contextlib.suppress(TimeoutError):
+            self.hub.loop.submit(self._stack.aclose()).future.result(10)
+        super().close()
+
+    def __repr__(self) -> str:
+        names = ", ".join(s.name for s in self.sources)
+        return f"ChatWidget(sources=[{names}], turns={len(self.turns)})"
+
+
+def chat(
+    sources: str | Iterable[str | Source],
+    *,
+    runtime: str | None = None,
+    replay: str | Path | None = None,
+) -> ChatWidget:
+    """A chat widget about ``sources`` (in a terminal, use ``spawnkit chat`` instead)."""
+    return ChatWidget(sources, runtime=runtime, replay=replay)

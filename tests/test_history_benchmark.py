@@ -1,0 +1,39 @@
+"""benchmarks/history.py stays runnable: one small round, results written, sane figures.
+
+Ratios are not asserted (a shared machine may be slow); the README keeps the figures of full
+runs. Correctness is: the per-day totals equal ccusage's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO
+
+
+def test_history_benchmark_runs(tmp_path: Path) -> None:
+    out = tmp_path / "history.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "history.py"), "--size-mb", "4", "--rounds",
+         "1", "--store-sessions", "2000", "--work", str(tmp_path / "work"), "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["rounds"] == 1 and report["corpus_mb"] >= 4
+    assert report["store_sessions"] == 2000 and report["store_tool_calls"] == 20_000
+    for key in ("cold_median_s", "ccusage_session_median_s", "warm_median_s", "store_median_s"):
+        assert report[key] > 0
+    samples = report["samples"]
+    assert report["cold_vs_ccusage_ratio"] == pytest.approx(
+        statistics.median(samples["cold"]) / statistics.median(samples["ccusage"]), abs=0.002
+    )
+    check = report["correctness"]
+    assert check["day_mismatches"] == [] and check["session_differences_equal_that_gap"]
+    assert "ratio" in done.stdout
