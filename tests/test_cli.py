@@ -233,3 +233,102 @@ async def test_serve_exposes_the_mcp_server(make_butler, unused_tcp_port) -> Non
         code, _, err = _interrupt(proc)
     assert code == 0, err
     assert SessionStore().state_get("health", "from-cli") == 1
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, env={
+        **os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    })  # fmt: skip
+
+
+def test_sources_commands(tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("buy milk")
+    upstream = tmp_path / "upstream"
+    upstream.mkdir()
+    _git(upstream, "init", "-q", "-b", "main")
+    (upstream / "README.md").write_text("v1")
+    _git(upstream, "add", ".")
+    _git(upstream, "commit", "-q", "-m", "one")
+    assert (
+        "added directory source 'notes'" in spawnkit("sources", "add", "notes", str(notes)).stdout
+    )
+    added = spawnkit("sources", "add", "repo", str(upstream), "--git")
+    assert added.returncode == 0, added.stderr
+    listing = spawnkit("sources", "list", "--json")
+    assert {s["name"]: s["kind"] for s in json.loads(listing.stdout)} == {
+        "notes": "directory", "repo": "git",
+    }  # fmt: skip
+    (upstream / "NEW.md").write_text("v2")
+    _git(upstream, "add", ".")
+    _git(upstream, "commit", "-q", "-m", "two")
+    assert spawnkit("sources", "update", "repo").returncode == 0
+    from spawnkit.home import spawnkit_home
+
+    assert (spawnkit_home() / "sources" / "git" / "repo" / "NEW.md").read_text() == "v2"
+    assert_one_line_error(spawnkit("sources", "add", "notes", str(notes)), "notes")
+    assert spawnkit("sources", "remove", "repo").returncode == 0
+    assert [line.split()[0] for line in spawnkit("sources", "list").stdout.splitlines()] == [
+        "notes"
+    ]
+
+
+@pytest.mark.e2e
+def test_ask_through_the_cli(tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("buy milk")
+    scenario = tmp_path / "ask.toml"
+    scenario.write_text(
+        '[[turn]]\nshell = "cat ./notes/todo.txt"\n'
+        '[[turn]]\ntext = "todo: {{ last_tool_result }}"\n'
+    )
+    assert spawnkit("sources", "add", "notes", str(notes)).returncode == 0
+    for runtime in ("claude-code", "codex"):
+        done = spawnkit(
+            "ask", "--sources", "notes", "--runtime", runtime, "--replay", str(scenario), "--json",
+            "what is on my todo?",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout)
+        assert (result["answer"], result["runtime"], result["sources"]) == (
+            "todo: buy milk", runtime, ["notes"],
+        )  # fmt: skip
+    assert_one_line_error(
+        spawnkit("ask", "--sources", "notes,nope", "--replay", str(scenario), "q"), "unknown source"
+    )
+
+
+def test_chat_through_the_cli(tmp_path: Path) -> None:
+    pexpect = pytest.importorskip("pexpect")
+    from spawnkit.home import spawnkit_home
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("buy milk")
+    fake = tmp_path / "fake_chat.py"
+    fake.write_text(
+        "import os\nprint('[fake] in', sorted(os.listdir('.')), flush=True)\n"
+        "line = input('you> ')\nprint('[fake] heard', line, flush=True)\n"
+    )
+    (spawnkit_home() / "ask.toml").write_text(
+        f'[ask]\ndefault = "fake"\n[ask.agents.fake]\ncommand = ["unused"]\n'
+        f'chat_command = ["{sys.executable}", "{fake}"]\n'
+    )
+    assert spawnkit("sources", "add", "notes", str(notes)).returncode == 0
+    child = pexpect.spawn(
+        sys.executable, ["-m", "spawnkit", "chat", "--sources", "notes"],
+        env=dict(os.environ), cwd=str(tmp_path), encoding="utf-8", timeout=30,
+    )  # fmt: skip
+    try:
+        child.expect_exact("[fake] in")
+        child.expect_exact("'notes'")
+        child.expect_exact("you> ")
+        child.sendline("hello")
+        child.expect_exact("[fake] heard hello")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0

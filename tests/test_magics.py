@@ -39,7 +39,7 @@ def test_loading_only_registers_magics(ip: Any) -> None:
     policy = asyncio.get_event_loop_policy()
     shared_before = loop_module._shared
     ip.run_line_magic("load_ext", "spawnkit")
-    assert "spawn" in ip.magics_manager.magics["cell"]
+    assert {"spawn", "ask"} <= set(ip.magics_manager.magics["cell"])
     for name in (
         "spawn_sessions",
         "spawn_status",

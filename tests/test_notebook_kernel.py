@@ -164,3 +164,48 @@ def test_saved_outputs_degrade_to_text(tmp_path: Path) -> None:
     result = outputs[1][-1].data
     assert "✓ success" in result["text/plain"] and "Recorded 72.4 kg" in result["text/html"]
     json.dumps(view.data)  # the saved notebook holds plain JSON
+
+
+ASK = """
+[[turn]]
+shell = "cat ./notes/todo.txt"
+[[turn]]
+text = "Your todo: {{ last_tool_result }}"
+[[turn]]
+text = "Nothing else was asked before: {{ prompt }}"
+"""
+
+
+def test_ask_and_chat_in_a_kernel(tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("buy milk")
+    script = scenario(tmp_path, "ask", ASK)
+    outputs = run_notebook(
+        [
+            "%load_ext spawnkit",
+            "from spawnkit.sources import SourceRegistry\n"
+            f"_ = SourceRegistry().add('notes', '{notes}')",
+            f"%%ask --sources notes --replay {script} --out answer\nwhat is on my todo?",
+            "import os\nprint(answer.answer, os.path.exists(answer.workdir))",
+            "from spawnkit.notebook import chat\n"
+            f"conversation = chat('notes', replay='{script}')\nconversation",
+            "first = await conversation.send('what is on my todo?')\nprint(first.answer)",
+            "second = await conversation.send('anything else?')\n"
+            "print(second.answer.startswith('Nothing else'),\n"
+            "      second.session_id == first.session_id)",
+            "workdir = conversation.workdir\nconversation.close()\nprint(workdir.exists())",
+            "%%ask --sources nonexistent\nhello",
+        ],
+        cwd=tmp_path,
+    )
+    _, _, asked, printed, widget, first, second, closed, unknown = outputs
+    assert WIDGET in asked[0].data, "the live view"
+    assert asked[-1].data["text/markdown"].strip() == "Your todo: buy milk"
+    assert text_of(printed).strip() == "Your todo: buy milk False", "the workdir is gone"
+    assert WIDGET in widget[-1].data
+    assert text_of(first).strip() == "Your todo: buy milk"
+    assert text_of(second).strip() == "True True", "the second turn resumed the first"
+    assert text_of(closed).strip() == "False"
+    # IPython shows a magic's UsageError as one line on stderr (the cell still fails).
+    assert text_of(unknown).startswith("UsageError: unknown source 'nonexistent'")

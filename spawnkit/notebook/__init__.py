@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .asking import chat
 from .runner import spawn
 
-__all__ = ["load", "spawn", "unload"]
+__all__ = ["chat", "load", "spawn", "unload"]
 
 _MAGICS: dict[int, Any] = {}
 

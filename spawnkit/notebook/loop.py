@@ -17,7 +17,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -126,6 +126,10 @@ class Job(Generic[T]):
 
     def done(self) -> bool:
         return self.future.done()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        """Await the job from another loop (a notebook cell's top-level ``await``)."""
+        return asyncio.wrap_future(self.future).__await__()
 
     def cancel(self, wait: float | None = None) -> None:
         """Cancel the task; with ``wait``, block up to that long for its cleanup."""

@@ -15,8 +15,10 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Enum, Integer, Unicode
 
+from ..ask import AskResult
 from ..errors import ConfigError, SpawnError
 from ..result import SpawnerResult
+from .asking import ask_cell
 from .hub import Hub, RunHandle, close_default_hub, default_hub
 from .runner import spawn
 
@@ -101,6 +103,29 @@ class SpawnMagics(Magics):
         if isinstance(outcome, SpawnerResult) and not outcome.success and not args.allow_failure:
             raise SpawnError(outcome)
         return outcome
+
+    # -- %%ask -------------------------------------------------------------------------
+
+    @magic_arguments()
+    @argument("--sources", required=True, help="comma-separated names of registered sources")
+    @argument("--runtime", help="the agent (default: [ask] default in ask.toml)")
+    @argument("--replay", help="play model turns from this scenario (offline)")
+    @argument("--out", help="also bind the result to this variable")
+    @argument("--interpolate", action="store_true", help="expand {var} and $var in the question")
+    @cell_magic
+    def ask(self, line: str, cell: str) -> AskResult:
+        """Ask the cell's question about the sources; the value renders the answer as Markdown."""
+        args = parse_argstring(self.ask, line)
+        question = self.ip.var_expand(cell, depth=1) if args.interpolate else cell
+        if not question.strip():
+            raise UsageError("%%ask needs a question in the cell body")
+        try:
+            result = ask_cell(question, args.sources, runtime=args.runtime, replay=args.replay)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        if args.out:
+            self.ip.user_ns[args.out] = result
+        return result
 
     def _context(self, expression: str | None) -> str | None:
         if expression is None:
