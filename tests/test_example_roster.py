@@ -22,6 +22,7 @@ from croniter import croniter
 
 from spawnkit import ButlerConfig, load_roster
 from spawnkit.replay import Scenario
+from spawnkit.replay.anthropic import SHELL_TOOL
 from spawnkit.replay.scenario import Reply, TurnRequest
 from spawnkit.system_prompt import compose_system_prompt, read_prompt_file
 
@@ -196,7 +197,8 @@ def play(scenario: Scenario, butler: str, prompt: str, results: list[str]) -> li
     replies: list[Reply] = []
     last = ""
     for index in range(50):
-        reply = scenario.reply(TurnRequest(prompt, index, offered(butler), last))
+        # As Claude Code asks: its shell tool is Bash.
+        reply = scenario.reply(TurnRequest(prompt, index, offered(butler), last, shell=SHELL_TOOL))
         assert not reply.text.startswith("[replay]"), reply.text
         replies.append(reply)
         if not reply.tool_calls:
@@ -225,7 +227,7 @@ def test_health_demo_records_the_weight_and_quotes_the_skill() -> None:
     calls = [reply.tool_calls[0] for reply in replies[:-1]]
     assert [(c.name, dict(c.input)) for c in calls[:3]] == [
         ("mcp__health__state_get", {"key": "measurements/weight"}),
-        ("Bash", {"command": "date +%F", "description": "Today's date for the log entry"}),
+        ("Bash", {"command": "date +%F"}),
         (
             "mcp__health__state_set",
             {

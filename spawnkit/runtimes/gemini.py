@@ -268,8 +268,11 @@ class GeminiAdapter(StreamingCliAdapter):
             encoding="utf-8",
         )
         model = spec.model or DEFAULT_MODEL
+        # yolo approves the tools that are left: the butler's MCP server and the
+        # built-ins it lists (the rest are excluded in the settings). Without it,
+        # headless Gemini refuses shell commands it deems complex (a heredoc).
         command = [str(self.find_binary()), "-m", model, "-p", spec.prompt,
-                   "--output-format", "stream-json"]  # fmt: skip
+                   "--output-format", "stream-json", "--approval-mode", "yolo"]  # fmt: skip
         if spec.resume:
             command += ["--resume", spec.resume]
         return command
