@@ -256,3 +256,53 @@ async def run_lines(
         await asyncio.shield(terminate_group(proc.pid))
         if proc.returncode is None:
             await asyncio.shield(proc.wait())
+
+
+async def run_interactive(
+    argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_s: float
+) -> int:
+    """Run a CLI on this terminal (inherited stdio) in its own process group; its exit code.
+
+    When stdin is the terminal and this process is in its foreground, the CLI's
+    group is made the terminal's foreground group (so Ctrl-C reaches the CLI, not
+    us) and the terminal is taken back afterwards. Leftover processes of the
+    group are terminated. Raises TimeoutError after ``timeout_s``.
+    """
+    tty = _foreground_tty()
+    proc = await asyncio.create_subprocess_exec(*argv, env=dict(env), cwd=cwd, process_group=0)
+    try:
+        if tty is not None:
+            _give_terminal(tty, proc.pid)
+            # It may have touched the terminal before it owned it, and been stopped.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGCONT)
+        async with asyncio.timeout(timeout_s):
+            return await proc.wait()
+    finally:
+        if tty is not None:
+            _give_terminal(tty, os.getpgrp())
+        await asyncio.shield(terminate_group(proc.pid))
+        if proc.returncode is None:
+            await asyncio.shield(proc.wait())
+
+
+def _foreground_tty() -> int | None:
+    """stdin's descriptor if it is a terminal whose foreground group is ours."""
+    try:
+        fd = 0
+        if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+            return fd
+    except OSError as exc:
+        logger.debug("no controlling terminal to hand over: %s", exc)
+    return None
+
+
+def _give_terminal(tty: int, pgid: int) -> None:
+    """Make ``pgid`` the terminal's foreground group (SIGTTOU blocked while we do)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
+    try:
+        os.tcsetpgrp(tty, pgid)
+    except OSError as exc:  # the group may already be gone
+        logger.debug("could not hand the terminal to group %d: %s", pgid, exc)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

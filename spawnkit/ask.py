@@ -33,7 +33,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import tempfile
 import time
 import tomllib
@@ -1179,61 +1178,16 @@ def chat(
 async def run_interactive(
     invocation: Invocation, *, runtime: str, timeout_s: float = CHAT_TIMEOUT_S
 ) -> int:
-    """Run a CLI on this terminal (inherited stdio) in its own process group; its exit code.
-
-    When stdin is the terminal and this process is in its foreground, the CLI's
-    group is made the foreground group for the session and the terminal is
-    taken back afterwards. Leftover processes of the group are terminated.
-    """
-    tty = _foreground_tty()
-    proc = await asyncio.create_subprocess_exec(
-        *invocation.argv,
-        env=dict(invocation.env),
-        cwd=invocation.cwd,
-        process_group=0,
-    )
+    """Run a CLI on this terminal (see :func:`spawnkit._process.run_interactive`)."""
     try:
-        if tty is not None:
-            _give_terminal(tty, proc.pid)
-            # It may have touched the terminal before it owned it, and been stopped.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGCONT)
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await proc.wait()
-        except TimeoutError:
-            raise AskError(
-                runtime, f"the session passed its {timeout_s:g} s limit",
-                exit_code=None, stderr="", workdir=invocation.cwd,
-            ) from None  # fmt: skip
-    finally:
-        if tty is not None:
-            _give_terminal(tty, os.getpgrp())
-        await asyncio.shield(_process.terminate_group(proc.pid))
-        if proc.returncode is None:
-            await asyncio.shield(proc.wait())
-
-
-def _foreground_tty() -> int | None:
-    """stdin's descriptor if it is a terminal whose foreground group is ours."""
-    try:
-        fd = 0
-        if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
-            return fd
-    except OSError as exc:
-        logger.debug("no controlling terminal to hand over: %s", exc)
-    return None
-
-
-def _give_terminal(tty: int, pgid: int) -> None:
-    """Make ``pgid`` the terminal's foreground group (SIGTTOU blocked while we do)."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
-    try:
-        os.tcsetpgrp(tty, pgid)
-    except OSError as exc:  # the group may already be gone
-        logger.debug("could not hand the terminal to group %d: %s", pgid, exc)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        return await _process.run_interactive(
+            invocation.argv, env=invocation.env, cwd=invocation.cwd, timeout_s=timeout_s
+        )
+    except TimeoutError:
+        raise AskError(
+            runtime, f"the session passed its {timeout_s:g} s limit",
+            exit_code=None, stderr="", workdir=invocation.cwd,
+        ) from None  # fmt: skip
 
 
 __all__ = [
