@@ -59,6 +59,7 @@ from .events import (
 )
 from .home import spawnkit_home
 from .result import OUTPUT_LIMIT, ToolCall, Usage, truncate
+from .runtimes import codex, gemini
 from .runtimes.base import RunOutcome
 from .runtimes.streaming import LineParser
 from .sources import Source, SourceError, SourcePathError, SourceRegistry, validate_name
@@ -222,7 +223,7 @@ CHAT_INSTRUCTIONS = (
     "links), read the relevant files, cite them as ./name/path, and do not change any file."
 )
 GEMINI_MODEL = "gemini-2.5-flash"
-CODEX_LOCAL_MODEL = "replay-model"
+CODEX_LOCAL_MODEL = codex.REPLAY_MODEL
 _GEMINI_HEADLESS = ("{gemini}", "-m", GEMINI_MODEL, "--output-format", "stream-json", "-p", "")
 _CODEX_EXEC = ("{codex}", "exec", "--json", "--skip-git-repo-check")
 # What Claude Code needs from the host to authenticate (HOME holds a `claude login`).
@@ -693,37 +694,21 @@ def write_runtime_config(agent: AgentCommand, workdir: Path, base_url: str | Non
 
 
 def codex_config(base_url: str | None) -> dict[str, Any]:
-    """Codex's ``config.toml``: no MCP servers, read-only sandbox, no remote features.
+    """Codex's ``config.toml``: the runtime's base settings with no MCP server at all.
 
     The model provider reads ``OPENAI_API_KEY`` and talks to ``base_url`` (default
     the OpenAI API).
     """
-    provider: dict[str, Any] = {
-        "name": "spawnkit",
-        "base_url": (base_url or "https://api.openai.com").rstrip("/") + "/v1",
-        "wire_api": "responses",
-        "env_key": "OPENAI_API_KEY",
+    config = {
+        **codex.base_config({}),
+        **codex.provider_config(base_url or "https://api.openai.com", retries=not base_url),
+        "web_search": "disabled",
     }
-    extra: dict[str, Any] = {}
     if base_url:
-        provider.update({"request_max_retries": 0, "stream_max_retries": 0})
         # As the codex runtime does: Codex's built-in model slugs offer no tools to a
         # server it does not know; an unknown slug gets them (`-m` in the command wins).
-        extra["model"] = CODEX_LOCAL_MODEL
-    return {
-        **extra,
-        "approval_policy": "never",
-        "sandbox_mode": "read-only",
-        "model_provider": "spawnkit",
-        "model_providers": {"spawnkit": provider},
-        "features": {
-            "plugins": False, "apps": False, "remote_plugin": False,
-            "unbounded_connection_retries": False,
-        },
-        "analytics": {"enabled": False},
-        "web_search": "disabled",
-        "mcp_servers": {},
-    }  # fmt: skip
+        config["model"] = CODEX_LOCAL_MODEL
+    return config
 
 
 _GEMINI_READ_TOOLS = (
@@ -739,14 +724,8 @@ def gemini_settings(base_url: str | None, targets: Sequence[Path]) -> dict[str, 
     folders the links point to (a file source's parent) are added to it.
     """
     folders = list(dict.fromkeys(str(t if t.is_dir() else t.parent) for t in targets))
-    general: dict[str, Any] = {"disableAutoUpdate": True}
-    if base_url:
-        general.update({"retryFetchErrors": False, "maxAttempts": 1})
     return {
-        "security": {"auth": {"selectedType": "gemini-api-key"}},
-        "privacy": {"usageStatisticsEnabled": False},
-        "telemetry": {"enabled": False},
-        "general": general,
+        **gemini.base_settings(retries=not base_url),
         "tools": {"allowed": list(_GEMINI_READ_TOOLS), "exclude": list(_GEMINI_EXCLUDED)},
         "context": {"includeDirectories": folders},
         "mcpServers": {},

@@ -25,7 +25,7 @@ Codex has no turn limit: spawnkit enforces ``max_turns`` by counting tool calls.
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -46,6 +46,32 @@ PROVIDER = "spawnkit"
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def base_config(mcp_servers: Mapping[str, Any]) -> dict[str, Any]:
+    """What every Codex run spawnkit starts shares: no prompts, a read-only sandbox,
+    remote features off (offline they retry forever), and exactly these MCP servers."""
+    return {
+        "approval_policy": "never",
+        "sandbox_mode": "read-only",
+        "features": {
+            "plugins": False, "apps": False, "remote_plugin": False,
+            "unbounded_connection_retries": False,
+        },
+        "analytics": {"enabled": False},
+        "mcp_servers": dict(mcp_servers),
+    }  # fmt: skip
+
+
+def provider_config(base_url: str, *, retries: bool = False) -> dict[str, Any]:
+    """A model provider speaking the Responses API at ``base_url`` with OPENAI_API_KEY."""
+    provider: dict[str, Any] = {
+        "name": PROVIDER, "base_url": base_url.rstrip("/") + "/v1",
+        "wire_api": "responses", "env_key": "OPENAI_API_KEY",
+    }  # fmt: skip
+    if not retries:
+        provider.update({"request_max_retries": 0, "stream_max_retries": 0})
+    return {"model_provider": PROVIDER, "model_providers": {PROVIDER: provider}}
 
 
 def _mcp_result_text(result: Any) -> str:
@@ -215,20 +241,13 @@ class CodexAdapter(StreamingCliAdapter):
         sessions = spawnkit_home() / "runtimes" / "codex" / "sessions"
         sessions.mkdir(parents=True, exist_ok=True)
         (home / "sessions").symlink_to(sessions, target_is_directory=True)
-        config: dict[str, Any] = {
-            "approval_policy": "never",
-            "sandbox_mode": "read-only",
-            "features": {
-                "plugins": False, "apps": False, "remote_plugin": False,
-                "unbounded_connection_retries": False,
-            },
-            "analytics": {"enabled": False},
-            "mcp_servers": {
+        config = base_config(
+            {
                 server.name: {
                     "url": server.url, "required": True, "default_tools_approval_mode": "approve",
                 }
-            },
-        }  # fmt: skip
+            }
+        )  # fmt: skip
         path = home / "config.toml"
         path.write_text(tomli_w.dumps(config), encoding="utf-8")
         return path
@@ -242,14 +261,7 @@ class CodexAdapter(StreamingCliAdapter):
         if model:
             config["model"] = model
         if spec.base_url:
-            config["model_provider"] = PROVIDER
-            config["model_providers"] = {
-                PROVIDER: {
-                    "name": PROVIDER, "base_url": spec.base_url.rstrip("/") + "/v1",
-                    "wire_api": "responses", "env_key": "OPENAI_API_KEY",
-                    "request_max_retries": 0, "stream_max_retries": 0,
-                }
-            }  # fmt: skip
+            config.update(provider_config(spec.base_url))
         spec.config_file.write_text(tomli_w.dumps(config), encoding="utf-8")
 
     def child_env(self, spec: RunSpec) -> dict[str, str]:

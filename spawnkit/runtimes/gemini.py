@@ -170,6 +170,21 @@ class GeminiParser(LineParser):
         return outcome
 
 
+def base_settings(*, retries: bool) -> dict[str, Any]:
+    """What every Gemini run spawnkit starts shares: API-key auth (headless mode needs it to
+    accept a local endpoint), no telemetry, no auto-update, and without ``retries`` no
+    retrying a failing model server for minutes."""
+    general: dict[str, Any] = {"disableAutoUpdate": True}
+    if not retries:
+        general.update({"retryFetchErrors": False, "maxAttempts": 1})
+    return {
+        "security": {"auth": {"selectedType": "gemini-api-key"}},
+        "privacy": {"usageStatisticsEnabled": False},
+        "telemetry": {"enabled": False},
+        "general": general,
+    }
+
+
 def _error_text(result: dict[str, Any] | None) -> str | None:
     error = (result or {}).get("error")
     if isinstance(error, dict):
@@ -228,10 +243,7 @@ class GeminiAdapter(StreamingCliAdapter):
     def _settings(server: McpServerSpec, tools: Sequence[str], max_turns: int) -> dict[str, Any]:
         allowed = [name for tool in tools for name in TOOL_NAMES.get(tool, ())]
         return {
-            "security": {"auth": {"selectedType": "gemini-api-key"}},
-            "privacy": {"usageStatisticsEnabled": False},
-            "telemetry": {"enabled": False},
-            "general": {"retryFetchErrors": False, "maxAttempts": 1, "disableAutoUpdate": True},
+            **base_settings(retries=False),
             "model": {"maxSessionTurns": max_turns},
             "tools": {
                 "allowed": allowed,
