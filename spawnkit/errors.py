@@ -23,6 +23,12 @@ caller can catch the family at once and a command line can print one clear line:
     ├── SpawnError                  a run failed where the caller asked for an exception
     └── StoreError                  the session store cannot be opened or written
 
+Modules with errors of their own keep them next to their code, in the same tree:
+``sources.SourceError`` (a ConfigError: unknown, invalid or duplicate sources),
+``sources.GitError``, ``ask.TemplateError`` and ``ask.AskConfigError`` (ConfigErrors),
+``ask.AskError`` (the agent failed; carries its stderr), ``contract.ContractError``
+(carries the exit code), ``history.HistoryError`` and ``_asgi.ServerStartError``.
+
 User mistakes (config, env, missing binaries) are caught before anything is
 spawned; failures of a run that was accepted are recorded in its session and
 returned in its :class:`~spawnkit.result.SpawnerResult`, not raised.
