@@ -151,13 +151,10 @@ def count_tokens(body: Any) -> int:
 def estimate_usage(body: MessagesRequest, reply: Reply) -> WireUsage:
     """Usage for ``reply``: the scenario's numbers where given, else chars/4 estimates."""
     prompt_part = {key: body.get(key) for key in ("system", "messages", "tools")}
-    output_chars = len(reply.text) + sum(
-        len(call.name) + len(json.dumps(call.input)) for call in reply.tool_calls
-    )
     given: Usage = reply.usage
     return WireUsage(
         input_tokens=_given(given.input_tokens, count_tokens(prompt_part)),
-        output_tokens=_given(given.output_tokens, max(1, output_chars // 4)),
+        output_tokens=_given(given.output_tokens, reply.estimated_output_tokens),
         cache_read_input_tokens=_given(given.cache_read_input_tokens, 0),
         cache_creation_input_tokens=_given(given.cache_creation_input_tokens, 0),
     )
@@ -297,11 +294,7 @@ class MessageAssembler:
         self.error: ErrorSpec | None = None
 
     def feed(self, event: SSEEvent) -> None:
-        try:
-            data = json.loads(event.data)
-        except json.JSONDecodeError:
-            logger.warning("recorder: skipped a non-JSON %r event", event.event)
-            return
+        data = event.json()
         if not isinstance(data, dict):
             return
         kind = data.get("type", event.event)

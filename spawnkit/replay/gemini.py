@@ -208,15 +208,12 @@ def estimate_usage(body: GenerateContentRequest, reply: Reply) -> UsageMetadata:
     """Usage for ``reply``: the scenario's numbers where given, else chars/4 estimates."""
     given = reply.usage
     prompt_part = {key: body.get(key) for key in ("systemInstruction", "contents", "tools")}
-    output_chars = len(reply.text) + sum(
-        len(call.name) + len(json.dumps(call.input)) for call in reply.tool_calls
-    )
     cached = given.cache_read_input_tokens or 0
     uncached = (
         given.input_tokens if given.input_tokens is not None else estimate_tokens(prompt_part)
     )
     prompt = uncached + cached + (given.cache_creation_input_tokens or 0)
-    output = given.output_tokens if given.output_tokens is not None else max(1, output_chars // 4)
+    output = reply.estimated_output_tokens if given.output_tokens is None else given.output_tokens
     return UsageMetadata(
         promptTokenCount=prompt,
         candidatesTokenCount=output,
@@ -337,12 +334,7 @@ class GenerateAssembler:
         self.error: ErrorSpec | None = None
 
     def feed(self, event: SSEEvent) -> None:
-        try:
-            data = json.loads(event.data)
-        except json.JSONDecodeError:
-            logger.warning("recorder: skipped a non-JSON chunk")
-            return
-        self.feed_chunk(data)
+        self.feed_chunk(event.json())
 
     def feed_chunk(self, data: Any) -> None:
         if not isinstance(data, dict):

@@ -250,15 +250,12 @@ def estimate_usage(body: ResponsesRequest, reply: Reply) -> WireUsage:
     """Usage for ``reply``: the scenario's numbers where given, else chars/4 estimates."""
     given = reply.usage
     prompt_part = {key: body.get(key) for key in ("instructions", "input", "tools")}
-    output_chars = len(reply.text) + sum(
-        len(call.name) + len(json.dumps(call.input)) for call in reply.tool_calls
-    )
     cached = given.cache_read_input_tokens or 0
     written = given.cache_creation_input_tokens or 0
     uncached = (
         given.input_tokens if given.input_tokens is not None else estimate_tokens(prompt_part)
     )
-    output = given.output_tokens if given.output_tokens is not None else max(1, output_chars // 4)
+    output = reply.estimated_output_tokens if given.output_tokens is None else given.output_tokens
     total_input = uncached + cached + written
     return WireUsage(
         input_tokens=total_input,
@@ -465,11 +462,7 @@ class ResponseAssembler:
         self.error: ErrorSpec | None = None
 
     def feed(self, event: SSEEvent) -> None:
-        try:
-            data = json.loads(event.data)
-        except json.JSONDecodeError:
-            logger.warning("recorder: skipped a non-JSON %r event", event.event)
-            return
+        data = event.json()
         if not isinstance(data, dict):
             return
         kind = data.get("type", event.event)

@@ -181,6 +181,14 @@ class Reply:
     def stop_reason(self) -> StopReason:
         return "tool_use" if self.tool_calls else "end_turn"
 
+    @property
+    def estimated_output_tokens(self) -> int:
+        """About four characters of text and tool-call JSON a token, at least one."""
+        chars = len(self.text) + sum(
+            len(call.name) + len(json.dumps(call.input)) for call in self.tool_calls
+        )
+        return max(1, chars // 4)
+
 
 @dataclass(frozen=True)
 class Scenario:

@@ -9,9 +9,12 @@ they arrive. Anthropic and OpenAI name every event (``event:`` line); Gemini sen
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 # One SSE frame larger than this means the upstream is not speaking SSE at all.
 MAX_FRAME_BYTES = 16 * 1024 * 1024
@@ -36,6 +39,14 @@ def chunks(text: str, size: int | None) -> Iterator[str]:
 class SSEEvent:
     event: str
     data: str
+
+    def json(self) -> Any:
+        """The event's data as JSON, or None (logged) when an upstream sent something else."""
+        try:
+            return json.loads(self.data)
+        except json.JSONDecodeError:
+            logger.warning("recorder: skipped a non-JSON %r event", self.event)
+            return None
 
 
 class SSEDecoder:
