@@ -55,17 +55,12 @@ class _Message(Struct, rename="camel"):
     tool_calls: list[_ToolCall] | None = None
 
 
-class _Record(Struct, rename="camel"):
+class _Record(_Message, rename="camel"):
+    """A whole-file session, a JSONL header or ``$set`` line, or one message line."""
+
     session_id: str | None = None
     start_time: str | None = None
     last_updated: str | None = None
-    id: str | None = None
-    timestamp: str | None = None
-    type: str | None = None
-    content: Raw = Raw()
-    tokens: _Tokens | None = None
-    model: str | None = None
-    tool_calls: list[_ToolCall] | None = None
     messages: list[_Message] | None = None
     set: dict[str, Any] | None = msgspec.field(default=None, name="$set")
 
