@@ -27,6 +27,10 @@ class Invocation:
     context: str | None
     trigger_source: str
     max_turns: int | None
+    parent_session_id: str | None = None
+    resume: str | None = None
+    session_id: str | None = None
+    role: str | None = None
 
 
 class MockSpawner:
@@ -57,9 +61,24 @@ class MockSpawner:
         max_turns: int | None = None,
         *,
         on_event: EventSink | None = None,
+        parent_session_id: str | None = None,
+        resume: str | None = None,
+        session_id: str | None = None,
+        role: str | None = None,
     ) -> SpawnerResult:
         validate_trigger_source(trigger_source)
-        self.invocations.append(Invocation(prompt, context, trigger_source, max_turns))
+        self.invocations.append(
+            Invocation(
+                prompt,
+                context,
+                trigger_source,
+                max_turns,
+                parent_session_id,
+                resume,
+                session_id,
+                role,
+            )
+        )
         for substring, result in self.responses.items():
             if substring in prompt:
                 return replace(result, tool_calls=list(result.tool_calls))

@@ -341,5 +341,17 @@ def test_mock_spawner_has_the_real_trigger_signature() -> None:
 
     real = inspect.signature(Spawner.trigger).parameters
     mock = inspect.signature(MockSpawner.trigger).parameters
-    for name in ("self", "prompt", "context", "trigger_source", "max_turns", "on_event"):
-        assert name in mock and mock[name].default == real[name].default
+    assert list(mock) == list(real)
+    for name, parameter in real.items():
+        assert (mock[name].kind, mock[name].default) == (parameter.kind, parameter.default), name
+
+
+async def test_mock_spawner_records_the_keyword_arguments() -> None:
+    spawner = MockSpawner()
+    await spawner.trigger("go on", resume="s-1", role="reviewer", parent_session_id="p-1")
+    (invocation,) = spawner.invocations
+    assert (invocation.resume, invocation.role, invocation.parent_session_id) == (
+        "s-1",
+        "reviewer",
+        "p-1",
+    )
