@@ -160,6 +160,8 @@ class RuntimeAdapter(ABC):
             "supports_system_prompt": True,
             "supports_resume": False,
             "supports_subagents": False,
+            "subagent_style": None,
+            "supports_max_turns": True,
             "supports_parallel_sessions": True,
         }
 

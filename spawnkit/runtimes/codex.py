@@ -229,10 +229,6 @@ class CodexAdapter(StreamingCliAdapter):
         return {
             **super().capabilities(),
             "supports_resume": True,
-            "supports_subagents": False,
-            "subagent_style": None,
-            "supports_max_turns": False,
-            "max_turns_enforced_by": "spawnkit (tool calls are counted)",
         }
 
     def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:

@@ -224,9 +224,6 @@ class GeminiAdapter(StreamingCliAdapter):
         return {
             **super().capabilities(),
             "supports_resume": True,
-            "supports_subagents": False,
-            "subagent_style": None,
-            "supports_max_turns": True,
         }
 
     def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:

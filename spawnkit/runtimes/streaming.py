@@ -98,6 +98,15 @@ class StreamingCliAdapter(RuntimeAdapter):
         super().__init__(config)
         self._binary: Path | None = None
 
+    def capabilities(self) -> dict[str, Any]:
+        if self.native_turn_limit:
+            return super().capabilities()
+        return {
+            **super().capabilities(),
+            "supports_max_turns": False,
+            "max_turns_enforced_by": "spawnkit (tool calls are counted)",
+        }
+
     def reset(self) -> None:
         self._binary = None
 
