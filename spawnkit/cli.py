@@ -43,11 +43,17 @@ def default_roster() -> Path:
 
 
 def example_roster() -> Path:
-    """The repository's roster when run from a checkout, else the copy in the wheel."""
-    local = Path("roster")
-    if (local / DEMO_BUTLER / "butler.toml").is_file():
-        return local
-    return Path(str(resources.files("spawnkit") / "_examples" / "roster"))
+    """The roster in the current directory, else the wheel's copy, else the checkout's.
+
+    An editable install has no packaged copy: its examples are the ``roster/`` beside
+    the ``spawnkit/`` package in the source checkout.
+    """
+    package = Path(str(resources.files("spawnkit")))
+    candidates = (Path("roster"), package / "_examples" / "roster", package.parent / "roster")
+    for roster in candidates:
+        if (roster / DEMO_BUTLER / "butler.toml").is_file():
+            return roster
+    return candidates[1]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -80,8 +80,10 @@ def test_run_with_replay_prints_json_and_streams_to_stderr() -> None:
 
 
 @pytest.mark.e2e
-def test_demo_runs_offline_and_shows_the_record() -> None:
-    done = spawnkit("demo", cwd=REPO)
+@pytest.mark.parametrize("where", ["checkout", "elsewhere"])
+def test_demo_runs_offline_and_shows_the_record(where: str, tmp_path: Path) -> None:
+    # Elsewhere there is no ./roster: the demo finds the installed package's examples.
+    done = spawnkit("demo", cwd=REPO if where == "checkout" else tmp_path)
     assert done.returncode == 0, done.stderr
     assert "⚙ health.state_get" in done.stdout
     assert "The session record in" in done.stdout
