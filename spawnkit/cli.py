@@ -185,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
     creds_delete = creds_commands.add_parser("delete", help="remove a stored value")
     creds_delete.add_argument("name")
 
+    store_cmd = commands.add_parser("store", help="check the session store")
+    store_commands = store_cmd.add_subparsers(dest="store_command", required=True)
+    check = store_commands.add_parser(
+        "check", help="check every page of the store; exit 1 if it is damaged"
+    )
+    check.add_argument("path", nargs="?", type=Path, help="default: $SPAWNKIT_HOME/sessions.db")
+
     hist = commands.add_parser("history", help="tokens, cost and tool calls, summed up")
     hist.add_argument("--source", choices=["store", "claude", "codex", "gemini"], default="store",
                       help="spawnkit's store (default) or a CLI's own transcripts")  # fmt: skip
@@ -519,6 +526,20 @@ def cmd_history(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_store(args: argparse.Namespace) -> int:
+    from .home import default_store_path
+    from .store import check_store
+
+    health = check_store(args.path or default_store_path())
+    if health.healthy:
+        print(f"{health.path}: ok (schema {health.schema_version}, {health.sessions} sessions)")
+        return EXIT_OK
+    print(f"{health.path}: damaged", file=sys.stderr)
+    for problem in health.problems:
+        print(f"  {problem}", file=sys.stderr)
+    return EXIT_FAILED
+
+
 COMMANDS = {
     "run": cmd_run,
     "demo": cmd_demo,
@@ -533,6 +554,7 @@ COMMANDS = {
     "chat": cmd_chat,
     "adapter": cmd_adapter,
     "history": cmd_history,
+    "store": cmd_store,
 }
 
 

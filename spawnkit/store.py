@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from .errors import StoreError
 from .home import default_store_path
@@ -282,6 +283,49 @@ class SessionRecord:
             "log_dir": str(self.log_dir) if self.log_dir else None,
             "role": self.role,
         }
+
+
+@dataclass(frozen=True)
+class StoreHealth:
+    """What :func:`check_store` found."""
+
+    path: Path
+    problems: tuple[str, ...]
+    schema_version: int | None = None
+    sessions: int | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+
+def check_store(path: Path) -> StoreHealth:
+    """Check the store at ``path`` page by page (``PRAGMA integrity_check``), read-only.
+
+    Unlike opening a :class:`SessionStore`, this neither migrates nor writes, so it is safe
+    on a damaged file. A missing file is a problem too.
+    """
+    if not path.exists():
+        return StoreHealth(path, (f"{path} does not exist",))
+    uri = f"file:{quote(path.as_posix())}?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+    except sqlite3.Error as exc:
+        return StoreHealth(path, (f"cannot open {path}: {exc}",))
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        rows = conn.execute("PRAGMA integrity_check(100)").fetchall()
+        problems = tuple(str(r[0]) for r in rows if r[0] != "ok")
+        sessions = None if problems else conn.execute("SELECT count(*) FROM sessions").fetchone()[0]
+    except sqlite3.Error as exc:
+        return StoreHealth(path, (str(exc),))
+    finally:
+        conn.close()
+    if not problems and version > SCHEMA_VERSION:
+        problems = (
+            f"written by a newer spawnkit (schema {version}, this one reads {SCHEMA_VERSION})",
+        )
+    return StoreHealth(path, problems, version, sessions)
 
 
 class SessionStore:

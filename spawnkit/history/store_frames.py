@@ -1,11 +1,11 @@
 """spawnkit's own session store as DataFrames: ``sessions()``, ``tool_calls()``, ``usage()``.
 
-The store is read through ADBC's SQLite driver, which hands over Arrow columns without
-building a Python object per value (``sqlite3`` plus ``pandas.read_sql`` spends most of its
-time there): 100,000 sessions and 1,000,000 tool calls load in about a second. Timestamps
+The store is read as Arrow tables by :mod:`spawnkit.history.store_query` (large stores through
+ADBC's SQLite driver in a child process, which hands over Arrow columns without building a
+Python object per value; never a second SQLite library in this process). Timestamps
 (ISO-8601 text in the store) are converted column-wise by Arrow, names are dictionary-encoded
-into ``category`` columns, counts become nullable integers. The connection is read-only and
-closed before returning; the store's writers (WAL mode) are never blocked.
+into ``category`` columns, counts become nullable integers. Reads are read-only and closed
+before returning; the store's writers (WAL mode) are never blocked.
 
 Column names follow :data:`spawnkit.history.transcripts.SESSION_COLUMNS` where they apply
 (``session_id``, ``started_at``, ``ended_at``, token columns, ``cost_usd``, ``cost_source``,
@@ -22,15 +22,14 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from adbc_driver_sqlite import dbapi as adbc
 
 from ..home import default_store_path
-from ..store import _SCHEMA as STORE_SCHEMA
 from ..store import SessionStore
 from .errors import HistoryError
 from .frames import COST_SOURCES
 from .pricing import PricingTable, default_pricing
 from .rows import Column, timestamps
+from .store_query import query, table_columns
 
 StoreLike = SessionStore | str | Path | None
 TimeLike = datetime | date | str | None
@@ -53,7 +52,6 @@ _SESSION_CATEGORIES = (
 _CALL_COLUMNS = ("session_id, seq, call_id, name, server, tool, input, status, started_at, "
                  "finished_at, duration_ms")  # fmt: skip
 _TOKENS = ["input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens"]
-_BATCH_ROWS = str(100_000_000)  # one batch: types are inferred from every row
 
 
 def _path(store: StoreLike) -> Path | None:
@@ -108,30 +106,6 @@ def _where(
     return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
 
 
-def _query(path: Path | None, sql: str, params: list[object]) -> pa.Table:
-    """Run ``sql`` on the store at ``path``; None stands for an empty store."""
-    uri = f"file:{path}?mode=ro" if path is not None else ":memory:"
-    try:
-        conn = adbc.connect(uri)
-    except adbc.Error as exc:
-        raise HistoryError(f"cannot open the session store {path}: {exc}") from exc
-    try:
-        cursor = conn.cursor()
-        if path is None:  # the real schema, so an empty result has the real columns
-            for statement in STORE_SCHEMA.split(";"):
-                if statement.strip():
-                    cursor.execute(statement)
-        cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": _BATCH_ROWS})
-        cursor.execute(sql, params or None)
-        table: pa.Table = cursor.fetch_arrow_table()
-        cursor.close()
-    except adbc.Error as exc:
-        raise HistoryError(f"cannot read the session store {path}: {exc}") from exc
-    finally:
-        conn.close()
-    return table
-
-
 def _frame(table: pa.Table, *, categories: tuple[str, ...], times: tuple[str, ...],
            ints: tuple[str, ...], floats: tuple[str, ...] = (), bools: tuple[str, ...] = ()
            ) -> pd.DataFrame:  # fmt: skip
@@ -149,7 +123,9 @@ def _frame(table: pa.Table, *, categories: tuple[str, ...], times: tuple[str, ..
             column = column.cast(pa.float64())
         elif name in bools:
             column = pc.not_equal(column.cast(pa.int64()), pa.scalar(0))
-        elif pa.types.is_integer(column.type) and column.null_count == len(column):
+        elif pa.types.is_null(column.type) or (
+            pa.types.is_integer(column.type) and column.null_count == len(column)
+        ):
             column = column.cast(pa.string())
         table = table.set_column(i, name, column)
     return table.to_pandas(
@@ -176,11 +152,10 @@ def sessions(
     where, params = _where(butler, runtime, since, until, success)
     path = _path(store)
     # Stores written before schema 3 have no role column (read-only here: no migration).
-    columns = _query(path, "SELECT name FROM pragma_table_info('sessions')", [])["name"]
-    role = "role" if "role" in columns.to_pylist() else "NULL"
+    role = "role" if "role" in table_columns(path, "sessions") else "NULL"
     sql = _SESSION_SQL.format(role=role) + f"{where} ORDER BY created_at"
     frame = _frame(
-        _query(path, sql, params),
+        query(path, sql, params),
         categories=_SESSION_CATEGORIES,
         times=("created_at", "started_at", "ended_at"),
         ints=("duration_ms", *_TOKENS, "num_turns", "n_tool_calls"),
@@ -236,7 +211,7 @@ def tool_calls(
     sql = f"SELECT {columns} FROM tool_calls"
     if where:
         sql += f" WHERE session_id IN (SELECT id FROM sessions{where})"
-    table = _query(_path(store), sql, params)
+    table = query(_path(store), sql, params)
     return _frame(
         table,
         categories=("name", "server", "tool", "status"),
