@@ -1,15 +1,60 @@
-"""spawnkit: spawn AI coding-agent CLIs as ephemeral, locked-down runs, and log every one."""
+"""spawnkit: spawn AI coding-agent CLIs as ephemeral, locked-down runs, and log every one.
 
-from .errors import SpawnError, SpawnkitError
-from .events import RunEvent
-from .result import SpawnerResult, ToolCall, Usage
-from .roster import ButlerConfig, Roster, load_butler, load_roster
-from .runtimes import available_runtimes, get_adapter, register_adapter
-from .spawner import Spawner
-from .store import SessionStore
-from .testing import MockSpawner
+The public names below are imported when first used (PEP 562), so that
+``spawnkit --version``, ``spawnkit sessions`` and an adapter contract's
+``check_status`` poll start in a few tens of milliseconds instead of paying for
+the MCP, OpenTelemetry and agent SDK imports that only a run needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from .errors import SpawnError, SpawnkitError
+    from .events import RunEvent
+    from .result import SpawnerResult, ToolCall, Usage
+    from .roster import ButlerConfig, Roster, load_butler, load_roster
+    from .runtimes import available_runtimes, get_adapter, register_adapter
+    from .spawner import Spawner
+    from .store import SessionStore
+    from .testing import MockSpawner
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "ButlerConfig": "roster",
+    "MockSpawner": "testing",
+    "Roster": "roster",
+    "RunEvent": "events",
+    "SessionStore": "store",
+    "SpawnError": "errors",
+    "Spawner": "spawner",
+    "SpawnerResult": "result",
+    "SpawnkitError": "errors",
+    "ToolCall": "result",
+    "Usage": "result",
+    "available_runtimes": "runtimes",
+    "get_adapter": "runtimes",
+    "load_butler": "roster",
+    "load_roster": "roster",
+    "register_adapter": "runtimes",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'spawnkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
 
 
 def load_ipython_extension(ipython: object) -> None:

@@ -59,7 +59,7 @@ from .events import (
 )
 from .home import spawnkit_home
 from .result import OUTPUT_LIMIT, ToolCall, Usage, truncate
-from .runtimes import codex, gemini
+from .runtimes import ALIASES, codex, gemini
 from .runtimes.base import RunOutcome
 from .runtimes.streaming import LineParser
 from .sources import Source, SourceError, SourcePathError, SourceRegistry, validate_name
@@ -287,10 +287,13 @@ class AskConfig:
     def agent(self, name: str | None = None) -> AgentCommand:
         """The agent called ``name`` (the default one when None)."""
         chosen = name or self.default
+        if chosen not in self.agents:
+            # A runtime's other name (`claude` for `claude-code`), as everywhere else.
+            chosen = ALIASES.get(chosen, chosen)
         try:
             return self.agents[chosen]
         except KeyError:
-            raise UnknownRuntimeError(chosen, list(self.agents)) from None
+            raise UnknownRuntimeError(chosen, list(self.agents), ALIASES) from None
 
 
 def config_path() -> Path:
@@ -656,6 +659,11 @@ def build_invocation(
     return Invocation(argv=argv, env=child, cwd=workdir, stdin=stdin)
 
 
+def claude_config_dir(workdir: Path) -> Path:
+    """The private Claude Code configuration a run against a local model server gets."""
+    return workdir / PRIVATE_DIR / "claude-config"
+
+
 def _setup_env(agent: AgentCommand, workdir: Path, base_url: str | None) -> dict[str, str]:
     home = private_home(agent, workdir)
     if agent.setup == "claude-code":
@@ -663,6 +671,10 @@ def _setup_env(agent: AgentCommand, workdir: Path, base_url: str | None) -> dict
         if base_url:
             # A local gateway failing should fail the run in seconds, not minutes.
             env.update({"ANTHROPIC_BASE_URL": base_url, "CLAUDE_CODE_MAX_RETRIES": "1"})
+            # Its own configuration (see write_runtime_config): the user's has neither
+            # this folder's trust nor the gateway's key, and its first-run checks would
+            # try to reach api.anthropic.com.
+            env["CLAUDE_CONFIG_DIR"] = str(claude_config_dir(workdir))
         return env
     if agent.setup == "codex" and home is not None:
         return {"CODEX_HOME": str(home), "HOME": str(home), "TMPDIR": str(home)}
@@ -679,8 +691,30 @@ def _setup_env(agent: AgentCommand, workdir: Path, base_url: str | None) -> dict
     return {}
 
 
-def write_runtime_config(agent: AgentCommand, workdir: Path, base_url: str | None) -> None:
-    """Write the private configuration a built-in CLI reads (Codex, Gemini); idempotent."""
+def write_runtime_config(
+    agent: AgentCommand,
+    workdir: Path,
+    base_url: str | None,
+    env: Mapping[str, str] | None = None,
+) -> None:
+    """Write the private configuration a built-in CLI reads; idempotent.
+
+    Codex and Gemini always get one. Claude Code gets one when it talks to a local
+    model server (``base_url``): first-run set-up done, ``workdir`` trusted and the
+    API key in ``env`` approved, so an interactive session starts at its prompt
+    instead of checking that api.anthropic.com is reachable.
+    """
+    if agent.setup == "claude-code" and base_url:
+        key = (env or {}).get("ANTHROPIC_API_KEY", "")
+        config = {
+            "hasCompletedOnboarding": True,
+            "customApiKeyResponses": {"approved": [key[-20:]] if key else [], "rejected": []},
+            "projects": {str(workdir): {"hasTrustDialogAccepted": True}},
+        }
+        folder = claude_config_dir(workdir)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / ".claude.json").write_text(json.dumps(config, indent=2), "utf-8")
+        return
     home = private_home(agent, workdir)
     if home is None:
         return
@@ -993,7 +1027,7 @@ async def ask_turn(
         binaries=find_binaries(template),
     )  # fmt: skip
     (workdir / PROMPT_FILE).write_text(prompt, encoding="utf-8")
-    write_runtime_config(agent, workdir, base_url)
+    write_runtime_config(agent, workdir, base_url, invocation.env)
     emit: EventSink = on_event if on_event is not None else (lambda event: None)
     parser: LineParser | None = None if agent.output == "auto" else make_parser(agent.output, sid)
     calls: dict[str, ToolCall] = {}
@@ -1140,6 +1174,11 @@ def chat(
         pass  # no loop: a terminal program, as expected
     else:
         raise SpawnkitError("chat() runs on a terminal; in a notebook use the chat widget")
+    if not _stdin_is_terminal():
+        raise SpawnkitError(
+            "chat needs a terminal, and stdin is not one: for one question from a script "
+            "or a pipe, use `spawnkit ask` (or ask())"
+        )
     resolved = resolve_sources(sources, registry)
     cfg = config if config is not None else load_config()
     agent = cfg.agent(runtime)
@@ -1147,11 +1186,18 @@ def chat(
         raise ConfigError(f"agent {agent.name!r} has no chat_command: it cannot chat")
     binaries = find_binaries(agent.chat_command)
     with ask_workdir(resolved) as workdir:
-        write_runtime_config(agent, workdir, base_url)
         invocation = build_invocation(
             agent, workdir, mode="chat", base_url=base_url, env=env, binaries=binaries
         )
+        write_runtime_config(agent, workdir, base_url, invocation.env)
         return asyncio.run(run_interactive(invocation, runtime=agent.name, timeout_s=timeout_s))
+
+
+def _stdin_is_terminal() -> bool:
+    try:
+        return os.isatty(0)
+    except OSError:
+        return False
 
 
 async def run_interactive(

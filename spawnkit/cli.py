@@ -1,36 +1,34 @@
 """The ``spawnkit`` command line: a thin frontend that parses arguments and calls the core.
 
-User mistakes (an unknown butler, bad TOML, an unknown runtime, a missing
-variable or CLI) print one line and exit 2, never a traceback; a run that was
-accepted and failed exits 1; Ctrl-C cancels the run, records it as cancelled,
-and exits 130.
+User mistakes and every other error the library raises on purpose (an unknown butler,
+bad TOML, an unknown runtime, a missing variable or CLI, an empty prompt, a damaged or
+read-only store) print one line and exit 2, never a traceback; a run that was accepted
+and failed exits 1; Ctrl-C cancels the run, records it as cancelled, and exits 130.
+
+Each command imports what it needs when it runs: ``spawnkit --version``, ``sessions``
+and the adapter contract's ``check_status`` must not pay for the MCP server, the agent
+SDK or OpenTelemetry (``benchmarks/cli_startup.py`` measures this).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import getpass
 import json
 import os
 import sys
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
-from typing import Any
-
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .console import EventPrinter, Style, render_session, render_sessions_table
-from .errors import RuntimeNotFoundError, SpawnkitError
-from .replay import Scenario, record_forever, serve_forever
-from .result import SpawnerResult
-from .roster import ButlerConfig, Roster, load_roster
-from .runtimes import available_runtimes, get_adapter
-from .service import ButlerService
-from .store import SessionStore
+from .errors import SpawnkitError
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from .result import SpawnerResult
+    from .roster import ButlerConfig
+    from .store import SessionStore
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 DEMO_BUTLER = "health"
@@ -38,22 +36,38 @@ DEMO_SCENARIO = "scenarios/demo.toml"
 DEMO_PROMPT = "I weighed 72.4 kg this morning"
 
 
-def default_roster() -> Path:
-    return Path(os.environ.get("SPAWNKIT_ROSTER", "roster"))
+def read_prompt(value: str) -> str:
+    """The prompt an argument stands for: ``-`` is stdin, ``@FILE`` a file's text.
 
-
-def example_roster() -> Path:
-    """The roster in the current directory, else the wheel's copy, else the checkout's.
-
-    An editable install has no packaged copy: its examples are the ``roster/`` beside
-    the ``spawnkit/`` package in the source checkout.
+    ``@@...`` is the literal text ``@...``. Any size works: the prompt never travels
+    to an agent CLI as one command-line argument.
     """
-    package = Path(str(resources.files("spawnkit")))
-    candidates = (Path("roster"), package / "_examples" / "roster", package.parent / "roster")
-    for roster in candidates:
-        if (roster / DEMO_BUTLER / "butler.toml").is_file():
-            return roster
-    return candidates[1]
+    if value == "-":
+        return sys.stdin.read()
+    if value.startswith("@@"):
+        return value[1:]
+    if value.startswith("@"):
+        path = Path(value[1:]).expanduser()
+        try:
+            return path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise SpawnkitError(f"the prompt file {path} is not UTF-8 text") from None
+        except OSError as exc:
+            raise SpawnkitError(
+                f"cannot read the prompt file {path}: {exc.strerror or exc}"
+            ) from None
+    return value
+
+
+def _load_roster(explicit: Path | None) -> Any:
+    from .roster import load_roster
+    from .roster_location import find_roster
+
+    return load_roster(find_roster(explicit))
+
+
+ROSTER_HELP = "roster directory (default: $SPAWNKIT_ROSTER, ./roster, then $SPAWNKIT_HOME/roster)"
+PROMPT_HELP = "the prompt; - reads it from stdin, @FILE from a file"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,10 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run one prompt on a butler and stream its tool calls")
-    run.add_argument(
-        "--roster", type=Path, default=None, help="roster directory (default ./roster)"
-    )
+    run.add_argument("--roster", type=Path, default=None, help=ROSTER_HELP)
     run.add_argument("--butler", required=True, help="butler name")
+    run.add_argument(
+        "--runtime", help="run on this runtime instead of the butler's (claude-code, codex, gemini)"
+    )
     run.add_argument("--max-turns", type=int, default=None, help="override max_turns")
     run.add_argument(
         "--replay", type=Path, metavar="SCENARIO", help="play model turns from a scenario"
@@ -78,9 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="use the MCP server already serving the butler's port instead of starting one",
     )
-    run.add_argument("--context", default=None, help="context placed before the prompt")
+    run.add_argument(
+        "--context", default=None, help="context placed before the prompt (@FILE: a file's text)"
+    )
     run.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    run.add_argument("prompt", help="the prompt")
+    run.add_argument("prompt", help=PROMPT_HELP)
 
     sessions = commands.add_parser("sessions", help="list recorded sessions, or show one")
     sessions.add_argument("session_id", nargs="?", help="show this session (a prefix is enough)")
@@ -91,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="serve a butler's MCP server and schedule")
     serve.add_argument("butler", help="butler name")
-    serve.add_argument("--roster", type=Path, default=None)
+    serve.add_argument("--roster", type=Path, default=None, help=ROSTER_HELP)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=None, help="default: the butler's port")
     serve.add_argument("--replay", type=Path, metavar="SCENARIO", help="runs use this scenario")
@@ -112,7 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true")
 
     roster = commands.add_parser("roster", help="validate a roster and list its butlers")
-    roster.add_argument("--roster", type=Path, default=None)
+    roster.add_argument("--roster", type=Path, default=None, help=ROSTER_HELP)
+
+    init = commands.add_parser(
+        "init", help="create a roster with an example butler, a skill and a replay scenario"
+    )
+    init.add_argument(
+        "directory", nargs="?", type=Path, default=Path("roster"),
+        help="where to create it (default: ./roster); it must not exist or be empty",
+    )  # fmt: skip
 
     sources = commands.add_parser("sources", help="named folders, files and git repos to ask about")
     sources_commands = sources.add_subparsers(dest="sources_command", required=True)
@@ -137,7 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="print the result as JSON")
             p.add_argument("question")
 
-    doctor = commands.add_parser("doctor", help="find each runtime's CLI and report versions")
+    doctor = commands.add_parser(
+        "doctor", help="check each runtime's CLI and that each butler's MCP server answers"
+    )
+    doctor.add_argument("--roster", type=Path, default=None, help=ROSTER_HELP)
+    doctor.add_argument("--butler", help="check only this butler's MCP server")
     doctor.add_argument("--json", action="store_true")
 
     adapter = commands.add_parser(
@@ -145,36 +174,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="the shell adapter contract for orchestrators (see docs/adapter-contract.md)",
     )
     adapter.add_argument("runtime", help="claude-code, codex or gemini")
-    adapter.add_argument("--roster", type=Path, help="run as a roster butler (with --butler)")
+    adapter.add_argument(
+        "--roster", type=Path, help="the roster of --butler (default: as for every command)"
+    )
     adapter.add_argument(
         "--butler", help="a butler of the roster (default: the brief is the prompt)"
     )
     adapter.add_argument("--replay", type=Path, metavar="SCENARIO", help="offline model turns")
-    contract = adapter.add_subparsers(dest="contract_command", required=True)
+    contract = adapter.add_subparsers(
+        dest="contract_command", required=True, metavar="COMMAND", title="commands"
+    )
     contract.add_parser("capabilities", help="print the runtime's capabilities as JSON")
     c_spawn = contract.add_parser("spawn", help="start a session; prints its id")
     c_spawn.add_argument("brief", type=Path)
     c_spawn.add_argument("state", type=Path)
-    c_spawn.add_argument("prompt")
+    c_spawn.add_argument("prompt", help=PROMPT_HELP)
     c_resume = contract.add_parser("resume", help="continue a session; prints the new id")
     c_resume.add_argument("session_id")
     c_resume.add_argument("state", type=Path)
-    c_resume.add_argument("prompt")
+    c_resume.add_argument("prompt", help=PROMPT_HELP)
     c_status = contract.add_parser("check_status", help="pending, active, completed or failed")
     c_status.add_argument("session_id")
     c_sub = contract.add_parser("spawn_subagent", help="start a session as a role; prints its id")
     c_sub.add_argument("role")
     c_sub.add_argument("brief", type=Path)
     c_sub.add_argument("state", type=Path)
-    c_sub.add_argument("prompt")
+    c_sub.add_argument("prompt", help=PROMPT_HELP)
     contract.add_parser("start_mcp_server", help="serve the butler's MCP server; prints its pid")
-    worker = contract.add_parser("_worker", help=argparse.SUPPRESS)
+    # The detached worker spawn and resume start: internal, so kept out of every help text.
+    worker = contract.add_parser("_worker")
+    contract._choices_actions = [a for a in contract._choices_actions if a.dest != "_worker"]
     worker.add_argument("--session-id", required=True)
     worker.add_argument("--brief", type=Path, required=True)
     worker.add_argument("--state", type=Path, required=True)
     worker.add_argument("--resume-from")
     worker.add_argument("--role")
-    worker.add_argument("prompt")
+    worker.add_argument("--prompt-file", type=Path, required=True)
 
     creds = commands.add_parser("credentials", help="values runs get for declared variables")
     creds_commands = creds.add_subparsers(dest="credentials_command", required=True)
@@ -191,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="check every page of the store; exit 1 if it is damaged"
     )
     check.add_argument("path", nargs="?", type=Path, help="default: $SPAWNKIT_HOME/sessions.db")
+    check.add_argument(
+        "--repair", action="store_true",
+        help="copy every readable row into a fresh store; the damaged file is kept as a backup",
+    )  # fmt: skip
 
     hist = commands.add_parser("history", help="tokens, cost and tool calls, summed up")
     hist.add_argument("--source", choices=["store", "claude", "codex", "gemini"], default="store",
@@ -207,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _tracer_provider() -> TracerProvider:
     """Spans give each session a trace id; OTEL_TRACES_EXPORTER=console prints them."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+
     provider = TracerProvider()
     if os.environ.get("OTEL_TRACES_EXPORTER") == "console":
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
@@ -224,6 +266,10 @@ async def _run_once(
     json_output: bool,
     store: SessionStore,
 ) -> SpawnerResult:
+    from .console import EventPrinter
+    from .replay import Scenario
+    from .service import ButlerService
+
     printer = EventPrinter(sys.stderr if json_output else sys.stdout)
     provider = _tracer_provider()
     try:
@@ -240,12 +286,21 @@ async def _run_once(
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    roster = load_roster(args.roster or default_roster())
-    butler = roster[args.butler]
+    import asyncio
+
+    from .spawner import validate_request
+    from .store import SessionStore
+
+    prompt = read_prompt(args.prompt)
+    context = read_prompt(args.context) if args.context and args.context != "-" else args.context
+    validate_request(prompt, args.max_turns)  # before the store or any server is touched
+    butler = _load_roster(args.roster)[args.butler]
+    if args.runtime:
+        butler = butler.with_runtime(args.runtime)
     store = SessionStore()
     result = asyncio.run(
         _run_once(
-            butler, args.prompt, context=args.context, max_turns=args.max_turns,
+            butler, prompt, context=context, max_turns=args.max_turns,
             replay=args.replay, external_mcp=args.external_mcp, json_output=args.json,
             store=store,
         )
@@ -256,6 +311,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .console import Style, render_session
+    from .roster import load_roster
+    from .roster_location import example_roster
+    from .store import SessionStore
+
     roster = load_roster(example_roster())
     butler = roster[DEMO_BUTLER]
     out = sys.stderr if args.json else sys.stdout
@@ -285,6 +347,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
+    from .console import Style, render_session, render_sessions_table
+    from .store import SessionStore
+
     store = SessionStore()
     if args.session_id:
         matches = [r for r in store.list_sessions(limit=10_000) if r.id.startswith(args.session_id)]
@@ -306,8 +371,13 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    roster = load_roster(args.roster or default_roster())
-    butler = roster[args.butler]
+    import asyncio
+
+    from .console import EventPrinter
+    from .replay import Scenario
+    from .service import ButlerService
+
+    butler = _load_roster(args.roster)[args.butler]
 
     async def main() -> None:
         provider = _tracer_provider()
@@ -336,6 +406,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from .replay import record_forever, serve_forever
+
     if args.replay_command == "serve":
         serve_forever(args.scenario, args.host, args.port)
     else:
@@ -344,7 +416,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_roster(args: argparse.Namespace) -> int:
-    roster: Roster = load_roster(args.roster or default_roster())
+    roster = _load_roster(args.roster)
     print(f"roster {roster.directory}: {len(roster)} butler(s)")
     for b in roster:
         r = b.runtime
@@ -356,7 +428,33 @@ def cmd_roster(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    import shlex
+
+    from .scaffold import STARTER_PROMPT, init_roster
+
+    made = init_roster(args.directory)
+    shown = args.directory.expanduser()
+    print(f"created a roster in {made.directory} with the butler {made.butler!r}:")
+    for file in made.files:
+        print(f"  {shown / file}")
+    roster_flag = "" if shown == Path("roster") else f" --roster {shlex.quote(str(shown))}"
+    scenario = shlex.quote(str(shown / made.scenario.relative_to(made.directory)))
+    print(
+        "\nrun it offline, on the replay model:\n"
+        f"  spawnkit run{roster_flag} --butler {made.butler} --replay {scenario} "
+        f"{shlex.quote(STARTER_PROMPT)}\n"
+        f"on the real model (needs ANTHROPIC_API_KEY), drop --replay; list the roster with "
+        f"`spawnkit roster{roster_flag}`"
+    )
+    return EXIT_OK
+
+
 def cmd_credentials(args: argparse.Namespace) -> int:
+    import getpass
+
+    from .store import SessionStore
+
     store = SessionStore()
     if args.credentials_command == "set":
         value = args.value if args.value is not None else getpass.getpass(f"{args.name}: ")
@@ -398,6 +496,7 @@ def _agent_env(replaying: bool) -> dict[str, str]:
     """API keys for an ask/chat agent: spawnkit's credentials, or the replay key."""
     from .credentials import CredentialStore
     from .service import REPLAY_API_KEY, REPLAY_KEYS
+    from .store import SessionStore
 
     if replaying:
         return dict.fromkeys(REPLAY_KEYS, REPLAY_API_KEY)
@@ -407,17 +506,19 @@ def _agent_env(replaying: bool) -> dict[str, str]:
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
+    import asyncio
+
     from .ask import ask
-    from .replay import ReplayServer
+    from .replay import ReplayServer, Scenario
+
+    question = read_prompt(args.question)
 
     async def run() -> Any:
         if args.replay is None:
-            return await ask(
-                args.sources, args.question, runtime=args.runtime, env=_agent_env(False)
-            )
+            return await ask(args.sources, question, runtime=args.runtime, env=_agent_env(False))
         async with ReplayServer(Scenario.load(args.replay)).serve() as url:
             return await ask(
-                args.sources, args.question, runtime=args.runtime, base_url=url,
+                args.sources, question, runtime=args.runtime, base_url=url,
                 env=_agent_env(True),
             )  # fmt: skip
 
@@ -433,49 +534,67 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from .ask import chat
-    from .replay import ReplayServer
+    from .replay import ReplayServer, Scenario
 
     if args.replay is None:
         return chat(args.sources, runtime=args.runtime, env=_agent_env(False))
-    with ReplayServer(Scenario.load(args.replay)).serve_in_thread() as url:
+    scenario = Scenario.load(args.replay)  # a bad scenario fails before anything starts
+    with ReplayServer(scenario).serve_in_thread() as url:
         return chat(args.sources, runtime=args.runtime, base_url=url, env=_agent_env(True))
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    rows = []
-    for runtime in available_runtimes():
-        adapter = get_adapter(runtime)()
-        try:
-            path = adapter.find_binary()
-        except RuntimeNotFoundError as exc:
-            rows.append({"runtime": runtime, "found": False, "install": exc.install_hint})
-            continue
-        rows.append(
-            {
-                "runtime": runtime,
-                "found": True,
-                "path": str(path),
-                "version": adapter.binary_version(),
-            }
-        )
+    from .doctor import check_roster_mcp, check_runtimes
+    from .roster_location import RosterNotFound
+
+    runtimes = check_runtimes()
+    try:
+        roster = _load_roster(args.roster)
+    except RosterNotFound as exc:
+        if args.roster is not None or args.butler:
+            raise
+        roster, no_roster = None, str(exc)
+    butlers = [roster[args.butler]] if roster and args.butler else list(roster or [])
+    servers = check_roster_mcp(butlers)
+    failed = not all(c.found for c in runtimes) or not all(
+        c.ok and c.port_status != "other" for c in servers
+    )
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps({"runtimes": [c.to_dict() for c in runtimes],
+                          "mcp_servers": [c.to_dict() for c in servers]}))  # fmt: skip
+        return EXIT_FAILED if failed else EXIT_OK
+    print("runtimes:")
+    for c in runtimes:
+        if c.found:
+            print(f"  {c.runtime:<12} ok       {c.version or '?'}  ({c.path})")
+        else:
+            print(f"  {c.runtime:<12} missing  install it with: {c.install}")
+    if roster is None:
+        print(f"MCP servers: not checked: {no_roster}")
     else:
-        for row in rows:
-            if row["found"]:
-                print(f"{row['runtime']:<12} ok       {row['version'] or '?'}  ({row['path']})")
-            else:
-                print(f"{row['runtime']:<12} missing  install it with: {row['install']}")
-    return EXIT_OK if all(row["found"] for row in rows) else EXIT_FAILED
+        print(f"MCP servers (roster {roster.directory}):")
+    for m in servers:
+        if m.ok:
+            where = {
+                "free": f"port {m.port} free (runs start their own server; only --external-mcp "
+                f"needs one there: `spawnkit serve {m.butler}`)",
+                "serving": f"port {m.port} serves it (--external-mcp runs can use it)",
+                "other": f"port {m.port} is taken by something that is not this butler's MCP "
+                "server: --external-mcp runs and `spawnkit serve` will fail",
+            }[m.port_status]
+            status = "ok    " if m.port_status != "other" else "FAILED"
+            print(f"  {m.butler:<12} {status}   answers over {m.transport} "
+                  f"({len(m.tools)} tools); {where}")  # fmt: skip
+        else:
+            print(f"  {m.butler:<12} FAILED   its MCP server does not answer: {m.error}")
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def cmd_adapter(args: argparse.Namespace) -> int:
     from . import contract
+    from .runtimes import canonical_runtime
 
-    if args.runtime not in available_runtimes():
-        raise SpawnkitError(
-            f"unknown runtime {args.runtime!r}; available: {', '.join(available_runtimes())}"
-        )
+    args.runtime = canonical_runtime(args.runtime)
     try:
         return _adapter(args, contract)
     except contract.ContractError as exc:
@@ -484,6 +603,8 @@ def cmd_adapter(args: argparse.Namespace) -> int:
 
 
 def _adapter(args: argparse.Namespace, contract: Any) -> int:
+    from .store import SessionStore
+
     command = args.contract_command
     if command == "capabilities":
         print(json.dumps(contract.capabilities(args.runtime)))
@@ -496,19 +617,19 @@ def _adapter(args: argparse.Namespace, contract: Any) -> int:
     if command == "check_status":
         print(contract.check_status(args.session_id, store))
     elif command == "spawn":
-        print(contract.spawn(options, args.brief, args.state, args.prompt, store=store))
+        prompt = read_prompt(args.prompt)
+        print(contract.spawn(options, args.brief, args.state, prompt, store=store))
     elif command == "spawn_subagent":
-        print(
-            contract.spawn(
-                options, args.brief, args.state, args.prompt, role=args.role, store=store
-            )
-        )
+        prompt = read_prompt(args.prompt)
+        print(contract.spawn(options, args.brief, args.state, prompt, role=args.role, store=store))
     elif command == "resume":
-        print(contract.resume(options, args.session_id, args.state, args.prompt, store=store))
+        prompt = read_prompt(args.prompt)
+        print(contract.resume(options, args.session_id, args.state, prompt, store=store))
     else:  # _worker: run the session in this (detached) process
         result = contract.run_worker(
-            options, args.session_id, args.brief, args.state, args.prompt,
-            resume_from=args.resume_from, role=args.role, store=store,
+            options, args.session_id, args.brief, args.state, contract.read_prompt_file(
+                args.prompt_file
+            ), resume_from=args.resume_from, role=args.role, store=store,
         )  # fmt: skip
         return EXIT_OK if result.success else EXIT_FAILED
     return EXIT_OK
@@ -530,14 +651,44 @@ def cmd_store(args: argparse.Namespace) -> int:
     from .home import default_store_path
     from .store import check_store
 
-    health = check_store(args.path or default_store_path())
+    path = args.path or default_store_path()
+    if args.repair:
+        return _repair(path)
+    health = check_store(path)
     if health.healthy:
         print(f"{health.path}: ok (schema {health.schema_version}, {health.sessions} sessions)")
         return EXIT_OK
     print(f"{health.path}: damaged", file=sys.stderr)
     for problem in health.problems:
         print(f"  {problem}", file=sys.stderr)
+    if path.exists():
+        print(f"repair it with: spawnkit store check --repair {path}", file=sys.stderr)
     return EXIT_FAILED
+
+
+def _repair(path: Path) -> int:
+    from .store_repair import repair_store
+
+    report = repair_store(path)
+    if report.backup is None:
+        print(f"{path}: ok, nothing to repair")
+        return EXIT_OK
+    print(f"{path}: rebuilt from every readable row; the damaged file is kept as {report.backup}")
+    for table in report.tables:
+        if not table.reachable:
+            state = "LOST: the table itself could not be read"
+        elif table.unreadable:
+            state = f"{table.recovered} rows recovered, up to {table.unreadable} unreadable"
+        else:
+            state = f"{table.recovered} rows recovered, none lost"
+        print(f"  {table.name:<12} {state}")
+    for name in report.lost_precious:
+        print(
+            f"warning: some rows of {name!r} could not be read: check `spawnkit credentials "
+            f"list` and set the missing ones again; the backup {report.backup} keeps the rest",
+            file=sys.stderr,
+        )
+    return EXIT_OK if report.complete else EXIT_FAILED
 
 
 COMMANDS = {
@@ -547,6 +698,7 @@ COMMANDS = {
     "serve": cmd_serve,
     "replay": cmd_replay,
     "roster": cmd_roster,
+    "init": cmd_init,
     "credentials": cmd_credentials,
     "doctor": cmd_doctor,
     "sources": cmd_sources,
@@ -563,11 +715,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except SpawnkitError as exc:
-        print(f"spawnkit: error: {exc}", file=sys.stderr)
+        print(f"spawnkit: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("spawnkit: interrupted; the run was cancelled and recorded", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def one_line(message: str) -> str:
+    """An error message as one line (an agent's stderr tail may span several)."""
+    return " | ".join(line.strip() for line in message.strip().splitlines() if line.strip())
 
 
 if __name__ == "__main__":

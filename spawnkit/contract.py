@@ -49,6 +49,7 @@ from .errors import RuntimeNotFoundError, SpawnkitError
 from .home import spawnkit_home
 from .result import SpawnerResult
 from .roster import ButlerConfig, adhoc_butler, load_roster
+from .roster_location import find_roster
 from .runlog import session_log_dir
 from .runtimes import get_adapter
 from .store import SessionStore
@@ -205,7 +206,7 @@ def contract_butler(options: Options, brief: Path, role: str | None = None) -> B
     """The butler a contract session runs as: a roster butler, or the brief as a prompt."""
     config = Config.load()
     if options.butler:
-        butler = load_roster(options.roster or "roster")[options.butler].with_runtime(
+        butler = load_roster(find_roster(options.roster))[options.butler].with_runtime(
             options.runtime
         )
         if role is not None and role not in butler.agents:
@@ -243,6 +244,7 @@ def spawn(
     store: SessionStore,
 ) -> str:
     """Start a session (or return the one still active for this brief and state file)."""
+    _check_prompt(prompt)
     if role is not None and not capabilities(options.runtime).get("supports_subagents"):
         raise ContractError(f"the {options.runtime} runtime has no sub-agents")
     brief, state = brief.resolve(), state.resolve()
@@ -256,11 +258,12 @@ def spawn(
             return active
         session_id = str(uuid.uuid4())
         save_meta(session_id, brief=str(brief), spawn_key=key, role=role)
+        prompt_file = write_prompt(session_id, prompt)
         argv = [*options.argv(), "_worker", "--session-id", session_id, "--brief", str(brief),
-                "--state", str(state)]  # fmt: skip
+                "--state", str(state), "--prompt-file", str(prompt_file)]  # fmt: skip
         if role is not None:
             argv += ["--role", role]
-        start_worker([*argv, "--", prompt], session_id, store)
+        start_worker(argv, session_id, store)
         _spawns_dir().joinpath(f"{key}.json").write_text(json.dumps({"session_id": session_id}))
     return session_id
 
@@ -269,6 +272,7 @@ def resume(
     options: Options, session_id: str, state: Path, prompt: str, *, store: SessionStore
 ) -> str:
     """Continue a finished contract session as a new linked one; returns the new id."""
+    _check_prompt(prompt)
     if store.get_session(session_id) is None:
         raise ContractError(f"unknown session {session_id!r}", EXIT_UNKNOWN)
     meta = session_meta(session_id)
@@ -279,8 +283,9 @@ def resume(
     new_id = str(uuid.uuid4())
     save_meta(new_id, brief=str(brief))
     argv = [*options.argv(), "_worker", "--session-id", new_id, "--brief", str(brief),
-            "--state", str(state.resolve()), "--resume-from", session_id]  # fmt: skip
-    return start_worker([*argv, "--", prompt], new_id, store)
+            "--state", str(state.resolve()), "--resume-from", session_id,
+            "--prompt-file", str(write_prompt(new_id, prompt))]  # fmt: skip
+    return start_worker(argv, new_id, store)
 
 
 def _spawn_key(options: Options, brief: Path, state: Path, role: str | None) -> str:
@@ -365,7 +370,7 @@ def start_mcp_server(options: Options) -> int:
     """Serve the butler's MCP server in a detached process; returns its pid once it listens."""
     if not options.butler:
         raise ContractError("start_mcp_server needs --butler (and --roster)")
-    butler = load_roster(options.roster or "roster")[options.butler]
+    butler = load_roster(find_roster(options.roster))[options.butler]
     if _listening(butler.port):
         raise ContractError(f"port {butler.port} of butler {butler.name!r} is already in use")
     logs = spawnkit_home() / "servers"
@@ -420,6 +425,31 @@ def start_worker(argv: list[str], session_id: str, store: SessionStore) -> str:
             raise ContractError(f"the session did not start within {timeout:g} s", EXIT_FAILED)
         time.sleep(0.05)
     return session_id
+
+
+PROMPT_FILE = "prompt.txt"
+
+
+def _check_prompt(prompt: str) -> None:
+    if not prompt.strip():
+        raise ContractError("the prompt is empty: give the agent something to do")
+
+
+def write_prompt(session_id: str, prompt: str) -> Path:
+    """Hand the prompt to the worker as a file: an argument over 128 KiB cannot be passed."""
+    log_dir = session_log_dir(session_id)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    path = log_dir / PROMPT_FILE
+    path.write_text(prompt, encoding="utf-8")
+    return path
+
+
+def read_prompt_file(path: Path) -> str:
+    """The prompt :func:`write_prompt` left for this worker."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ContractError(f"cannot read the prompt file {path}: {exc.strerror or exc}") from None
 
 
 def save_meta(session_id: str, **meta: Any) -> None:

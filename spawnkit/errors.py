@@ -11,6 +11,7 @@ caller can catch the family at once and a command line can print one clear line:
     ├── MissingEnvError             a butler's required variable has no value
     ├── RuntimeNotFoundError        the agent CLI binary is missing; says how to install it
     ├── InvalidTriggerSource        also a ValueError
+    ├── InvalidArgument             a call's argument is out of range; also a ValueError
     ├── TriggerRejected             a trigger was refused before it ran
     │   ├── QueueFullError          every slot and queue place is taken
     │   └── SpawnerClosedError      stop_accepting() was called
@@ -22,6 +23,8 @@ caller can catch the family at once and a command line can print one clear line:
     │   └── ProtocolError           the CLI's output could not be understood
     ├── SpawnError                  a run failed where the caller asked for an exception
     └── StoreError                  the session store cannot be opened or written
+        ├── StoreDamaged            the file's pages are damaged; says how to recover
+        └── HomeNotWritable         $SPAWNKIT_HOME cannot be created or written
 
 Modules with errors of their own keep them next to their code, in the same tree:
 ``sources.SourceError`` (a ConfigError: unknown, invalid or duplicate sources),
@@ -36,6 +39,7 @@ returned in its :class:`~spawnkit.result.SpawnerResult`, not raised.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,12 +68,17 @@ class RosterError(ConfigError):
 class UnknownRuntimeError(ConfigError, ValueError):
     """A runtime type that no adapter is registered for."""
 
-    def __init__(self, name: str, available: list[str]) -> None:
+    def __init__(
+        self, name: str, available: list[str], aliases: Mapping[str, str] | None = None
+    ) -> None:
         self.name = name
         self.available = available
-        super().__init__(
-            f"unknown runtime {name!r}; available runtimes: {', '.join(sorted(available))}"
-        )
+        also = {target: alias for alias, target in (aliases or {}).items()}
+        listed = [
+            f"{runtime} (or {also[runtime]})" if runtime in also else runtime
+            for runtime in sorted(available)
+        ]
+        super().__init__(f"unknown runtime {name!r}; available runtimes: {', '.join(listed)}")
 
 
 class ScenarioError(ConfigError):
@@ -103,6 +112,13 @@ class RuntimeNotFoundError(SpawnkitError):
 
 class InvalidTriggerSource(SpawnkitError, ValueError):
     """A trigger source outside tick, external, trigger, route and schedule:<name>."""
+
+
+class InvalidArgument(SpawnkitError, ValueError):
+    """An argument no run can be made of: an empty prompt, ``max_turns`` below 1.
+
+    Also a ``ValueError``, so code written against the plain exception keeps working.
+    """
 
 
 class TriggerRejected(SpawnkitError):
@@ -170,3 +186,28 @@ class SpawnError(SpawnkitError):
 
 class StoreError(SpawnkitError):
     """The session store cannot be opened or written."""
+
+
+class StoreDamaged(StoreError):
+    """The store file's pages are damaged; the message names the file and the way out."""
+
+    def __init__(self, path: Path, detail: str) -> None:
+        self.path = path
+        self.detail = detail
+        super().__init__(
+            f"the session store {path} is damaged ({detail}): run `spawnkit store check "
+            f"--repair` (it keeps the damaged file as a backup), or move {path.name} aside "
+            "and spawnkit starts a fresh store"
+        )
+
+
+class HomeNotWritable(StoreError):
+    """``$SPAWNKIT_HOME`` (or the folder it would be created in) cannot be written."""
+
+    def __init__(self, path: Path, detail: str) -> None:
+        self.path = path
+        self.detail = detail
+        super().__init__(
+            f"spawnkit's home {path} is read-only or cannot be created ({detail}): "
+            "set SPAWNKIT_HOME to a writable directory"
+        )

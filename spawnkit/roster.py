@@ -18,10 +18,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, cast
 
-from croniter import croniter
-
-from .errors import ConfigError, RosterError, UnknownRuntimeError
-from .runtimes import available_runtimes
+from .errors import ConfigError, RosterError
+from .runtimes import canonical_runtime
 
 McpTransport = Literal["http", "sse"]
 MCP_PATHS: Mapping[str, str] = MappingProxyType({"http": "/mcp", "sse": "/sse"})
@@ -117,8 +115,7 @@ class ButlerConfig:
 
     def with_runtime(self, runtime: str) -> ButlerConfig:
         """The same butler run by another runtime (``claude-code``, ``codex``, ``gemini``)."""
-        if runtime not in available_runtimes():
-            raise UnknownRuntimeError(runtime, available_runtimes())
+        runtime = canonical_runtime(runtime)
         if runtime == self.runtime.type:
             return self
         return replace(self, runtime=replace(self.runtime, type=runtime))
@@ -173,8 +170,7 @@ def adhoc_butler(
     Used by the shell adapter contract and the notebook when no butler is named.
     Its MCP server has no fixed port (``port = 0``): it always runs in-process.
     """
-    if runtime not in available_runtimes():
-        raise UnknownRuntimeError(runtime, available_runtimes())
+    runtime = canonical_runtime(runtime)
     folder = Path(directory).expanduser().resolve()
     prompt = Path(prompt_file).expanduser().resolve() if prompt_file else DEFAULT_PROMPT
     if not prompt.is_file():
@@ -335,10 +331,10 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
             "max_queued_sessions", "timeout_s", "tools",
         }
     )  # fmt: skip
-    runtime_type = r.string("type", "claude-code")
-    if runtime_type not in available_runtimes():
-        err = UnknownRuntimeError(runtime_type, available_runtimes())
-        raise r.error("type", str(err))
+    try:
+        runtime_type = canonical_runtime(r.string("type", "claude-code"))
+    except ConfigError as err:
+        raise r.error("type", str(err)) from None
     runtime = RuntimeConfig(
         type=runtime_type,
         model=r.optional_string("model"),
@@ -363,6 +359,8 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
         if any(existing.name == sname for existing in schedules):
             raise s.error("name", f"duplicate schedule name {sname!r}")
         cron = s.string("cron")
+        from croniter import croniter  # here, not at import: it costs a CLI start 0.1 s
+
         if not croniter.is_valid(cron):
             raise s.error("cron", f"invalid cron expression {cron!r}")
         prompt = s.string("prompt")

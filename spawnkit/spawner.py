@@ -33,12 +33,14 @@ from opentelemetry.trace import TracerProvider
 from .credentials import CredentialStore, check_required, isolated_env
 from .errors import (
     ConfigError,
+    InvalidArgument,
     InvalidTriggerSource,
     QueueFullError,
     RuntimeFailure,
     RuntimeNotFoundError,
     SpawnerClosedError,
     SpawnkitError,
+    StoreError,
 )
 from .events import (
     AssistantText,
@@ -78,6 +80,14 @@ def validate_trigger_source(source: str) -> None:
         f"invalid trigger_source {source!r}: use one of {', '.join(TRIGGER_SOURCES)} "
         "or schedule:<task-name>"
     )
+
+
+def validate_request(prompt: object, max_turns: int | None = None) -> None:
+    """Refuse a prompt no run can be made of, or a turn limit below 1 (``InvalidArgument``)."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InvalidArgument("the prompt is empty: give the agent something to do")
+    if max_turns is not None and max_turns < 1:
+        raise InvalidArgument(f"max_turns must be at least 1, not {max_turns}")
 
 
 def _now() -> datetime:
@@ -290,10 +300,7 @@ class Spawner:
         once accepted, failures come back as ``success=False`` results.
         """
         validate_trigger_source(trigger_source)
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("prompt must be a non-empty string")
-        if max_turns is not None and max_turns < 1:
-            raise ValueError("max_turns must be at least 1")
+        validate_request(prompt, max_turns)
         if not self._accepting:
             raise SpawnerClosedError(f"butler {self.butler.name!r} is not accepting triggers")
         if not self._has_free_slot():
@@ -305,7 +312,7 @@ class Spawner:
                     f"{self._queued()} queued (max_queued_sessions = {self._max_queued})"
                 )
         if role is not None and not _ROLE_RE.fullmatch(role):
-            raise ValueError(f"invalid role name {role!r}")
+            raise InvalidArgument(f"invalid role name {role!r}")
         self.adapter.find_binary()
         check_required(self.butler, self.credentials)
 
@@ -399,6 +406,7 @@ class Spawner:
         started_at: datetime | None = None
         started_clock = 0.0
         result: SpawnerResult | None = None
+        recorded = False
         try:
             async with self._admission:
                 await asyncio.to_thread(
@@ -415,6 +423,7 @@ class Spawner:
                     log_dir=session_log_dir(run.session_id),
                     role=run.role,
                 )
+                recorded = True
             run.log = RunLog.for_session(run.session_id, self.log_cap_bytes)
             if position > 0:
                 collector.emit(Queued(run.session_id, butler.name, position))
@@ -429,6 +438,13 @@ class Spawner:
                     self._active -= 1
         except asyncio.CancelledError:
             result = self._unfinished(collector, "cancelled", "the run was cancelled", "cancelled")
+        except StoreError as exc:
+            if not recorded:
+                # No record can be written (a damaged or read-only store): nothing runs
+                # unrecorded, so the trigger fails with the store's own one-line error.
+                self._runs.pop(run.session_id, None)
+                raise
+            result = self._unfinished(collector, "failed", str(exc), "store")
         except Exception as exc:  # a bug of ours: record it rather than lose the session
             logger.exception(
                 "run %s of butler %s failed inside spawnkit", run.session_id, butler.name

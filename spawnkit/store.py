@@ -16,22 +16,23 @@ and short, and async callers run them with ``asyncio.to_thread``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote
 
-from .errors import StoreError
-from .home import default_store_path
+from .errors import HomeNotWritable, StoreDamaged, StoreError
+from .home import default_store_path, is_writable
 from .result import SpawnerResult, ToolCall, Usage
 
 SCHEMA_VERSION = 3
@@ -171,6 +172,46 @@ def _process_alive(pid: int, start: str | None) -> bool:
     except PermissionError:
         pass
     return start is None or _process_start(pid) in (None, start)
+
+
+# What SQLite says when the file itself is damaged (not merely busy or unwritable).
+_DAMAGE_WORDS = ("malformed", "not a database", "file is encrypted", "corrupt")
+# What it says when it cannot create or write the file (or its -wal and -shm companions).
+_READ_ONLY_WORDS = ("unable to open database file", "readonly database", "read-only")
+
+
+def store_error(path: Path, exc: sqlite3.Error) -> StoreError:
+    """The typed error for a SQLite failure on the store at ``path``: damaged, read-only, other.
+
+    Every command and every caller sees the same one line: which file, what is wrong with
+    it, and what to do, never a bare ``sqlite3.DatabaseError``.
+    """
+    text = str(exc)
+    lowered = text.lower()
+    if any(word in lowered for word in _DAMAGE_WORDS):
+        return StoreDamaged(path, text)
+    if any(word in lowered for word in _READ_ONLY_WORDS) and not is_writable(path.parent):
+        return HomeNotWritable(path.parent, text)
+    return StoreError(f"the session store {path}: {text}")
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _translated(
+    method: Callable[Concatenate[SessionStore, _P], _T],
+) -> Callable[Concatenate[SessionStore, _P], _T]:
+    """Turn a SQLite failure inside a store method into :func:`store_error`'s typed error."""
+
+    @functools.wraps(method)
+    def wrapper(self: SessionStore, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise store_error(self.path, exc) from exc
+
+    return wrapper
 
 
 def _enable_wal(conn: sqlite3.Connection) -> None:
@@ -341,10 +382,13 @@ class SessionStore:
         self._pid_start = _process_start(self._pid)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise HomeNotWritable(self.path.parent, exc.strerror or str(exc)) from exc
+        try:
             self._migrate()
-            self.recover_orphans()
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot open the session store {self.path}: {exc}") from exc
+            raise store_error(self.path, exc) from exc
+        self.recover_orphans()
 
     # -- connections -----------------------------------------------------------
 
@@ -411,6 +455,7 @@ class SessionStore:
 
     # -- sessions --------------------------------------------------------------
 
+    @_translated
     def create_session(
         self,
         session_id: str,
@@ -441,6 +486,7 @@ class SessionStore:
                 ),
             )  # fmt: skip
 
+    @_translated
     def mark_started(
         self, session_id: str, *, started_at: datetime, trace_id: str | None = None
     ) -> None:
@@ -451,6 +497,7 @@ class SessionStore:
                 (_iso(started_at), trace_id, session_id),
             )
 
+    @_translated
     def complete_session(
         self, session_id: str, result: SpawnerResult, completed_at: datetime | None = None
     ) -> None:
@@ -491,12 +538,14 @@ class SessionStore:
                     ],
                 )  # fmt: skip
 
+    @_translated
     def get_session(self, session_id: str) -> SessionRecord | None:
         row = (
             self._connect().execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
         )
         return SessionRecord.from_row(row) if row else None
 
+    @_translated
     def list_sessions(
         self,
         *,
@@ -522,9 +571,11 @@ class SessionStore:
         )
         return [SessionRecord.from_row(r) for r in rows]
 
+    @_translated
     def count_sessions(self) -> int:
         return int(self._connect().execute("SELECT count(*) FROM sessions").fetchone()[0])
 
+    @_translated
     def resolve_session(self, key: str) -> str | None:
         """spawnkit's session id for a runtime session id (or for itself)."""
         row = (
@@ -538,6 +589,7 @@ class SessionStore:
         )
         return row["id"] if row else None
 
+    @_translated
     def recover_orphans(self) -> int:
         """Mark this host's open records whose owning process is gone as crashed."""
         conn = self._connect()
@@ -560,6 +612,7 @@ class SessionStore:
 
     # -- MCP calls seen by a butler's server --------------------------------------
 
+    @_translated
     def record_mcp_call(
         self,
         *,
@@ -586,6 +639,7 @@ class SessionStore:
             )  # fmt: skip
         return session_id
 
+    @_translated
     def mcp_calls(self, session_id: str) -> list[dict[str, Any]]:
         rows = (
             self._connect()
@@ -607,6 +661,7 @@ class SessionStore:
         """The value stored under ``key``, or None."""
         return self.state_lookup(butler, key)[1]
 
+    @_translated
     def state_lookup(self, butler: str, key: str) -> tuple[bool, Any]:
         """``(found, value)``: tells a stored null from an absent key."""
         row = (
@@ -616,6 +671,7 @@ class SessionStore:
         )
         return (True, json.loads(row["value"])) if row else (False, None)
 
+    @_translated
     def state_set(self, butler: str, key: str, value: Any) -> None:
         with self._tx() as conn:
             conn.execute(
@@ -625,6 +681,7 @@ class SessionStore:
                 (butler, key, json.dumps(value, ensure_ascii=False), _iso(utcnow())),
             )
 
+    @_translated
     def state_list(self, butler: str, prefix: str = "") -> dict[str, Any]:
         # substr, not LIKE: LIKE ignores ASCII case and treats % and _ as wildcards.
         rows = (
@@ -640,6 +697,7 @@ class SessionStore:
 
     # -- credentials --------------------------------------------------------------
 
+    @_translated
     def credential_get(self, name: str) -> str | None:
         row = (
             self._connect()
@@ -648,6 +706,7 @@ class SessionStore:
         )
         return row["value"] if row else None
 
+    @_translated
     def credential_set(self, name: str, value: str) -> None:
         with self._tx() as conn:
             conn.execute(
@@ -657,16 +716,19 @@ class SessionStore:
                 (name, value, _iso(utcnow())),
             )
 
+    @_translated
     def credential_delete(self, name: str) -> bool:
         with self._tx() as conn:
             return conn.execute("DELETE FROM credentials WHERE name = ?", (name,)).rowcount > 0
 
+    @_translated
     def credential_names(self) -> list[str]:
         rows = self._connect().execute("SELECT name FROM credentials ORDER BY name").fetchall()
         return [r["name"] for r in rows]
 
     # -- memory episodes -----------------------------------------------------------
 
+    @_translated
     def add_episode(self, butler: str, session_id: str | None, prompt: str, output: str) -> None:
         with self._tx() as conn:
             conn.execute(
@@ -675,6 +737,7 @@ class SessionStore:
                 (butler, session_id, prompt, output, _iso(utcnow())),
             )
 
+    @_translated
     def recent_episodes(self, butler: str, limit: int) -> list[dict[str, Any]]:
         """The latest ``limit`` episodes of ``butler``, newest first."""
         rows = (

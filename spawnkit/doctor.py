@@ -1,0 +1,138 @@
+"""``spawnkit doctor``: is each agent CLI installed, and can a run reach its butler's MCP server?
+
+Two kinds of checks, each a plain record the command line prints (or dumps as JSON):
+
+* **Runtimes.** Each registered runtime's CLI is looked up the way a run looks it up; a
+  missing one comes with the exact command that installs it (the version the tests pin).
+* **MCP servers.** For each butler of the roster, its MCP server is started in-process
+  on a free port, as ``spawnkit run`` does, and asked over its own transport for its
+  tools: if that fails, no run of the butler can get its tools. The butler's configured
+  port is probed too: ``--external-mcp`` runs and ``spawnkit serve`` need it, so
+  something there that is not the butler's MCP server is a problem, and nothing there is
+  reported (it only matters for ``--external-mcp``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .errors import RuntimeNotFoundError
+from .roster import ButlerConfig
+from .runtimes import available_runtimes, get_adapter
+
+PROBE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class RuntimeCheck:
+    runtime: str
+    found: bool
+    path: str | None = None
+    version: str | None = None
+    install: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class McpCheck:
+    """One butler's MCP server: does it answer in-process, and what serves its own port?"""
+
+    butler: str
+    transport: str
+    ok: bool
+    tools: tuple[str, ...] = ()
+    error: str | None = None
+    port: int = 0
+    # "free", "serving" (the butler's MCP server answers there) or "other" (something else).
+    port_status: str = "free"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "tools": list(self.tools)}
+
+
+def check_runtimes() -> list[RuntimeCheck]:
+    checks = []
+    for runtime in available_runtimes():
+        adapter = get_adapter(runtime)()
+        try:
+            path = adapter.find_binary()
+        except RuntimeNotFoundError as exc:
+            checks.append(RuntimeCheck(runtime, False, install=exc.install_hint))
+            continue
+        checks.append(RuntimeCheck(runtime, True, str(path), adapter.binary_version()))
+    return checks
+
+
+async def list_tools(url: str, transport: str, timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
+    """The tool names an MCP server at ``url`` (``/mcp`` or ``/sse``) offers, within a timeout."""
+    from mcp import ClientSession
+    from mcp.client.sse import sse_client
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with asyncio.timeout(timeout_s):
+        if transport == "sse":
+            async with sse_client(url) as streams, ClientSession(streams[0], streams[1]) as s:
+                await s.initialize()
+                return [tool.name for tool in (await s.list_tools()).tools]
+        async with (
+            streamable_http_client(url) as streams,
+            ClientSession(streams[0], streams[1]) as session,
+        ):
+            await session.initialize()
+            return [tool.name for tool in (await session.list_tools()).tools]
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+async def check_mcp(butler: ButlerConfig) -> McpCheck:
+    """Start ``butler``'s MCP server in-process, list its tools, then probe its own port."""
+    import tempfile
+    from pathlib import Path
+
+    from .butler_server import ButlerServer
+    from .store import SessionStore
+
+    path = butler.mcp_path
+    tools: list[str] = []
+    error: str | None = None
+    # A scratch store: the probe's tools/list must not be recorded in the user's store.
+    with tempfile.TemporaryDirectory(prefix="spawnkit-doctor-") as scratch:
+        store = SessionStore(Path(scratch) / "sessions.db")
+        try:
+            async with ButlerServer(butler, store).serve("127.0.0.1", 0) as address:
+                tools = await list_tools(f"{address.url}{path}", butler.mcp_transport)
+        except Exception as exc:  # noqa: BLE001 - any failure is the finding it reports
+            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        finally:
+            store.close()
+    port_status = "free"
+    if butler.port and _listening(butler.port):
+        try:
+            served = await list_tools(
+                f"http://127.0.0.1:{butler.port}{path}", butler.mcp_transport, timeout_s=5.0
+            )
+        except Exception:  # noqa: BLE001 - not an MCP server there: that is the finding
+            served = []
+        port_status = "serving" if served and set(served) == set(tools) else "other"
+    return McpCheck(
+        butler.name, butler.mcp_transport, error is None and bool(tools), tuple(tools),
+        error or (None if tools else "the server offered no tools"), butler.port, port_status,
+    )  # fmt: skip
+
+
+def check_roster_mcp(butlers: list[ButlerConfig]) -> list[McpCheck]:
+    async def run() -> list[McpCheck]:
+        return [await check_mcp(butler) for butler in butlers]
+
+    return asyncio.run(run())
