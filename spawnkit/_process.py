@@ -206,6 +206,22 @@ async def _pump(stream: asyncio.StreamReader, sink: LineSink, max_line: int) -> 
         sink(*last)
 
 
+async def _feed(pipe: asyncio.StreamWriter, data: bytes) -> None:
+    """Write ``data`` to the child's stdin and close it.
+
+    A CLI that exits before reading it all (a bad flag, missing credentials) closes the
+    pipe: that is not an error of ours. Its exit code and stderr say what happened, so
+    the broken pipe is only logged.
+    """
+    try:
+        pipe.write(data)
+        await pipe.drain()
+        pipe.close()
+        await pipe.wait_closed()
+    except (BrokenPipeError, ConnectionResetError) as exc:
+        logger.debug("the CLI closed its stdin before reading all of it: %s", exc)
+
+
 async def run_lines(
     argv: Sequence[str],
     *,
@@ -235,14 +251,17 @@ async def run_lines(
     assert proc.stdout is not None
     assert proc.stderr is not None
     try:
-        if stdin is not None and proc.stdin is not None:
-            proc.stdin.write(stdin)
-            await proc.stdin.drain()
-            proc.stdin.close()
         pumps = [
             asyncio.create_task(_pump(proc.stdout, on_stdout, max_line)),
             asyncio.create_task(_pump(proc.stderr, on_stderr, max_line)),
         ]
+        # Written while the output is read: a large stdin and a chatty CLI cannot block
+        # each other on full pipes.
+        feeder = (
+            asyncio.create_task(_feed(proc.stdin, stdin))
+            if stdin is not None and proc.stdin is not None
+            else None
+        )
         try:
             done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
@@ -251,6 +270,9 @@ async def run_lines(
             for task in pumps:
                 task.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
+            if feeder is not None:
+                feeder.cancel()
+                await asyncio.gather(feeder, return_exceptions=True)
         return await proc.wait()
     finally:
         await asyncio.shield(terminate_group(proc.pid))

@@ -85,6 +85,19 @@ class RunOutcome:
     model: str | None = None
 
 
+# The error kind of a run whose butler MCP server never connected (on every runtime).
+MCP_UNAVAILABLE = "mcp_unavailable"
+
+
+def mcp_unavailable_message(server: McpServerSpec, how: str) -> str:
+    """Why such a run failed, and what to check."""
+    return (
+        f"the butler's MCP server {server.name!r} at {server.url.split('?')[0]} never "
+        f"connected ({how}), so the run had none of its tools: check that it is serving "
+        f"(`spawnkit doctor`, or `spawnkit serve {server.name}` for --external-mcp)"
+    )
+
+
 _AUTH_WORDS = ("invalid api key", "authentication", "unauthorized", "not logged in", "api key")
 _RATE_WORDS = ("rate limit", "rate_limit", "too many requests", "quota")
 _DOWN_WORDS = (

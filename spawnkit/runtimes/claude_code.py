@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,7 +44,7 @@ from claude_agent_sdk import (
     UserMessage,
     query,
 )
-from claude_agent_sdk.types import McpHttpServerConfig, McpSSEServerConfig
+from claude_agent_sdk.types import McpHttpServerConfig, McpSSEServerConfig, SystemPromptFile
 
 from .. import _process
 from ..errors import ProtocolError, RuntimeCrashed, RuntimeFailure, RuntimeNotFoundError
@@ -56,7 +57,16 @@ from ..events import (
     UsageUpdate,
 )
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
-from .base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter, classify_failure
+from .base import (
+    MCP_UNAVAILABLE,
+    McpServerSpec,
+    RunOutcome,
+    RunSpec,
+    RuntimeAdapter,
+    classify_failure,
+    mcp_unavailable_message,
+)
+from .streaming import STDERR_TAIL_LINES, stderr_summary
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +147,8 @@ class _RunState:
         self.model: str | None = spec.model
         self.runtime_session_id = spec.runtime_session_id
         self.mcp_status: str | None = None
+        # The end of the CLI's stderr: what it said when it exits before a result.
+        self.stderr: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
 
     @property
     def partial_output(self) -> str:
@@ -213,9 +225,11 @@ class _RunState:
                 outcome.error_kind = failure.kind
                 outcome.error = str(failure)
         elif self.mcp_status not in (None, "connected"):
-            # The run completed, but without the butler's tools: say so.
-            logger.warning(
-                "MCP server %s was %s during the run", self.spec.mcp_server.name, self.mcp_status
+            # It answered without the butler's tools: whatever it said, the run failed.
+            outcome.success = False
+            outcome.error_kind = MCP_UNAVAILABLE
+            outcome.error = mcp_unavailable_message(
+                self.spec.mcp_server, f"Claude Code reports it {self.mcp_status}"
             )
         return outcome
 
@@ -311,18 +325,25 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             "subagent_style": "claude-agents",
         }
 
-    def options(self, spec: RunSpec, wrapper: Path, pidfile: Path) -> ClaudeAgentOptions:
+    def options(
+        self, spec: RunSpec, wrapper: Path, pidfile: Path, state: _RunState | None = None
+    ) -> ClaudeAgentOptions:
         server = spec.mcp_server
         # The tool that starts a sub-agent ("Task", called "Agent" in newer CLIs).
         delegation = ["Task", "Agent"] if spec.agents else []
         env = _process.filtered_env(
             self.child_env(spec), self.find_binary(), pidfile, extra_keep=_SDK_ENV
         )
+        # A file, not an argument: one argument over 128 KiB cannot be passed on Linux,
+        # and a system prompt with memory and skills can grow past that. (The prompt
+        # itself goes to the CLI on stdin.)
+        system_file = spec.workspace / "system-prompt.md"
+        system_file.write_text(spec.system_prompt, encoding="utf-8")
         return ClaudeAgentOptions(
             cli_path=wrapper,
             cwd=spec.cwd,
             env=env,
-            system_prompt=spec.system_prompt,
+            system_prompt=SystemPromptFile(type="file", path=str(system_file)),
             mcp_servers={server.name: self._server_config(server)},
             strict_mcp_config=True,
             setting_sources=[],
@@ -344,14 +365,16 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             session_id=None if spec.resume else spec.runtime_session_id,
             resume=spec.resume,
             include_partial_messages=True,
-            stderr=self._stderr_sink(spec),
+            stderr=self._stderr_sink(spec, state),
         )
 
     @staticmethod
-    def _stderr_sink(spec: RunSpec) -> Callable[[str], None]:
+    def _stderr_sink(spec: RunSpec, state: _RunState | None) -> Callable[[str], None]:
         def sink(line: str) -> None:
             if spec.log is not None:
                 spec.log.stderr(line)
+            if state is not None:
+                state.stderr.append(line)
             logger.debug("claude[%s]: %s", spec.session_id[:8], line)
 
         return sink
@@ -362,7 +385,7 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         wrapper = _process.write_env_filter(spec.workspace)
         pidfile = spec.workspace / "cli.pid"
         state = _RunState(spec, emit)
-        options = self.options(spec, wrapper, pidfile)
+        options = self.options(spec, wrapper, pidfile, state)
         # The SDK is consumed in a task of its own so that a cancellation can
         # kill the CLI first; the SDK then sees the process gone and winds down
         # at once instead of waiting out its graceful-shutdown periods.
@@ -387,12 +410,16 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             # The CLI exits non-zero after a failed result; the result message,
             # when it came, says more than the exit code does.
             if state.result is None:
-                raise RuntimeCrashed(self._describe(exc)) from exc
+                raise self._failure(exc.exit_code, state) from exc
         except CLINotFoundError as exc:
             raise RuntimeNotFoundError(self.type, self.binary_name, self.install_hint) from exc
         except CLIJSONDecodeError as exc:
             raise ProtocolError(f"malformed output from Claude Code: {exc}") from exc
         except CLIConnectionError as exc:
+            # Writing to a CLI that already exited (a bad flag, missing auth) loses the
+            # connection: what the CLI said says why, not "Connection lost".
+            if state.stderr:
+                raise self._failure(None, state) from exc
             raise RuntimeCrashed(f"cannot start Claude Code: {exc}") from exc
         except ClaudeSDKError as exc:
             raise RuntimeFailure(f"Claude Code failed: {exc}", "runtime_error") from exc
@@ -421,7 +448,11 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             logger.debug("after cancellation the SDK reported: %r", consumer.exception())
 
     @staticmethod
-    def _describe(exc: ProcessError) -> str:
-        stderr = (exc.stderr or "").strip().splitlines()
-        tail = f": {stderr[-1]}" if stderr else ""
-        return f"Claude Code exited with code {exc.exit_code}{tail}"
+    def _failure(exit_code: int | None, state: _RunState) -> RuntimeFailure:
+        """The CLI ended without a result: its exit code and what its stderr said."""
+        said = stderr_summary(state.stderr)
+        code = "" if exit_code is None else f" with code {exit_code}"
+        detail = f"Claude Code exited{code}" + (f": {said}" if said else " and said nothing")
+        if said is None:
+            return RuntimeCrashed(detail)
+        return classify_failure(None, detail, auth_remedy=ClaudeCodeAdapter.auth_remedy)

@@ -24,6 +24,7 @@ Codex has no turn limit: spawnkit enforces ``max_turns`` by counting tool calls.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -37,7 +38,7 @@ from ..events import AssistantText, RunEvent, ToolCallFinished, ToolCallStarted,
 from ..home import spawnkit_home
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
 from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure
-from .streaming import LineParser, StreamingCliAdapter
+from .streaming import LineParser, StreamingCliAdapter, stderr_summary
 
 # An unknown model slug: Codex then offers MCP tools directly, not behind tool_search.
 REPLAY_MODEL = "replay-model"
@@ -188,9 +189,18 @@ class CodexParser(LineParser):
         )
         if self.failure is None and exit_code == 0:
             return outcome
-        detail = self.failure or "; ".join(self.errors) or _last(stderr)
-        if detail is None:
-            raise RuntimeCrashed(f"codex exited with code {exit_code} and no error message")
+        detail = self.failure or "; ".join(self.errors)
+        if not detail:
+            # It failed before saying anything on stdout (a bad flag, a bad config):
+            # its exit code and stderr are the whole story.
+            said = stderr_summary(stderr, _NOISE)
+            if said is None:
+                raise RuntimeCrashed(f"codex exited with code {exit_code} and no error message")
+            detail = f"codex exited with code {exit_code}: {said}"
+        if MCP_START_FAILED in detail:
+            # Without the Rust type names Codex puts in the middle of the reason.
+            reason = _RUST_TYPE.sub("", detail[detail.index(MCP_START_FAILED) :])
+            self.mcp_failure = "Codex: " + reason[:400]
         failure = classify_failure(None, detail, auth_remedy=CodexAdapter.auth_remedy)
         outcome.success = False
         outcome.output = "\n\n".join(self.messages)
@@ -210,9 +220,11 @@ def _usage(raw: dict[str, Any]) -> Usage:
     )
 
 
-def _last(lines: Sequence[str]) -> str | None:
-    meaningful = [line for line in lines if line.strip() and "Reading additional input" not in line]
-    return meaningful[-1].strip() if meaningful else None
+# How Codex says that a `required` MCP server did not start (the run then fails).
+MCP_START_FAILED = "required MCP servers failed to initialize"
+_RUST_TYPE = re.compile(r"\s*Transport \[[^\]]*\]")
+# What Codex prints on stderr that never explains a failure.
+_NOISE = ("Reading additional input", "Reading prompt from stdin")
 
 
 class CodexAdapter(StreamingCliAdapter):
@@ -270,13 +282,14 @@ class CodexAdapter(StreamingCliAdapter):
     def command(self, spec: RunSpec) -> list[str]:
         self._write_run_config(spec)
         binary = str(self.find_binary())
+        # The prompt "-" reads it from stdin: a prompt of any size (one argument over
+        # 128 KiB cannot be passed on Linux).
         if spec.resume:
-            return [binary, "exec", "resume", "--json", "--skip-git-repo-check", spec.resume,
-                    spec.prompt]  # fmt: skip
-        return [binary, "exec", "--json", "--skip-git-repo-check", spec.prompt]
+            return [binary, "exec", "resume", "--json", "--skip-git-repo-check", spec.resume, "-"]
+        return [binary, "exec", "--json", "--skip-git-repo-check", "-"]
 
     def stdin(self, spec: RunSpec) -> bytes | None:
-        return b""  # codex exec appends piped stdin to the prompt: give it nothing
+        return spec.prompt.encode("utf-8")
 
     def parser(self, spec: RunSpec) -> LineParser:
         return CodexParser(spec.session_id, spec.mcp_server.name)

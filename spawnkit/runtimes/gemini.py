@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..errors import RuntimeCrashed
+from ..errors import RuntimeCrashed, RuntimeFailure
 from ..events import (
     AssistantText,
     RunEvent,
@@ -36,7 +36,7 @@ from ..events import (
 from ..home import spawnkit_home
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
 from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure
-from .streaming import LineParser, StreamingCliAdapter
+from .streaming import LineParser, StreamingCliAdapter, stderr_summary
 
 DEFAULT_MODEL = "gemini-2.5-flash"
 # The butler's built-in tools, as Gemini names them.
@@ -53,6 +53,10 @@ BUILTIN_TOOLS = (
     "run_shell_command", "read_file", "read_many_files", "list_directory", "glob",
     "grep_search", "write_file", "replace", "web_fetch", "google_web_search", "save_memory",
 )  # fmt: skip
+# The Gemini CLI truncates a prompt read from stdin to this size (readStdin's MAX_STDIN_SIZE).
+MAX_PROMPT_BYTES = 8 * 1024 * 1024
+# What headless Gemini prints on stderr when an MCP server failed to connect.
+MCP_ISSUES = "MCP issues detected"
 # Headless exit codes of the Gemini CLI.
 EXIT_MEANINGS = {
     41: ("auth", "authentication failed"),
@@ -80,6 +84,13 @@ class GeminiParser(LineParser):
         self.result: dict[str, Any] | None = None
         self.errors: list[str] = []
         self.model: str | None = None
+        self.mcp_issues = False
+
+    def stderr_line(self, line: str) -> None:
+        # Gemini's one word on a failed MCP server in headless mode (the details go to
+        # its debug log); the butler's is the only server it has.
+        if MCP_ISSUES in line:
+            self.mcp_issues = True
 
     def tool_name(self, name: str) -> str:
         """``mcp_<server>_<tool>`` -> ``mcp__<server>__<tool>`` for the butler's server."""
@@ -139,6 +150,12 @@ class GeminiParser(LineParser):
 
     def outcome(self, exit_code: int, stderr: Sequence[str]) -> RunOutcome:
         self._close_block()
+        prefix = f"mcp__{self.server}__"
+        reached = any(
+            call.name.startswith(prefix) and call.status == "ok" for call in self.calls.values()
+        )
+        if self.mcp_issues and not reached:
+            self.mcp_failure = f"Gemini printed {MCP_ISSUES!r}"
         # Like the other runtimes, the answer is the last block of text; on
         # failure, everything the model wrote.
         output = self.blocks[-1] if self.blocks else ""
@@ -159,9 +176,12 @@ class GeminiParser(LineParser):
             outcome.error_kind = kind
             outcome.error = f"{meaning}: {reason}" if reason != meaning else meaning
             return outcome
-        detail = _error_text(self.result) or "; ".join(self.errors) or _last(stderr)
-        if detail is None:
-            raise RuntimeCrashed(f"gemini exited with code {exit_code} and no error message")
+        detail = _error_text(self.result) or "; ".join(self.errors)
+        if not detail:
+            said = stderr_summary(stderr, _NOISE)
+            if said is None:
+                raise RuntimeCrashed(f"gemini exited with code {exit_code} and no error message")
+            detail = f"gemini exited with code {exit_code}: {said}"
         # Headless gemini exits with the HTTP status of a failed model call, modulo 256.
         http = {244: 500, 173: 429, 144: 400, 247: 503, 17: 529, 145: 401, 147: 403}
         status_code = 401 if exit_code == 41 else http.get(exit_code)
@@ -202,10 +222,8 @@ def _usage(stats: dict[str, Any]) -> Usage:
     )
 
 
-def _last(lines: Sequence[str]) -> str | None:
-    noise = ("256-color", "Ripgrep is not available")
-    meaningful = [ln for ln in lines if ln.strip() and not any(n in ln for n in noise)]
-    return meaningful[-1].strip() if meaningful else None
+# What Gemini prints on stderr that never explains a failure.
+_NOISE = ("256-color", "Ripgrep is not available")
 
 
 class GeminiAdapter(StreamingCliAdapter):
@@ -280,11 +298,23 @@ class GeminiAdapter(StreamingCliAdapter):
         # yolo approves the tools that are left: the butler's MCP server and the
         # built-ins it lists (the rest are excluded in the settings). Without it,
         # headless Gemini refuses shell commands it deems complex (a heredoc).
-        command = [str(self.find_binary()), "-m", model, "-p", spec.prompt,
+        # The prompt comes on stdin (an empty -p keeps the CLI headless, and takes stdin
+        # as the whole prompt): a prompt of any size up to the CLI's own stdin limit.
+        command = [str(self.find_binary()), "-m", model, "-p", "",
                    "--output-format", "stream-json", "--approval-mode", "yolo"]  # fmt: skip
         if spec.resume:
             command += ["--resume", spec.resume]
         return command
+
+    def stdin(self, spec: RunSpec) -> bytes | None:
+        prompt = spec.prompt.encode("utf-8")
+        if len(prompt) > MAX_PROMPT_BYTES:
+            raise RuntimeFailure(
+                f"the prompt is {len(prompt):,} bytes; the Gemini CLI reads at most "
+                f"{MAX_PROMPT_BYTES:,} bytes of prompt (it would cut the rest silently)",
+                "prompt_too_large",
+            )
+        return prompt
 
     def parser(self, spec: RunSpec) -> LineParser:
         return GeminiParser(spec.session_id, spec.mcp_server.name)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from abc import ABC, abstractmethod
 from collections import deque
@@ -23,7 +24,7 @@ from typing import Any, ClassVar
 from .. import _process
 from ..errors import RuntimeFailure, RuntimeNotFoundError
 from ..events import EventSink, RunEvent
-from .base import RunOutcome, RunSpec, RuntimeAdapter
+from .base import MCP_UNAVAILABLE, RunOutcome, RunSpec, RuntimeAdapter, mcp_unavailable_message
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,23 @@ def find_cli(runtime: str, name: str, env_var: str, install_hint: str) -> Path:
     raise RuntimeNotFoundError(runtime, name, install_hint)
 
 
+_ERROR_LINE = re.compile(r"\b(error|fatal|invalid|unexpected|denied|refused|failed)\b", re.I)
+
+
+def stderr_summary(lines: Sequence[str], noise: Sequence[str] = ()) -> str | None:
+    """The line of a CLI's stderr that says why it failed.
+
+    The last line that reads like an error (a usage text after ``error: ...`` is not the
+    reason), else the last meaningful line; ``noise`` lists fragments of lines to skip.
+    """
+    meaningful = [
+        line.strip() for line in lines if line.strip() and not any(n in line for n in noise)
+    ]
+    errors = [line for line in meaningful if _ERROR_LINE.search(line)]
+    chosen = errors[-1] if errors else (meaningful[-1] if meaningful else None)
+    return None if chosen is None else chosen[:500]
+
+
 class LineParser(ABC):
     """Turns one runtime's stdout lines into events; pure and incremental."""
 
@@ -58,6 +76,12 @@ class LineParser(ABC):
         self.bad_lines = 0
         self.tool_calls = 0
         self.runtime_session_id: str | None = None
+        # Set when the CLI shows that the butler's MCP server never connected (how, in
+        # its words): such a run failed, whatever the model then answered.
+        self.mcp_failure: str | None = None
+
+    def stderr_line(self, line: str) -> None:  # noqa: B027 - most CLIs say nothing there
+        """Look at one stderr line as it arrives (default: nothing to learn from it)."""
 
     def feed(self, line: str) -> list[RunEvent]:
         """Events for one stdout line; lines that are not JSON objects are counted."""
@@ -160,6 +184,7 @@ class StreamingCliAdapter(RuntimeAdapter):
             if spec.log is not None:
                 spec.log.stderr(line)
             stderr.append(line)
+            parser.stderr_line(line)
 
         try:
             code = await _process.run_lines(
@@ -173,6 +198,10 @@ class StreamingCliAdapter(RuntimeAdapter):
         except OSError as exc:
             raise RuntimeFailure(f"cannot start {self.binary_name}: {exc}", "crash") from exc
         outcome = parser.outcome(code, list(stderr))
+        if parser.mcp_failure is not None and not limited:
+            outcome.success = False
+            outcome.error_kind = MCP_UNAVAILABLE
+            outcome.error = mcp_unavailable_message(spec.mcp_server, parser.mcp_failure)
         if limited:
             outcome.success = False
             outcome.error_kind = "max_turns"
