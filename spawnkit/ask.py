@@ -748,7 +748,8 @@ def codex_config(base_url: str | None) -> dict[str, Any]:
 _GEMINI_READ_TOOLS = (
     "run_shell_command", "read_file", "read_many_files", "list_directory", "glob", "grep_search",
 )  # fmt: skip
-_GEMINI_EXCLUDED = ("write_file", "replace", "web_fetch", "google_web_search", "save_memory")
+# Everything else Gemini has built in: writing, the web, memory, plans, sub-agents, skills.
+_GEMINI_EXCLUDED = tuple(t for t in gemini.BUILTIN_TOOLS if t not in _GEMINI_READ_TOOLS)
 
 
 def gemini_settings(base_url: str | None, targets: Sequence[Path]) -> dict[str, Any]:

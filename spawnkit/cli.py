@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -712,6 +713,9 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # The SDK logs a CLI that died as "Fatal error in message reader"; the run's own
+    # result says the same with the CLI's exit code and stderr, once.
+    logging.getLogger("claude_agent_sdk").setLevel(logging.CRITICAL)
     try:
         return COMMANDS[args.command](args)
     except SpawnkitError as exc:

@@ -237,10 +237,9 @@ class _RunState:
 class ClaudeCodeAdapter(RuntimeAdapter):
     type: ClassVar[str] = "claude-code"
     binary_name: ClassVar[str] = "claude"
-    install_hint: ClassVar[str] = (
-        "pip install claude-agent-sdk (it bundles the CLI), "
-        "or npm install -g @anthropic-ai/claude-code"
-    )
+    # claude-agent-sdk's wheels bundle the CLI on most platforms; where one does not
+    # (or the bundled binary is gone), npm installs it.
+    install_hint: ClassVar[str] = "npm install -g @anthropic-ai/claude-code"
     auth_remedy: ClassVar[str] = (
         "Claude Code is not authenticated: set ANTHROPIC_API_KEY or run `claude login`"
     )

@@ -51,17 +51,27 @@ def _now() -> datetime:
 
 def base_config(mcp_servers: Mapping[str, Any]) -> dict[str, Any]:
     """What every Codex run spawnkit starts shares: no prompts, a read-only sandbox,
-    remote features off (offline they retry forever), and exactly these MCP servers."""
+    remote features off (offline they retry forever), none of Codex's own extra tools
+    (sub-agents, goals, image viewing, web search, asking the user), and exactly these
+    MCP servers."""
     return {
         "approval_policy": "never",
         "sandbox_mode": "read-only",
+        "web_search": "disabled",
         "features": {
             "plugins": False, "apps": False, "remote_plugin": False,
             "unbounded_connection_retries": False,
+            "multi_agent": False, "goals": False, "view_image": False,
         },
+        "tools": {"experimental_request_user_input": {"enabled": False}},
         "analytics": {"enabled": False},
         "mcp_servers": dict(mcp_servers),
     }  # fmt: skip
+
+
+# Butler tools Codex's one shell tool stands for: it reads, lists and searches files
+# through commands. A butler that lists none of them gets no shell at all.
+SHELL_TOOLS = frozenset({"Bash", "Read", "Glob", "Grep"})
 
 
 def provider_config(base_url: str, *, retries: bool = False) -> dict[str, Any]:
@@ -231,7 +241,8 @@ class CodexAdapter(StreamingCliAdapter):
     type: ClassVar[str] = "codex"
     binary_name: ClassVar[str] = "codex"
     binary_env: ClassVar[str] = "SPAWNKIT_CODEX_CLI"
-    install_hint: ClassVar[str] = "npm install -g @openai/codex"
+    # The version spawnkit is tested with (package.json pins the same).
+    install_hint: ClassVar[str] = "npm install -g @openai/codex@0.169.0"
     auth_remedy: ClassVar[str] = "Codex is not logged in: set OPENAI_API_KEY or run `codex login`"
     passthrough_env: ClassVar[tuple[str, ...]] = ()
     other_vendor_keys: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY",)
@@ -265,6 +276,10 @@ class CodexAdapter(StreamingCliAdapter):
         with open(spec.config_file, "rb") as fh:
             config: dict[str, Any] = tomllib.load(fh)
         config["developer_instructions"] = spec.system_prompt
+        if not SHELL_TOOLS & set(spec.tools):
+            config["features"] = {
+                **config.get("features", {}), "shell_tool": False, "unified_exec": False,
+            }  # fmt: skip
         model = spec.model or (REPLAY_MODEL if spec.base_url else None)
         if model:
             config["model"] = model

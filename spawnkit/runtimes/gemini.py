@@ -48,10 +48,17 @@ TOOL_NAMES = {
     "Write": ("write_file",),
     "Edit": ("replace",),
 }
-# Built-in tools a butler does not list are excluded ("tools.core" would hide MCP tools too).
+# Every built-in tool of the Gemini CLI (0.61): the ones a butler does not list are
+# excluded ("tools.core" would hide MCP tools too). Its MCP resource tools
+# (list_mcp_resources, read_mcp_resource) stay: they reach only the butler's server.
 BUILTIN_TOOLS = (
     "run_shell_command", "read_file", "read_many_files", "list_directory", "glob",
     "grep_search", "write_file", "replace", "web_fetch", "google_web_search", "save_memory",
+    "list_background_processes", "read_background_output", "write_todos", "update_topic",
+    "enter_plan_mode", "exit_plan_mode", "invoke_agent", "activate_skill", "ask_user",
+    "complete_task", "get_internal_docs", "take_snapshot", "tracker_add_dependency",
+    "tracker_create_task", "tracker_get_task", "tracker_list_tasks", "tracker_update_task",
+    "tracker_visualize",
 )  # fmt: skip
 # The Gemini CLI truncates a prompt read from stdin to this size (readStdin's MAX_STDIN_SIZE).
 MAX_PROMPT_BYTES = 8 * 1024 * 1024
@@ -230,7 +237,8 @@ class GeminiAdapter(StreamingCliAdapter):
     type: ClassVar[str] = "gemini"
     binary_name: ClassVar[str] = "gemini"
     binary_env: ClassVar[str] = "SPAWNKIT_GEMINI_CLI"
-    install_hint: ClassVar[str] = "npm install -g @google/gemini-cli"
+    # The version spawnkit is tested with (package.json pins the same).
+    install_hint: ClassVar[str] = "npm install -g @google/gemini-cli@0.61.0"
     auth_remedy: ClassVar[str] = (
         "Gemini is not authenticated: set GEMINI_API_KEY (or GOOGLE_API_KEY)"
     )
