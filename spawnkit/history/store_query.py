@@ -33,6 +33,7 @@ from urllib.parse import quote
 
 import pyarrow as pa
 
+from ..home import is_writable
 from ..store import _SCHEMA as STORE_SCHEMA
 from .errors import HistoryError
 
@@ -42,7 +43,14 @@ _CHILD_SCRIPT = Path(__file__).with_name("_sqlite_arrow.py")
 
 
 def read_only_uri(path: Path) -> str:
-    return f"file:{quote(path.as_posix())}?mode=ro"
+    """A read-only URI; immutable in a folder nobody can write to (a read-only home).
+
+    SQLite cannot create the WAL index (``-shm``) next to a store in a read-only folder,
+    so a plain read-only open fails there; nothing can change such a file, so reading it
+    as immutable is safe.
+    """
+    uri = f"file:{quote(path.as_posix())}?mode=ro"
+    return uri if is_writable(path.parent) else uri + "&immutable=1"
 
 
 def store_bytes(path: Path) -> int:

@@ -1,0 +1,246 @@
+"""Every library error at every CLI entry point is one line and exit code 2, never a traceback.
+
+Each bad input below is run through the real ``spawnkit`` command line in a process of its
+own. Read-only homes are real read-only mounts (a private mount namespace, so root cannot
+write either) or, without root, folders without write permission.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from spawnkit.result import SpawnerResult
+from spawnkit.store import SessionStore
+
+from .conftest import REPO
+
+ROSTER = REPO / "roster"
+SCENARIO = ROSTER / "general" / "scenarios" / "assistant.toml"
+
+
+def spawnkit(
+    *args: str, cwd: Path = REPO, prefix: list[str] | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*(prefix or []), sys.executable, "-m", "spawnkit", *args],
+        capture_output=True, text=True, timeout=120, check=False, env=dict(os.environ),
+        cwd=cwd, input=stdin,
+    )  # fmt: skip
+
+
+def assert_one_line(done: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("spawnkit: error: "), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+ReadOnly = Callable[[Path], list[str]]
+
+
+@pytest.fixture
+def read_only() -> Iterator[ReadOnly]:
+    """Make a folder read-only: a command prefix (root) or its permissions (otherwise)."""
+    changed: list[Path] = []
+
+    def make(directory: Path) -> list[str]:
+        if os.geteuid() != 0:
+            directory.chmod(0o555)
+            changed.append(directory)
+            return []
+        unshare = shutil.which("unshare")
+        works = unshare and subprocess.run([unshare, "-m", "true"], check=False).returncode == 0
+        if not works:
+            pytest.skip("root without mount namespaces: no way to make a folder read-only")
+        script = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0" && exec "$@"'
+        return [str(unshare), "-m", "sh", "-c", script, str(directory)]
+
+    yield make
+    for directory in changed:
+        directory.chmod(0o700)
+
+
+def damage(db: Path) -> None:
+    """Overwrite every page after the fourth (the header and schema stay readable)."""
+    SessionStore(db).close()  # checkpointed: everything is in the main file
+    size = db.stat().st_size
+    assert size > 8 * 4096
+    with open(db, "r+b") as fh:
+        fh.seek(4 * 4096)
+        fh.write(b"\xff" * (size - 5 * 4096))
+
+
+def fill(db: Path, sessions: int = 200) -> None:
+    with SessionStore(db) as store:
+        store.credential_set("GITHUB_TOKEN", "kept")
+        for i in range(sessions):
+            store.create_session(
+                f"s{i:03d}", butler="general", runtime="codex", model=None, prompt="p" * 200,
+                context=None, trigger_source="external",
+            )  # fmt: skip
+            store.complete_session(f"s{i:03d}", SpawnerResult(output="x" * 500, success=True))
+
+
+BadInput = Callable[[Path], subprocess.CompletedProcess[str]]
+
+
+def _run(*extra: str) -> tuple[str, ...]:
+    return ("run", "--roster", str(ROSTER), "--butler", "general", "--replay", str(SCENARIO),
+            *extra)  # fmt: skip
+
+
+def _with_source(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    (tmp / "notes").mkdir()
+    assert spawnkit("sources", "add", "notes", str(tmp / "notes")).returncode == 0
+    return spawnkit(*args)
+
+
+CASES: dict[str, tuple[BadInput, tuple[str, ...]]] = {
+    "empty prompt": (lambda tmp: spawnkit(*_run("")), ("the prompt is empty",)),
+    "blank prompt on stdin": (
+        lambda tmp: spawnkit(*_run("-"), stdin="  \n"),
+        ("the prompt is empty",),
+    ),
+    "max-turns 0": (
+        lambda tmp: spawnkit(*_run("--max-turns", "0", "hi")),
+        ("max_turns must be at least 1",),
+    ),
+    "missing prompt file": (
+        lambda tmp: spawnkit(*_run(f"@{tmp / 'nope.txt'}")),
+        ("cannot read the prompt file", "nope.txt"),
+    ),
+    "unknown runtime for one run": (
+        lambda tmp: spawnkit(*_run("--runtime", "gpt", "hi")),
+        ("unknown runtime 'gpt'", "claude-code (or claude)"),
+    ),
+    "no roster anywhere": (
+        lambda tmp: spawnkit("roster", cwd=tmp),
+        ("no roster found", "./roster", "$SPAWNKIT_HOME/roster", "spawnkit init"),
+    ),
+    "init into a folder with content": (
+        lambda tmp: spawnkit("init", str(REPO / "roster")),
+        ("not an empty folder",),
+    ),
+    "adapter with an unknown runtime": (
+        lambda tmp: spawnkit("adapter", "gpt", "capabilities"),
+        ("unknown runtime 'gpt'",),
+    ),
+    "ask with an unknown runtime": (
+        lambda tmp: _with_source(tmp, "ask", "--sources", "notes", "--runtime", "gpt", "q"),
+        ("unknown runtime 'gpt'", "claude-code (or claude)"),
+    ),
+    "chat without a terminal": (
+        lambda tmp: spawnkit("chat", "--sources", "x", stdin=""),
+        ("needs a terminal",),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
+    make, fragments = CASES[case]
+    assert_one_line(make(tmp_path), *fragments)
+    assert SessionStore().count_sessions() == 0, "nothing was accepted"
+
+
+def test_chat_without_a_terminal_checks_that_before_the_sources(tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    assert spawnkit("sources", "add", "notes", str(notes)).returncode == 0
+    line = assert_one_line(
+        spawnkit("chat", "--sources", "notes", "--replay", str(SCENARIO), stdin="hi\n"),
+        "needs a terminal", "spawnkit ask",
+    )  # fmt: skip
+    assert "--print" not in line
+
+
+@pytest.mark.parametrize("command", ["run", "sessions"])
+def test_a_damaged_store_names_the_file_and_the_way_out(command: str, isolated_home: Path) -> None:
+    db = isolated_home / "sessions.db"
+    fill(db)
+    damage(db)
+    args = _run("hi") if command == "run" else ("sessions",)
+    assert_one_line(
+        spawnkit(*args), f"the session store {db} is damaged", "spawnkit store check --repair"
+    )
+
+
+def test_store_check_repair_keeps_every_readable_row_and_the_credentials(
+    isolated_home: Path,
+) -> None:
+    db = isolated_home / "sessions.db"
+    fill(db)
+    with open(db, "r+b") as fh:  # one leaf page of the sessions table
+        fh.seek(60 * 4096)
+        fh.write(b"\xff" * 4096)
+    checked = spawnkit("store", "check")
+    assert checked.returncode == 1 and "spawnkit store check --repair" in checked.stderr
+    repaired = spawnkit("store", "check", "--repair")
+    assert repaired.returncode == 1, repaired.stderr  # rows were lost: it says so
+    assert "credentials" in repaired.stdout and "1 rows recovered, none lost" in repaired.stdout
+    backups = list(isolated_home.glob("sessions.db.damaged-*"))
+    assert len([b for b in backups if not b.name.endswith(("-wal", "-shm"))]) == 1
+    with SessionStore(db) as store:
+        assert store.credential_get("GITHUB_TOKEN") == "kept"
+        kept = store.count_sessions()
+    assert 150 < kept < 200
+    assert spawnkit("store", "check").returncode == 0
+    again = spawnkit("store", "check", "--repair")
+    assert again.returncode == 0 and "nothing to repair" in again.stdout
+
+
+def test_losing_credentials_in_a_repair_is_never_silent(isolated_home: Path) -> None:
+    db = isolated_home / "sessions.db"
+    fill(db, sessions=5)
+    with SessionStore(db) as store:
+        root = (
+            store._connect()
+            .execute("SELECT rootpage FROM sqlite_master WHERE name = 'credentials'")
+            .fetchone()[0]
+        )
+    with open(db, "r+b") as fh:
+        fh.seek((root - 1) * 4096)
+        fh.write(b"\xff" * 4096)
+    repaired = spawnkit("store", "check", "--repair")
+    assert repaired.returncode == 1
+    assert "some rows of 'credentials' could not be read" in repaired.stderr
+    assert "credentials  LOST" in repaired.stdout
+
+
+def test_a_read_only_home(isolated_home: Path, read_only: ReadOnly) -> None:
+    SessionStore().close()
+    prefix = read_only(isolated_home)
+    for args in (_run("hi"), ("sessions",), ("credentials", "list")):
+        assert_one_line(
+            spawnkit(*args, prefix=prefix), f"{isolated_home} is read-only", "SPAWNKIT_HOME"
+        )
+
+
+def test_a_home_that_cannot_be_created_under_a_read_only_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_only: ReadOnly
+) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    home = locked / "state" / "spawnkit"
+    monkeypatch.setenv("SPAWNKIT_HOME", str(home))
+    prefix = read_only(locked)
+    for args in (_run("hi"), ("sessions",), ("history",)):
+        assert_one_line(spawnkit(*args, prefix=prefix), f"{home} is read-only", "SPAWNKIT_HOME")
+
+
+def test_history_reads_a_read_only_home(isolated_home: Path, read_only: ReadOnly) -> None:
+    fill(isolated_home / "sessions.db", sessions=3)
+    done = spawnkit("history", "--by", "group", "--json", prefix=read_only(isolated_home))
+    assert done.returncode == 0, done.stderr
+    assert '"butler": "general"' in done.stdout and '"sessions": 3' in done.stdout
+    assert done.stderr == ""
