@@ -419,7 +419,7 @@ async def test_missing_cli_is_a_clear_error(
     monkeypatch.setattr(claude_code, "_bundled_cli", lambda: None)
     monkeypatch.setenv("PATH", str(tmp_path))
     async with service(make_butler(), store, ENV_PROBE) as svc:
-        with pytest.raises(RuntimeNotFoundError, match="pip install claude-agent-sdk"):
+        with pytest.raises(RuntimeNotFoundError, match="npm install -g @anthropic-ai/claude-code"):
             await svc.trigger("hello")
     assert store.count_sessions() == 0
 

@@ -99,7 +99,8 @@ def test_user_mistakes_are_one_line_errors(tmp_path: Path, make_butler) -> None:
     )
     assert_one_line_error(
         spawnkit("run", "--roster", str(tmp_path / "missing"), "--butler", "x", "hi"),
-        "roster directory not found",
+        "no roster found",
+        "--roster",
     )
     (Path(roster) / "health" / "butler.toml").write_text("[butler\nname = ")
     assert_one_line_error(
@@ -128,7 +129,7 @@ def test_missing_variable_and_missing_cli(make_butler, tmp_path: Path) -> None:
             "run", "--roster", str(plain.roster_dir), "--butler", "plain", "hi",
             SPAWNKIT_CLAUDE_CLI=str(tmp_path / "no-such-claude"),
         ),
-        "cannot find", "pip install claude-agent-sdk",
+        "cannot find", "npm install -g @anthropic-ai/claude-code",
     )  # fmt: skip
     assert SessionStore().count_sessions() == 0, "nothing was accepted"
 

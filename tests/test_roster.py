@@ -254,8 +254,8 @@ def test_get_adapter_unknown_lists_registered_types() -> None:
     with pytest.raises(ValueError, match="available runtimes: claude-code") as info:
         spawnkit.get_adapter("nope")
     assert isinstance(info.value, UnknownRuntimeError)
-    assert (
-        str(info.value) == "unknown runtime 'nope'; available runtimes: claude-code, codex, gemini"
+    assert str(info.value) == (
+        "unknown runtime 'nope'; available runtimes: claude-code (or claude), codex, gemini"
     )
 
 
@@ -346,7 +346,7 @@ def test_unknown_runtime_type_is_refused_at_load(tmp_path: Path) -> None:
     )
     assert message == (
         f"{path}: [butler.runtime.type]: unknown runtime 'aider'; "
-        "available runtimes: claude-code, codex, gemini"
+        "available runtimes: claude-code (or claude), codex, gemini"
     )
 
 

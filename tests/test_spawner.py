@@ -12,6 +12,7 @@ import pytest
 
 from spawnkit import MockSpawner, SpawnerResult
 from spawnkit.errors import (
+    InvalidArgument,
     InvalidTriggerSource,
     MissingEnvError,
     QueueFullError,
@@ -221,9 +222,9 @@ async def test_bad_arguments_raise_before_acceptance(make_butler, store) -> None
     spawner, _ = make_spawner(make_butler, store)
     with pytest.raises(InvalidTriggerSource):
         await spawner.trigger("x", trigger_source="cron")
-    with pytest.raises(ValueError, match="non-empty"):
+    with pytest.raises(InvalidArgument, match="the prompt is empty"):
         await spawner.trigger("   ")
-    with pytest.raises(ValueError, match="max_turns"):
+    with pytest.raises(ValueError, match="max_turns"):  # also a ValueError, as before
         await spawner.trigger("x", max_turns=0)
     assert store.count_sessions() == 0
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from spawnkit.credentials import CredentialStore, check_required, isolated_env
-from spawnkit.errors import MissingEnvError, StoreError
+from spawnkit.errors import MissingEnvError, StoreDamaged, StoreError
 from spawnkit.memory import StoreMemory, render_episodes
 from spawnkit.result import SpawnerResult, ToolCall, Usage
 from spawnkit.store import SCHEMA_VERSION, SessionStore
@@ -531,8 +531,10 @@ def test_a_version_2_file_is_migrated(tmp_path: Path) -> None:
 def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     db.write_bytes(b"this is not sqlite" * 100)
-    with pytest.raises(StoreError, match=f"^cannot open the session store {db}: "):
+    with pytest.raises(StoreDamaged, match=f"^the session store {db} is damaged ") as info:
         SessionStore(db)
+    assert "spawnkit store check --repair" in str(info.value)
+    assert isinstance(info.value, StoreError)
 
 
 def test_reopening_keeps_the_data(tmp_path: Path) -> None:
