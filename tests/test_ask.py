@@ -234,7 +234,7 @@ def test_builtin_agents_without_a_config_file(isolated_home: Path) -> None:
     assert config.default == "claude-code"
     assert set(config.agents) == {"claude-code", "codex", "gemini"}
     assert config.agent() is config.agents["claude-code"]
-    with pytest.raises(UnknownRuntimeError, match="available runtimes: claude-code, codex"):
+    with pytest.raises(UnknownRuntimeError, match=r"available runtimes: claude-code \(or claude\), codex"):
         config.agent("nope")
 
 
@@ -339,6 +339,9 @@ def test_claude_invocation_is_locked_down(tmp_path: Path) -> None:
         "DISABLE_AUTOUPDATER": "1",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "NO_COLOR": "1",
+        # A private configuration (first run done, folder trusted, key approved): the
+        # user's would send an interactive session to api.anthropic.com first.
+        "CLAUDE_CONFIG_DIR": str(workdir / ".spawnkit" / "claude-config"),
     }
 
 
@@ -943,10 +946,13 @@ def test_chat_in_a_terminal(
     assert workdirs(tmp_root) == []
 
 
-def test_chat_needs_a_chat_command(isolated_home: Path, registry: SourceRegistry) -> None:
+def test_chat_needs_a_chat_command(
+    isolated_home: Path, registry: SourceRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from spawnkit.ask import chat
 
     user_agents(isolated_home, {"mute": {"command": ["x"]}}, default="mute")
+    monkeypatch.setattr("spawnkit.ask._stdin_is_terminal", lambda: True)
     with pytest.raises(Exception, match="has no chat_command"):
         chat(["notes"], registry=registry)
 

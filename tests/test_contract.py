@@ -130,14 +130,18 @@ def test_exit_codes(work: Path, tmp_path: Path) -> None:
 def test_doctor(work: Path, tmp_path: Path) -> None:
     done = spawnkit("doctor", "--json", cwd=REPO)
     assert done.returncode == 0, done.stdout
-    rows = {row["runtime"]: row for row in json.loads(done.stdout)}
+    report = json.loads(done.stdout)
+    rows = {row["runtime"]: row for row in report["runtimes"]}
     assert set(rows) == {"claude-code", "codex", "gemini"}
     assert all(row["found"] and row["version"] for row in rows.values())
     assert "0.169.0" in rows["codex"]["version"] and "0.61.0" in rows["gemini"]["version"]
+    servers = {row["butler"]: row for row in report["mcp_servers"]}
+    assert set(servers) == {"health", "relationship", "general"}
+    assert all(row["ok"] and "state_get" in row["tools"] for row in servers.values())
     missing = spawnkit("doctor", cwd=REPO, SPAWNKIT_GEMINI_CLI=str(tmp_path / "none"))
     assert missing.returncode == 1
-    assert (
-        "gemini       missing  install it with: npm install -g @google/gemini-cli" in missing.stdout
+    assert "gemini       missing  install it with: npm install -g @google/gemini-cli@0.61.0" in (
+        missing.stdout
     )
 
 
