@@ -222,6 +222,32 @@ async def _feed(pipe: asyncio.StreamWriter, data: bytes) -> None:
         logger.debug("the CLI closed its stdin before reading all of it: %s", exc)
 
 
+async def _pump_file(path: Path, exited: asyncio.Task[int], sink: LineSink, max_line: int) -> None:
+    """Hand over the lines a child writes to ``path`` as they arrive, until it has exited.
+
+    A file has no end-of-stream while its writer lives, so new data is polled for
+    (every :data:`FILE_POLL_S`); once the child has exited, the rest is read at once.
+    """
+    framer = LineFramer(max_line)
+    with open(path, "rb") as fh:  # noqa: ASYNC230 - a local file the child just got
+        while True:
+            finished = exited.done()  # before the read: what it wrote before exiting is in
+            chunk = fh.read(READ_CHUNK)
+            if chunk:
+                for text, truncated in framer.feed(chunk):
+                    sink(text, truncated)
+                continue
+            if finished:
+                break
+            await asyncio.sleep(FILE_POLL_S)
+    last = framer.flush()
+    if last is not None:
+        sink(*last)
+
+
+FILE_POLL_S = 0.02
+
+
 async def run_lines(
     argv: Sequence[str],
     *,
@@ -231,6 +257,7 @@ async def run_lines(
     on_stderr: LineSink,
     stdin: bytes | None = None,
     max_line: int = DEFAULT_MAX_LINE,
+    stdout_file: Path | None = None,
 ) -> int:
     """Run a CLI in its own process group, handing over each output line as it arrives.
 
@@ -238,21 +265,38 @@ async def run_lines(
     Returns the exit code. On cancellation the whole group is terminated
     (SIGTERM, then SIGKILL) before the cancellation propagates; on any exit,
     processes the CLI left in its group are terminated too.
+
+    ``stdout_file``: the child writes its stdout to this (new) file instead of a pipe,
+    and its lines are read from there as they are written. Node programs need it:
+    ``process.exit()`` drops what is still queued for a pipe, so the end of a large
+    output (the Gemini CLI echoing a 1 MB prompt) is lost; writes to a file are
+    synchronous in Node and never are.
     """
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=dict(env),
-        cwd=cwd,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    assert proc.stderr is not None
+    # A new local file, handed to the child; the blocking open costs microseconds.
+    sink_file = open(stdout_file, "xb") if stdout_file is not None else None  # noqa: ASYNC230, SIM115
     try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=sink_file if sink_file is not None else asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+        )
+    finally:
+        if sink_file is not None:
+            sink_file.close()  # the child holds its own descriptor
+    assert proc.stderr is not None
+    exited = asyncio.create_task(proc.wait())
+    try:
+        if stdout_file is not None:
+            stdout_pump = _pump_file(stdout_file, exited, on_stdout, max_line)
+        else:
+            assert proc.stdout is not None
+            stdout_pump = _pump(proc.stdout, on_stdout, max_line)
         pumps = [
-            asyncio.create_task(_pump(proc.stdout, on_stdout, max_line)),
+            asyncio.create_task(stdout_pump),
             asyncio.create_task(_pump(proc.stderr, on_stderr, max_line)),
         ]
         # Written while the output is read: a large stdin and a chatty CLI cannot block
@@ -273,11 +317,11 @@ async def run_lines(
             if feeder is not None:
                 feeder.cancel()
                 await asyncio.gather(feeder, return_exceptions=True)
-        return await proc.wait()
+        return await exited
     finally:
         await asyncio.shield(terminate_group(proc.pid))
-        if proc.returncode is None:
-            await asyncio.shield(proc.wait())
+        if not exited.done():
+            await asyncio.shield(exited)
 
 
 async def run_interactive(

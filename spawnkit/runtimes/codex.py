@@ -33,13 +33,15 @@ from typing import Any, ClassVar
 
 import tomli_w
 
-from ..errors import RuntimeCrashed
+from ..errors import RuntimeCrashed, RuntimeFailure
 from ..events import AssistantText, RunEvent, ToolCallFinished, ToolCallStarted, UsageUpdate
 from ..home import spawnkit_home
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
 from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure
 from .streaming import LineParser, StreamingCliAdapter, stderr_summary
 
+# Codex refuses a longer prompt ("Input exceeds the maximum length of 1048576 characters").
+MAX_PROMPT_CHARS = 1_048_576
 # An unknown model slug: Codex then offers MCP tools directly, not behind tool_search.
 REPLAY_MODEL = "replay-model"
 PROVIDER = "spawnkit"
@@ -304,6 +306,12 @@ class CodexAdapter(StreamingCliAdapter):
         return [binary, "exec", "--json", "--skip-git-repo-check", "-"]
 
     def stdin(self, spec: RunSpec) -> bytes | None:
+        if len(spec.prompt) > MAX_PROMPT_CHARS:
+            raise RuntimeFailure(
+                f"the prompt is {len(spec.prompt):,} characters; Codex takes at most "
+                f"{MAX_PROMPT_CHARS:,}",
+                "prompt_too_large",
+            )
         return spec.prompt.encode("utf-8")
 
     def parser(self, spec: RunSpec) -> LineParser:

@@ -244,6 +244,9 @@ class GeminiAdapter(StreamingCliAdapter):
     )
     passthrough_env: ClassVar[tuple[str, ...]] = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
     native_turn_limit: ClassVar[bool] = True
+    # Node drops what is still queued for a pipe when the CLI exits: with a large prompt
+    # (echoed as the stream's first event) the end of the stream, its result, was lost.
+    stdout_to_file: ClassVar[bool] = True
     other_vendor_keys: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
 
     def capabilities(self) -> dict[str, Any]:

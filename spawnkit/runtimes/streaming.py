@@ -117,6 +117,8 @@ class StreamingCliAdapter(RuntimeAdapter):
     binary_env: ClassVar[str]
     # Whether the CLI enforces max_turns itself; if not, spawnkit counts tool calls.
     native_turn_limit: ClassVar[bool] = False
+    # Whether the CLI's stdout must be a file, not a pipe (see _process.run_lines).
+    stdout_to_file: ClassVar[bool] = False
 
     def __init__(self, config: Any = None) -> None:
         super().__init__(config)
@@ -190,6 +192,7 @@ class StreamingCliAdapter(RuntimeAdapter):
             code = await _process.run_lines(
                 self.command(spec), env=self.child_env(spec), cwd=spec.cwd,
                 on_stdout=on_stdout, on_stderr=on_stderr, stdin=self.stdin(spec),
+                stdout_file=spec.workspace / ".cli-stdout.jsonl" if self.stdout_to_file else None,
             )  # fmt: skip
         except _TurnLimit:
             code = -1
