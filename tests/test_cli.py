@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -335,3 +336,56 @@ def test_chat_through_the_cli(tmp_path: Path) -> None:
     finally:
         child.close()
     assert child.exitstatus == 0
+
+
+def test_adapter_help_lists_only_public_commands() -> None:
+    done = spawnkit("adapter", "--help")
+    assert done.returncode == 0
+    assert "SUPPRESS" not in done.stdout and "_worker" not in done.stdout
+    for command in ("capabilities", "spawn", "resume", "check_status", "spawn_subagent"):
+        assert command in done.stdout
+
+
+@pytest.mark.e2e
+def test_chat_on_the_replay_model_works_offline(tmp_path: Path) -> None:
+    """A fresh HOME, no API key: Claude Code's first-run checks must not reach the network."""
+    pexpect = pytest.importorskip("pexpect")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("buy milk")
+    scenario = tmp_path / "chat.toml"
+    scenario.write_text('[[turn]]\ntext = "REPLAYED ANSWER"\n')
+    assert spawnkit("sources", "add", "notes", str(notes)).returncode == 0
+    fresh_home = tmp_path / "fresh-home"
+    fresh_home.mkdir()
+    child = pexpect.spawn(
+        sys.executable, ["-m", "spawnkit", "chat", "--sources", "notes", "--replay", str(scenario)],
+        env={**os.environ, "HOME": str(fresh_home), "TERM": "xterm-256color"}, cwd=str(tmp_path),
+        encoding="utf-8", timeout=120, dimensions=(40, 120),
+    )  # fmt: skip
+    seen = ""
+    try:
+        seen = _wait_for_screen(child, pexpect, "don't ask on", 120)  # the prompt box is up
+        child.send("hello")
+        time.sleep(0.3)
+        child.send("\r")
+        seen += _wait_for_screen(child, pexpect, "REPLAYED ANSWER", 60)
+    finally:
+        child.close(force=True)
+    assert "ENOTFOUND" not in seen and "Unable to connect" not in seen
+
+
+def _wait_for_screen(child: object, pexpect: object, wanted: str, timeout_s: float) -> str:
+    """Read the terminal until ``wanted`` shows (a TUI moves the cursor instead of spacing)."""
+    import re
+
+    strip = re.compile(r"\x1b\[[0-9;?<>=]*[A-Za-z~]|\x1b\][^\x07]*\x07|\x1b[()][A-Z0-9]|\s")
+    needle = strip.sub("", wanted)
+    seen = ""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(pexpect.TIMEOUT):  # type: ignore[attr-defined]
+            seen += child.read_nonblocking(size=65536, timeout=0.5)  # type: ignore[attr-defined]
+        if needle in strip.sub("", seen):
+            return seen
+    raise AssertionError(f"{wanted!r} did not appear; the screen showed:\n{strip.sub('', seen)}")
