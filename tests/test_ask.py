@@ -234,7 +234,7 @@ def test_builtin_agents_without_a_config_file(isolated_home: Path) -> None:
     assert config.default == "claude-code"
     assert set(config.agents) == {"claude-code", "codex", "gemini"}
     assert config.agent() is config.agents["claude-code"]
-    with pytest.raises(UnknownRuntimeError, match=r"available runtimes: claude-code \(or claude\), codex"):
+    with pytest.raises(UnknownRuntimeError, match=r"runtimes: claude-code \(or claude\), codex"):
         config.agent("nope")
 
 
