@@ -7,6 +7,7 @@ goes to a per-session temporary HOME, spawnkit's to a per-test SPAWNKIT_HOME.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import textwrap
 from collections.abc import Callable, Iterator
@@ -21,8 +22,17 @@ REPO = Path(__file__).resolve().parent.parent
 
 # The whole test process (and the notebook kernels nbval starts, which inherit its
 # environment) gets a scratch HOME and SPAWNKIT_HOME: no test touches the real ones.
-os.environ["HOME"] = tempfile.mkdtemp(prefix="spawnkit-tests-home-")
-os.environ["SPAWNKIT_HOME"] = tempfile.mkdtemp(prefix="spawnkit-tests-state-")
+# Both are deleted when the session ends (pytest_unconfigure below).
+_SCRATCH = (
+    tempfile.mkdtemp(prefix="spawnkit-tests-home-"),
+    tempfile.mkdtemp(prefix="spawnkit-tests-state-"),
+)
+os.environ["HOME"], os.environ["SPAWNKIT_HOME"] = _SCRATCH
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for folder in _SCRATCH:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
