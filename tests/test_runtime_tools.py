@@ -46,7 +46,8 @@ EXPECTED = {
     "claude-code": (
         {"Bash", "Read", "Glob", "Grep"},
         {f"mcp__general__{t}" for t in MCP},
-        set(),
+        # The sub-agent tool: the general butler has a role (researcher) to delegate to.
+        {"Agent"},
     ),
     "codex": (
         {"exec_command", "write_stdin"},
