@@ -48,3 +48,40 @@ def test_render_benchmark_runs(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert report["events"] == 3000 and report["messages"] > 0
     assert report["rows_kept"] <= 500
+
+
+def test_cli_startup_benchmark_runs(tmp_path: Path) -> None:
+    out = tmp_path / "startup.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "cli_startup.py"), "--rounds", "1",
+         "--sessions", "20", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    commands = report["commands"]
+    assert set(commands) == {
+        "python -c pass", "spawnkit --version", "spawnkit sessions", "adapter check_status",
+        "import spawnkit.service",
+    }  # fmt: skip
+    assert commands["python -c pass"]["ratio_to_baseline"] == 1.0
+    assert all(c["median_s"] > 0 for c in commands.values())
+    assert report["target_s"] == 0.25
+
+
+def test_a_command_imports_only_what_it_needs() -> None:
+    """What keeps start-up fast, checked on the modules loaded (not on a clock)."""
+    heavy = ("mcp", "claude_agent_sdk", "opentelemetry.sdk", "pandas", "httpx", "uvicorn",
+             "starlette", "croniter", "pyarrow", "spawnkit.service")  # fmt: skip
+    probe = (
+        "import sys; from spawnkit.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        f"loaded = [m for m in {heavy!r} if m in sys.modules]\n"
+        "print('LOADED:' + ','.join(loaded))"
+    )
+    for args in (["--version"], ["sessions"], ["adapter", "claude-code", "check_status", "x"]):
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=120,
+            check=False,
+        )  # fmt: skip
+        assert "LOADED:\n" in done.stdout, (args, done.stdout, done.stderr[-1000:])
