@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from ..events import RunEvent
 from ..result import SpawnerResult
 from ..roster import adhoc_butler, load_roster
-from ..runtimes import available_runtimes
+from ..runtimes import canonical_runtime
 from .hub import Hub, RunHandle, Target, default_hub
 from .kernel_tools import kernel_tools
 from .loop import CANCEL_TIMEOUT_S, Job
@@ -71,10 +71,8 @@ def resolve_target(
     kernel_tools_enabled: bool,
     default_runtime: str = "claude-code",
 ) -> Target:
-    if runtime is not None and runtime not in available_runtimes():
-        raise ConfigError(
-            f"unknown runtime {runtime!r}; available: {', '.join(available_runtimes())}"
-        )
+    if runtime is not None:
+        runtime = canonical_runtime(runtime)  # `claude` is `claude-code`, as everywhere
     if butler:
         config = load_roster(roster)[butler]
         if runtime:
