@@ -327,6 +327,23 @@ async def test_a_missing_bubblewrap_is_a_clear_error_before_anything_runs(
     assert store.list_sessions() == [], "a refused trigger leaves no record"
 
 
+async def test_an_environment_can_fall_back_where_bubblewrap_cannot_work(
+    make_butler, store, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SPAWNKIT_SANDBOX=auto (Binder): no sandbox where bwrap is unusable, logged and recorded."""
+    monkeypatch.setattr(sandbox, "find_bwrap", lambda: None)
+    monkeypatch.setenv("SPAWNKIT_SANDBOX", "auto")
+    async with service(make_butler(), "claude-code", store, '[[turn]]\ntext = "hi"\n') as svc:
+        result = await svc.trigger("hi")
+    assert result.success, result.error
+    record = store.get_session(result.session_id or "")
+    assert record is not None and record.sandbox == "none"
+    assert "SPAWNKIT_SANDBOX=auto and bubblewrap (bwrap) is not installed" in caplog.text
+    monkeypatch.setenv("SPAWNKIT_SANDBOX", "maybe")
+    with pytest.raises(SandboxUnavailable, match="use bwrap, auto or none"):
+        await Spawner(make_butler(), store=store).trigger("hi")
+
+
 def test_sandbox_paths_must_be_absolute(make_butler) -> None:
     from spawnkit.errors import RosterError
 
