@@ -8,10 +8,11 @@ Two guarantees live here:
   bash wrapper that ``exec``s ``env -i`` with only the variables named in
   ``SPAWNKIT_ENV_KEEP``: whatever the parent had, the CLI (and every tool it
   runs) starts from exactly that list.
-* **Nothing the CLI started outlives the run.** The wrapper puts the CLI in a
-  new session (``setsid``, same pid), records that pid, and the run's owner
-  terminates the whole process group afterwards: SIGTERM, a grace period, then
-  SIGKILL.
+* **Nothing the CLI started outlives the run.** The CLI starts inside its
+  run's sandbox (:mod:`spawnkit.sandbox`: a pid namespace that dies with the
+  run and with its owner). Besides, the wrapper puts it in a new session
+  (``setsid``, same pid), records that pid, and the run's owner terminates the
+  whole process group afterwards: SIGTERM, a grace period, then SIGKILL.
 
 CLIs spawnkit runs directly (Codex, Gemini) go through :func:`run_lines`: an
 exact environment, a new session, output framed into bounded lines and handed
@@ -25,8 +26,10 @@ import contextlib
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
+import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -47,18 +50,22 @@ keep=()
 for name in ${keep}; do
   if [[ -v $name ]]; then keep+=("$name=${{!name}}"); fi
 done
+sandbox=({sandbox})
 if [[ -n "${{{pidfile}:-}}" ]]; then echo $$ > "${pidfile}"; fi
 # setsid forks (changing the pid we just wrote) when we already lead a group.
 if [[ -r /proc/$$/stat ]]; then read -r -a stat < /proc/$$/stat; fi
 if [[ "${{stat[4]:-}}" == "$$" ]]; then
-  exec env -i "${{keep[@]}}" "${binary}" "$@"
+  exec env -i "${{keep[@]}}" "${{sandbox[@]}}" "${binary}" "$@"
 fi
-exec {setsid}env -i "${{keep[@]}}" "${binary}" "$@"
+exec {setsid}env -i "${{keep[@]}}" "${{sandbox[@]}}" "${binary}" "$@"
 """
 
 
-def write_env_filter(directory: Path) -> Path:
-    """Write the wrapper script into ``directory`` (the run's workspace)."""
+def write_env_filter(directory: Path, sandbox: Sequence[str] = ()) -> Path:
+    """Write the wrapper script into ``directory`` (the run's workspace).
+
+    ``sandbox`` is the command line that goes before the CLI's (bwrap and its view).
+    """
     bash = shutil.which("bash") or "/bin/bash"
     setsid = shutil.which("setsid")
     script = _WRAPPER.format(
@@ -67,6 +74,7 @@ def write_env_filter(directory: Path) -> Path:
         pidfile=PIDFILE_VAR,
         binary=BINARY_VAR,
         setsid=f"{setsid} " if setsid else "",
+        sandbox=" ".join(shlex.quote(arg) for arg in sandbox),
     )
     path = directory / "spawnkit-cli"
     path.write_text(script, encoding="utf-8")
@@ -257,7 +265,7 @@ async def run_lines(
     on_stderr: LineSink,
     stdin: bytes | None = None,
     max_line: int = DEFAULT_MAX_LINE,
-    stdout_file: Path | None = None,
+    stdout_via_file: bool = False,
 ) -> int:
     """Run a CLI in its own process group, handing over each output line as it arrives.
 
@@ -266,12 +274,34 @@ async def run_lines(
     (SIGTERM, then SIGKILL) before the cancellation propagates; on any exit,
     processes the CLI left in its group are terminated too.
 
-    ``stdout_file``: the child writes its stdout to this (new) file instead of a pipe,
-    and its lines are read from there as they are written. Node programs need it:
-    ``process.exit()`` drops what is still queued for a pipe, so the end of a large
-    output (the Gemini CLI echoing a 1 MB prompt) is lost; writes to a file are
-    synchronous in Node and never are.
+    ``stdout_via_file``: the child writes its stdout to a private temporary file instead
+    of a pipe, and its lines are read from there as they are written; the file is deleted
+    afterwards. Node programs need it: ``process.exit()`` drops what is still queued for
+    a pipe, so the end of a large output (the Gemini CLI echoing a 1 MB prompt) is lost;
+    writes to a file are synchronous in Node and never are.
     """
+    scratch = Path(tempfile.mkdtemp(prefix="spawnkit-stdout-")) if stdout_via_file else None
+    try:
+        return await _run_lines(
+            argv, env=env, cwd=cwd, on_stdout=on_stdout, on_stderr=on_stderr, stdin=stdin,
+            max_line=max_line, stdout_file=scratch / "stdout" if scratch else None,
+        )  # fmt: skip
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+async def _run_lines(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Path,
+    on_stdout: LineSink,
+    on_stderr: LineSink,
+    stdin: bytes | None,
+    max_line: int,
+    stdout_file: Path | None,
+) -> int:
     # A new local file, handed to the child; the blocking open costs microseconds.
     sink_file = open(stdout_file, "xb") if stdout_file is not None else None  # noqa: ASYNC230, SIM115
     try:
