@@ -121,14 +121,15 @@ def adapter_bare(
                 env=env, max_turns=20, tools=butler.runtime.tools, base_url=replay_url,
             )  # fmt: skip
             command = adapter.command(spec)  # type: ignore[attr-defined]
+            prompt = adapter.stdin(spec)  # type: ignore[attr-defined]  # the prompt, on stdin
             done = subprocess.run(
                 command, env=adapter.child_env(spec), cwd=spec.cwd, capture_output=True,
-                text=True, timeout=120, stdin=subprocess.DEVNULL,
+                timeout=120, input=prompt,
             )  # fmt: skip
-            if done.returncode or "measurements/weight" not in done.stdout:
-                raise SystemExit(
-                    f"bare {runtime} failed: {done.stdout[-500:]} {done.stderr[-500:]}"
-                )
+            stdout = done.stdout.decode(errors="replace")
+            stderr = done.stderr.decode(errors="replace")
+            if done.returncode or "measurements/weight" not in stdout:
+                raise SystemExit(f"bare {runtime} failed: {stdout[-500:]} {stderr[-500:]}")
         finally:
             shutil.rmtree(workspace, ignore_errors=True)
 
