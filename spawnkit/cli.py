@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -256,6 +255,14 @@ def _tracer_provider() -> TracerProvider:
     return provider
 
 
+def _quiet_sdk_logs() -> None:
+    """The SDK logs a CLI that died as "Fatal error in message reader"; the run's own
+    result says the same, with the CLI's exit code and stderr, once."""
+    import logging
+
+    logging.getLogger("claude_agent_sdk").setLevel(logging.CRITICAL)
+
+
 async def _run_once(
     butler: ButlerConfig,
     prompt: str,
@@ -271,6 +278,7 @@ async def _run_once(
     from .replay import Scenario
     from .service import ButlerService
 
+    _quiet_sdk_logs()
     printer = EventPrinter(sys.stderr if json_output else sys.stdout)
     provider = _tracer_provider()
     try:
@@ -713,9 +721,6 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # The SDK logs a CLI that died as "Fatal error in message reader"; the run's own
-    # result says the same with the CLI's exit code and stderr, once.
-    logging.getLogger("claude_agent_sdk").setLevel(logging.CRITICAL)
     try:
         return COMMANDS[args.command](args)
     except SpawnkitError as exc:

@@ -32,8 +32,6 @@ import fcntl
 import hashlib
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 import tomllib
@@ -43,16 +41,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import RuntimeNotFoundError, SpawnkitError
 from .home import spawnkit_home
 from .result import SpawnerResult
-from .roster import ButlerConfig, adhoc_butler, load_roster
-from .roster_location import find_roster
 from .runlog import session_log_dir
 from .runtimes import get_adapter
 from .store import SessionStore
+
+if TYPE_CHECKING:
+    from .roster import ButlerConfig
+
+# `check_status` is polled: this module imports only what it needs at the top, and the
+# roster, subprocesses and sockets where spawn, resume and the MCP server use them.
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_UNKNOWN = 0, 1, 2, 3, 4
 START_TIMEOUT_S = 30.0
@@ -204,6 +206,9 @@ class Config:
 
 def contract_butler(options: Options, brief: Path, role: str | None = None) -> ButlerConfig:
     """The butler a contract session runs as: a roster butler, or the brief as a prompt."""
+    from .roster import adhoc_butler, load_roster
+    from .roster_location import find_roster
+
     config = Config.load()
     if options.butler:
         butler = load_roster(find_roster(options.roster))[options.butler].with_runtime(
@@ -368,6 +373,11 @@ def run_worker(
 
 def start_mcp_server(options: Options) -> int:
     """Serve the butler's MCP server in a detached process; returns its pid once it listens."""
+    import subprocess
+
+    from .roster import load_roster
+    from .roster_location import find_roster
+
     if not options.butler:
         raise ContractError("start_mcp_server needs --butler (and --roster)")
     butler = load_roster(find_roster(options.roster))[options.butler]
@@ -394,6 +404,8 @@ def start_mcp_server(options: Options) -> int:
 
 
 def _listening(port: int) -> bool:
+    import socket
+
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2):
             return True
@@ -403,6 +415,8 @@ def _listening(port: int) -> bool:
 
 def start_worker(argv: list[str], session_id: str, store: SessionStore) -> str:
     """Start a detached worker for ``session_id`` and wait until its session exists."""
+    import subprocess
+
     log_dir = session_log_dir(session_id)
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / "adapter.log", "ab") as log:

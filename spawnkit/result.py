@@ -7,7 +7,6 @@ store's ``tool_calls`` column and the MCP ``trigger`` tool.
 
 from __future__ import annotations
 
-import html
 import json
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
@@ -203,6 +202,8 @@ class SpawnerResult:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
+        import html  # only for notebooks' rich display
+
         esc = html.escape
         state = "success" if self.success else "failure"
         rows = "".join(

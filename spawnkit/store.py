@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import socket
 import sqlite3
 import threading
 import time
@@ -387,7 +386,7 @@ class SessionStore:
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
-        self._host = socket.gethostname()
+        self._host = os.uname().nodename  # socket.gethostname(), without importing socket
         self._pid = os.getpid()
         self._pid_start = _process_start(self._pid)
         try:
