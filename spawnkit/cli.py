@@ -661,6 +661,8 @@ def cmd_store(args: argparse.Namespace) -> int:
     from .store import check_store
 
     path = args.path or default_store_path()
+    if not path.exists():
+        raise SpawnkitError(f"no session store at {path}")
     if args.repair:
         return _repair(path)
     health = check_store(path)
@@ -670,8 +672,7 @@ def cmd_store(args: argparse.Namespace) -> int:
     print(f"{health.path}: damaged", file=sys.stderr)
     for problem in health.problems:
         print(f"  {problem}", file=sys.stderr)
-    if path.exists():
-        print(f"repair it with: spawnkit store check --repair {path}", file=sys.stderr)
+    print(f"repair it with: spawnkit store check --repair {path}", file=sys.stderr)
     return EXIT_FAILED
 
 

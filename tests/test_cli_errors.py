@@ -139,6 +139,14 @@ CASES: dict[str, tuple[BadInput, tuple[str, ...]]] = {
         lambda tmp: _with_source(tmp, "ask", "--sources", "notes", "--runtime", "gpt", "q"),
         ("unknown runtime 'gpt'", "claude-code (or claude)"),
     ),
+    "history since a non-date": (
+        lambda tmp: spawnkit("history", "--since", "notadate"),
+        ("'notadate' is not a date",),
+    ),
+    "store check of a missing file": (
+        lambda tmp: spawnkit("store", "check", str(tmp / "nope.db")),
+        ("no session store at",),
+    ),
     "chat without a terminal": (
         lambda tmp: spawnkit("chat", "--sources", "x", stdin=""),
         ("needs a terminal",),

@@ -17,6 +17,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from .errors import HistoryError
 from .pricing import PricingTable
 from .store_frames import sessions as store_sessions
 from .transcript_loader import Source, daily_totals, transcripts
@@ -34,7 +35,10 @@ _HEADERS = {
 def _since(value: str | date | datetime | None) -> pd.Timestamp | None:
     if value is None:
         return None
-    stamp = pd.Timestamp(value)
+    try:
+        stamp = pd.Timestamp(value)
+    except ValueError:
+        raise HistoryError(f"since: {value!r} is not a date or a time (e.g. 2026-11-01)") from None
     return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
 
 
