@@ -201,7 +201,7 @@ class StoreDamaged(StoreError):
         self.detail = detail
         super().__init__(
             f"the session store {path} is damaged ({detail}): run `spawnkit store check "
-            f"--repair` (it keeps the damaged file as a backup), or move {path.name} aside "
+            f"--repair {path}` (it keeps the damaged file as a backup), or move it aside "
             "and spawnkit starts a fresh store"
         )
 
