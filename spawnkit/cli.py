@@ -447,7 +447,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     print(f"created a roster in {made.directory} with the butler {made.butler!r}:")
     for file in made.files:
         print(f"  {shown / file}")
-    roster_flag = "" if shown == Path("roster") else f" --roster {shlex.quote(str(shown))}"
+    found_anyway = shown == Path("roster") and not os.environ.get("SPAWNKIT_ROSTER")
+    roster_flag = "" if found_anyway else f" --roster {shlex.quote(str(shown))}"
     scenario = shlex.quote(str(shown / made.scenario.relative_to(made.directory)))
     print(
         "\nrun it offline, on the replay model:\n"
