@@ -145,10 +145,7 @@ class RateLimited(RuntimeFailure):
 
 class ModelUnavailable(RuntimeFailure):
     kind_default = "model_unavailable"
-    remedy = (
-        "the model API is unreachable or failing: check [butler.runtime] base_url and that "
-        "the server is up"
-    )
+    remedy = "cannot reach the model API: check [butler.runtime] base_url and that the server is up"
 
 
 class RuntimeCrashed(RuntimeFailure):

@@ -504,6 +504,7 @@ class Spawner:
                     butler.runtime.type,
                     self.model,
                     run.runtime_session_id,
+                    max_turns=run.max_turns,
                 )
             )
             outcome: RunOutcome | None = None

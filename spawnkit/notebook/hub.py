@@ -60,20 +60,25 @@ class RunHandle:
     in a notebook cell, ``cancel()`` stops the run and records it as cancelled.
     """
 
-    def __init__(self, hub: Hub, target: Target, view: Any | None = None) -> None:
+    def __init__(self, hub: Hub, target: Target, view: Any | None = None, prompt: str = "") -> None:
         self.hub = hub
         self.target = target
         self.view = view
+        self.prompt = prompt
         self.session_id: str | None = None
         self.state = "queued"
+        self.position: int | None = None  # in the butler's queue, while queued
+        self.result_value: SpawnerResult | None = None
         self.job: Job[SpawnerResult]
 
     def observe(self, event: RunEvent) -> None:
-        if isinstance(event, Queued | Started):
-            self.session_id = event.session_id
-            self.state = "queued" if isinstance(event, Queued) else "running"
+        if isinstance(event, Queued):
+            self.session_id, self.state, self.position = event.session_id, "queued", event.position
+        elif isinstance(event, Started):
+            self.session_id, self.state, self.position = event.session_id, "running", None
         elif isinstance(event, Finished):
-            self.state = event.result.status
+            self.state, self.position = event.result.status, None
+            self.result_value = event.result
 
     @property
     def status(self) -> str:
@@ -174,12 +179,14 @@ class Hub:
         extensions: Sequence[ToolExtension] = (),
     ) -> RunHandle:
         """Start a run on the background loop; returns at once."""
-        handle = RunHandle(self, target, view)
+        handle = RunHandle(self, target, view, prompt)
         sinks = [handle.observe, *listeners]
 
         def fan_out(event: RunEvent) -> None:
             for sink in sinks:
                 sink(event)
+            if isinstance(event, Started | Finished):
+                self._move_queue(target)
 
         async def run() -> SpawnerResult:
             service = await self._service(target, extensions)
@@ -188,6 +195,21 @@ class Hub:
         handle.job = self.loop.submit(run())
         self.runs.append(handle)
         return handle
+
+    def _move_queue(self, target: Target) -> None:
+        """A slot of ``target``'s butler changed hands: tell the runs still queued their place.
+
+        The spawner announces a position once, when a run is queued; without this
+        the views would show it until the run starts.
+        """
+        key = target.key()
+        waiting = [h for h in list(self.runs) if h.state == "queued" and h.position is not None]
+        for position, handle in enumerate((h for h in waiting if h.target.key() == key), start=1):
+            if handle.position != position and handle.session_id is not None:
+                moved = Queued(handle.session_id, target.butler.name, position)
+                handle.observe(moved)
+                if handle.view is not None:
+                    handle.view.handle(moved)
 
     def statuses(self) -> list[SpawnerStatus]:
         return [service.spawner.status for service in self._services.values()]

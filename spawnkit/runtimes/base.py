@@ -15,6 +15,7 @@ knowledge (a resolved binary, a checked version) is looked up afresh.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -94,16 +95,49 @@ _DOWN_WORDS = (
 )  # fmt: skip
 
 
+_OVERLOADED_REMEDY = "the model is overloaded: this is temporary, retry in a minute"
+_SERVER_ERROR_REMEDY = "the model API failed on its side: retry later"
+# "status 529", "API Error: 529", '"code":529': the HTTP status inside a CLI's message.
+_STATUS_IN_TEXT = re.compile(r"(?:status|api error:?|\"code\":)\s*([1-5]\d\d)\b", re.IGNORECASE)
+_ADDRESS = re.compile(
+    r",?\s*url:\s*\S+|\(?https?://[^\s)\]\"']+\)?|\(?\b(?:localhost|\d{1,3}(?:\.\d{1,3}){3}):\d+\b\)?"
+)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+
+
+def failure_detail(text: str) -> str:
+    """A CLI's error message as one plain statement: its first sentence, no addresses.
+
+    CLIs follow the statement with advice of their own ("check your inference
+    gateway (127.0.0.1:40455)") that is often wrong for spawnkit's setup and
+    exposes internal ports; the failure's remedy replaces it.
+    """
+    first = _SENTENCE_END.split(text.strip(), maxsplit=1)[0]
+    cleaned = " ".join(_ADDRESS.sub("", first).split())
+    return cleaned or " ".join(text.split())
+
+
 def classify_failure(status: int | None, text: str, *, auth_remedy: str) -> RuntimeFailure:
-    """Turn a failed model call (HTTP status and/or message) into a typed failure."""
+    """Turn a failed model call (HTTP status and/or message) into a typed failure.
+
+    The remedy fits the cause: an overload (529, "overloaded") is waited out,
+    a server error retried, only an unreachable server is a matter of base_url.
+    """
     lowered = text.lower()
+    if status is None and (found := _STATUS_IN_TEXT.search(text)):
+        status = int(found.group(1))
+    detail = failure_detail(text)
     if status in (401, 403) or any(word in lowered for word in _AUTH_WORDS):
-        return AuthenticationFailure(text, remedy=auth_remedy)
+        return AuthenticationFailure(detail, remedy=auth_remedy)
     if status == 429 or any(word in lowered for word in _RATE_WORDS):
-        return RateLimited(text)
-    if (status is not None and status >= 500) or any(word in lowered for word in _DOWN_WORDS):
-        return ModelUnavailable(text)
-    return RuntimeFailure(text)
+        return RateLimited(detail)
+    if status == 529 or "overloaded" in lowered:
+        return ModelUnavailable(detail, remedy=_OVERLOADED_REMEDY)
+    if status is not None and status >= 500:
+        return ModelUnavailable(detail, remedy=_SERVER_ERROR_REMEDY)
+    if any(word in lowered for word in _DOWN_WORDS):
+        return ModelUnavailable(detail)
+    return RuntimeFailure(detail)
 
 
 class RuntimeAdapter(ABC):
