@@ -91,8 +91,19 @@ def format_duration(ms: float | None) -> str:
     return f"{minutes} min {seconds} s"
 
 
-def _pretty(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=2, default=str)
+def _pretty(value: Any, indent: str = "") -> str:
+    """``json.dumps(value, indent=2)``, with the leaves left to the C encoder (much faster)."""
+    inner = indent + "  "
+    if isinstance(value, dict) and value:
+        pairs = (f"{inner}{_leaf(str(k))}: {_pretty(v, inner)}" for k, v in value.items())
+        return "{\n" + ",\n".join(pairs) + f"\n{indent}}}"
+    if isinstance(value, list | tuple) and value:
+        return "[\n" + ",\n".join(f"{inner}{_pretty(v, inner)}" for v in value) + f"\n{indent}]"
+    return _leaf(value)
+
+
+def _leaf(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def pretty_output(text: str) -> str:
@@ -111,10 +122,16 @@ def _cut(text: str, limit: int) -> tuple[str, int]:
     return (text, 0) if len(text) <= limit else (text[:limit], len(text) - limit)
 
 
-def tool_item(call: ToolCall, full_output: str | None = None) -> dict[str, Any]:
+def input_text(call: ToolCall) -> str:
+    text, more = _cut(_pretty(call.input), INPUT_CHARS)
+    return text + (f"\n… {more} more characters" if more else "")
+
+
+def tool_item(
+    call: ToolCall, full_output: str | None = None, formatted_input: str | None = None
+) -> dict[str, Any]:
     """A tool call as the view's row: label, one-line input, result preview, bounded texts."""
     text = full_output if full_output is not None else pretty_output(call.output or "")
-    input_text, input_more = _cut(_pretty(call.input), INPUT_CHARS)
     output, more = _cut(text, PREVIEW_CHARS)
     done = call.output is not None
     result = (one_line(call.output or "", RESULT_LINE_CHARS) or "(no output)") if done else None
@@ -126,7 +143,7 @@ def tool_item(call: ToolCall, full_output: str | None = None) -> dict[str, Any]:
         "status": call.status,
         "duration_ms": call.duration_ms,
         "duration": format_duration(call.duration_ms),
-        "input": input_text + (f"\n… {input_more} more characters" if input_more else ""),
+        "input": formatted_input if formatted_input is not None else input_text(call),
         "result": result,
         "output": output if done else None,
         "output_chars": len(text) if done else 0,
@@ -315,11 +332,16 @@ class ViewState:
         self.result: SpawnerResult | None = None
         self.seq = 0
         self._segments: dict[str, _Segment] = {}
+        # Tool rows are formatted when sent, not per event: the latest call of each id,
+        # and what formatting it once costs (the input never changes).
+        self._calls: dict[str, ToolCall] = {}
+        self._stale: set[str] = set()
+        self._inputs: dict[str, str] = {}
         self._outputs: dict[str, str] = {}
         self._open: str | None = None
         self._text_chars = 0
         self._segment_count = 0
-        self._pending: dict[str, dict[str, Any]] = {}
+        self._pending: dict[str, None] = {}
         self._dirty_segments: set[str] = set()
         self._status_dirty = False
 
@@ -378,8 +400,8 @@ class ViewState:
         status.turns = result.num_turns if result.num_turns is not None else status.turns
         status.duration_ms = result.duration_ms
         for call in result.tool_calls:
-            item = self.items.get(call.id)
-            if item is None or item["status"] != call.status or item["output"] is None:
+            seen = self._calls.get(call.id)
+            if seen is None or seen.status != call.status or seen.output is None:
                 self._tool(call)
         if result.output.strip() and not self._segments and not self._segment_count:
             self._text(result.output, closed=True)
@@ -418,10 +440,11 @@ class ViewState:
         status = self.status
         self._close_text()
         status.streaming = False
-        old = self.items.get(call.id)
+        old = self._calls.get(call.id)
         if old is None:
             status.tool_calls += 1
-        elif old["status"] == "error":
+            self.items[call.id] = {"id": call.id, "kind": "tool"}  # its place; filled when sent
+        elif old.status == "error":
             status.failed_tools -= 1
         if call.status == "error":
             status.failed_tools += 1
@@ -429,14 +452,26 @@ class ViewState:
             status.running[call.id] = tool_label(call)
         else:
             status.running.pop(call.id, None)
-            self._outputs[call.id] = pretty_output(call.output)
-        self._put(tool_item(call, self._outputs.get(call.id)))
+            self._outputs.pop(call.id, None)
+        self._calls[call.id] = call
+        self._stale.add(call.id)
+        self._pending[call.id] = None
         self._status_dirty = True
         self._trim()
 
     def _put(self, item: dict[str, Any]) -> None:
         self.items[item["id"]] = item
-        self._pending[item["id"]] = item
+        self._pending[item["id"]] = None
+
+    def _format_tools(self) -> None:
+        for key in self._stale:
+            call = self._calls.get(key)
+            if call is None:
+                continue
+            if key not in self._inputs:
+                self._inputs[key] = input_text(call)
+            self.items[key] = tool_item(call, self.full_output(key), self._inputs[key])
+        self._stale.clear()
 
     def _trim(self) -> None:
         while len(self.items) > self.max_items or (
@@ -448,8 +483,9 @@ class ViewState:
                 self._text_chars -= segment.chars
                 if self._open == key:
                     self._open = None
-            self._outputs.pop(key, None)
-            self._pending.pop(key, None)
+            for kept in (self._calls, self._inputs, self._outputs, self._pending):
+                kept.pop(key, None)
+            self._stale.discard(key)
             self._dirty_segments.discard(key)
             self.dropped += 1
 
@@ -457,7 +493,12 @@ class ViewState:
 
     def full_output(self, call_id: str) -> str | None:
         """A tool call's whole output (as recorded, up to the result's limit)."""
-        return self._outputs.get(call_id)
+        if call_id not in self._outputs:
+            call = self._calls.get(call_id)
+            if call is None or call.output is None:
+                return None
+            self._outputs[call_id] = pretty_output(call.output)
+        return self._outputs[call_id]
 
     @property
     def dirty(self) -> bool:
@@ -478,11 +519,12 @@ class ViewState:
         self._render_text(time.monotonic())
         if not (self._pending or self._status_dirty):
             return None  # only a long segment waiting for its next rendering
+        self._format_tools()
         self.seq += 1
         batch = {
             "kind": "batch",
             "seq": self.seq,
-            "items": list(self._pending.values()),
+            "items": [self.items[key] for key in self._pending],
             "header": self.status.as_dict(),
             "dropped": self.dropped,
         }
@@ -492,6 +534,7 @@ class ViewState:
 
     def snapshot(self) -> dict[str, Any]:
         """What a newly opened view needs (bounded), tagged with the batch seq."""
+        self._format_tools()
         items = list(self.items.values())[-SNAPSHOT_ITEMS:]
         return {
             "seq": self.seq,
@@ -502,6 +545,7 @@ class ViewState:
 
     def transcript(self) -> list[dict[str, Any]]:
         """Every kept item, text rendered, for the static snapshot."""
+        self._format_tools()
         now = time.monotonic()
         for key, segment in self._segments.items():
             if segment.html == "" or key in self._dirty_segments:

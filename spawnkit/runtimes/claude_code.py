@@ -74,6 +74,8 @@ _SDK_ENV = (
 _SKIP_VERSION_CHECK = "CLAUDE_AGENT_SDK_SKIP_VERSION_CHECK"
 # Points the adapter at a specific Claude Code binary.
 BINARY_ENV = "SPAWNKIT_CLAUDE_CLI"
+# The model name Claude Code gives messages it wrote itself (API error notices).
+_SYNTHETIC = "<synthetic>"
 # How long the SDK may take to wind down after we stop reading.
 _CLOSE_TIMEOUT_S = 10.0
 
@@ -214,8 +216,12 @@ class _RunState:
                 current = self.streaming_message.get(message.parent_tool_use_id)
                 if current is not None:
                     self._usage(current, event.get("usage"))
+        elif isinstance(message, AssistantMessage) and message.error is not None:
+            # Claude Code's notice of a failed model call, not the model's words: the
+            # result message carries the same error, reported once as the run's error.
+            return
         elif isinstance(message, AssistantMessage):
-            self.model = message.model or self.model
+            self.model = message.model if message.model != _SYNTHETIC else self.model
             for block in message.content:
                 if isinstance(block, TextBlock) and block.text:
                     if message.parent_tool_use_id is None and self.text_chars < OUTPUT_LIMIT:
