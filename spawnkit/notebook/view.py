@@ -99,7 +99,7 @@ class RunView(anywidget.AnyWidget):
         now = time.monotonic()
         if final or now - self._last_snapshot >= SNAPSHOT_INTERVAL_S:
             self._last_snapshot = now
-            self.snapshot = self.state.snapshot()
+            self.snapshot = self.state.snapshot(final=final)
             self.messages_sent += 1
 
     def _on_frontend_message(self, _: Any, content: Any, buffers: Any) -> None:

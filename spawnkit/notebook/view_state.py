@@ -532,13 +532,19 @@ class ViewState:
         self._status_dirty = False
         return batch
 
-    def snapshot(self) -> dict[str, Any]:
-        """What a newly opened view needs (bounded), tagged with the batch seq."""
+    def snapshot(self, final: bool = False) -> dict[str, Any]:
+        """What a newly opened view needs (bounded), tagged with the batch seq.
+
+        While the run goes on it is re-sent about once a second, so tool outputs
+        are cut short (the view fetches them whole on demand); the ``final`` one is
+        sent once, and a view re-rendered after the run (the display is replaced
+        then) shows the rows as the live view did.
+        """
         self._format_tools()
         items = list(self.items.values())[-SNAPSHOT_ITEMS:]
         return {
             "seq": self.seq,
-            "items": [_shortened(item) for item in items],
+            "items": items if final else [_shortened(item) for item in items],
             "header": self.status.as_dict(),
             "dropped": self.dropped + max(0, len(self.items) - SNAPSHOT_ITEMS),
         }
