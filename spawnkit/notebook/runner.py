@@ -117,18 +117,23 @@ def spawn(
         target, prompt, context=context, max_turns=max_turns,
         listeners=listeners, view=view, extensions=extensions,
     )  # fmt: skip
-    board = _show(view)
-    if background:
-        if board is not None and view is not None:
-            view.on_finish.append(lambda finished: board.update(finished))
-            if view.finished:
-                board.update(view)
-            shown.mark_shown(handle)
-        return handle
+    board = None
     try:
+        board = _show(view)
+        if background:
+            if board is not None and view is not None:
+                view.on_finish.append(lambda finished: board.update(finished))
+                if view.finished:
+                    board.update(view)
+                shown.mark_shown(handle)
+            return handle
         result = wait(handle, text)
+    except KeyboardInterrupt as interrupt:  # the stop button before the wait began
+        error = RunCancelled(stop(handle))
+        remember(error)
+        raise error from interrupt
     finally:
-        if board is not None:
+        if board is not None and not background:
             board.update(view)
     if view is not None or text is not None:
         shown.mark_shown(result)
