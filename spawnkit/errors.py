@@ -27,7 +27,9 @@ Modules with errors of their own keep them next to their code, in the same tree:
 ``sources.SourceError`` (a ConfigError: unknown, invalid or duplicate sources),
 ``sources.GitError``, ``ask.TemplateError`` and ``ask.AskConfigError`` (ConfigErrors),
 ``ask.AskError`` (the agent failed; carries its stderr), ``contract.ContractError``
-(carries the exit code), ``history.HistoryError`` and ``_asgi.ServerStartError``.
+(carries the exit code), ``history.HistoryError`` and ``_asgi.ServerStartError``;
+``notebook.failures.RunFailed`` and ``RunCancelled`` (SpawnErrors a notebook cell raises,
+shown as one line).
 
 User mistakes (config, env, missing binaries) are caught before anything is
 spawned; failures of a run that was accepted are recorded in its session and
