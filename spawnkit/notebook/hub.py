@@ -69,6 +69,8 @@ class RunHandle:
         self.state = "queued"
         self.position: int | None = None  # in the butler's queue, while queued
         self.result_value: SpawnerResult | None = None
+        # The display of the live view, replaced by the finished view once the run ends.
+        self.board: Any | None = None
         self.job: Job[SpawnerResult]
 
     def observe(self, event: RunEvent) -> None:
@@ -92,13 +94,27 @@ class RunHandle:
 
     def result(self, timeout: float | None = None) -> SpawnerResult:
         try:
-            return self.job.future.result(timeout)
+            result = self.job.future.result(timeout)
         except KeyboardInterrupt:
             self.cancel()
             raise
+        self.show_finished()
+        return result
 
     def __await__(self) -> Generator[Any, None, SpawnerResult]:
-        return asyncio.wrap_future(self.job.future).__await__()
+        result = yield from asyncio.wrap_future(self.job.future).__await__()
+        self.show_finished()
+        return result
+
+    def show_finished(self) -> None:
+        """Replace the live view's display with the finished one, from the caller's cell.
+
+        The run's end already did so from the background loop, which reaches
+        JupyterLab; from here it also reaches notebook runners (nbclient), which
+        only take updates sent while a cell executes.
+        """
+        if self.board is not None and self.view is not None and self.job.done():
+            self.board.update(self.view)
 
     def cancel(self, wait: bool = True) -> None:
         """Cancel the run (queued or running); by default wait until it is recorded.
@@ -114,6 +130,8 @@ class RunHandle:
                 job.future.result(CANCEL_TIMEOUT_S)
         else:
             self.job.cancel(wait=CANCEL_TIMEOUT_S if wait else None)
+        if wait:
+            self.show_finished()
 
     def __repr__(self) -> str:
         return f"<RunHandle {self.target.butler.name} {self.status} session={self.session_id}>"

@@ -122,6 +122,7 @@ def spawn(
         board = _show(view)
         if background:
             if board is not None and view is not None:
+                handle.board = board
                 view.on_finish.append(lambda finished: board.update(finished))
                 if view.finished:
                     board.update(view)
