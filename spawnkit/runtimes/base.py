@@ -15,6 +15,7 @@ knowledge (a resolved binary, a checked version) is looked up afresh.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,11 +37,22 @@ from ..system_prompt import read_prompt_file
 
 @dataclass(frozen=True)
 class McpServerSpec:
-    """The one MCP server a run may reach: its butler's."""
+    """The one MCP server a run may reach: its butler's, and the run's secret for it.
+
+    The secret goes only into the CLI's own MCP configuration (a file in the
+    run's private workspace, see :func:`write_private`), as the header the CLI
+    sends; it is kept out of ``repr`` so it cannot reach a log by accident.
+    """
 
     name: str
     transport: McpTransport
     url: str
+    secret: str | None = field(default=None, repr=False)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The HTTP headers every request to the server must carry."""
+        return {"Authorization": f"Bearer {self.secret}"} if self.secret else {}
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,14 @@ class RunOutcome:
     cost_usd: float | None = None
     num_turns: int | None = None
     model: str | None = None
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a config file only its owner may read: it may hold the run's MCP secret."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        fh.write(text)
 
 
 _AUTH_WORDS = ("invalid api key", "authentication", "unauthorized", "not logged in", "api key")

@@ -56,7 +56,14 @@ from ..events import (
     UsageUpdate,
 )
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
-from .base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter, classify_failure
+from .base import (
+    McpServerSpec,
+    RunOutcome,
+    RunSpec,
+    RuntimeAdapter,
+    classify_failure,
+    write_private,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -278,17 +285,22 @@ class ClaudeCodeAdapter(RuntimeAdapter):
 
     def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:
         path = workspace / "mcp.json"
-        path.write_text(
-            json.dumps({"mcpServers": {server.name: self._server_config(server)}}, indent=2),
-            encoding="utf-8",
+        write_private(
+            path, json.dumps({"mcpServers": {server.name: self._server_config(server)}}, indent=2)
         )
         return path
 
     @staticmethod
     def _server_config(server: McpServerSpec) -> McpHttpServerConfig | McpSSEServerConfig:
         if server.transport == "sse":
-            return McpSSEServerConfig(type="sse", url=server.url)
-        return McpHttpServerConfig(type="http", url=server.url)
+            sse = McpSSEServerConfig(type="sse", url=server.url)
+            if server.headers:
+                sse["headers"] = server.headers
+            return sse
+        http = McpHttpServerConfig(type="http", url=server.url)
+        if server.headers:
+            http["headers"] = server.headers
+        return http
 
     def child_env(self, spec: RunSpec) -> dict[str, str]:
         env = dict(spec.env)
@@ -323,7 +335,9 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             cwd=spec.cwd,
             env=env,
             system_prompt=spec.system_prompt,
-            mcp_servers={server.name: self._server_config(server)},
+            # The file, not the JSON: a command line is readable by every local user,
+            # and the config holds the run's MCP secret.
+            mcp_servers=str(spec.config_file),
             strict_mcp_config=True,
             setting_sources=[],
             tools=[*spec.tools, *delegation],

@@ -36,7 +36,7 @@ from ..errors import RuntimeCrashed
 from ..events import AssistantText, RunEvent, ToolCallFinished, ToolCallStarted, UsageUpdate
 from ..home import spawnkit_home
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
-from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure
+from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure, write_private
 from .streaming import LineParser, StreamingCliAdapter
 
 # An unknown model slug: Codex then offers MCP tools directly, not behind tool_search.
@@ -237,15 +237,15 @@ class CodexAdapter(StreamingCliAdapter):
         sessions = spawnkit_home() / "runtimes" / "codex" / "sessions"
         sessions.mkdir(parents=True, exist_ok=True)
         (home / "sessions").symlink_to(sessions, target_is_directory=True)
-        config = base_config(
-            {
-                server.name: {
-                    "url": server.url, "required": True, "default_tools_approval_mode": "approve",
-                }
-            }
-        )  # fmt: skip
+        entry: dict[str, Any] = {
+            "url": server.url, "required": True, "default_tools_approval_mode": "approve",
+        }  # fmt: skip
+        if server.headers:
+            # In the file, not in an env var: the agent's shell commands inherit the env.
+            entry["http_headers"] = server.headers
+        config = base_config({server.name: entry})
         path = home / "config.toml"
-        path.write_text(tomli_w.dumps(config), encoding="utf-8")
+        write_private(path, tomli_w.dumps(config))
         return path
 
     def _write_run_config(self, spec: RunSpec) -> None:
@@ -258,7 +258,7 @@ class CodexAdapter(StreamingCliAdapter):
             config["model"] = model
         if spec.base_url:
             config.update(provider_config(spec.base_url))
-        spec.config_file.write_text(tomli_w.dumps(config), encoding="utf-8")
+        write_private(spec.config_file, tomli_w.dumps(config))
 
     def child_env(self, spec: RunSpec) -> dict[str, str]:
         home = spec.config_file.parent

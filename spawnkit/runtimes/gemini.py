@@ -35,7 +35,7 @@ from ..events import (
 )
 from ..home import spawnkit_home
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
-from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure
+from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure, write_private
 from .streaming import LineParser, StreamingCliAdapter
 
 DEFAULT_MODEL = "gemini-2.5-flash"
@@ -233,7 +233,7 @@ class GeminiAdapter(StreamingCliAdapter):
         chats.mkdir(parents=True, exist_ok=True)
         (config_dir / "tmp").symlink_to(chats, target_is_directory=True)
         path = config_dir / "settings.json"
-        path.write_text(json.dumps(self._settings(server, [], 20), indent=2), encoding="utf-8")
+        write_private(path, json.dumps(self._settings(server, [], 20), indent=2))
         return path
 
     @staticmethod
@@ -248,7 +248,12 @@ class GeminiAdapter(StreamingCliAdapter):
             },
             "mcp": {"allowed": [server.name]},
             "mcpServers": {
-                server.name: {"type": server.transport, "url": server.url, "trust": True}
+                server.name: {
+                    "type": server.transport,
+                    "url": server.url,
+                    "trust": True,
+                    **({"headers": server.headers} if server.headers else {}),
+                }
             },
         }
 
@@ -272,9 +277,9 @@ class GeminiAdapter(StreamingCliAdapter):
         return env
 
     def command(self, spec: RunSpec) -> list[str]:
-        spec.config_file.write_text(
+        write_private(
+            spec.config_file,
             json.dumps(self._settings(spec.mcp_server, spec.tools, spec.max_turns), indent=2),
-            encoding="utf-8",
         )
         model = spec.model or DEFAULT_MODEL
         # yolo approves the tools that are left: the butler's MCP server and the
