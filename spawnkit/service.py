@@ -76,6 +76,7 @@ class ButlerService:
         tracer_provider: TracerProvider | None = None,
         tool_extensions: Sequence[ToolExtension] = (),
         owner_token: bool = False,
+        access: AccessTable | None = None,
         **spawner_options: Any,
     ) -> None:
         self.butler = butler
@@ -91,6 +92,8 @@ class ButlerService:
         self.tool_extensions = tool_extensions
         self.spawner_options = spawner_options
         self.owner_token = owner_token
+        # The secrets the in-process MCP server accepts (a fresh table by default).
+        self.access = access if access is not None else AccessTable()
         # The owner token's file, when this service serves one (owner_token=True).
         self.token_file: Path | None = None
         self.replay_server: ReplayServer | None = None
@@ -132,7 +135,7 @@ class ButlerService:
             options["credentials"] = _OverlayCredentials(
                 credentials, dict.fromkeys(REPLAY_KEYS, REPLAY_API_KEY)
             )
-        access = AccessTable()
+        access = self.access
         if self.external_mcp:
             port = self.mcp_port or self.butler.port
             token = owner_token(owner_token_path(self.butler.name, port), create=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import httpx2
 from mcp import Client
 from mcp.client.session import ClientSession
 from mcp.client.sse import sse_client
@@ -17,12 +18,22 @@ def auth_headers(secret: str | None) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def http_client(url: str, secret: str | None) -> AsyncIterator[Client]:
-    """A streamable HTTP client for ``url`` (``.../mcp?...``) sending ``secret``."""
-    async with (
-        create_mcp_http_client(headers=auth_headers(secret)) as http,
-        Client(streamable_http_client(url, http_client=http)) as client,
-    ):
+async def http_client(
+    url: str, secret: str | None, statuses: list[int] | None = None
+) -> AsyncIterator[Client]:
+    """A streamable HTTP client for ``url`` (``.../mcp?...``) sending ``secret``.
+
+    ``statuses`` collects the HTTP status of every response the client got (the
+    client itself reports a refusal only as a JSON-RPC error).
+    """
+    http = create_mcp_http_client(headers=auth_headers(secret))
+    if statuses is not None:
+
+        async def seen(response: httpx2.Response) -> None:
+            statuses.append(response.status_code)
+
+        http.event_hooks["response"].append(seen)
+    async with http, Client(streamable_http_client(url, http_client=http)) as client:
         yield client
 
 
