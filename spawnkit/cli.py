@@ -324,10 +324,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             spawner.add_listener(EventPrinter(sys.stdout))
             schedules = service.scheduler.next_runs() if service.scheduler else {}
             print(f"serving butler {butler.name!r}: MCP at {service.mcp_url}{butler.mcp_path}")
-            print(
-                f"  clients send 'Authorization: Bearer <token>', the token in {service.token_file}"
-                " (readable only by you)"
-            )
+            print(f"  token file: {service.token_file}")
+            print("  (readable only by you; MCP clients send 'Authorization: Bearer <token>')")
             for name, when in schedules.items():
                 print(f"  schedule {name}: next run {when.isoformat()}")
             print("Ctrl-C stops (in-flight runs are cancelled and recorded).", flush=True)
