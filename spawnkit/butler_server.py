@@ -50,8 +50,9 @@ class ButlerServer:
     """The MCP server of one butler.
 
     ``access`` is the table of secrets it accepts; the spawner that starts this
-    butler's runs must grant their secrets in the same table (``ButlerService``
-    hands one table to both).
+    butler's runs must grant their secrets in the same table. By default the
+    server uses its spawner's table (so ``ButlerServer(butler, store, spawner)``
+    accepts exactly that spawner's runs), or a new one when there is no spawner.
     """
 
     def __init__(
@@ -65,7 +66,10 @@ class ButlerServer:
         self.butler = butler
         self.store = store
         self.spawner = spawner
-        self.access = access if access is not None else AccessTable()
+        if access is None:
+            own = spawner.mcp_access if spawner is not None else None
+            access = own if isinstance(own, AccessTable) else AccessTable()
+        self.access = access
         self.mcp = self._build_mcp()
         for extend in extensions:
             extend(self.mcp)

@@ -223,7 +223,10 @@ def owner_token(path: Path, *, create: bool) -> str:
     folder = path.parent
     if create:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if stat.S_IMODE(folder.stat().st_mode) & 0o077:
+        info = folder.stat()
+        if info.st_uid != os.geteuid():
+            raise McpAccessError(f"the MCP token folder {folder} belongs to another user")
+        if stat.S_IMODE(info.st_mode) & 0o077:
             folder.chmod(0o700)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -275,7 +278,10 @@ class RemoteAccess:
                 f"the MCP server at {self.url} refused a run secret "
                 f"(HTTP {response.status_code}); is the token file current?"
             )
-        secret = response.json().get("secret")
+        try:
+            secret = response.json().get("secret")
+        except (ValueError, AttributeError):
+            secret = None
         if not isinstance(secret, str) or not _TOKEN_RE.fullmatch(secret):
             raise McpAccessError(f"the MCP server at {self.url} answered without a secret")
         return secret

@@ -135,7 +135,8 @@ class McpGuard:
             transport = _header(scope, b"mcp-session-id")
             if transport is not None and (refused := self._foreign(transport, caller)):
                 return refused
-        elif path.rstrip("/") == MESSAGE_PATH.rstrip("/"):
+        elif path == MESSAGE_PATH.rstrip("/") or path.startswith(MESSAGE_PATH):
+            # The SDK mounts the message endpoint: any path below it reaches it.
             transport = _query(scope, SESSION_PARAM)
             if transport is not None and (refused := self._foreign(transport, caller)):
                 return refused

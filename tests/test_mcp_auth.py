@@ -221,6 +221,13 @@ async def test_transport_sessions_belong_to_their_opener(make_butler, store) -> 
                     post, json=INITIALIZE, headers={**ACCEPT, **bearer(secret_b)}
                 )
                 bare = await client.post(post, json=INITIALIZE, headers=ACCEPT)
+                # The SDK mounts /messages/: a path below it reaches the same endpoint.
+                below = post.replace("/messages/?", "/messages/x/y?")
+                assert below != post
+                as_b_below = await client.post(
+                    below, json=INITIALIZE, headers={**ACCEPT, **bearer(secret_b)}
+                )
+                assert as_b_below.status_code == 403
                 as_a = await client.post(
                     post, json=INITIALIZE, headers={**ACCEPT, **bearer(secret_a)}
                 )
