@@ -23,6 +23,7 @@ import pytest
 
 from spawnkit import mcp_access
 from spawnkit.butler_server import ButlerServer
+from spawnkit.errors import RuntimeFailure
 from spawnkit.mcp_access import GRANTS_PATH, AccessTable, McpAccessError, owner_token
 from spawnkit.notebook.kernel_tools import kernel_tools
 from spawnkit.roster import ButlerConfig
@@ -124,6 +125,38 @@ async def test_the_table_grants_checks_and_revokes(monkeypatch) -> None:
         await table.grant("c")
     with pytest.raises(ValueError, match="session key"):
         await table.grant("")
+
+
+async def test_each_run_gets_its_own_secret_withdrawn_however_it_ends(make_butler, store) -> None:
+    butler = make_butler(extra="[butler.runtime]\nmax_concurrent_sessions = 2\ntimeout_s = 0.5\n")
+    adapter = FakeAdapter()
+    adapter.gate = Gate(open_=False)
+    spawner = Spawner(butler, store=store, adapter=adapter)
+    table = spawner.mcp_access
+    assert isinstance(table, AccessTable)
+    first = asyncio.create_task(spawner.trigger("one"))
+    second = asyncio.create_task(spawner.trigger("two"))
+    async with asyncio.timeout(10):
+        while len(adapter.specs) < 2:
+            await asyncio.sleep(0.01)
+    servers = [spec.mcp_server for spec in adapter.specs]
+    assert servers[0].secret != servers[1].secret and len(table) == 2
+    for spec in adapter.specs:
+        caller = table.authenticate(spec.mcp_server.headers["Authorization"])
+        assert caller is not None and f"session_id={caller.session_key}" in spec.mcp_server.url
+        assert spec.mcp_server.secret not in repr(spec)
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert table.authenticate(servers[1].headers["Authorization"]) is None, "cancelled"
+    assert (await first).status == "failed", "timed out"
+    assert len(table) == 0
+    adapter.gate.open()
+    adapter.fail_with = RuntimeFailure("boom")
+    assert (await spawner.trigger("three")).status == "failed"
+    adapter.fail_with = None
+    assert (await spawner.trigger("four")).success
+    assert len(table) == 0 and len({s.mcp_server.secret for s in adapter.specs}) == 4
 
 
 # -- refusals touch nothing -----------------------------------------------------------------
