@@ -139,7 +139,8 @@ async def test_each_run_gets_its_own_secret_withdrawn_however_it_ends(make_butle
     async with asyncio.timeout(10):
         while len(adapter.specs) < 2:
             await asyncio.sleep(0.01)
-    servers = [spec.mcp_server for spec in adapter.specs]
+    # In the order of the prompts: the two runs may start in either order.
+    servers = [spec.mcp_server for spec in sorted(adapter.specs, key=lambda s: s.prompt != "one")]
     assert servers[0].secret != servers[1].secret and len(table) == 2
     for spec in adapter.specs:
         caller = table.authenticate(spec.mcp_server.headers["Authorization"])
