@@ -30,6 +30,7 @@ from pathlib import Path
 
 from opentelemetry.trace import TracerProvider
 
+from . import sandbox
 from .credentials import CredentialStore, check_required, isolated_env
 from .errors import (
     ConfigError,
@@ -51,6 +52,7 @@ from .events import (
     ToolCallStarted,
     UsageUpdate,
 )
+from .mcp_access import AccessTable, McpAccess
 from .memory import MemoryProvider, StoreMemory
 from .result import OUTPUT_LIMIT, RunStatus, SpawnerResult, ToolCall, Usage, truncate
 from .roster import ButlerConfig
@@ -60,7 +62,7 @@ from .runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
 from .store import SessionStore
 from .system_prompt import append_memory, compose_system_prompt
 from .telemetry import RunSpan, run_span
-from .workspace import mcp_url, run_workspace
+from .workspace import files_in, mcp_url, run_workspace
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +155,7 @@ class _Run:
     runtime_session_id: str | None
     collector: _Collector
     log: RunLog | None = None
+    mcp_secret: str | None = None
 
 
 class Spawner:
@@ -173,8 +176,11 @@ class Spawner:
         model: str | None = None,
         workspace_root: Path | None = None,
         log_cap_bytes: int = DEFAULT_CAP_BYTES,
+        mcp_access: McpAccess | None = None,
     ) -> None:
         self.butler = butler
+        # Where each run's MCP secret is granted: the table the butler's server checks.
+        self.mcp_access: McpAccess = mcp_access if mcp_access is not None else AccessTable()
         self.store = store if store is not None else SessionStore()
         self.adapter = adapter or get_adapter(butler.runtime.type)(butler.runtime)
         self.credentials = credentials or CredentialStore(self.store)
@@ -307,6 +313,7 @@ class Spawner:
         if role is not None and not _ROLE_RE.fullmatch(role):
             raise ValueError(f"invalid role name {role!r}")
         self.adapter.find_binary()
+        sandbox.check_available(self.butler)
         check_required(self.butler, self.credentials)
 
         # Accepted: reserve the place synchronously, before the first await.
@@ -439,6 +446,7 @@ class Spawner:
                 self._pending -= 1
             if run.log is not None:
                 run.log.close()
+            await self._withdraw_secret(run)
         assert result is not None  # every branch above sets it
         if started_at is not None and result.duration_ms == 0:
             result = replace(result, duration_ms=int((time.monotonic() - started_clock) * 1000))
@@ -455,6 +463,16 @@ class Spawner:
             self._runs.pop(run.session_id, None)
         collector.emit(Finished(run.session_id, result))
         return result
+
+    async def _withdraw_secret(self, run: _Run) -> None:
+        """The run is over: from now on its MCP secret is refused."""
+        secret, run.mcp_secret = run.mcp_secret, None
+        if secret is None:
+            return
+        try:
+            await asyncio.shield(self.mcp_access.revoke(secret))
+        except asyncio.CancelledError:
+            logger.debug("cancelled while withdrawing the secret of %s; it goes on", run.session_id)
 
     def _unfinished(
         self, collector: _Collector, status: RunStatus, error: str, kind: str
@@ -490,7 +508,7 @@ class Spawner:
                 trigger_source=run.trigger_source,
                 provider=self.tracer_provider,
             ) as span,
-            run_workspace(butler.name, self.workspace_root) as workspace,
+            run_workspace(butler, self.workspace_root) as workspace,
         ):
             collector.span = span
             collector.trace_id = trace_id = span.trace_id
@@ -534,6 +552,8 @@ class Spawner:
                 )
                 span.finish(replace(cancelled, duration_ms=_ms_since(clock)))
                 raise
+            finally:
+                await asyncio.shield(asyncio.to_thread(self._keep_transcripts, worker, workspace))
             if outcome is not None and not outcome.success:
                 worker.reset()
             result = self._result(collector, outcome, status, error, error_kind, trace_id, clock)
@@ -548,6 +568,12 @@ class Spawner:
                     "memory: could not store the episode of %s; going on", run.session_id
                 )
         return result
+
+    def _keep_transcripts(self, worker: RuntimeAdapter, workspace: Path) -> None:
+        try:
+            worker.keep_transcripts(workspace)
+        except OSError:
+            logger.exception("could not keep the transcripts of the run in %s", workspace)
 
     async def _prepare(self, run: _Run, workspace: Path, span: RunSpan) -> RunSpec:
         butler, worker = self.butler, run.worker
@@ -565,10 +591,14 @@ class Spawner:
                 memory_context = None
             system_prompt = append_memory(system_prompt, memory_context)
         session_key = run.runtime_session_id or run.resume or run.session_id
+        run.mcp_secret = await self.mcp_access.grant(
+            session_key, ttl_s=butler.runtime.timeout_s + CANCEL_GRACE_S
+        )
         server = McpServerSpec(
             name=butler.name,
             transport=butler.mcp_transport,
             url=mcp_url(butler, session_key, self.mcp_host, self.mcp_port),
+            secret=run.mcp_secret,
         )
         identity = {
             "SPAWNKIT_SESSION_ID": run.session_id,
@@ -583,20 +613,40 @@ class Spawner:
             isolated_env, butler, self.credentials, worker.passthrough_env, identity,
             worker.other_vendor_keys,
         )  # fmt: skip
+        cwd = butler.workdir or workspace
+        tools = (
+            agent.tools if agent is not None and agent.tools is not None else butler.runtime.tools
+        )
+        if run.resume and not await asyncio.to_thread(
+            worker.stage_resume, workspace, cwd, run.resume
+        ):
+            logger.warning("no kept transcript of %s to resume; the CLI looks for it itself",
+                           run.resume)  # fmt: skip
+        plan = sandbox.plan(butler, workspace, worker.install_paths())
+        config_file = worker.build_config_file(workspace, server)
+        await asyncio.to_thread(
+            self.store.record_setup,
+            run.session_id,
+            sandbox=plan.kind,
+            given={
+                "config_files": files_in(workspace),
+                "mcp_servers": [server.name],
+                "tools": list(tools),
+                "home": "the run's workspace",
+            },
+        )  # fmt: skip
         return RunSpec(
             session_id=run.session_id,
             butler=butler.name,
             prompt=compose_prompt(run.prompt, run.context),
             system_prompt=system_prompt,
             workspace=workspace,
-            cwd=butler.directory,
+            cwd=cwd,
             mcp_server=server,
-            config_file=worker.build_config_file(workspace, server),
+            config_file=config_file,
             env=env,
             max_turns=run.max_turns,
-            tools=agent.tools
-            if agent is not None and agent.tools is not None
-            else butler.runtime.tools,
+            tools=tools,
             model=(agent.model if agent is not None and agent.model else None) or self.model,
             base_url=self.base_url,
             runtime_session_id=run.runtime_session_id,
@@ -604,6 +654,7 @@ class Spawner:
             log=run.log,
             # A run acting as one of the roles does not delegate further.
             agents={} if agent is not None else butler.agents,
+            sandbox=plan,
         )
 
     def _result(

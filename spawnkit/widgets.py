@@ -262,7 +262,11 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
             if butler.name in self._servers:
                 return
             service = ButlerService(
-                butler, store=self.hub.store, mcp_port=butler.port, schedules=True
+                butler,
+                store=self.hub.store,
+                mcp_port=butler.port,
+                schedules=True,
+                owner_token=True,
             )
             try:
                 await service.__aenter__()

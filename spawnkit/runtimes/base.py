@@ -15,9 +15,10 @@ knowledge (a resolved binary, a checked version) is looked up afresh.
 
 from __future__ import annotations
 
+import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -29,19 +30,33 @@ from ..errors import (
     RuntimeFailure,
 )
 from ..events import EventSink
+from ..home import spawnkit_home
 from ..result import Usage
 from ..roster import AgentRole, McpTransport, RuntimeConfig
 from ..runlog import RunLog
+from ..sandbox import NO_SANDBOX, SandboxPlan
 from ..system_prompt import read_prompt_file
+from ..transcripts import copy_tree
 
 
 @dataclass(frozen=True)
 class McpServerSpec:
-    """The one MCP server a run may reach: its butler's."""
+    """The one MCP server a run may reach: its butler's, and the run's secret for it.
+
+    The secret goes only into the CLI's own MCP configuration (a file in the
+    run's private workspace, see :func:`write_private`), as the header the CLI
+    sends; it is kept out of ``repr`` so it cannot reach a log by accident.
+    """
 
     name: str
     transport: McpTransport
     url: str
+    secret: str | None = field(default=None, repr=False)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The HTTP headers every request to the server must carry."""
+        return {"Authorization": f"Bearer {self.secret}"} if self.secret else {}
 
 
 @dataclass(frozen=True)
@@ -69,6 +84,8 @@ class RunSpec:
     log: RunLog | None = None
     # Roles the run may delegate to (runtimes with sub-agents only).
     agents: Mapping[str, AgentRole] = field(default_factory=dict)
+    # How the CLI is started: inside bubblewrap, or (opted out) as it is.
+    sandbox: SandboxPlan = NO_SANDBOX
 
 
 @dataclass
@@ -84,6 +101,14 @@ class RunOutcome:
     cost_usd: float | None = None
     num_turns: int | None = None
     model: str | None = None
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a config file only its owner may read: it may hold the run's MCP secret."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        fh.write(text)
 
 
 _AUTH_WORDS = ("invalid api key", "authentication", "unauthorized", "not logged in", "api key")
@@ -150,7 +175,10 @@ class RuntimeAdapter(ABC):
     auth_remedy: ClassVar[str] = "check the runtime's API key"
     system_prompt_filename: ClassVar[str] = "CLAUDE.md"
     # Host variables the CLI needs to work at all; they pass credential isolation.
-    passthrough_env: ClassVar[tuple[str, ...]] = ("HOME",)
+    passthrough_env: ClassVar[tuple[str, ...]] = ()
+    # Where, relative to the run's HOME, the CLI writes its transcripts; spawnkit keeps
+    # them under $SPAWNKIT_HOME/runtimes/<type>/<the same path> once the run is over.
+    transcripts_dir: ClassVar[str | None] = None
     # Core API keys of other vendors, withheld unless the butler declares them.
     other_vendor_keys: ClassVar[tuple[str, ...]] = ()
 
@@ -171,6 +199,30 @@ class RuntimeAdapter(ABC):
     def binary_version(self) -> str | None:
         """The CLI's version string, or None when it cannot be determined."""
         return None
+
+    def install_paths(self) -> list[Path]:
+        """What the CLI needs to see read-only inside the sandbox (its own install)."""
+        return [self.find_binary().resolve().parent]
+
+    # -- transcripts ---------------------------------------------------------------
+
+    @classmethod
+    def kept_transcripts(cls) -> Path | None:
+        """Where spawnkit keeps this runtime's transcripts of finished runs."""
+        if cls.transcripts_dir is None:
+            return None
+        return spawnkit_home() / "runtimes" / cls.type / Path(cls.transcripts_dir).name
+
+    def keep_transcripts(self, home: Path, redact: Callable[[str], str] | None = None) -> int:
+        """Copy the transcripts the CLI wrote under ``home`` to :meth:`kept_transcripts`."""
+        kept = self.kept_transcripts()
+        if kept is None or self.transcripts_dir is None:
+            return 0
+        return copy_tree(home / self.transcripts_dir, kept, redact)
+
+    def stage_resume(self, home: Path, cwd: Path, runtime_session_id: str) -> bool:
+        """Put the kept transcript of ``runtime_session_id`` where the CLI will look for it."""
+        return False
 
     def new_runtime_session_id(self) -> str | None:
         """A runtime session id chosen before the run, when the CLI accepts one."""

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import uuid
@@ -56,7 +57,15 @@ from ..events import (
     UsageUpdate,
 )
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
-from .base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter, classify_failure
+from ..transcripts import copy_file
+from .base import (
+    McpServerSpec,
+    RunOutcome,
+    RunSpec,
+    RuntimeAdapter,
+    classify_failure,
+    write_private,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +98,17 @@ def _bundled_cli() -> Path | None:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def project_dir_name(cwd: Path) -> str:
+    """Claude Code's folder name for a working directory: every other character a dash."""
+    return re.sub(r"[^A-Za-z0-9]", "-", str(cwd))
+
+
+def _tmpdir(workspace: Path) -> Path:
+    path = workspace / "tmp"
+    path.mkdir(exist_ok=True, mode=0o700)
+    return path
 
 
 def tool_result_text(content: str | list[dict[str, Any]] | None) -> str:
@@ -298,8 +318,8 @@ class ClaudeCodeAdapter(RuntimeAdapter):
     auth_remedy: ClassVar[str] = (
         "Claude Code is not authenticated: set ANTHROPIC_API_KEY or run `claude login`"
     )
-    passthrough_env: ClassVar[tuple[str, ...]] = ("HOME", "CLAUDE_CONFIG_DIR")
     other_vendor_keys: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY",)
+    transcripts_dir: ClassVar[str | None] = ".claude/projects"
 
     _version_cache: ClassVar[dict[Path, str | None]] = {}
 
@@ -344,22 +364,42 @@ class ClaudeCodeAdapter(RuntimeAdapter):
     def new_runtime_session_id(self) -> str:
         return str(uuid.uuid4())
 
+    def stage_resume(self, home: Path, cwd: Path, runtime_session_id: str) -> bool:
+        """Claude Code resumes from ``projects/<its name for the cwd>/<id>.jsonl``."""
+        kept = self.kept_transcripts()
+        if kept is None or not kept.is_dir():
+            return False
+        found = next(kept.glob(f"*/{runtime_session_id}.jsonl"), None)
+        if found is None:
+            return False
+        return copy_file(found, home / ".claude" / "projects" / project_dir_name(cwd)
+                         / found.name)  # fmt: skip
+
     def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:
         path = workspace / "mcp.json"
-        path.write_text(
-            json.dumps({"mcpServers": {server.name: self._server_config(server)}}, indent=2),
-            encoding="utf-8",
+        write_private(
+            path, json.dumps({"mcpServers": {server.name: self._server_config(server)}}, indent=2)
         )
         return path
 
     @staticmethod
     def _server_config(server: McpServerSpec) -> McpHttpServerConfig | McpSSEServerConfig:
         if server.transport == "sse":
-            return McpSSEServerConfig(type="sse", url=server.url)
-        return McpHttpServerConfig(type="http", url=server.url)
+            sse = McpSSEServerConfig(type="sse", url=server.url)
+            if server.headers:
+                sse["headers"] = server.headers
+            return sse
+        http = McpHttpServerConfig(type="http", url=server.url)
+        if server.headers:
+            http["headers"] = server.headers
+        return http
 
     def child_env(self, spec: RunSpec) -> dict[str, str]:
         env = dict(spec.env)
+        # A fresh home: the user's ~/.claude (CLAUDE.md, settings, MCP servers, plugins)
+        # and shell rc files never reach a run.
+        env["HOME"] = str(spec.workspace)
+        env["TMPDIR"] = str(_tmpdir(spec.workspace))
         # MCP tools would otherwise hide behind a tool-search tool.
         env["ENABLE_TOOL_SEARCH"] = "false"
         env.setdefault("DISABLE_AUTOUPDATER", "1")
@@ -384,14 +424,16 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         # The tool that starts a sub-agent ("Task", called "Agent" in newer CLIs).
         delegation = ["Task", "Agent"] if spec.agents else []
         env = _process.filtered_env(
-            self.child_env(spec), self.find_binary(), pidfile, extra_keep=_SDK_ENV
+            self.child_env(spec), self.find_binary().resolve(), pidfile, extra_keep=_SDK_ENV
         )
         return ClaudeAgentOptions(
             cli_path=wrapper,
             cwd=spec.cwd,
             env=env,
             system_prompt=spec.system_prompt,
-            mcp_servers={server.name: self._server_config(server)},
+            # The file, not the JSON: a command line is readable by every local user,
+            # and the config holds the run's MCP secret.
+            mcp_servers=str(spec.config_file),
             strict_mcp_config=True,
             setting_sources=[],
             tools=[*spec.tools, *delegation],
@@ -430,7 +472,7 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         if _READER_FILTER not in reader_log.filters:
             reader_log.addFilter(_READER_FILTER)
         os.environ.setdefault(_SKIP_VERSION_CHECK, "1")
-        wrapper = _process.write_env_filter(spec.workspace)
+        wrapper = _process.write_env_filter(spec.workspace, spec.sandbox.argv)
         pidfile = spec.workspace / "cli.pid"
         state = _RunState(spec, emit)
         options = self.options(spec, wrapper, pidfile)
