@@ -166,7 +166,7 @@ def main() -> None:
             "messages_per_s": len(sent_at) / wall,
             "max_in_1s": max_per_window(sent_at),
             "bytes": sum(size for _, size in comm.sent),
-            "rows_kept": len(view.state.rows),
+            "rows_kept": len(view.state.items),
         }
 
     rounds = [loop.submit(one_round()).future.result() for _ in range(args.rounds)]

@@ -38,6 +38,7 @@ from typing import Any
 
 from spawnkit._asgi import serve_in_thread
 from spawnkit.butler_server import ButlerServer
+from spawnkit.mcp_access import AccessTable
 from spawnkit.replay import ReplayServer, Scenario
 from spawnkit.roster import ButlerConfig, load_roster
 from spawnkit.runtimes import get_adapter
@@ -60,7 +61,7 @@ KEY = "spawnkit-replay"
 
 
 def claude_bare(
-    butler: ButlerConfig, replay_url: str, mcp_port: int, work: Path
+    butler: ButlerConfig, replay_url: str, mcp_port: int, work: Path, secret: str
 ) -> Callable[[], None]:
     """The bare Claude Code command, with the settings spawnkit gives it."""
     binary = get_adapter("claude-code")(butler.runtime).find_binary()
@@ -69,7 +70,8 @@ def claude_bare(
     )
     mcp_config = work / "mcp.json"
     url = f"http://localhost:{mcp_port}/mcp?session_id=bench"
-    mcp_config.write_text(json.dumps({"mcpServers": {butler.name: {"type": "http", "url": url}}}))
+    server = {"type": "http", "url": url, "headers": {"Authorization": f"Bearer {secret}"}}
+    mcp_config.write_text(json.dumps({"mcpServers": {butler.name: server}}))
     tools = ["Bash", "Read", "Glob", "Grep"]
     command = [
         str(binary), "-p", PROMPT, "--output-format", "stream-json", "--verbose",
@@ -98,7 +100,7 @@ def claude_bare(
 
 
 def adapter_bare(
-    runtime: str, butler: ButlerConfig, replay_url: str, mcp_port: int, work: Path
+    runtime: str, butler: ButlerConfig, replay_url: str, mcp_port: int, work: Path, secret: str
 ) -> Callable[[], None]:
     """The exact command, files and environment the adapter builds, run without spawnkit."""
     adapter = get_adapter(runtime)(butler.runtime)
@@ -112,7 +114,7 @@ def adapter_bare(
         workspace = Path(tempfile.mkdtemp(prefix="bare-", dir=work))
         try:
             server = McpServerSpec(
-                butler.name, "http", f"http://localhost:{mcp_port}/mcp?session_id=bench"
+                butler.name, "http", f"http://localhost:{mcp_port}/mcp?session_id=bench", secret
             )
             spec = RunSpec(
                 session_id="bench", butler=butler.name, prompt=PROMPT,
@@ -141,19 +143,24 @@ def measure(runtime: str, rounds: int, work: Path) -> dict[str, Any]:
     butler = dataclasses.replace(base, runtime=dataclasses.replace(base.runtime, type=runtime))
     store = SessionStore(work / f"{runtime}.db")
     replay = ReplayServer(Scenario.from_dict(tomllib.loads(SCENARIO), source="benchmark"))
+    # One table for both sides: spawnkit's runs grant their own secrets in it, the bare
+    # CLI sends one granted up front, so both authenticate the same way.
+    access = AccessTable()
+    secret = asyncio.run(access.grant("bench"))
     with (
         serve_in_thread(replay.app) as replay_address,
-        serve_in_thread(ButlerServer(butler, store).app()) as mcp_address,
+        serve_in_thread(ButlerServer(butler, store, access=access).app()) as mcp_address,
     ):
         for key in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY"):
             os.environ[key] = KEY
         spawner = Spawner(
-            butler, store=store, base_url=replay_address.url, mcp_port=mcp_address.port
-        )
+            butler, store=store, base_url=replay_address.url, mcp_port=mcp_address.port,
+            mcp_access=access,
+        )  # fmt: skip
         if runtime == "claude-code":
-            bare = claude_bare(butler, replay_address.url, mcp_address.port, work)
+            bare = claude_bare(butler, replay_address.url, mcp_address.port, work, secret)
         else:
-            bare = adapter_bare(runtime, butler, replay_address.url, mcp_address.port, work)
+            bare = adapter_bare(runtime, butler, replay_address.url, mcp_address.port, work, secret)
 
         async def through_spawnkit() -> None:
             result = await spawner.trigger(PROMPT)

@@ -5,11 +5,13 @@ key-value store per butler), ``schedule_list``, ``sessions_list`` and
 ``trigger`` (start a new run of this same butler; such a run has trigger source
 ``trigger`` and is refused at once, not queued, when no slot is free).
 
-Every run reaches the server with its session key in the URL
-(``/mcp?session_id=...``). A server middleware records each ``tools/call``
-against that session in the store's ``mcp_calls`` table, so the server's view
-of a run can be joined with the runtime's. On SSE the key rides only the
-``GET /sse`` URL; the server remembers which SSE connection carries which key.
+Only callers with a live secret get in (:mod:`spawnkit.mcp_guard` checks Host,
+Origin and ``Authorization: Bearer`` before any MCP code runs): each run's own
+secret, minted by the spawner through the server's :class:`~spawnkit.mcp_access.
+AccessTable`, and the owner token of a served butler. A server middleware
+records each ``tools/call`` in the store's ``mcp_calls`` table against the
+session key the caller's secret was granted for, so the server's view of a run
+can be joined with the runtime's. A URL naming another session is refused.
 """
 
 from __future__ import annotations
@@ -17,22 +19,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs
 
 from croniter import croniter
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
+from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import BaseModel
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.routing import Route
 
 from . import _asgi
 from .errors import TriggerRejected
+from .mcp_access import AccessTable, Caller
+from .mcp_guard import CALLER_SCOPE_KEY, MCP_PATH, MESSAGE_PATH, SSE_PATH, McpGuard, host_names
 from .roster import ButlerConfig
 from .store import SessionStore
 
@@ -41,60 +42,18 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SESSION_PARAM = "session_id"
 # Adds tools to a butler's server (for example the notebook's kernel tools).
 ToolExtension = Callable[[MCPServer[Any]], None]
-_Scope = MutableMapping[str, Any]
-_Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-_Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
-
-def _session_param(query: str) -> str | None:
-    values = parse_qs(query).get(SESSION_PARAM)
-    return values[0] if values else None
-
-
-class _SseSessions:
-    """Maps the SSE transport's own connection id to the session key of its GET URL."""
-
-    def __init__(self) -> None:
-        self.keys: dict[str, str] = {}
-
-    def endpoint(self, original: Callable[[Request], Awaitable[Any]]) -> _SseEndpoint:
-        return _SseEndpoint(self, original)
-
-
-class _SseEndpoint:
-    """The ``GET /sse`` ASGI endpoint, watching the stream for the connection's id."""
-
-    def __init__(self, sessions: _SseSessions, original: Callable[[Request], Awaitable[Any]]):
-        self.sessions = sessions
-        self.original = original
-
-    async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
-        key = _session_param(scope.get("query_string", b"").decode())
-        seen: list[str] = []
-
-        async def watch(message: MutableMapping[str, Any]) -> None:
-            # The stream's first event announces "/messages/?session_id=<hex>".
-            if key and not seen and message.get("type") == "http.response.body":
-                body = message.get("body", b"").decode(errors="replace")
-                if "session_id=" in body:
-                    seen.append(body.split("session_id=", 1)[1].split()[0].strip())
-                    self.sessions.keys[seen[0]] = key
-            await send(message)
-
-        try:
-            # The SDK's endpoint streams through the request's send and returns
-            # an empty Response only after the stream is over; it is not sent.
-            await self.original(Request(scope, receive, watch))
-        finally:
-            for hex_id in seen:
-                self.sessions.keys.pop(hex_id, None)
 
 
 class ButlerServer:
-    """The MCP server of one butler."""
+    """The MCP server of one butler.
+
+    ``access`` is the table of secrets it accepts; the spawner that starts this
+    butler's runs must grant their secrets in the same table. By default the
+    server uses its spawner's table (so ``ButlerServer(butler, store, spawner)``
+    accepts exactly that spawner's runs), or a new one when there is no spawner.
+    """
 
     def __init__(
         self,
@@ -102,26 +61,27 @@ class ButlerServer:
         store: SessionStore,
         spawner: Spawner | None = None,
         extensions: Sequence[ToolExtension] = (),
+        access: AccessTable | None = None,
     ) -> None:
         self.butler = butler
         self.store = store
         self.spawner = spawner
-        self._sse = _SseSessions()
+        if access is None:
+            own = spawner.mcp_access if spawner is not None else None
+            access = own if isinstance(own, AccessTable) else AccessTable()
+        self.access = access
         self.mcp = self._build_mcp()
         for extend in extensions:
             extend(self.mcp)
 
     # -- recording -------------------------------------------------------------
 
-    def _session_key(self, ctx: ServerRequestContext[Any, Any]) -> str | None:
-        request = ctx.request
-        url = getattr(request, "url", None)
-        if url is None:
-            return None
-        key = _session_param(url.query)
-        if url.path.rstrip("/").endswith("/messages") and key is not None:
-            return self._sse.keys.get(key)  # the SSE transport's id, not ours
-        return key
+    @staticmethod
+    def _caller(ctx: ServerRequestContext[Any, Any]) -> Caller | None:
+        """Who sent this request, as the guard established from its secret."""
+        scope = getattr(ctx.request, "scope", None)
+        caller = scope.get(CALLER_SCOPE_KEY) if isinstance(scope, dict) else None
+        return caller if isinstance(caller, Caller) else None
 
     async def _record_calls(
         self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
@@ -131,7 +91,8 @@ class ButlerServer:
         params = dict(ctx.params or {})
         tool = str(params.get("name", "?"))
         arguments = params.get("arguments") or {}
-        key = self._session_key(ctx)
+        caller = self._caller(ctx)
+        key = caller.session_key if caller is not None else None
         called_at = datetime.now(UTC)
         clock = time.monotonic()
         is_error, text = True, ""
@@ -244,15 +205,26 @@ class ButlerServer:
 
     # -- serving -----------------------------------------------------------------
 
-    def app(self) -> Starlette:
-        """One ASGI app serving streamable HTTP at ``/mcp`` and SSE at ``/sse``."""
-        app = self.mcp.streamable_http_app(streamable_http_path="/mcp")
-        sse = self.mcp.sse_app(sse_path="/sse", message_path="/messages/")
-        for route in sse.routes:
-            if isinstance(route, Route) and route.path == "/sse":
-                route = Route("/sse", endpoint=self._sse.endpoint(route.endpoint), methods=["GET"])
-            app.router.routes.append(route)
-        return app
+    def app(self, host: str = "127.0.0.1") -> McpGuard:
+        """One ASGI app serving streamable HTTP at ``/mcp`` and SSE at ``/sse``, guarded.
+
+        ``host`` is the address the server is bound to: besides the loopback
+        names, it is the only ``Host`` (and ``Origin``) a request may name.
+        """
+        names = host_names(host)
+        security = TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=[f"{name}:*" for name in names],
+            allowed_origins=[f"http://{name}:*" for name in names],
+        )
+        app = self.mcp.streamable_http_app(
+            streamable_http_path=MCP_PATH, transport_security=security
+        )
+        sse = self.mcp.sse_app(
+            sse_path=SSE_PATH, message_path=MESSAGE_PATH, transport_security=security
+        )
+        app.router.routes.extend(sse.routes)
+        return McpGuard(app, self.access, names)
 
     @asynccontextmanager
     async def serve(
@@ -260,7 +232,7 @@ class ButlerServer:
     ) -> AsyncIterator[_asgi.ServerAddress]:
         """Serve on ``port`` (the butler's own by default; 0 picks a free one)."""
         async with _asgi.serve(
-            self.app(), host, self.butler.port if port is None else port
+            self.app(host), host, self.butler.port if port is None else port
         ) as address:
             yield address
 

@@ -397,11 +397,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             mcp_host=args.host,
             schedules=True,
             tracer_provider=provider,
+            owner_token=True,
         ) as service:
             spawner = service.spawner
             spawner.add_listener(EventPrinter(sys.stdout))
             schedules = service.scheduler.next_runs() if service.scheduler else {}
             print(f"serving butler {butler.name!r}: MCP at {service.mcp_url}{butler.mcp_path}")
+            print(f"  token file: {service.token_file}")
+            print("  (readable only by you; MCP clients send 'Authorization: Bearer <token>')")
             for name, when in schedules.items():
                 print(f"  schedule {name}: next run {when.isoformat()}")
             print("Ctrl-C stops (in-flight runs are cancelled and recorded).", flush=True)

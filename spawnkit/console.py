@@ -22,7 +22,7 @@ from .events import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from .result import SpawnerResult, ToolCall
+from .result import SpawnerResult, ToolCall, tool_count
 from .store import SessionRecord
 
 PREVIEW_CHARS = 160
@@ -62,9 +62,28 @@ def one_line(text: str, limit: int = PREVIEW_CHARS) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+# Each runtime's shell tool; its command is shown as `$ command`, not as JSON.
+SHELL_TOOLS = frozenset({"Bash", "shell", "exec_command", "shell_command", "run_shell_command"})
+
+
+def shell_command(call: ToolCall) -> str | None:
+    """The command of a shell tool call, or None for other tools."""
+    if call.server is not None or call.tool not in SHELL_TOOLS:
+        return None
+    value = call.input.get("command", call.input.get("cmd"))
+    if isinstance(value, list) and value[:2] == ["bash", "-lc"] and len(value) == 3:
+        value = value[2]  # Codex's argv form
+    if isinstance(value, list):
+        value = " ".join(str(part) for part in value)
+    return value if isinstance(value, str) else None
+
+
 def describe_input(call: ToolCall) -> str:
-    """The most telling part of a tool call's input."""
-    for key in ("command", "file_path", "pattern", "path", "prompt"):
+    """The most telling part of a tool call's input: ``$ command`` for a shell."""
+    command = shell_command(call)
+    if command is not None:
+        return one_line(f"$ {command}")
+    for key in ("file_path", "pattern", "path", "prompt", "command"):
         value = call.input.get(key)
         if isinstance(value, str) and value:
             return one_line(value)
@@ -97,7 +116,7 @@ def render_summary(result: SpawnerResult, style: Style = Style()) -> str:
     usage = result.usage
     parts = [
         style.green("✓ success") if result.success else style.red(f"✗ {result.status}"),
-        f"{len(result.tool_calls)} tool call{'s' if len(result.tool_calls) != 1 else ''}",
+        tool_count(len(result.tool_calls), result.failed_tool_calls),
         f"{result.duration_ms / 1000:.1f} s",
         f"{format_tokens(usage.input_tokens)} in / {format_tokens(usage.output_tokens)} out tokens"
         f" (cache {format_tokens(usage.cache_read_tokens)} read,"

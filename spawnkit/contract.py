@@ -9,6 +9,7 @@ calls::
     spawnkit adapter RUNTIME check_status SESSION_ID           -> pending|active|completed|failed
     spawnkit adapter RUNTIME spawn_subagent ROLE BRIEF_FILE STATE_FILE PROMPT -> a session id
     spawnkit adapter RUNTIME --roster R --butler B start_mcp_server -> the server's pid
+      (clients send the token in $SPAWNKIT_HOME/mcp/<butler>-<port>.token as a bearer)
 
 ``spawn`` and ``resume`` return as soon as the session exists: the run goes on
 in a detached worker process (logging to ``$SPAWNKIT_HOME/sessions/<id>/
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import RuntimeNotFoundError, SpawnkitError
 from .home import spawnkit_home
+from .mcp_access import owner_token, owner_token_path
 from .result import SpawnerResult
 from .runlog import session_log_dir
 from .runtimes import get_adapter
@@ -372,7 +374,12 @@ def run_worker(
 
 
 def start_mcp_server(options: Options) -> int:
-    """Serve the butler's MCP server in a detached process; returns its pid once it listens."""
+    """Serve the butler's MCP server in a detached process; returns its pid once it listens.
+
+    Clients authenticate with the owner token in :func:`~spawnkit.mcp_access.
+    owner_token_path` (``$SPAWNKIT_HOME/mcp/<butler>-<port>.token``, mode 0600). It is
+    created here, before the server starts, so it can be read as soon as the pid is out.
+    """
     import subprocess
 
     from .roster import load_roster
@@ -383,6 +390,7 @@ def start_mcp_server(options: Options) -> int:
     butler = load_roster(find_roster(options.roster))[options.butler]
     if _listening(butler.port):
         raise ContractError(f"port {butler.port} of butler {butler.name!r} is already in use")
+    owner_token(owner_token_path(butler.name, butler.port), create=True)
     logs = spawnkit_home() / "servers"
     logs.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "spawnkit", "serve", butler.name,

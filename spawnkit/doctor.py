@@ -68,19 +68,31 @@ def check_runtimes() -> list[RuntimeCheck]:
     return checks
 
 
-async def list_tools(url: str, transport: str, timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
-    """The tool names an MCP server at ``url`` (``/mcp`` or ``/sse``) offers, within a timeout."""
+async def list_tools(
+    url: str, transport: str, secret: str | None, timeout_s: float = PROBE_TIMEOUT_S
+) -> list[str]:
+    """The tool names an MCP server at ``url`` (``/mcp`` or ``/sse``) offers, within a timeout.
+
+    ``secret`` is sent as a bearer token (a butler's server refuses calls without one).
+    """
     from mcp import ClientSession
     from mcp.client.sse import sse_client
     from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
 
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
     async with asyncio.timeout(timeout_s):
         if transport == "sse":
-            async with sse_client(url) as streams, ClientSession(streams[0], streams[1]) as s:
-                await s.initialize()
-                return [tool.name for tool in (await s.list_tools()).tools]
+            async with (
+                sse_client(url, headers=headers) as streams,
+                ClientSession(streams[0], streams[1]) as session,
+            ):
+                await session.initialize()
+                return [tool.name for tool in (await session.list_tools()).tools]
+        http = create_mcp_http_client(headers=headers)
         async with (
-            streamable_http_client(url) as streams,
+            http,
+            streamable_http_client(url, http_client=http) as streams,
             ClientSession(streams[0], streams[1]) as session,
         ):
             await session.initialize()
@@ -101,6 +113,8 @@ async def check_mcp(butler: ButlerConfig) -> McpCheck:
     from pathlib import Path
 
     from .butler_server import ButlerServer
+    from .errors import SpawnkitError
+    from .mcp_access import AccessTable, owner_token, owner_token_path
     from .store import SessionStore
 
     path = butler.mcp_path
@@ -109,18 +123,26 @@ async def check_mcp(butler: ButlerConfig) -> McpCheck:
     # A scratch store: the probe's tools/list must not be recorded in the user's store.
     with tempfile.TemporaryDirectory(prefix="spawnkit-doctor-") as scratch:
         store = SessionStore(Path(scratch) / "sessions.db")
+        access = AccessTable()
         try:
-            async with ButlerServer(butler, store).serve("127.0.0.1", 0) as address:
-                tools = await list_tools(f"{address.url}{path}", butler.mcp_transport)
+            secret = await access.grant("spawnkit-doctor")  # as a run would be granted
+            async with ButlerServer(butler, store, access=access).serve("127.0.0.1", 0) as at:
+                tools = await list_tools(f"{at.url}{path}", butler.mcp_transport, secret)
         except Exception as exc:  # noqa: BLE001 - any failure is the finding it reports
             error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         finally:
             store.close()
     port_status = "free"
     if butler.port and _listening(butler.port):
+        try:  # `spawnkit serve` keeps an owner token for it
+            token: str | None = owner_token(
+                owner_token_path(butler.name, butler.port), create=False
+            )
+        except SpawnkitError:
+            token = None
         try:
             served = await list_tools(
-                f"http://127.0.0.1:{butler.port}{path}", butler.mcp_transport, timeout_s=5.0
+                f"http://127.0.0.1:{butler.port}{path}", butler.mcp_transport, token, 5.0
             )
         except Exception:  # noqa: BLE001 - not an MCP server there: that is the finding
             served = []

@@ -31,7 +31,9 @@ Modules with errors of their own keep them next to their code, in the same tree:
 ``sources.SourceError`` (a ConfigError: unknown, invalid or duplicate sources),
 ``sources.GitError``, ``ask.TemplateError`` and ``ask.AskConfigError`` (ConfigErrors),
 ``ask.AskError`` (the agent failed; carries its stderr), ``contract.ContractError``
-(carries the exit code), ``history.HistoryError`` and ``_asgi.ServerStartError``.
+(carries the exit code), ``history.HistoryError`` and ``_asgi.ServerStartError``;
+``notebook.failures.RunFailed`` and ``RunCancelled`` (SpawnErrors a notebook cell raises,
+shown as one line).
 
 User mistakes (config, env, missing binaries) are caught before anything is
 spawned; failures of a run that was accepted are recorded in its session and
@@ -162,10 +164,7 @@ class RateLimited(RuntimeFailure):
 
 class ModelUnavailable(RuntimeFailure):
     kind_default = "model_unavailable"
-    remedy = (
-        "the model API is unreachable or failing: check [butler.runtime] base_url and that "
-        "the server is up"
-    )
+    remedy = "cannot reach the model API: check [butler.runtime] base_url and that the server is up"
 
 
 class RuntimeCrashed(RuntimeFailure):

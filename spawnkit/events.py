@@ -25,11 +25,14 @@ class Queued:
 
 @dataclass(frozen=True)
 class Started:
+    """The run holds a slot and its runtime is starting; ``max_turns`` is the run's limit."""
+
     session_id: str
     butler: str
     runtime: str
     model: str | None
     runtime_session_id: str | None
+    max_turns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -62,12 +65,17 @@ class ToolCallFinished:
 
 @dataclass(frozen=True)
 class UsageUpdate:
-    """Running totals so far; the final figures are in :class:`Finished`."""
+    """Running totals so far; the final figures are in :class:`Finished`.
+
+    ``turns`` counts model turns begun so far; ``model`` is the model actually
+    answering, once the runtime has said (it may differ from the configured one).
+    """
 
     session_id: str
     usage: Usage
     cost_usd: float | None
     turns: int | None
+    model: str | None = None
 
 
 @dataclass(frozen=True)

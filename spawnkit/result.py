@@ -7,7 +7,6 @@ store's ``tool_calls`` column and the MCP ``trigger`` tool.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
@@ -20,6 +19,12 @@ OUTPUT_LIMIT = 1_000_000
 
 RunStatus = Literal["queued", "running", "success", "failed", "cancelled", "crashed"]
 ToolStatus = Literal["running", "ok", "error"]
+
+
+def tool_count(calls: int, failed: int) -> str:
+    """``4 tool calls (2 failed)``: how every summary counts tool calls."""
+    text = f"{calls} tool call{'s' if calls != 1 else ''}"
+    return f"{text} ({failed} failed)" if failed else text
 
 
 def truncate(text: str, limit: int) -> str:
@@ -151,6 +156,11 @@ class SpawnerResult:
         data["tool_calls"] = [call.to_dict() for call in self.tool_calls]
         return data
 
+    @property
+    def failed_tool_calls(self) -> int:
+        """Tool calls that reported an error (a run can succeed despite some)."""
+        return sum(1 for call in self.tool_calls if call.status == "error")
+
     def __str__(self) -> str:
         state = "ok" if self.success else f"{self.status}: {self.error}"
         return (
@@ -159,6 +169,8 @@ class SpawnerResult:
         )
 
     # -- rich displays (IPython calls these; plain string formatting, no imports) ----
+    # Jupyter renders the Markdown form, so the agent's Markdown shows as Markdown.
+    # spawnkit's notebook frontends show results as their own run view instead.
 
     def summary_line(self) -> str:
         u = self.usage
@@ -166,7 +178,7 @@ class SpawnerResult:
             "✓ success" if self.success else f"✗ {self.status}",
             " · ".join(p for p in (self.butler, self.runtime, self.model) if p),
             f"{self.duration_ms / 1000:.1f} s",
-            f"{len(self.tool_calls)} tool call{'s' if len(self.tool_calls) != 1 else ''}",
+            tool_count(len(self.tool_calls), self.failed_tool_calls),
             f"{u.input_tokens:,} in / {u.output_tokens:,} out tokens",
         ]
         if self.cost_usd is not None:
@@ -200,27 +212,3 @@ class SpawnerResult:
             lines.append("")
         lines += [self.output, "", f"<sub>session {self.session_id}</sub>"]
         return "\n".join(lines)
-
-    def _repr_html_(self) -> str:
-        import html  # only for notebooks' rich display
-
-        esc = html.escape
-        state = "success" if self.success else "failure"
-        rows = "".join(
-            "<details><summary><code>{name}</code> {mark} <small>{ms}</small></summary>"
-            "<pre>{input}</pre><pre>{output}</pre></details>".format(
-                name=esc(f"{c.server}.{c.tool}" if c.server else c.tool),
-                mark={"ok": "✓", "error": "✗"}.get(c.status, "…"),
-                ms=f"{c.duration_ms} ms" if c.duration_ms is not None else "",
-                input=esc(json.dumps(c.input, ensure_ascii=False, indent=1)[:2000]),
-                output=esc((c.output or "")[:2000]),
-            )
-            for c in self.tool_calls
-        )
-        error = f'<div style="color:#c62828">error: {esc(self.error)}</div>' if self.error else ""
-        return (
-            f'<div class="spawnkit-result spawnkit-{state}">'
-            f"<div><b>{esc(self.summary_line())}</b></div>{error}{rows}"
-            f'<div style="white-space:pre-wrap;margin-top:6px">{esc(self.output)}</div>'
-            f"<div><small>session {esc(self.session_id or '')}</small></div></div>"
-        )

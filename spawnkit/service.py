@@ -9,8 +9,11 @@ a scenario, on the real model API::
         result = await service.trigger("I weighed 72.4 kg")
 
 Unless ``external_mcp`` is set, the MCP server runs in-process on a free port
-(``mcp_port=None``) or a given one; with ``external_mcp`` the runs use
-whatever serves the butler's configured port.
+(``mcp_port=None``) or a given one, and the spawner grants each run's secret
+in the server's own access table. With ``external_mcp`` the runs use the butler
+served on its configured port (``spawnkit serve``), which grants their secrets
+when asked with its owner token. ``owner_token=True`` (``spawnkit serve``)
+creates that token file, so the user's own MCP clients can call the butler.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from opentelemetry.trace import TracerProvider
 from .butler_server import ButlerServer, ToolExtension
 from .credentials import CredentialStore
 from .errors import SpawnkitError
+from .mcp_access import AccessTable, RemoteAccess, owner_token, owner_token_path
 from .replay import ReplayServer, Scenario
 from .result import SpawnerResult
 from .roster import ButlerConfig
@@ -71,6 +75,8 @@ class ButlerService:
         schedules: bool = False,
         tracer_provider: TracerProvider | None = None,
         tool_extensions: Sequence[ToolExtension] = (),
+        owner_token: bool = False,
+        access: AccessTable | None = None,
         **spawner_options: Any,
     ) -> None:
         self.butler = butler
@@ -85,6 +91,11 @@ class ButlerService:
         self.tracer_provider = tracer_provider
         self.tool_extensions = tool_extensions
         self.spawner_options = spawner_options
+        self.owner_token = owner_token
+        # The secrets the in-process MCP server accepts (a fresh table by default).
+        self.access = access if access is not None else AccessTable()
+        # The owner token's file, when this service serves one (owner_token=True).
+        self.token_file: Path | None = None
         self.replay_server: ReplayServer | None = None
         self.replay_url: str | None = None
         self.mcp_url: str | None = None
@@ -124,15 +135,26 @@ class ButlerService:
             options["credentials"] = _OverlayCredentials(
                 credentials, dict.fromkeys(REPLAY_KEYS, REPLAY_API_KEY)
             )
+        access = self.access
+        if self.external_mcp:
+            port = self.mcp_port or self.butler.port
+            token = owner_token(owner_token_path(self.butler.name, port), create=False)
+            options["mcp_access"] = RemoteAccess(f"http://{self.mcp_host}:{port}", token)
+        else:
+            options["mcp_access"] = access
         spawner = Spawner(
             self.butler, store=self.store, tracer_provider=self.tracer_provider, **options
         )
         if not self.external_mcp:
-            server = ButlerServer(self.butler, self.store, spawner, self.tool_extensions)
-            address = await stack.enter_async_context(
-                server.serve(self.mcp_host, 0 if self.mcp_port is None else self.mcp_port)
+            server = ButlerServer(
+                self.butler, self.store, spawner, self.tool_extensions, access=access
             )
+            port = 0 if self.mcp_port is None else self.mcp_port
+            address = await stack.enter_async_context(server.serve(self.mcp_host, port))
             spawner.mcp_port = address.port
+            if self.owner_token:
+                self.token_file = owner_token_path(self.butler.name, address.port)
+                access.allow_owner(owner_token(self.token_file, create=True))
         self.mcp_url = f"http://{spawner.mcp_host}:{spawner.mcp_port or self.butler.port}"
         # Whatever else happens, no run outlives the service.
         stack.push_async_callback(self._drain, spawner)

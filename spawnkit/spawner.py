@@ -54,6 +54,7 @@ from .events import (
     ToolCallStarted,
     UsageUpdate,
 )
+from .mcp_access import AccessTable, McpAccess
 from .memory import MemoryProvider, StoreMemory
 from .result import OUTPUT_LIMIT, RunStatus, SpawnerResult, ToolCall, Usage, truncate
 from .roster import ButlerConfig
@@ -164,6 +165,7 @@ class _Run:
     runtime_session_id: str | None
     collector: _Collector
     log: RunLog | None = None
+    mcp_secret: str | None = None
 
 
 class Spawner:
@@ -184,8 +186,11 @@ class Spawner:
         model: str | None = None,
         workspace_root: Path | None = None,
         log_cap_bytes: int = DEFAULT_CAP_BYTES,
+        mcp_access: McpAccess | None = None,
     ) -> None:
         self.butler = butler
+        # Where each run's MCP secret is granted: the table the butler's server checks.
+        self.mcp_access: McpAccess = mcp_access if mcp_access is not None else AccessTable()
         self.store = store if store is not None else SessionStore()
         self.adapter = adapter or get_adapter(butler.runtime.type)(butler.runtime)
         self.credentials = credentials or CredentialStore(self.store)
@@ -457,6 +462,7 @@ class Spawner:
                 self._pending -= 1
             if run.log is not None:
                 run.log.close()
+            await self._withdraw_secret(run)
         assert result is not None  # every branch above sets it
         if started_at is not None and result.duration_ms == 0:
             result = replace(result, duration_ms=int((time.monotonic() - started_clock) * 1000))
@@ -473,6 +479,16 @@ class Spawner:
             self._runs.pop(run.session_id, None)
         collector.emit(Finished(run.session_id, result))
         return result
+
+    async def _withdraw_secret(self, run: _Run) -> None:
+        """The run is over: from now on its MCP secret is refused."""
+        secret, run.mcp_secret = run.mcp_secret, None
+        if secret is None:
+            return
+        try:
+            await asyncio.shield(self.mcp_access.revoke(secret))
+        except asyncio.CancelledError:
+            logger.debug("cancelled while withdrawing the secret of %s; it goes on", run.session_id)
 
     def _unfinished(
         self, collector: _Collector, status: RunStatus, error: str, kind: str
@@ -522,6 +538,7 @@ class Spawner:
                     butler.runtime.type,
                     self.model,
                     run.runtime_session_id,
+                    max_turns=run.max_turns,
                 )
             )
             outcome: RunOutcome | None = None
@@ -590,10 +607,14 @@ class Spawner:
                 memory_context = None
             system_prompt = append_memory(system_prompt, memory_context)
         session_key = run.runtime_session_id or run.resume or run.session_id
+        run.mcp_secret = await self.mcp_access.grant(
+            session_key, ttl_s=butler.runtime.timeout_s + CANCEL_GRACE_S
+        )
         server = McpServerSpec(
             name=butler.name,
             transport=butler.mcp_transport,
             url=mcp_url(butler, session_key, self.mcp_host, self.mcp_port),
+            secret=run.mcp_secret,
         )
         identity = {
             "SPAWNKIT_SESSION_ID": run.session_id,

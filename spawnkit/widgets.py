@@ -2,9 +2,12 @@
 
 ``ButlerDashboard(roster)`` (or ``%spawn_dashboard``) shows one card per butler
 (runtime, port, whether its MCP server is up, with a button to start it, slots
-in use, queue depth, its last runs), a prompt box with a Trigger button, the
-runs in flight with live views and Cancel buttons, and a table of recent
-sessions that refreshes itself. Clicks only submit work to spawnkit's
+in use, queue depth, its last runs with a mark per state), a prompt box with a
+Trigger button, the runs in flight (each labelled with its state, butler,
+prompt, session id and queue position, with its live view and a Cancel
+button), the runs that just finished here, and a table of recent sessions; a
+click on a session shows its transcript. Marks and durations are the run
+view's, so every place says the same. Clicks only submit work to spawnkit's
 background loop and return, so the dashboard stays responsive while runs
 stream; the refresh also runs there. Works in JupyterLab and as a Voila app.
 """
@@ -22,7 +25,11 @@ from typing import Any
 import ipywidgets as w
 
 from .notebook.hub import Hub, RunHandle, Target, default_hub
+from .notebook.session_table import SessionTable
+from .notebook.static_view import static_html
 from .notebook.view import RunView
+from .notebook.view_state import MARKS, ViewState, format_duration
+from .result import SpawnerResult
 from .roster import ButlerConfig, Roster, load_roster
 from .service import ButlerService
 from .store import SessionRecord
@@ -32,7 +39,19 @@ logger = logging.getLogger(__name__)
 REFRESH_S = 1.0
 RECENT_ROWS = 12
 KEEP_FINISHED = 3
+LAST_RUNS = 4
 REAL_MODEL = "(real model)"
+PROMPT_CHARS = 60
+# Theme variables, so marks keep their colour in the dark theme too.
+MARK_COLOURS = {
+    "success": "var(--jp-success-color1, #2e7d32)",
+    "failed": "var(--jp-error-color1, #c62828)",
+    "crashed": "var(--jp-error-color1, #c62828)",
+    "cancelled": "var(--jp-warn-color1, #e65100)",
+    "running": "var(--jp-brand-color1, #1976d2)",
+    "queued": "var(--jp-ui-font-color2, #5f5f5f)",
+}
+BORDER = "1px solid var(--jp-border-color2, #e0e0e0)"
 
 
 def _port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> bool:
@@ -43,27 +62,40 @@ def _port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> bool
         return False
 
 
-def sessions_table(records: list[SessionRecord]) -> str:
-    """Recent sessions as an HTML table."""
-    if not records:
-        return "<p><i>no sessions yet</i></p>"
-    head = "".join(
-        f"<th>{h}</th>"
-        for h in ("started", "butler", "status", "source", "tools", "s", "cost", "prompt")
-    )
-    body = []
-    for r in records:
-        cost = f"${r.cost_usd:.4f}" if r.cost_usd is not None else ""
-        duration = f"{r.duration_ms / 1000:.1f}" if r.duration_ms is not None else ""
-        cells = (
-            r.created_at.strftime("%H:%M:%S"), r.butler, r.status, r.trigger_source,
-            str(len(r.tool_calls)), duration, cost, r.prompt[:60],
-        )  # fmt: skip
-        row = "".join(f"<td>{html.escape(c)}</td>" for c in cells)
-        body.append(f'<tr class="sk-{html.escape(r.status)}">{row}</tr>')
-    return (
-        '<table class="sk-sessions"><thead><tr>' + head + "</tr></thead><tbody>"
-        + "".join(body) + "</tbody></table>"
+def mark_html(state: str) -> str:
+    """The state's mark in its theme colour."""
+    colour = MARK_COLOURS.get(state, "inherit")
+    mark = html.escape(MARKS.get(state, "?"))
+    return f'<b class="sk-mark" data-state="{html.escape(state)}" style="color:{colour}">{mark}</b>'
+
+
+def run_label(handle: RunHandle) -> str:
+    """An in-flight (or just finished) run in one line: state, butler, prompt, session."""
+    state = handle.state
+    prompt = " ".join(handle.prompt.split())
+    prompt = prompt if len(prompt) <= PROMPT_CHARS else prompt[: PROMPT_CHARS - 1] + "…"
+    butler = html.escape(handle.target.butler.name)
+    parts = [f"{mark_html(state)} {html.escape(state)}", f"<b>{butler}</b>"]
+    if state == "queued" and handle.position:
+        parts.append(f"queue position {handle.position}")
+    parts.append(f"“{html.escape(prompt)}”")
+    if handle.session_id:
+        sid = html.escape(handle.session_id)
+        parts.append(f'<code title="{sid}">{sid[:8]}</code>')
+    if handle.result_value is not None:
+        parts.append(format_duration(handle.result_value.duration_ms))
+    return f'<span class="sk-run-label">{" · ".join(parts)}</span>'
+
+
+def record_result(record: SessionRecord) -> SpawnerResult:
+    """A session record as the result it was (for its transcript)."""
+    return SpawnerResult(
+        output=record.output or "", tool_calls=record.tool_calls, success=bool(record.success),
+        error=record.error, session_id=record.id, duration_ms=record.duration_ms or 0,
+        usage=record.usage, cost_usd=record.cost_usd, butler=record.butler,
+        runtime=record.runtime, model=record.model,
+        status=record.status if record.status in MARKS else "failed",  # type: ignore[arg-type]
+        error_kind=record.error_kind, num_turns=record.num_turns,
     )  # fmt: skip
 
 
@@ -90,13 +122,9 @@ class _Card:
         self.runs = w.HTML()
         self.box = w.VBox(
             [self.title, self.info, w.HBox([self.server, self.start]), self.runs],
-            layout={
-                "border": "1px solid #ccc",
-                "padding": "6px",
-                "margin": "4px",
-                "width": "260px",
-            },
+            layout={"border": BORDER, "padding": "6px", "margin": "4px", "width": "280px"},
         )
+        self.box.add_class("sk-card")
 
     def update(self, running: int, queued: int, up: bool, recent: list[SessionRecord]) -> None:
         b = self.butler
@@ -107,16 +135,17 @@ class _Card:
         self.server.value = "MCP server: " + ("<b>up</b>" if up else "down")
         self.start.disabled = up
         marks = [
-            ("✓" if r.success else "✗")
-            + (f" {r.duration_ms / 1000:.1f}s" if r.duration_ms is not None else "")
+            f'<span title="{html.escape(r.status)} · {html.escape(r.id)}">{mark_html(r.status)}'
+            + (f" {format_duration(r.duration_ms)}" if r.duration_ms is not None else "")
             + (f" ${r.cost_usd:.3f}" if r.cost_usd is not None else "")
-            for r in recent[:3]
+            + "</span>"
+            for r in recent[:LAST_RUNS]
         ]
         self.runs.value = "<small>last runs: " + (", ".join(marks) or "none") + "</small>"
 
 
 class ButlerDashboard(w.VBox):  # type: ignore[misc]
-    """Cards, a trigger box, live in-flight runs and recent sessions for a roster."""
+    """Cards, a trigger box, live in-flight runs, recent sessions and their transcripts."""
 
     def __init__(
         self, roster: str | Path | Roster, *, hub: Hub | None = None, refresh_s: float = REFRESH_S
@@ -134,7 +163,13 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
         self.trigger.on_click(lambda _: self.trigger_run())
         self.message = w.HTML()
         self.in_flight = w.VBox()
-        self.recent = w.HTML()
+        self.in_flight.add_class("sk-in-flight")
+        self.finished = w.VBox()
+        self.finished.add_class("sk-finished")
+        self.sessions = SessionTable()
+        self.sessions.observe(lambda change: self.show_transcript(change["new"]), names="selected")
+        self.transcript = w.VBox()
+        self.transcript.add_class("sk-transcript-panel")
         self._rows: list[_RunRow] = []
         self._servers: dict[str, ButlerService] = {}
         self._scenarios()
@@ -149,10 +184,14 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
                 self.message,
                 w.HTML("<b>In flight</b>"),
                 self.in_flight,
-                w.HTML("<b>Recent sessions</b>"),
-                self.recent,
+                w.HTML("<b>Just finished</b>"),
+                self.finished,
+                w.HTML("<b>Recent sessions</b> <small>(click one for its transcript)</small>"),
+                self.sessions,
+                self.transcript,
             ]
         )
+        self.add_class("spawnkit-dashboard")
         self._refresher = self.hub.loop.submit(self._refresh_forever())
 
     # -- actions (called on the kernel's thread; they only submit work) -------------
@@ -181,8 +220,9 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
 
     def _add_row(self, handle: RunHandle, view: RunView) -> None:
         cancel = w.Button(description="Cancel", icon="stop", button_style="danger")
-        label = w.HTML(f"<b>{html.escape(handle.target.butler.name)}</b>")
+        label = w.HTML(run_label(handle))
         row = _RunRow(handle, w.VBox([w.HBox([label, cancel]), view]), label, cancel)
+        row.box.add_class("sk-run-row")
 
         def on_cancel(_: Any) -> None:
             cancel.disabled = True
@@ -192,6 +232,29 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
         self._rows.append(row)
         self.in_flight.children = (*self.in_flight.children, row.box)
 
+    def show_transcript(self, session_id: str) -> None:
+        """Show one session's transcript under the table ("" hides it)."""
+        if not session_id:
+            self.transcript.children = ()
+            return
+        body: w.Widget
+        for row in self._rows:
+            if row.handle.session_id == session_id and isinstance(row.handle.view, RunView):
+                body, prompt = row.handle.view, row.handle.prompt  # still live
+                break
+        else:
+            record = self.hub.store.get_session(session_id)
+            if record is None:
+                self.transcript.children = (w.HTML(f"<i>no session {html.escape(session_id)}</i>"),)
+                return
+            body = w.HTML(static_html(ViewState.from_result(record_result(record))))
+            prompt = record.prompt
+        title = w.HTML(
+            f"<b>Transcript</b> · <code>{html.escape(session_id)}</code><br>"
+            f"<small>prompt: {html.escape(prompt[:500])}</small>"
+        )
+        self.transcript.children = (title, body)
+
     def start_server(self, butler: ButlerConfig) -> None:
         """Serve the butler's MCP server on its own port (and its schedule) from this kernel."""
 
@@ -199,7 +262,11 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
             if butler.name in self._servers:
                 return
             service = ButlerService(
-                butler, store=self.hub.store, mcp_port=butler.port, schedules=True
+                butler,
+                store=self.hub.store,
+                mcp_port=butler.port,
+                schedules=True,
+                owner_token=True,
             )
             try:
                 await service.__aenter__()
@@ -234,18 +301,23 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
                 up,
                 [r for r in records if r.butler == name],
             )
-        self.recent.value = sessions_table(records[:RECENT_ROWS])
+        self.sessions.show(records[:RECENT_ROWS])
         for row in self._rows:
+            label = run_label(row.handle)
+            if row.label.value != label:
+                row.label.value = label
             if row.handle.done() and not row.cancel.disabled:
                 row.cancel.disabled = True
-                row.label.value = (
-                    f"<b>{html.escape(row.handle.target.butler.name)}</b> · {row.handle.status}"
-                )
-        finished = [row for row in self._rows if row.handle.done()]
-        if len(finished) > KEEP_FINISHED:
-            drop = {id(row) for row in finished[:-KEEP_FINISHED]}
-            self._rows = [row for row in self._rows if id(row) not in drop]
-            self.in_flight.children = tuple(row.box for row in self._rows)
+        # Finished runs leave "In flight" for "Just finished" (the last few are kept).
+        live = [row for row in self._rows if not row.handle.done()]
+        done = [row for row in self._rows if row.handle.done()][-KEEP_FINISHED:]
+        self._rows = [row for row in self._rows if row in live or row in done]
+        in_flight = tuple(row.box for row in live)
+        finished = tuple(row.box for row in reversed(done))
+        if self.in_flight.children != in_flight:
+            self.in_flight.children = in_flight
+        if self.finished.children != finished:
+            self.finished.children = finished
 
     def _schedule(self, delay: float, callback: Any) -> None:
         loop = self.hub.loop.loop

@@ -9,14 +9,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mcp import Client
-from mcp.client.session import ClientSession
-from mcp.client.sse import sse_client
 
 from spawnkit.butler_server import ButlerServer
 from spawnkit.roster import ButlerConfig
 from spawnkit.spawner import Spawner
 from spawnkit.store import SessionStore
 
+from . import mcp_clients
 from .fakes import FakeAdapter, Gate
 
 TOOLS = ["state_get", "state_set", "state_list", "schedule_list", "sessions_list", "trigger"]
@@ -26,9 +25,11 @@ TOOLS = ["state_get", "state_set", "state_list", "schedule_list", "sessions_list
 async def http_client(
     butler: ButlerConfig, store: SessionStore, key: str, spawner: Spawner | None = None
 ) -> AsyncIterator[Client]:
+    server = ButlerServer(butler, store, spawner)
+    secret = await server.access.grant(key)
     async with (
-        ButlerServer(butler, store, spawner).serve(port=0) as address,
-        Client(f"{address.url}/mcp?session_id={key}") as client,
+        server.serve(port=0) as address,
+        mcp_clients.http_client(f"{address.url}/mcp?session_id={key}", secret) as client,
     ):
         yield client
 
@@ -74,14 +75,13 @@ async def test_core_tools_over_http_are_recorded_per_session(make_butler, store)
 
 async def test_sse_calls_are_tied_to_their_own_connection(make_butler, store) -> None:
     butler = make_butler()
-    async with ButlerServer(butler, store).serve(port=0) as address:
+    server = ButlerServer(butler, store)
+    async with server.serve(port=0) as address:
 
         async def call(key: str, value: int) -> None:
-            async with (
-                sse_client(f"{address.url}/sse?session_id={key}") as streams,
-                ClientSession(streams[0], streams[1]) as session,
-            ):
-                await session.initialize()
+            secret = await server.access.grant(key)
+            url = f"{address.url}/sse?session_id={key}"
+            async with mcp_clients.sse_session(url, secret) as session:
                 result = await session.call_tool("state_set", {"key": key, "value": value})
                 assert not result.is_error
 

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -13,11 +14,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from mcp import Client
 
 from spawnkit.cli import build_parser
 from spawnkit.store import SessionStore
 
+from . import mcp_clients
 from .conftest import REPO, processes_with_env, workspaces_of
 
 DEMO = REPO / "roster" / "health" / "scenarios" / "demo.toml"
@@ -222,17 +223,31 @@ def test_replay_serve_answers_the_messages_api(tmp_path: Path) -> None:
     assert code == 0, err
 
 
+def private_token(path: Path) -> str:
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    return path.read_text().strip()
+
+
 @pytest.mark.e2e
-async def test_serve_exposes_the_mcp_server(make_butler, unused_tcp_port) -> None:
+async def test_serve_exposes_the_mcp_server(make_butler, unused_tcp_port, isolated_home) -> None:
     butler = make_butler()
     proc = _start(
         "serve", "health", "--roster", str(butler.roster_dir), "--port", str(unused_tcp_port)
     )
     try:
         assert "serving butler 'health'" in _first_line(proc)
-        async with Client(f"http://127.0.0.1:{unused_tcp_port}/mcp?session_id=cli") as client:
+        token_line = _first_line(proc)
+        assert token_line.startswith("  token file: ")
+        token_file = Path(token_line.split(": ", 1)[1].strip())
+        assert token_file == isolated_home / "mcp" / f"health-{unused_tcp_port}.token"
+        url = f"http://127.0.0.1:{unused_tcp_port}/mcp"
+        async with mcp_clients.http_client(url, private_token(token_file)) as client:
             result = await client.call_tool("state_set", {"key": "from-cli", "value": 1})
             assert not result.is_error
+        with pytest.raises(ExceptionGroup):
+            async with mcp_clients.http_client(url, None) as client:
+                await client.call_tool("state_set", {"key": "from-cli", "value": 2})
     finally:
         code, _, err = _interrupt(proc)
     assert code == 0, err

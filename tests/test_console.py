@@ -28,7 +28,7 @@ def test_tool_call_lines() -> None:
     assert (started.server, started.tool) == ("health", "state_get")
     assert render_tool_call_started(started) == '  ⚙ health.state_get  {"key": "weight"}'
     bash = call("Bash", command="python3   skills/x.py\n--flag", description="d")
-    assert describe_input(bash) == "python3 skills/x.py --flag"
+    assert describe_input(bash) == "$ python3 skills/x.py --flag", "a shell shows `$ command`"
     done = started.finish("72.4 kg\nmore", False, T0 + timedelta(milliseconds=35))
     assert render_tool_call_finished(done) == "    ✓ 35 ms  72.4 kg more"
     failed = started.finish("", True, T0 + timedelta(milliseconds=1))
@@ -51,6 +51,8 @@ def test_summary_line() -> None:
     )
     failed = SpawnerResult(success=False, status="cancelled", error="the run was cancelled")
     assert render_summary(failed).splitlines()[-1] == "error: the run was cancelled"
+    broken = call().finish("boom", True, T0)
+    assert "2 tool calls (1 failed)" in render_summary(SpawnerResult(tool_calls=[call(), broken]))
 
 
 def test_styles_only_when_enabled() -> None:

@@ -197,8 +197,11 @@ def test_spawn_subagent_runs_as_a_butler_role(work: Path) -> None:
 def test_start_mcp_server(work: Path, unused_tcp_port: int) -> None:
     import asyncio
     import signal
+    import stat
 
-    from mcp import Client
+    from spawnkit.home import spawnkit_home
+
+    from . import mcp_clients
 
     roster = work / "roster" / "desk"
     roster.mkdir(parents=True)
@@ -209,12 +212,17 @@ def test_start_mcp_server(work: Path, unused_tcp_port: int) -> None:
     assert done.returncode == 0, done.stderr
     pid = int(done.stdout.strip())
     try:
+        token_file = spawnkit_home() / "mcp" / f"desk-{unused_tcp_port}.token"
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        url = f"http://127.0.0.1:{unused_tcp_port}/mcp"
 
-        async def call() -> bool:
-            async with Client(f"http://127.0.0.1:{unused_tcp_port}/mcp") as client:
+        async def call(secret: str | None) -> bool:
+            async with mcp_clients.http_client(url, secret) as client:
                 return not (await client.call_tool("state_set", {"key": "k", "value": 1})).is_error
 
-        assert asyncio.run(call())
+        assert asyncio.run(call(token_file.read_text().strip()))
+        with pytest.raises(ExceptionGroup):
+            asyncio.run(call(None))
         busy = spawnkit(*args, cwd=work)
         assert busy.returncode == 2 and "already in use" in busy.stderr
     finally:

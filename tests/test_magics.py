@@ -42,6 +42,7 @@ def test_loading_only_registers_magics(ip: Any) -> None:
     assert {"spawn", "ask"} <= set(ip.magics_manager.magics["cell"])
     for name in (
         "spawn_sessions",
+        "spawn_debug",
         "spawn_status",
         "spawn_cancel",
         "spawn_drain",
@@ -132,10 +133,14 @@ def test_terminal_shell_runs_and_prints_text(ip: Any, capsys: pytest.CaptureFixt
     assert result.success, result.error
     assert ip.user_ns["demo_result"] is result
     assert "⚙ health.state_set" in printed and "✓ success" in printed
+    assert "⚙ Bash  $ date +%F" in printed
+    assert printed.index("Reading the log first") < printed.index("⚙ health.state_get")
     assert "Recorded 72.4 kg" in result._repr_markdown_()
-    assert "<details>" in result._repr_html_()
     sessions = ip.run_line_magic("spawn_sessions", "-n 5")
-    assert list(sessions["id"]) == [result.session_id]
+    from spawnkit import history
+
+    assert list(sessions.columns) == list(history.sessions().columns), "the same schema"
+    assert list(sessions["session_id"]) == [result.session_id]
     assert str(sessions["created_at"].dtype).startswith("datetime64")
     status = ip.run_line_magic("spawn_status", "")
     assert list(status["butler"]) == ["health"] and list(status["running"]) == [0]

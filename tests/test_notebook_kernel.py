@@ -92,18 +92,21 @@ def test_spawn_cells_in_a_kernel(tmp_path: Path) -> None:
     background, awaited, _, peeked, sessions, direct = outputs[9:]
     assert errors_of(load) == [] and text_of(load) == ""
     kinds = [out.output_type for out in demo]
-    assert "display_data" in kinds and kinds[-1] == "execute_result", kinds
-    assert any(WIDGET in out.get("data", {}) for out in demo), "the live view is a widget"
-    final = demo[-1].data
-    assert "success" in final["text/html"] and "Recorded 72.4 kg" in final["text/html"]
-    assert "✓ success" in final["text/plain"]
+    assert kinds == ["display_data"], f"the run is shown once, not again as Out[n]: {kinds}"
+    final = demo[0].data
+    assert WIDGET in final, "the live view is a widget"
+    assert 'data-state="success"' in final["text/html"] and "Recorded 72.4 kg" in final["text/html"]
+    assert final["text/plain"].startswith("✓ success"), "the end of the run replaced the display"
     assert text_of(demo_print).strip() == "True ['state_get', 'Bash', 'state_set', 'Bash']"
     assert "echo: literal {x} and $y" in text_of(verbatim), "no expansion without --interpolate"
     assert "echo: literal 42 and why" in text_of(interpolated)
-    assert errors_of(fail) == ["SpawnError"]
+    assert errors_of(fail) == ["RunFailed"]
+    (error,) = [out for out in fail if out.output_type == "error"]
+    assert len(error.traceback) == 1 and "%spawn_debug" in error.traceback[0], "one line"
     assert errors_of(allowed) == []
     assert text_of(allowed_print).strip() == "failed model_unavailable"
-    assert WIDGET in background[-1].data, "a background cell returns its handle, shown live"
+    assert [out.output_type for out in background] == ["display_data"]
+    assert WIDGET in background[0].data, "a background cell shows its run live, once"
     assert text_of(awaited).strip() == "echo: in the background success"
     assert "shape=(3, 2)" in text_of(peeked) and "x" in text_of(peeked)
     assert "text/html" in sessions[-1].data
@@ -141,7 +144,8 @@ def test_interrupting_the_kernel_cancels_the_run(tmp_path: Path) -> None:
             time.sleep(0.05)
         km.interrupt_kernel()
         reply = _reply(client, msg_id, 60)
-        assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+        assert reply["status"] == "error" and reply["ename"] == "RunCancelled"
+        assert len(reply["traceback"]) == 1, "one line, no traceback into spawnkit"
         (record,) = SessionStore().list_sessions()
         assert record.status == "cancelled"
         assert processes_with_env("SPAWNKIT_BUTLER", "general") == []
@@ -158,11 +162,12 @@ def test_saved_outputs_degrade_to_text(tmp_path: Path) -> None:
     outputs = run_notebook(
         ["%load_ext spawnkit", f"%%spawn --butler health --replay {DEMO}\nI weighed 72.4 kg"]
     )
-    view = next(out for out in outputs[1] if WIDGET in out.get("data", {}))
-    assert view.data["text/plain"].startswith("spawnkit live run view"), "stable for nbval"
-    assert "spawnkit live run view" in view.data["text/html"]
-    result = outputs[1][-1].data
-    assert "✓ success" in result["text/plain"] and "Recorded 72.4 kg" in result["text/html"]
+    (view,) = outputs[1]
+    assert WIDGET in view.data
+    text, page = view.data["text/plain"], view.data["text/html"]
+    assert text.startswith("✓ success") and "⚙" not in text and "✓ Bash  $ date +%F" in text
+    assert page.index("Reading the log first") < page.index("state_get") < page.index("Recorded")
+    assert "<code>" in page or "<pre>" in page, "the answer's Markdown as HTML"
     json.dumps(view.data)  # the saved notebook holds plain JSON
 
 

@@ -21,6 +21,7 @@ from spawnkit.events import (
     ToolCallStarted,
     UsageUpdate,
 )
+from spawnkit.runtimes.base import classify_failure
 from spawnkit.runtimes.codex import CodexParser
 from spawnkit.runtimes.gemini import GeminiParser
 from spawnkit.runtimes.streaming import LineParser
@@ -72,7 +73,9 @@ def test_codex_failed_turn() -> None:
     outcome = parser.outcome(1, ["Reading additional input from stdin..."])
     assert not outcome.success
     assert outcome.error_kind == "model_unavailable"
-    assert "529" in (outcome.error or "") and "base_url" in (outcome.error or "")
+    error = outcome.error or ""
+    assert "529" in error and "retry in a minute" in error, "an overload is waited out"
+    assert "base_url" not in error and "127.0.0.1" not in error, "no wrong hint, no address"
 
 
 def test_gemini_run_with_tools() -> None:
@@ -141,3 +144,39 @@ def test_garbage_truncated_and_interleaved_lines(name: str) -> None:
         type(e).__name__ for e in clean if not isinstance(e, ToolCallStarted | ToolCallFinished)
     ]
     assert parser.outcome(0, []).success
+
+
+@pytest.mark.parametrize(
+    ("status", "text", "kind", "hint"),
+    [
+        (
+            529,
+            "API Error: 529 Overloaded. This is a server-side issue, usually temporary — try "
+            "again in a moment. If it persists, check your inference gateway (127.0.0.1:40455).",
+            "model_unavailable",
+            "overloaded: this is temporary",
+        ),
+        (
+            None,
+            "unexpected status 529: Overloaded, url: http://127.0.0.1:1/v1",
+            "model_unavailable",
+            "overloaded",
+        ),
+        (None, "API Error: 500 Internal server error", "model_unavailable", "failed on its side"),
+        (
+            None,
+            "API Error: Connection error.",
+            "model_unavailable",
+            "check [butler.runtime] base_url",
+        ),
+        (429, "Too many requests", "rate_limit", "rate limiting"),
+        (401, "Invalid API key", "auth", "LOG IN"),
+    ],
+)
+def test_failures_get_the_hint_of_their_kind(
+    status: int | None, text: str, kind: str, hint: str
+) -> None:
+    failure = classify_failure(status, text, auth_remedy="LOG IN")
+    assert failure.kind == kind and hint in str(failure)
+    assert "127.0.0.1" not in str(failure) and "http" not in str(failure)
+    assert str(failure).count("(") == 1, "one statement and one hint"

@@ -60,20 +60,27 @@ class RunHandle:
     in a notebook cell, ``cancel()`` stops the run and records it as cancelled.
     """
 
-    def __init__(self, hub: Hub, target: Target, view: Any | None = None) -> None:
+    def __init__(self, hub: Hub, target: Target, view: Any | None = None, prompt: str = "") -> None:
         self.hub = hub
         self.target = target
         self.view = view
+        self.prompt = prompt
         self.session_id: str | None = None
         self.state = "queued"
+        self.position: int | None = None  # in the butler's queue, while queued
+        self.result_value: SpawnerResult | None = None
+        # The display of the live view, replaced by the finished view once the run ends.
+        self.board: Any | None = None
         self.job: Job[SpawnerResult]
 
     def observe(self, event: RunEvent) -> None:
-        if isinstance(event, Queued | Started):
-            self.session_id = event.session_id
-            self.state = "queued" if isinstance(event, Queued) else "running"
+        if isinstance(event, Queued):
+            self.session_id, self.state, self.position = event.session_id, "queued", event.position
+        elif isinstance(event, Started):
+            self.session_id, self.state, self.position = event.session_id, "running", None
         elif isinstance(event, Finished):
-            self.state = event.result.status
+            self.state, self.position = event.result.status, None
+            self.result_value = event.result
 
     @property
     def status(self) -> str:
@@ -87,13 +94,27 @@ class RunHandle:
 
     def result(self, timeout: float | None = None) -> SpawnerResult:
         try:
-            return self.job.future.result(timeout)
+            result = self.job.future.result(timeout)
         except KeyboardInterrupt:
             self.cancel()
             raise
+        self.show_finished()
+        return result
 
     def __await__(self) -> Generator[Any, None, SpawnerResult]:
-        return asyncio.wrap_future(self.job.future).__await__()
+        result = yield from asyncio.wrap_future(self.job.future).__await__()
+        self.show_finished()
+        return result
+
+    def show_finished(self) -> None:
+        """Replace the live view's display with the finished one, from the caller's cell.
+
+        The run's end already did so from the background loop, which reaches
+        JupyterLab; from here it also reaches notebook runners (nbclient), which
+        only take updates sent while a cell executes.
+        """
+        if self.board is not None and self.view is not None and self.job.done():
+            self.board.update(self.view)
 
     def cancel(self, wait: bool = True) -> None:
         """Cancel the run (queued or running); by default wait until it is recorded.
@@ -109,6 +130,8 @@ class RunHandle:
                 job.future.result(CANCEL_TIMEOUT_S)
         else:
             self.job.cancel(wait=CANCEL_TIMEOUT_S if wait else None)
+        if wait:
+            self.show_finished()
 
     def __repr__(self) -> str:
         return f"<RunHandle {self.target.butler.name} {self.status} session={self.session_id}>"
@@ -174,12 +197,14 @@ class Hub:
         extensions: Sequence[ToolExtension] = (),
     ) -> RunHandle:
         """Start a run on the background loop; returns at once."""
-        handle = RunHandle(self, target, view)
+        handle = RunHandle(self, target, view, prompt)
         sinks = [handle.observe, *listeners]
 
         def fan_out(event: RunEvent) -> None:
             for sink in sinks:
                 sink(event)
+            if isinstance(event, Started | Finished):
+                self._move_queue(target)
 
         async def run() -> SpawnerResult:
             service = await self._service(target, extensions)
@@ -188,6 +213,21 @@ class Hub:
         handle.job = self.loop.submit(run())
         self.runs.append(handle)
         return handle
+
+    def _move_queue(self, target: Target) -> None:
+        """A slot of ``target``'s butler changed hands: tell the runs still queued their place.
+
+        The spawner announces a position once, when a run is queued; without this
+        the views would show it until the run starts.
+        """
+        key = target.key()
+        waiting = [h for h in list(self.runs) if h.state == "queued" and h.position is not None]
+        for position, handle in enumerate((h for h in waiting if h.target.key() == key), start=1):
+            if handle.position != position and handle.session_id is not None:
+                moved = Queued(handle.session_id, target.butler.name, position)
+                handle.observe(moved)
+                if handle.view is not None:
+                    handle.view.handle(moved)
 
     def statuses(self) -> list[SpawnerStatus]:
         return [service.spawner.status for service in self._services.values()]

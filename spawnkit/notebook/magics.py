@@ -16,9 +16,10 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Enum, Integer, Unicode
 
 from ..ask import AskResult
-from ..errors import ConfigError, SpawnError
+from ..errors import ConfigError
 from ..result import SpawnerResult
 from .asking import ask_cell
+from .failures import RunCancelled, RunFailed, debug_report, remember
 from .hub import Hub, RunHandle, close_default_hub, default_hub
 from .runner import spawn
 
@@ -98,10 +99,16 @@ class SpawnMagics(Magics):
             )
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
+        except RunCancelled as stopped:
+            if args.out:
+                self.ip.user_ns[args.out] = stopped.result
+            raise
         if args.out:
             self.ip.user_ns[args.out] = outcome
         if isinstance(outcome, SpawnerResult) and not outcome.success and not args.allow_failure:
-            raise SpawnError(outcome)
+            error = RunFailed(outcome)
+            remember(error)
+            raise error
         return outcome
 
     # -- %%ask -------------------------------------------------------------------------
@@ -145,16 +152,19 @@ class SpawnMagics(Magics):
     @argument("--butler", help="only this butler")
     @line_magic
     def spawn_sessions(self, line: str) -> Any:
-        """Recent sessions as a pandas DataFrame."""
-        import pandas as pd
+        """Recent sessions, newest first: ``spawnkit.history.sessions()``'s columns and dtypes."""
+        from ..history import sessions
 
         args = parse_argstring(self.spawn_sessions, line)
-        records = self.hub.store.list_sessions(butler=args.butler, limit=args.limit)
-        frame = pd.DataFrame([r.to_dict() for r in records])
-        if not frame.empty:
-            for column in ("created_at", "started_at", "completed_at"):
-                frame[column] = pd.to_datetime(frame[column], utc=True)
-        return frame
+        if args.limit < 1:
+            raise UsageError("-n must be at least 1")
+        frame = sessions(self.hub.store, butler=args.butler)
+        return frame.iloc[::-1].head(args.limit).reset_index(drop=True)
+
+    @line_magic
+    def spawn_debug(self, line: str) -> None:
+        """The last failed or stopped run in full: error, logs, CLI stderr, Python traceback."""
+        print(debug_report(self.hub.store))
 
     @line_magic
     def spawn_status(self, line: str) -> Any:

@@ -1,146 +1,272 @@
-// spawnkit live run view: applies batches of changes as they arrive, never the whole
-// transcript. Keeps at most MAX_ROWS tool-call rows and MAX_TEXT characters in the DOM.
-const MAX_ROWS = 1000;
-const MAX_TEXT = 40000;
+// spawnkit's live run view. The kernel sends batches of changed transcript items (assistant
+// text as HTML, tool-call rows) and the header; this file only places them in the DOM, in
+// order, and never re-renders the whole transcript. The structure matches static_view.py,
+// which writes the same view as fixed HTML for saved notebooks.
+const MAX_ITEMS = 1000;
+const FOLLOW_SLACK_PX = 24;
 
-function tokens(n) {
-  return (n || 0).toLocaleString("en-US");
+function node(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text != null) e.textContent = text;
+  return e;
 }
 
-function statusLine(s, elapsed) {
-  const parts = [];
-  const mark = { success: "✓", failed: "✗", cancelled: "■", crashed: "✗" }[s.state] || "●";
-  parts.push(`${mark} ${s.state}`);
-  if (s.state === "queued" && s.queue_position) parts.push(`queue position ${s.queue_position}`);
-  parts.push(`${elapsed.toFixed(1)} s`);
-  if (s.turns != null) parts.push(`${s.turns} turns`);
-  parts.push(`${s.tool_calls} tool call${s.tool_calls === 1 ? "" : "s"}`);
-  parts.push(`${tokens(s.input_tokens)} in / ${tokens(s.output_tokens)} out tokens`);
-  if (s.cost_usd != null) parts.push(`$${s.cost_usd.toFixed(4)}`);
-  const who = [s.butler, s.runtime, s.model].filter(Boolean).join(" · ");
-  return (who ? who + " — " : "") + parts.join(" · ");
+function formatDuration(ms) {
+  if (ms == null) return "";
+  if (ms < 1000) return `${Math.floor(ms)} ms`;
+  if (ms < 60000) return `${(ms / 1000).toFixed(1)} s`;
+  const s = Math.floor(ms / 1000);
+  return `${Math.floor(s / 60)} min ${s % 60} s`;
+}
+
+function button(label, cls, title) {
+  const b = node("button", `sk-button ${cls}`, label);
+  b.type = "button";
+  if (title) b.title = title;
+  return b;
 }
 
 function render({ model, el }) {
   el.classList.add("spawnkit-run");
-  const head = document.createElement("div");
-  head.className = "sk-status";
-  const rows = document.createElement("div");
-  rows.className = "sk-rows";
-  const hiddenNote = document.createElement("div");
-  hiddenNote.className = "sk-hidden";
-  const text = document.createElement("div");
-  text.className = "sk-text";
-  const error = document.createElement("div");
-  error.className = "sk-error";
-  el.append(head, hiddenNote, rows, text, error);
+  const head = node("div", "sk-head");
+  const mark = node("span", "sk-mark");
+  const state = node("span", "sk-state");
+  const who = node("span", "sk-who");
+  const waiting = node("span", "sk-waiting");
+  const figures = node("span", "sk-figures");
+  const elapsed = node("span", "sk-elapsed");
+  head.append(mark, state, who, waiting, figures, elapsed);
+
+  const toolbar = node("div", "sk-toolbar");
+  const expand = button("Expand all", "sk-expand");
+  const collapse = button("Collapse all", "sk-collapse");
+  const filterLabel = node("label", "sk-filter");
+  const filter = document.createElement("input");
+  filter.type = "checkbox";
+  filterLabel.append(filter, document.createTextNode(" failures only"));
+  const follow = button("Following", "sk-follow", "keep the newest row in view");
+  toolbar.append(expand, collapse, filterLabel, follow);
+
+  const hiddenNote = node("div", "sk-hidden");
+  const transcript = node("div", "sk-transcript");
+  const error = node("div", "sk-error");
+  const foot = node("div", "sk-foot");
+  el.append(head, toolbar, hiddenNote, transcript, error, foot);
 
   const byId = new Map();
+  const waiters = new Map();
   let seq = -1;
-  let status = null;
-  let elapsedBase = 0;
-  let elapsedAt = performance.now();
-  let textLength = 0;
-  let hidden = 0;
+  let header = null;
+  let receivedAt = performance.now();
+  let removed = 0;
+  let following = true;
+  let autoScrollTop = -1;
 
-  function showStatus() {
-    if (!status) return;
-    const live = status.state === "running" || status.state === "queued" || status.state === "starting";
-    const elapsed = live ? elapsedBase + (performance.now() - elapsedAt) / 1000 : elapsedBase;
-    head.textContent = statusLine(status, elapsed);
-    head.dataset.state = status.state;
-    error.textContent = status.error ? `error: ${status.error}` : "";
+  // -- header -------------------------------------------------------------------------
+
+  function showHeader() {
+    if (!header) return;
+    let ms = header.elapsed_s == null ? null : header.elapsed_s * 1000;
+    if (ms != null && header.clock) ms += performance.now() - receivedAt;
+    head.dataset.state = header.state;
+    mark.textContent = header.mark;
+    state.textContent = header.state;
+    who.textContent = header.who || "";
+    waiting.textContent = header.waiting || "";
+    figures.textContent = header.figures.join(" · ");
+    elapsed.textContent = formatDuration(ms);
+    error.textContent = header.error || "";
+    foot.textContent = header.session_id ? `session ${header.session_id}` : "";
+    el.dataset.failedTools = header.failed_tools;
   }
 
-  function setStatus(s) {
-    status = s;
-    elapsedBase = s.elapsed_s || 0;
-    elapsedAt = performance.now();
-    showStatus();
+  function setHeader(h) {
+    header = h;
+    receivedAt = performance.now();
+    showHeader();
   }
 
-  function fillRow(d, r) {
-    const where = r.server ? `${r.server}.` : "";
+  // -- items --------------------------------------------------------------------------
+
+  function fullOutput(id) {
+    return new Promise((resolve) => {
+      waiters.set(id, resolve);
+      model.send({ kind: "full_output", id });
+    });
+  }
+
+  async function copyText(row, r, copy) {
+    const text = r.output_more ? await fullOutput(r.id) : r.output || "";
+    try {
+      await navigator.clipboard.writeText(text || "");
+      copy.textContent = "Copied";
+    } catch (err) {
+      const range = document.createRange();
+      range.selectNodeContents(row.querySelector(".sk-output"));
+      const selection = window.getSelection();
+      selection.removeAllRanges();
+      selection.addRange(range);
+      copy.textContent = "Selected: press Ctrl-C";
+    }
+    setTimeout(() => (copy.textContent = "Copy"), 1500);
+  }
+
+  function newTool(r) {
+    const d = node("details", "sk-item sk-tool");
+    const summary = node("summary");
+    summary.append(
+      node("span", "sk-mark"),
+      node("span", "sk-label"),
+      node("span", "sk-summary"),
+      node("span", "sk-dur"),
+      node("span", "sk-result"),
+    );
+    const body = node("div", "sk-body");
+    const outputLabel = node("div", "sk-section sk-output-label");
+    const actions = node("div", "sk-actions");
+    const more = button("Show all", "sk-show-all", "show the whole output");
+    const copy = button("Copy", "sk-copy", "copy the whole output");
+    actions.append(more, copy);
+    body.append(
+      node("div", "sk-section", "input"),
+      node("pre", "sk-input"),
+      outputLabel,
+      node("pre", "sk-output"),
+      actions,
+    );
+    d.append(summary, body);
+    more.addEventListener("click", async () => {
+      more.disabled = true;
+      const text = await fullOutput(r.id);
+      d.dataset.full = "1";
+      d.querySelector(".sk-output").textContent = text == null ? "(no longer kept)" : text;
+      more.hidden = true;
+    });
+    copy.addEventListener("click", () => copyText(d, d._row, copy));
+    return d;
+  }
+
+  function fillTool(d, r) {
+    d._row = r;
     const mark = { ok: "✓", error: "✗" }[r.status] || "…";
-    const duration = r.duration_ms != null ? ` · ${r.duration_ms} ms` : "";
-    const summary = d.querySelector("summary");
-    summary.textContent = `${mark} ${where}${r.tool}  ${r.input.slice(0, 160)}${duration}`;
+    const summary = d.firstElementChild;
+    summary.querySelector(".sk-mark").textContent = mark;
+    summary.querySelector(".sk-label").textContent = r.label;
+    summary.querySelector(".sk-summary").textContent = r.summary;
+    summary.querySelector(".sk-dur").textContent = r.duration || "";
+    summary.querySelector(".sk-result").textContent = r.result == null ? "running…" : r.result;
     d.dataset.status = r.status;
     d.querySelector(".sk-input").textContent = r.input;
-    d.querySelector(".sk-output").textContent = r.output == null ? "(running…)" : r.output || "(no output)";
+    const done = r.output != null;
+    const lines = `${r.output_lines} line${r.output_lines === 1 ? "" : "s"}`;
+    d.querySelector(".sk-output-label").textContent = done ? `output · ${lines}` : "output";
+    if (!d.dataset.full) {
+      d.querySelector(".sk-output").textContent = done ? r.output || "(no output)" : "(running…)";
+    }
+    const more = d.querySelector(".sk-show-all");
+    more.hidden = !r.output_more || !!d.dataset.full;
+    more.textContent = `Show all (${r.output_more.toLocaleString("en-US")} more characters)`;
+    d.querySelector(".sk-copy").hidden = !done;
   }
 
-  function putRow(r) {
+  function putItem(r) {
     let d = byId.get(r.id);
     if (!d) {
-      d = document.createElement("details");
-      d.className = "sk-row";
+      if (r.kind === "text") {
+        d = node("div", "sk-item sk-text jp-RenderedHTMLCommon");
+      } else {
+        d = newTool(r);
+        el.dataset.tools = "1";
+      }
       d.dataset.id = r.id;
-      const summary = document.createElement("summary");
-      const input = document.createElement("pre");
-      input.className = "sk-input";
-      const output = document.createElement("pre");
-      output.className = "sk-output";
-      d.append(summary, input, output);
-      rows.append(d);
+      transcript.append(d);
       byId.set(r.id, d);
-      while (byId.size > MAX_ROWS) {
-        const first = rows.firstElementChild;
+      while (byId.size > MAX_ITEMS) {
+        const first = transcript.firstElementChild;
         byId.delete(first.dataset.id);
         first.remove();
-        hidden += 1;
+        removed += 1;
       }
     }
-    fillRow(d, r);
-  }
-
-  function appendText(t) {
-    if (!t) return;
-    text.append(document.createTextNode(t));
-    textLength += t.length;
-    while (textLength > MAX_TEXT && text.firstChild) {
-      textLength -= text.firstChild.textContent.length;
-      text.firstChild.remove();
-    }
+    if (r.kind === "text") d.innerHTML = r.html; // HTML from Markdown, raw tags escaped
+    else fillTool(d, r);
   }
 
   function showHidden(dropped) {
-    const total = hidden + (dropped || 0);
-    hiddenNote.textContent = total ? `… ${total} earlier tool calls not shown` : "";
+    const total = removed + (dropped || 0);
+    hiddenNote.textContent = total ? `… ${total} earlier items not shown` : "";
   }
 
+  // -- following the newest row -------------------------------------------------------
+
+  function scrollToEnd() {
+    if (!following) return;
+    transcript.scrollTop = transcript.scrollHeight;
+    autoScrollTop = transcript.scrollTop;
+  }
+
+  function setFollowing(on) {
+    following = on;
+    follow.classList.toggle("sk-on", on);
+    follow.textContent = on ? "Following" : "Follow";
+    if (on) scrollToEnd();
+  }
+
+  transcript.addEventListener("scroll", () => {
+    if (Math.abs(transcript.scrollTop - autoScrollTop) < 2) return;
+    const gap = transcript.scrollHeight - transcript.scrollTop - transcript.clientHeight;
+    setFollowing(gap < FOLLOW_SLACK_PX);
+  });
+  follow.addEventListener("click", () => setFollowing(!following));
+  expand.addEventListener("click", () => {
+    transcript.querySelectorAll("details").forEach((d) => (d.open = true));
+  });
+  collapse.addEventListener("click", () => {
+    transcript.querySelectorAll("details").forEach((d) => (d.open = false));
+  });
+  filter.addEventListener("change", () => {
+    el.classList.toggle("sk-failures-only", filter.checked);
+  });
+  setFollowing(true);
+
+  // -- messages -----------------------------------------------------------------------
+
   function applySnapshot(snap) {
-    if (!snap || snap.seq === undefined || snap.seq <= seq) return;
+    if (!snap || snap.seq === undefined || snap.seq <= seq || !snap.header) return;
     seq = snap.seq;
-    rows.replaceChildren();
+    transcript.replaceChildren();
     byId.clear();
-    hidden = 0;
-    (snap.rows || []).forEach(putRow);
-    text.replaceChildren();
-    textLength = 0;
-    appendText(snap.text);
-    setStatus(snap.status);
-    showHidden(snap.dropped_rows);
+    removed = 0;
+    (snap.items || []).forEach(putItem);
+    setHeader(snap.header);
+    showHidden(snap.dropped);
+    scrollToEnd();
   }
 
   function applyBatch(b) {
     // A view opened late may have missed batches; the next snapshot repairs it.
     if (b.seq <= seq) return;
     seq = b.seq;
-    b.rows.forEach(putRow);
-    appendText(b.text);
-    setStatus(b.status);
-    showHidden(b.dropped_rows);
+    b.items.forEach(putItem);
+    setHeader(b.header);
+    showHidden(b.dropped);
+    if (b.items.length) scrollToEnd();
   }
 
   applySnapshot(model.get("snapshot"));
   const onSnapshot = () => applySnapshot(model.get("snapshot"));
   const onMessage = (msg) => {
-    if (msg && msg.kind === "batch") applyBatch(msg);
+    if (!msg) return;
+    if (msg.kind === "batch") applyBatch(msg);
+    else if (msg.kind === "full_output" && waiters.has(msg.id)) {
+      waiters.get(msg.id)(msg.text);
+      waiters.delete(msg.id);
+    }
   };
   model.on("change:snapshot", onSnapshot);
   model.on("msg:custom", onMessage);
-  const timer = setInterval(showStatus, 500);
+  const timer = setInterval(() => header && header.clock && showHeader(), 250);
   return () => {
     clearInterval(timer);
     model.off("change:snapshot", onSnapshot);

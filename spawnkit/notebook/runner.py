@@ -2,8 +2,13 @@
 
 It resolves what to run (a roster butler, possibly on another runtime, or the
 notebook butler), starts the run on the kernel's hub, shows it live (a widget
-in Jupyter, text lines in a terminal), and either waits for the result (an
-interrupt cancels the run and re-raises) or returns the background handle::
+in Jupyter, text lines in a terminal), and either waits for the result or
+returns the background handle. The run is shown once: the value it returns is
+not displayed again under the cell (see :mod:`~spawnkit.notebook.display`),
+and when the run ends the widget's display is replaced by the same view as
+static HTML, which a saved notebook keeps. An interrupt (the stop button)
+cancels the run, waits until it is recorded, and raises
+:class:`~spawnkit.notebook.failures.RunCancelled`, shown as one line::
 
     from spawnkit.notebook import spawn
     result = spawn("I weighed 72.4 kg", butler="health", replay="demo.toml")
@@ -15,20 +20,23 @@ turns them into ``UsageError``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from ..console import render_event
 from ..errors import ConfigError
-from ..events import RunEvent
 from ..result import SpawnerResult
 from ..roster import adhoc_butler, load_roster
 from ..runtimes import canonical_runtime
+from . import display as shown
+from .failures import RunCancelled, remember
 from .hub import Hub, RunHandle, Target, default_hub
 from .kernel_tools import kernel_tools
 from .loop import CANCEL_TIMEOUT_S, Job
+from .terminal import TerminalView
 from .view import RunView
 
 Render = Literal["auto", "widget", "text", "none"]
@@ -42,23 +50,6 @@ def in_kernel() -> bool:
     from IPython import get_ipython
 
     return type(get_ipython()).__name__ == "ZMQInteractiveShell"
-
-
-class _TextLines:
-    """Collects rendered event lines on the loop thread; the waiting thread prints them."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def __call__(self, event: RunEvent) -> None:
-        text = render_event(event)
-        if text is not None:
-            self.lines.append(text)
-
-    def drain(self) -> None:
-        lines, self.lines = self.lines, []
-        for line in lines:
-            print(line, flush=True)
 
 
 def resolve_target(
@@ -117,20 +108,44 @@ def spawn(
     hub = hub or default_hub()
     mode = render if render != "auto" else ("widget" if in_kernel() else "text")
     view = RunView(schedule=hub.schedule) if mode == "widget" else None
-    text = _TextLines() if mode == "text" and not background else None
+    text = TerminalView() if mode == "text" and not background else None
     listeners = [sink for sink in (view, text) if sink is not None]
     extensions = [kernel_tools(namespace)] if namespace is not None else []
     handle = hub.start(
         target, prompt, context=context, max_turns=max_turns,
         listeners=listeners, view=view, extensions=extensions,
     )  # fmt: skip
-    if background:
-        return handle
-    if view is not None:
-        from IPython.display import display
+    board = None
+    try:
+        board = _show(view)
+        if background:
+            if board is not None and view is not None:
+                handle.board = board
+                view.on_finish.append(lambda finished: board.update(finished))
+                if view.finished:
+                    board.update(view)
+                shown.mark_shown(handle)
+            return handle
+        result = wait(handle, text)
+    except KeyboardInterrupt as interrupt:  # the stop button before the wait began
+        error = RunCancelled(stop(handle))
+        remember(error)
+        raise error from interrupt
+    finally:
+        if board is not None and not background:
+            board.update(view)
+    if view is not None or text is not None:
+        shown.mark_shown(result)
+    return result
 
-        display(view)  # type: ignore[no-untyped-call]
-    return wait(handle, text)
+
+def _show(view: RunView | None) -> Any:
+    """Display the live view; the display handle lets the end of the run replace it."""
+    if view is None:
+        return None
+    from IPython.display import display
+
+    return display(view, display_id=True)  # type: ignore[no-untyped-call]
 
 
 def wait_job(job: Job[T]) -> T:
@@ -146,8 +161,8 @@ def wait_job(job: Job[T]) -> T:
         raise
 
 
-def wait(handle: RunHandle, text: _TextLines | None = None) -> SpawnerResult:
-    """Block until the run ends; an interrupt cancels the run, waits for it, re-raises."""
+def wait(handle: RunHandle, text: TerminalView | None = None) -> SpawnerResult:
+    """Block until the run ends; an interrupt stops the run and raises RunCancelled."""
     try:
         while True:
             try:
@@ -155,9 +170,34 @@ def wait(handle: RunHandle, text: _TextLines | None = None) -> SpawnerResult:
             except TimeoutError:
                 if text is not None:
                     text.drain()
-    except KeyboardInterrupt:
-        handle.job.cancel(wait=CANCEL_TIMEOUT_S)
-        raise
+    except KeyboardInterrupt as interrupt:
+        error = RunCancelled(stop(handle))
+        remember(error)
+        raise error from interrupt
     finally:
         if text is not None:
-            text.drain()
+            text.drain(final=True)
+
+
+def stop(handle: RunHandle) -> SpawnerResult:
+    """Cancel the run and wait (bounded) until it is recorded; its cancelled result.
+
+    Further interrupts while waiting (a second press of the stop button) do not
+    abandon the run half-way: it is cancelled already, only its record is due.
+    """
+    deadline = time.monotonic() + CANCEL_TIMEOUT_S
+    handle.cancel(wait=False)
+    while time.monotonic() < deadline:
+        try:
+            return handle.job.future.result(timeout=0.1)
+        except TimeoutError:
+            continue
+        except concurrent.futures.CancelledError:
+            break  # stopped before the run was accepted
+        except KeyboardInterrupt:
+            continue
+    return SpawnerResult(
+        success=False, status="cancelled", error="the run was cancelled",
+        error_kind="cancelled", session_id=handle.session_id,
+        butler=handle.target.butler.name, runtime=handle.target.butler.runtime.type,
+    )  # fmt: skip

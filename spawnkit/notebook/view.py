@@ -3,10 +3,17 @@
 Events arrive on spawnkit's background loop and are folded into a
 :class:`~spawnkit.notebook.view_state.ViewState` in constant time. A flush,
 scheduled at most once per FLUSH_INTERVAL_S, sends the changes since the last
-one as a single custom message; the browser appends them to the DOM. A bounded
+one as a single custom message; the browser places them in the DOM. A bounded
 ``snapshot`` trait (refreshed at most once a second and when the run ends) lets
-a view opened later catch up. Frontends without widgets get the same state as
-text through the display's ``text/plain`` and ``text/html``.
+a view opened later catch up. The browser asks for a cut tool output in full
+with a ``full_output`` message.
+
+Next to the widget, the display carries ``text/html`` and ``text/plain`` for
+frontends without the widget (a notebook reopened without its kernel, a
+notebook rendered on a website). Until the run ends they say so in fixed
+words; once it has ended, :meth:`RunView.bundle` holds the static transcript,
+and the frontend replaces the display with it (``update_display``), so a saved
+notebook keeps the run as it ended.
 """
 
 from __future__ import annotations
@@ -22,21 +29,28 @@ import anywidget
 import traitlets
 
 from ..events import Finished, RunEvent
+from .static_view import static_html, static_text
 from .view_state import FLUSH_INTERVAL_S, ViewState
 
 SNAPSHOT_INTERVAL_S = 1.0
 _HERE = Path(__file__).parent
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 # schedule(delay_s, callback): run callback later on the thread that owns the view.
 Scheduler = Callable[[float, Callable[[], None]], object]
 
 
 class RunView(anywidget.AnyWidget):
-    """Shows one run live: status line, tool-call rows, assistant text."""
+    """Shows one run live: header, then assistant text and tool calls in order."""
 
     _esm = _HERE / "run_view.js"
     _css = _HERE / "run_view.css"
     snapshot = traitlets.Dict().tag(sync=True)
+
+    # What the display holds for viewers without a widget manager while the run
+    # goes on. Fixed text on purpose: the view is displayed before the run's
+    # events arrive, so anything about the run here would be a race.
+    FALLBACK_TEXT = "spawnkit run view: the run is in progress"
 
     def __init__(self, schedule: Scheduler | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -46,26 +60,30 @@ class RunView(anywidget.AnyWidget):
         self._flush_pending = False
         self._last_snapshot = 0.0
         self._lock = threading.Lock()
-        self.on_finish: Callable[[RunView], None] | None = None
+        self.on_finish: list[Callable[[RunView], None]] = []
         self.snapshot = self.state.snapshot()
+        self.on_msg(self._on_frontend_message)
 
     def handle(self, event: RunEvent) -> None:
         """An event listener: fold the event and make sure a flush is coming."""
         with self._lock:
             self.state.apply(event)
-            if isinstance(event, Finished):
+            finished = isinstance(event, Finished)
+            if finished:
                 self._flush_locked(final=True)
-                finished = True
-            else:
-                finished = False
-                if not self._flush_pending:
-                    self._flush_pending = True
-                    if self._schedule is not None:
-                        self._schedule(FLUSH_INTERVAL_S, self.flush)
-        if finished and self.on_finish is not None:
-            self.on_finish(self)
+            elif not self._flush_pending:
+                self._flush_pending = True
+                if self._schedule is not None:
+                    self._schedule(FLUSH_INTERVAL_S, self.flush)
+        if finished:
+            for callback in self.on_finish:
+                callback(self)
 
     __call__ = handle
+
+    @property
+    def finished(self) -> bool:
+        return self.state.result is not None
 
     def flush(self) -> None:
         """Send what changed since the last flush (called by the scheduler or a poller)."""
@@ -81,27 +99,32 @@ class RunView(anywidget.AnyWidget):
         now = time.monotonic()
         if final or now - self._last_snapshot >= SNAPSHOT_INTERVAL_S:
             self._last_snapshot = now
-            self.snapshot = self.state.snapshot()
+            self.snapshot = self.state.snapshot(final=final)
             self.messages_sent += 1
 
+    def _on_frontend_message(self, _: Any, content: Any, buffers: Any) -> None:
+        if isinstance(content, dict) and content.get("kind") == "full_output":
+            call_id = str(content.get("id"))
+            with self._lock:
+                text = self.state.full_output(call_id)
+            self.send({"kind": "full_output", "id": call_id, "text": text})
+
     def text(self) -> str:
-        return self.state.render_text()
+        with self._lock:
+            return static_text(self.state)
 
-    def fallback_html(self) -> str:
-        return f"<pre>{html.escape(self.text())}</pre>"
-
-    # What a notebook saves next to the widget, for viewers without a widget
-    # manager. It is fixed text on purpose: the view is displayed before the
-    # run's events arrive, so anything about the run here would be a race (and
-    # would make saved notebooks differ from run to run). The run itself is in
-    # the cell's result, or in the handle's status.
-    FALLBACK_TEXT = "spawnkit live run view (shown live in JupyterLab, Notebook 7, VS Code, Voila)"
+    def static_html(self) -> str:
+        with self._lock:
+            return static_html(self.state)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
         bundle = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
         data, metadata = bundle
-        data["text/plain"] = self.FALLBACK_TEXT
-        data["text/html"] = f"<p><i>{html.escape(self.FALLBACK_TEXT)}</i></p>"
+        if self.finished:
+            data["text/plain"], data["text/html"] = self.text(), self.static_html()
+        else:
+            data["text/plain"] = self.FALLBACK_TEXT
+            data["text/html"] = f"<p><i>{html.escape(self.FALLBACK_TEXT)}</i></p>"
         return data, metadata

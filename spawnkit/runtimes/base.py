@@ -15,6 +15,8 @@ knowledge (a resolved binary, a checked version) is looked up afresh.
 
 from __future__ import annotations
 
+import os
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,11 +41,22 @@ from ..transcripts import copy_tree
 
 @dataclass(frozen=True)
 class McpServerSpec:
-    """The one MCP server a run may reach: its butler's."""
+    """The one MCP server a run may reach: its butler's, and the run's secret for it.
+
+    The secret goes only into the CLI's own MCP configuration (a file in the
+    run's private workspace, see :func:`write_private`), as the header the CLI
+    sends; it is kept out of ``repr`` so it cannot reach a log by accident.
+    """
 
     name: str
     transport: McpTransport
     url: str
+    secret: str | None = field(default=None, repr=False)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The HTTP headers every request to the server must carry."""
+        return {"Authorization": f"Bearer {self.secret}"} if self.secret else {}
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,14 @@ def mcp_unavailable_message(server: McpServerSpec, how: str) -> str:
     )
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write a config file only its owner may read: it may hold the run's MCP secret."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        fh.write(text)
+
+
 _AUTH_WORDS = ("invalid api key", "authentication", "unauthorized", "not logged in", "api key")
 _RATE_WORDS = ("rate limit", "rate_limit", "too many requests", "quota")
 _DOWN_WORDS = (
@@ -112,16 +133,49 @@ _DOWN_WORDS = (
 )  # fmt: skip
 
 
+_OVERLOADED_REMEDY = "the model is overloaded: this is temporary, retry in a minute"
+_SERVER_ERROR_REMEDY = "the model API failed on its side: retry later"
+# "status 529", "API Error: 529", '"code":529': the HTTP status inside a CLI's message.
+_STATUS_IN_TEXT = re.compile(r"(?:status|api error:?|\"code\":)\s*([1-5]\d\d)\b", re.IGNORECASE)
+_ADDRESS = re.compile(
+    r",?\s*url:\s*\S+|\(?https?://[^\s)\]\"']+\)?|\(?\b(?:localhost|\d{1,3}(?:\.\d{1,3}){3}):\d+\b\)?"
+)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+
+
+def failure_detail(text: str) -> str:
+    """A CLI's error message as one plain statement: its first sentence, no addresses.
+
+    CLIs follow the statement with advice of their own ("check your inference
+    gateway (127.0.0.1:40455)") that is often wrong for spawnkit's setup and
+    exposes internal ports; the failure's remedy replaces it.
+    """
+    first = _SENTENCE_END.split(text.strip(), maxsplit=1)[0]
+    cleaned = " ".join(_ADDRESS.sub("", first).split())
+    return cleaned or " ".join(text.split())
+
+
 def classify_failure(status: int | None, text: str, *, auth_remedy: str) -> RuntimeFailure:
-    """Turn a failed model call (HTTP status and/or message) into a typed failure."""
+    """Turn a failed model call (HTTP status and/or message) into a typed failure.
+
+    The remedy fits the cause: an overload (529, "overloaded") is waited out,
+    a server error retried, only an unreachable server is a matter of base_url.
+    """
     lowered = text.lower()
+    if status is None and (found := _STATUS_IN_TEXT.search(text)):
+        status = int(found.group(1))
+    detail = failure_detail(text)
     if status in (401, 403) or any(word in lowered for word in _AUTH_WORDS):
-        return AuthenticationFailure(text, remedy=auth_remedy)
+        return AuthenticationFailure(detail, remedy=auth_remedy)
     if status == 429 or any(word in lowered for word in _RATE_WORDS):
-        return RateLimited(text)
-    if (status is not None and status >= 500) or any(word in lowered for word in _DOWN_WORDS):
-        return ModelUnavailable(text)
-    return RuntimeFailure(text)
+        return RateLimited(detail)
+    if status == 529 or "overloaded" in lowered:
+        return ModelUnavailable(detail, remedy=_OVERLOADED_REMEDY)
+    if status is not None and status >= 500:
+        return ModelUnavailable(detail, remedy=_SERVER_ERROR_REMEDY)
+    if any(word in lowered for word in _DOWN_WORDS):
+        return ModelUnavailable(detail)
+    return RuntimeFailure(detail)
 
 
 class RuntimeAdapter(ABC):

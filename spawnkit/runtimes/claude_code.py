@@ -67,6 +67,7 @@ from .base import (
     RuntimeAdapter,
     classify_failure,
     mcp_unavailable_message,
+    write_private,
 )
 from .streaming import STDERR_TAIL_LINES, stderr_summary
 
@@ -86,6 +87,8 @@ _SDK_ENV = (
 _SKIP_VERSION_CHECK = "CLAUDE_AGENT_SDK_SKIP_VERSION_CHECK"
 # Points the adapter at a specific Claude Code binary.
 BINARY_ENV = "SPAWNKIT_CLAUDE_CLI"
+# The model name Claude Code gives messages it wrote itself (API error notices).
+_SYNTHETIC = "<synthetic>"
 # How long the SDK may take to wind down after we stop reading.
 _CLOSE_TIMEOUT_S = 10.0
 
@@ -146,6 +149,38 @@ def usage_from_api(raw: dict[str, Any] | None) -> Usage:
     )
 
 
+def _latest(old: Usage | None, new: Usage) -> Usage:
+    """One message's usage from two reports of it: the API's counts only ever grow."""
+    if old is None:
+        return new
+    return Usage(
+        max(old.input_tokens, new.input_tokens),
+        max(old.output_tokens, new.output_tokens),
+        max(old.cache_read_tokens, new.cache_read_tokens),
+        max(old.cache_write_tokens, new.cache_write_tokens),
+    )
+
+
+class _ReaderErrorFilter(logging.Filter):
+    """Demotes the SDK's "Fatal error in message reader" log record to DEBUG.
+
+    The SDK logs it at ERROR when the CLI exits non-zero, then hands the same
+    error to the adapter, which reports it as the run's error (or, after a
+    cancellation that killed the CLI on purpose, as a cancel). Left at ERROR,
+    Python's last-resort handler prints it on the notebook's stderr as a second,
+    alarming copy of what the run view already says.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and "Fatal error in message reader" in str(record.msg):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+_READER_FILTER = _ReaderErrorFilter()
+
+
 class _RunState:
     """Folds SDK messages into events and the final outcome for one run."""
 
@@ -156,6 +191,8 @@ class _RunState:
         self.text_parts: list[str] = []
         self.text_chars = 0
         self.usage_by_message: dict[str, Usage] = {}
+        # The message each stream (the main agent's, or a sub-agent's) is in.
+        self.streaming_message: dict[str | None, str] = {}
         self.result: ResultMessage | None = None
         self.model: str | None = spec.model
         self.runtime_session_id = spec.runtime_session_id
@@ -167,18 +204,50 @@ class _RunState:
     def partial_output(self) -> str:
         return "\n\n".join(self.text_parts)
 
+    @property
+    def total_usage(self) -> Usage:
+        return sum(self.usage_by_message.values(), Usage())
+
+    def _usage(self, message_id: str, raw: dict[str, Any] | None) -> None:
+        """Fold one report of a message's usage; emit the new totals when they changed."""
+        if not raw:
+            return
+        old = self.usage_by_message.get(message_id)
+        new = _latest(old, usage_from_api(raw))
+        if new == old:
+            return
+        self.usage_by_message[message_id] = new
+        turns = len(self.usage_by_message)
+        self.emit(UsageUpdate(self.spec.session_id, self.total_usage, None, turns, self.model))
+
     def handle(self, message: Message) -> None:
         sid = self.spec.session_id
         if self.spec.log is not None and not isinstance(message, StreamEvent):
             self.spec.log.stdout(message_json(message))
         if isinstance(message, StreamEvent):
             event = message.event
-            if event.get("type") == "content_block_delta" and message.parent_tool_use_id is None:
+            kind = event.get("type")
+            if kind == "content_block_delta" and message.parent_tool_use_id is None:
                 delta = event.get("delta", {})
                 if delta.get("type") == "text_delta" and delta.get("text"):
                     self.emit(TextDelta(sid, delta["text"]))
+            elif kind == "message_start":
+                started = event.get("message") or {}
+                self.model = started.get("model") or self.model
+                if started.get("id"):
+                    self.streaming_message[message.parent_tool_use_id] = started["id"]
+                    self._usage(started["id"], started.get("usage"))
+            elif kind == "message_delta":
+                # The output tokens of the message so far: the figure AssistantMessage lacks.
+                current = self.streaming_message.get(message.parent_tool_use_id)
+                if current is not None:
+                    self._usage(current, event.get("usage"))
+        elif isinstance(message, AssistantMessage) and message.error is not None:
+            # Claude Code's notice of a failed model call, not the model's words: the
+            # result message carries the same error, reported once as the run's error.
+            return
         elif isinstance(message, AssistantMessage):
-            self.model = message.model or self.model
+            self.model = message.model if message.model != _SYNTHETIC else self.model
             for block in message.content:
                 if isinstance(block, TextBlock) and block.text:
                     if message.parent_tool_use_id is None and self.text_chars < OUTPUT_LIMIT:
@@ -190,9 +259,7 @@ class _RunState:
                     self.calls[block.id] = call
                     self.emit(ToolCallStarted(sid, call))
             if message.message_id and message.usage:
-                self.usage_by_message[message.message_id] = usage_from_api(message.usage)
-                total = sum(self.usage_by_message.values(), Usage())
-                self.emit(UsageUpdate(sid, total, None, len(self.usage_by_message)))
+                self._usage(message.message_id, message.usage)
         elif isinstance(message, UserMessage) and isinstance(message.content, list):
             for block in message.content:
                 if isinstance(block, ToolResultBlock) and block.tool_use_id in self.calls:
@@ -204,6 +271,8 @@ class _RunState:
         elif isinstance(message, SystemMessage) and message.subtype == "init":
             self.runtime_session_id = message.data.get("session_id") or self.runtime_session_id
             self.model = message.data.get("model") or self.model
+            if self.model:
+                self.emit(UsageUpdate(sid, self.total_usage, None, None, self.model))
             for server in message.data.get("mcp_servers", []):
                 if server.get("name") == self.spec.mcp_server.name:
                     self.mcp_status = server.get("status")
@@ -315,17 +384,22 @@ class ClaudeCodeAdapter(RuntimeAdapter):
 
     def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:
         path = workspace / "mcp.json"
-        path.write_text(
-            json.dumps({"mcpServers": {server.name: self._server_config(server)}}, indent=2),
-            encoding="utf-8",
+        write_private(
+            path, json.dumps({"mcpServers": {server.name: self._server_config(server)}}, indent=2)
         )
         return path
 
     @staticmethod
     def _server_config(server: McpServerSpec) -> McpHttpServerConfig | McpSSEServerConfig:
         if server.transport == "sse":
-            return McpSSEServerConfig(type="sse", url=server.url)
-        return McpHttpServerConfig(type="http", url=server.url)
+            sse = McpSSEServerConfig(type="sse", url=server.url)
+            if server.headers:
+                sse["headers"] = server.headers
+            return sse
+        http = McpHttpServerConfig(type="http", url=server.url)
+        if server.headers:
+            http["headers"] = server.headers
+        return http
 
     def child_env(self, spec: RunSpec) -> dict[str, str]:
         env = dict(spec.env)
@@ -365,13 +439,15 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         # and a system prompt with memory and skills can grow past that. (The prompt
         # itself goes to the CLI on stdin.)
         system_file = spec.workspace / "system-prompt.md"
-        system_file.write_text(spec.system_prompt, encoding="utf-8")
+        write_private(system_file, spec.system_prompt)
         return ClaudeAgentOptions(
             cli_path=wrapper,
             cwd=spec.cwd,
             env=env,
             system_prompt=SystemPromptFile(type="file", path=str(system_file)),
-            mcp_servers={server.name: self._server_config(server)},
+            # The file, not the JSON: a command line is readable by every local user,
+            # and the config holds the run's MCP secret.
+            mcp_servers=str(spec.config_file),
             strict_mcp_config=True,
             setting_sources=[],
             tools=[*spec.tools, *delegation],
@@ -408,6 +484,9 @@ class ClaudeCodeAdapter(RuntimeAdapter):
 
     async def invoke(self, spec: RunSpec, emit: EventSink) -> RunOutcome:
         self.binary_version()  # once per process, so the SDK need not check per run
+        reader_log = logging.getLogger("claude_agent_sdk._internal.query")
+        if _READER_FILTER not in reader_log.filters:
+            reader_log.addFilter(_READER_FILTER)
         os.environ.setdefault(_SKIP_VERSION_CHECK, "1")
         wrapper = _process.write_env_filter(spec.workspace, spec.sandbox.argv)
         pidfile = spec.workspace / "cli.pid"

@@ -43,7 +43,7 @@ from ..errors import RuntimeCrashed, RuntimeFailure
 from ..events import AssistantText, RunEvent, ToolCallFinished, ToolCallStarted, UsageUpdate
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
 from ..transcripts import copy_file
-from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure
+from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure, write_private
 from .streaming import LineParser, StreamingCliAdapter, stderr_summary
 
 # Codex refuses a longer prompt ("Input exceeds the maximum length of 1048576 characters").
@@ -265,15 +265,15 @@ class CodexAdapter(StreamingCliAdapter):
     def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:
         home = workspace / ".codex"
         home.mkdir(exist_ok=True, mode=0o700)
-        config = base_config(
-            {
-                server.name: {
-                    "url": server.url, "required": True, "default_tools_approval_mode": "approve",
-                }
-            }
-        )  # fmt: skip
+        entry: dict[str, Any] = {
+            "url": server.url, "required": True, "default_tools_approval_mode": "approve",
+        }  # fmt: skip
+        if server.headers:
+            # In the file, not in an env var: the agent's shell commands inherit the env.
+            entry["http_headers"] = server.headers
+        config = base_config({server.name: entry})
         path = home / "config.toml"
-        path.write_text(tomli_w.dumps(config), encoding="utf-8")
+        write_private(path, tomli_w.dumps(config))
         return path
 
     def _write_run_config(self, spec: RunSpec) -> None:
@@ -292,7 +292,7 @@ class CodexAdapter(StreamingCliAdapter):
             config["model"] = model
         if spec.base_url:
             config.update(provider_config(spec.base_url))
-        spec.config_file.write_text(tomli_w.dumps(config), encoding="utf-8")
+        write_private(spec.config_file, tomli_w.dumps(config))
 
     def child_env(self, spec: RunSpec) -> dict[str, str]:
         tmp = spec.workspace / "tmp"

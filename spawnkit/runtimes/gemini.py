@@ -36,7 +36,7 @@ from ..events import (
 )
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
 from ..transcripts import copy_file
-from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure
+from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure, write_private
 from .streaming import LineParser, StreamingCliAdapter, stderr_summary
 
 DEFAULT_MODEL = "gemini-2.5-flash"
@@ -261,7 +261,7 @@ class GeminiAdapter(StreamingCliAdapter):
         config_dir = workspace / ".gemini"
         config_dir.mkdir(mode=0o700, exist_ok=True)
         path = config_dir / "settings.json"
-        path.write_text(json.dumps(self._settings(server, [], 20), indent=2), encoding="utf-8")
+        write_private(path, json.dumps(self._settings(server, [], 20), indent=2))
         return path
 
     @staticmethod
@@ -276,7 +276,12 @@ class GeminiAdapter(StreamingCliAdapter):
             },
             "mcp": {"allowed": [server.name]},
             "mcpServers": {
-                server.name: {"type": server.transport, "url": server.url, "trust": True}
+                server.name: {
+                    "type": server.transport,
+                    "url": server.url,
+                    "trust": True,
+                    **({"headers": server.headers} if server.headers else {}),
+                }
             },
         }
 
@@ -301,9 +306,9 @@ class GeminiAdapter(StreamingCliAdapter):
         return env
 
     def command(self, spec: RunSpec) -> list[str]:
-        spec.config_file.write_text(
+        write_private(
+            spec.config_file,
             json.dumps(self._settings(spec.mcp_server, spec.tools, spec.max_turns), indent=2),
-            encoding="utf-8",
         )
         model = spec.model or DEFAULT_MODEL
         # yolo approves the tools that are left: the butler's MCP server and the

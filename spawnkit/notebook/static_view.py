@@ -1,0 +1,101 @@
+"""A run's view as fixed HTML and text: what a saved notebook keeps, and how results display.
+
+The live view (``run_view.js``) builds its DOM from the same items and
+header; this module writes the same structure as a string, with the same
+stylesheet inlined, so a notebook reopened without its kernel (or read on a
+site that renders notebooks) shows the transcript as it was when the run
+ended. Every value is escaped except the assistant's text, which is HTML that
+:mod:`~spawnkit.notebook.markdown` made with raw HTML escaped.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from .view_state import ViewState, format_duration
+
+_CSS = (Path(__file__).parent / "run_view.css").read_text(encoding="utf-8")
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def header_html(header: dict[str, Any], elapsed: str) -> str:
+    figures = " · ".join(_e(f) for f in header["figures"])
+    who = f'<span class="sk-who">{_e(header["who"])}</span>' if header["who"] else ""
+    return (
+        f'<div class="sk-head" data-state="{_e(header["state"])}">'
+        f'<span class="sk-mark">{_e(header["mark"])}</span> '
+        f'<span class="sk-state">{_e(header["state"])}</span>{who}'
+        f'<span class="sk-figures">{figures}</span>'
+        f'<span class="sk-elapsed">{_e(elapsed)}</span></div>'
+    )
+
+
+def tool_html(item: dict[str, Any]) -> str:
+    result = item["result"] if item["result"] is not None else "running…"
+    output = ""
+    if item["output"] is not None:
+        lines = item["output_lines"]
+        more = item["output_more"]
+        note = f' <span class="sk-more">… {more:,} more characters not shown</span>' if more else ""
+        output = (
+            f'<div class="sk-section">output · {lines} line{"s" if lines != 1 else ""}</div>'
+            f'<pre class="sk-output">{_e(item["output"]) or "(no output)"}</pre>{note}'
+        )
+    mark = {"ok": "✓", "error": "✗"}.get(item["status"], "…")
+    return (
+        f'<details class="sk-item sk-tool" data-status="{_e(item["status"])}"><summary>'
+        f'<span class="sk-mark">{mark}</span><span class="sk-label">{_e(item["label"])}</span>'
+        f'<span class="sk-summary">{_e(item["summary"])}</span>'
+        f'<span class="sk-dur">{_e(item["duration"])}</span>'
+        f'<span class="sk-result">{_e(result)}</span></summary>'
+        f'<div class="sk-body"><div class="sk-section">input</div>'
+        f'<pre class="sk-input">{_e(item["input"])}</pre>{output}</div></details>'
+    )
+
+
+def static_html(state: ViewState) -> str:
+    """The whole view as one HTML string with its stylesheet."""
+    header = state.status.as_dict()
+    parts = [f'<div class="spawnkit-run sk-static"><style>{_CSS}</style>']
+    parts.append(header_html(header, format_duration(state.status.elapsed_ms())))
+    if state.dropped:
+        parts.append(f'<div class="sk-hidden">… {state.dropped} earlier items not shown</div>')
+    parts.append('<div class="sk-transcript">')
+    for item in state.transcript():
+        if item["kind"] == "text":
+            parts.append(f'<div class="sk-item sk-text jp-RenderedHTMLCommon">{item["html"]}</div>')
+        else:
+            parts.append(tool_html(item))
+    parts.append("</div>")
+    if header["error"]:
+        parts.append(f'<div class="sk-error">{_e(header["error"])}</div>')
+    if header["session_id"]:
+        parts.append(f'<div class="sk-foot">session {_e(header["session_id"])}</div>')
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def static_text(state: ViewState, width: int = 160) -> str:
+    """The whole view as plain text, in order (saved notebooks, text-only frontends)."""
+    status = state.status
+    lines = [status.line()]
+    for item in state.transcript():
+        if item["kind"] == "text":
+            source = state.segment_source(item["id"]).strip()
+            lines.extend(f"  {line}" for line in source.splitlines())
+        else:
+            mark = {"ok": "✓", "error": "✗"}.get(item["status"], "…")
+            summary = f"  {item['summary']}" if item["summary"] else ""
+            lines.append(f"  {mark} {item['label']}{summary}"[:width])
+            if item["result"] is not None:
+                lines.append(f"      {item['duration']}  {item['result']}"[:width])
+    if status.error:
+        lines.append(f"error: {status.error}")
+    if status.session_id:
+        lines.append(f"session {status.session_id}")
+    return "\n".join(lines)
