@@ -48,12 +48,16 @@ def general_on(runtime: str, port: int) -> ButlerConfig:
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 async def test_a_run_whose_mcp_server_never_connected_fails(runtime: str) -> None:
-    butler = general_on(runtime, free_port())  # nothing serves it
-    async with ButlerService(butler, replay=SCENARIO, external_mcp=True) as service:
+    butler = general_on(runtime, free_port())
+    async with ButlerService(butler, replay=SCENARIO) as service:
+        # The run is granted its secret as usual, but told of a port nothing serves (a
+        # server that went away): the CLI never connects, the model answers all the same.
+        dead = free_port()
+        service.spawner.mcp_port = dead
         result = await service.trigger("count the words in: the cat sat")
     assert not result.success
     assert result.error_kind == "mcp_unavailable"
-    assert f"MCP server 'general' at http://localhost:{butler.port}/mcp never connected" in (
+    assert f"MCP server 'general' at http://localhost:{dead}/mcp never connected" in (
         result.error or ""
     )
 
@@ -106,15 +110,21 @@ def spawnkit(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_the_command_line_reports_it_as_a_failure(make_butler: RosterFactory) -> None:
+def test_external_mcp_with_nothing_serving_is_never_a_success(make_butler: RosterFactory) -> None:
+    from spawnkit.mcp_access import owner_token, owner_token_path
+
     butler = make_butler("desk", extra='[butler.runtime]\ntools = ["Bash"]\n')
-    done = spawnkit(
-        "run", "--roster", str(butler.roster_dir), "--butler", "desk", "--runtime", "codex",
-        "--external-mcp", "--replay", str(SCENARIO), "--json", "hi",
-    )  # fmt: skip
-    assert done.returncode == 1, done.stderr
-    result = json.loads(done.stdout)
-    assert (result["runtime"], result["error_kind"]) == ("codex", "mcp_unavailable")
+    args = ("run", "--roster", str(butler.roster_dir), "--butler", "desk", "--runtime", "codex",
+            "--external-mcp", "--replay", str(SCENARIO), "--json", "hi")  # fmt: skip
+    never_served = spawnkit(*args)
+    assert never_served.returncode == 2, never_served.stderr
+    assert "is the butler served?" in never_served.stderr
+    owner_token(owner_token_path("desk", butler.port), create=True)  # served once, now gone
+    gone = spawnkit(*args)
+    assert gone.returncode == 1, gone.stderr
+    result = json.loads(gone.stdout)
+    assert result["runtime"] == "codex" and not result["success"]
+    assert "cannot reach the MCP server" in result["error"]
 
 
 class _NotMcp(BaseHTTPRequestHandler):
@@ -155,3 +165,20 @@ def test_doctor_checks_each_butlers_mcp_server(
     assert done.returncode == 1
     text = spawnkit("doctor", "--roster", str(roster), "--butler", "taken").stdout
     assert f"port {squatter} is taken by something that is not this butler's MCP server" in text
+
+
+def test_doctor_sees_a_served_butler_on_its_port(make_butler: RosterFactory) -> None:
+    butler = make_butler("served")
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "spawnkit", "serve", "served", "--roster", str(butler.roster_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+    )  # fmt: skip
+    try:
+        assert serve.stdout is not None
+        assert "serving butler 'served'" in serve.stdout.readline()
+        done = spawnkit("doctor", "--roster", str(butler.roster_dir), "--json")
+    finally:
+        serve.send_signal(2)  # SIGINT: the way Ctrl-C stops it
+        serve.communicate(timeout=60)
+    (server,) = json.loads(done.stdout)["mcp_servers"]
+    assert (server["ok"], server["port_status"]) == (True, "serving")
