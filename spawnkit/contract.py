@@ -46,7 +46,6 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import RuntimeNotFoundError, SpawnkitError
 from .home import spawnkit_home
-from .mcp_access import owner_token, owner_token_path
 from .result import SpawnerResult
 from .runlog import session_log_dir
 from .runtimes import get_adapter
@@ -56,7 +55,8 @@ if TYPE_CHECKING:
     from .roster import ButlerConfig
 
 # `check_status` is polled: this module imports only what it needs at the top, and the
-# roster, subprocesses and sockets where spawn, resume and the MCP server use them.
+# roster, subprocesses, sockets and MCP tokens where spawn, resume and the MCP server
+# use them.
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_UNKNOWN = 0, 1, 2, 3, 4
 START_TIMEOUT_S = 30.0
@@ -382,6 +382,7 @@ def start_mcp_server(options: Options) -> int:
     """
     import subprocess
 
+    from .mcp_access import owner_token, owner_token_path
     from .roster import load_roster
     from .roster_location import find_roster
 
