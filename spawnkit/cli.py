@@ -287,9 +287,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_sessions(args: argparse.Namespace) -> int:
     store = SessionStore()
     if args.session_id:
-        matches = [r for r in store.list_sessions(limit=10_000) if r.id.startswith(args.session_id)]
+        matches = store.sessions_with_prefix(args.session_id, limit=2)
         if len(matches) != 1:
-            what = "no session" if not matches else f"{len(matches)} sessions"
+            what = "no session" if not matches else "several sessions"
             raise SpawnkitError(f"{what} match {args.session_id!r}")
         record = matches[0]
         if args.json:
