@@ -10,7 +10,7 @@ files DuckDB reads. See docs/history.md.
 
 from . import report
 from .errors import HistoryError, UnpricedModelWarning
-from .export import export
+from .export import export, export_sources
 from .imported import ImportReport, import_history
 from .pricing import ModelPrice, PricingTable, default_pricing
 from .store_frames import sessions, tool_calls, usage
@@ -38,6 +38,7 @@ __all__ = [
     "UnpricedModelWarning",
     "default_pricing",
     "export",
+    "export_sources",
     "import_history",
     "report",
     "sessions",

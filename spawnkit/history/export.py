@@ -60,6 +60,11 @@ def write_frames(loaded: Transcripts, folder: Path) -> Path:
     return folder
 
 
+def export_sources() -> tuple[str, ...]:
+    """Every source an export can hold: the store, then each CLI."""
+    return (STORE, "claude-code", "codex", "gemini")
+
+
 def export(
     folder: str | Path,
     sources: Iterable[str] = (STORE, "claude-code", "codex", "gemini"),

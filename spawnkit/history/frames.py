@@ -43,8 +43,8 @@ from .errors import UnpricedModelWarning
 from .pricing import PricingTable
 from .rows import Column
 
-TOKEN_COLUMNS = ["input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens",
-                 "thinking_tokens"]  # fmt: skip
+TOKEN_COLUMNS = ["input_tokens", "output_tokens", "thinking_tokens", "cache_write_tokens",
+                 "cache_read_tokens"]  # fmt: skip
 _RAW_TOKENS = ("input_tokens", "output_tokens", "cache_write_5m", "cache_write_1h",
                "cache_read_tokens", "thinking_tokens")  # fmt: skip
 _WARNED: set[str] = set()  # models already warned about in this process
@@ -161,7 +161,7 @@ def warn_unpriced(models: Any) -> None:
             f"no price for model {model!r}: its tokens are counted, not priced "
             "(add it with PricingTable.with_prices)",
             UnpricedModelWarning,
-            stacklevel=3,
+            stacklevel=5,  # the caller of transcripts()
         )
 
 
