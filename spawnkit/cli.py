@@ -194,8 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("path", nargs="?", type=Path, help="default: $SPAWNKIT_HOME/sessions.db")
 
     hist = commands.add_parser("history", help="tokens, cost and tool calls, summed up")
-    sources = ["store", "claude-code", "claude", "codex", "gemini"]
-    hist.add_argument("--source", choices=sources, default="store",
+    history_sources = ["store", "claude-code", "claude", "codex", "gemini"]
+    hist.add_argument("--source", choices=history_sources, default="store",
                       help="spawnkit's store (default) or a CLI's own transcripts "
                       "(claude is claude-code)")  # fmt: skip
     hist.add_argument("--by", choices=["day", "group", "session"], default="day",
@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         "import", help="copy the CLIs' transcripts into the store, so they outlive the CLIs"
     )
     h_import.add_argument(
-        "--source", dest="import_sources", action="append", choices=sources[1:],
+        "--source", dest="import_sources", action="append", choices=history_sources[1:],
         help="a CLI (repeatable; default: all three)",
     )  # fmt: skip
     h_import.add_argument(
@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     h_export.add_argument("folder", type=Path)
     h_export.add_argument(
-        "--source", dest="export_sources", action="append", choices=["spawnkit", *sources[1:]],
+        "--source", dest="export_sources", action="append", choices=["spawnkit", *history_sources[1:]],
         help="spawnkit (the store) or a CLI (repeatable; default: all)",
     )  # fmt: skip
     return parser
