@@ -228,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     h_export.add_argument("folder", type=Path)
     h_export.add_argument(
         "--source", dest="export_sources", action="append",
-        choices=["spawnkit", *history_sources[1:]], help="spawnkit (the store) or a CLI (repeatable; default: all)",
+        choices=["spawnkit", *history_sources[1:]],
+        help="spawnkit (the store) or a CLI (repeatable; default: all)",
     )  # fmt: skip
     return parser
 
