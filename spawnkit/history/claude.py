@@ -121,6 +121,20 @@ class _Line(Struct, rename="camel", gc=False):
     summary: str | None = None
     custom_title: str | None = None
     ai_title: str | None = None
+    data: Raw = Raw()
+
+
+class _StreamedMessage(Struct, rename="camel", gc=False):
+    type: str | None = None
+    timestamp: str | None = None
+    request_id: str | None = ABSENT
+    message: _Message | None = None
+
+
+class _Progress(Struct, rename="camel", gc=False):
+    type: str | None = None
+    agent_id: str | None = None
+    message: _StreamedMessage | None = None
 
 
 class _ErrorDetail(Struct, gc=False):
@@ -129,6 +143,7 @@ class _ErrorDetail(Struct, gc=False):
 
 
 _decode = msgspec.json.Decoder(_Line).decode
+_decode_progress = msgspec.json.Decoder(_Progress).decode
 _decode_error = msgspec.json.Decoder(_ErrorDetail | str | None).decode
 
 
@@ -179,6 +194,21 @@ def _meta_line(line: _Line, number: int, facts: FileFacts, rows: Rows) -> None:
                                 None if before is None else float(before), trigger))  # fmt: skip
 
 
+def _agent_response(raw: Raw) -> tuple[_Message, str | None, str | None, str | None] | None:
+    """``(message, timestamp, request id, agent id)`` of an ``agent_progress`` line's
+    response, or None when it holds none (its prompt, a tool result, an odd shape)."""
+    try:
+        progress = _decode_progress(raw)
+    except msgspec.DecodeError:
+        return None
+    streamed = progress.message
+    if progress.type != "agent_progress" or streamed is None or streamed.type != "assistant":
+        return None
+    if streamed.message is None or streamed.message.usage is None:
+        return None
+    return streamed.message, streamed.timestamp, streamed.request_id, progress.agent_id
+
+
 def _error(raw: Raw) -> tuple[float | None, str | None]:
     """``(HTTP status, kind)`` of an ``error`` field: a string or an object with a status."""
     if not raw:
@@ -219,7 +249,7 @@ def parse_claude_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
         number += 1
         raw = view[start:end]  # a view: decoding needs no copy of the line
         blank = end - start < 8 and not data[start:end].strip()
-        start = end + 1
+        line_start, start = start, end + 1
         if blank:
             continue
         lines += 1
@@ -229,11 +259,22 @@ def parse_claude_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
             facts.bad(number)
             continue
         message = line.message
+        ts = line.timestamp
+        sidechain = line.is_sidechain is True
+        rid, agent = line.request_id, line.agent_id
         if message is None:
             if line.type != "progress":
                 _meta_line(line, number, facts, rows)
-            continue
-        ts = line.timestamp
+                continue
+            if find(b'"agent_progress"', line_start, end) < 0:
+                continue  # progress of a hook or a command: no usage
+            # A sub-agent's response, streamed into the parent's transcript (Claude Code 2.1
+            # writes it there as well as, or instead of, the sub-agent's own file).
+            nested = _agent_response(line.data)
+            if nested is None:
+                continue
+            message, ts, rid, agent = nested
+            sidechain = True
         if ts is None or len(ts) < 19 or ts[10] != "T":
             if line.type in ("user", "assistant"):
                 facts.bad(number)  # a conversation line that cannot be placed in time
@@ -264,9 +305,7 @@ def parse_claude_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
                     facts.git_branch = line.git_branch or None
                     facts.entrypoint = line.entrypoint
             continue
-        sidechain = line.is_sidechain is True
         model = message.model
-        agent = line.agent_id
         if line.is_api_error_message:
             code = line.api_error_status
             status = None if code is None else float(code)
@@ -280,7 +319,7 @@ def parse_claude_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
                     call_rows.append((number, session, block.id, block.name or "", preview, ts,
                                       known, sidechain, agent))  # fmt: skip
         # ccusage's filter: an explicit null or an empty identifier drops the line.
-        sid, rid, mid, version = line.session_id, line.request_id, message.id, line.version
+        sid, mid, version = line.session_id, message.id, line.version
         write, read = usage.cache_creation_input_tokens, usage.cache_read_input_tokens
         if (
             sid is None or rid is None or mid is None or model is None or version is None

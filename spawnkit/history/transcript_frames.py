@@ -59,7 +59,8 @@ def daily_totals(usage: pd.DataFrame, tz: str = "UTC", by: Sequence[str] = ()) -
     day = usage["timestamp"].dt.tz_convert(tz).dt.strftime("%Y-%m-%d").rename("date")
     keys = [day, *(usage[c] for c in by)]
     grouped = usage.groupby(keys, observed=True)
-    sums = grouped[[*TOKEN_COLUMNS, "cost_usd"]].sum(min_count=1)
+    sums = grouped[TOKEN_COLUMNS].sum()
+    sums["cost_usd"] = grouped["cost_usd"].sum(min_count=1)
     sums["responses"] = grouped.size()
     sums.insert(len(TOKEN_COLUMNS), "total_tokens", sums[TOKEN_COLUMNS].sum(axis=1))
     return sums.reset_index()
