@@ -109,7 +109,9 @@ class StoreCache:
         """Replace the cached ``kind`` table (a failed write is logged and leaves the old)."""
         info = {"format": FORMAT, "token": state.token, "epoch": state.epoch,
                 "watermark": cached.watermark, "open": list(cached.open)}  # fmt: skip
-        table = cached.table.replace_schema_metadata({b"spawnkit": json.dumps(info).encode()})
+        # An IPC file holds one dictionary per column: chunks read at different times share it.
+        table = cached.table.unify_dictionaries()
+        table = table.replace_schema_metadata({b"spawnkit": json.dumps(info).encode()})
         final = self.directory / f"{kind}.arrow"
         tmp = final.with_name(f".{kind}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
         try:

@@ -229,11 +229,18 @@ def _cached(path: Path, state: StoreState, kind: str, fields: Sequence[tuple[str
 
 
 def _frame(table: pa.Table, columns: Sequence[str]) -> pd.DataFrame:
+    """Selected columns as pandas; categories are the values present, sorted, so a frame is
+    the same whether it came from the database or from the cache."""
     table = table.select(list(columns))
-    return table.to_pandas(
+    frame = table.to_pandas(
         types_mapper={pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}.get,
         split_blocks=True,
     )
+    for name in frame.columns:
+        if isinstance(frame[name].dtype, pd.CategoricalDtype):
+            column = frame[name].cat.remove_unused_categories()
+            frame[name] = column.cat.reorder_categories(sorted(column.cat.categories))
+    return frame
 
 
 def _columns(asked: Sequence[str] | None, known: Sequence[str]) -> list[str]:
