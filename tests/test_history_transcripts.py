@@ -284,9 +284,18 @@ def test_without_cache_nothing_is_written(tmp_path: Path) -> None:
     assert not cache_dir("claude-code", FIXTURES / "claude").exists()
 
 
-def test_worker_processes_give_the_same_frames(tmp_path: Path) -> None:
+def test_worker_processes_give_the_same_frames_and_never_fork_this_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gen_transcripts.generate(tmp_path / "corpus", 4, seed=3)
     serial = transcripts("claude", tmp_path / "corpus", cache=False, workers=1)
+
+    def no_fork() -> int:
+        # What a kernel with a huge virtual size gets (docs/history.md): workers must come
+        # from elsewhere.
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(os, "fork", no_fork)
     parallel = transcripts("claude", tmp_path / "corpus", cache=False, workers=2)
     assert len(serial.files) >= 4 and serial.stats.bad_lines == parallel.stats.bad_lines
     pd.testing.assert_frame_equal(serial.sessions, parallel.sessions)
