@@ -59,6 +59,7 @@ def _claude_roots() -> list[Path]:
     if raw:
         candidates = [Path(p.strip()).expanduser() for p in raw.split(",") if p.strip()]
         roots = [p.parent if p.name == "projects" else p for p in candidates]
+        roots = [p for p in roots if p.is_dir()]
     else:
         xdg = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
         roots = [p for p in (xdg / "claude", Path.home() / ".claude") if (p / "projects").is_dir()]

@@ -89,6 +89,12 @@ def _with_unplaced(files: pd.DataFrame, unplaced: list[pa.Table]) -> None:
     ]
 
 
+def _constant(value: str, n: int) -> pd.Series:
+    """A category column holding one value (cheaper than broadcasting a string)."""
+    codes = np.zeros(n, dtype=np.int8)
+    return pd.Series(pd.Categorical.from_codes(codes, categories=pd.Index([value])))
+
+
 def _machines(paths: Column, here: str) -> pd.Series:
     """The ``machine`` of each row, from its file's path (computed once per file)."""
     encoded: Column = pc.dictionary_encode(paths)
@@ -112,19 +118,19 @@ def build_frames(
     usage_machines = _machines(usage_table["path"], machine)
     # Codex sessions too old to name their model are priced as gpt-5, as ccusage does.
     default = "gpt-5" if source == "codex" else None
-    usage = price(arrow_frame(usage_table.drop_columns(["path", "line"])), pricing, default)
+    usage_categories = ("session_id", "model", "service_tier", "stop_reason", "agent_type",
+                        "skill", "plugin")  # fmt: skip
+    usage = arrow_frame(usage_table.drop_columns(["path", "line"]), usage_categories)
+    usage = price(usage, pricing, default)
     usage.insert(len(usage.columns) - 3, "cache_write_tokens",
                  usage["cache_write_5m"] + usage["cache_write_1h"])  # fmt: skip
-    usage.insert(1, "source", source)
+    usage.insert(1, "source", _constant(source, len(usage)))
     usage.insert(2, "machine", usage_machines.to_numpy())
-    as_category(usage, "source", "model", "session_id", "service_tier", "stop_reason",
-                "agent_type", "skill", "plugin")  # fmt: skip
     calls, lost_calls = _tool_calls(source, rows, machine)
     events_table, lost_events = _placed(rows.events)
-    events = arrow_frame(events_table)
-    events.insert(1, "source", source)
+    events = arrow_frame(events_table, ("kind",))
+    events.insert(1, "source", _constant(source, len(events)))
     events.insert(2, "machine", _machines(events_table["path"], machine).to_numpy())
-    as_category(events, "source", "kind")
     _with_unplaced(files, [lost_usage, *lost_calls, lost_events])
     files.insert(0, "source", source)
     files.insert(1, "machine", _machines(rows.files["path"], machine).to_numpy())
@@ -145,7 +151,7 @@ def _tool_calls(source: str, rows: RowTables, machine: str) -> tuple[pd.DataFram
     calls_table = _first(calls_table, ["session_id", "call_id"])
     results_table = _first(results_table, ["session_id", "call_id"])
     call_machines = _machines(calls_table["path"], machine)
-    calls = arrow_frame(calls_table.drop_columns(["path", "line"]))
+    calls = arrow_frame(calls_table.drop_columns(["path", "line"]), ("name", "model"))
     calls["machine"] = call_machines.to_numpy()
     results = arrow_frame(results_table.drop_columns(["path", "line"]))
     calls = calls.rename(columns={"timestamp": "started_at"})
@@ -164,8 +170,7 @@ def _tool_calls(source: str, rows: RowTables, machine: str) -> tuple[pd.DataFram
         categories=["ok", "error", "no_result"],
     )
     frame["server"], frame["tool"] = tool_parts(frame["name"])
-    frame["source"] = source
-    as_category(frame, "source", "name", "model")
+    frame["source"] = _constant(source, len(frame))
     return frame[TOOL_CALL_COLUMNS].reset_index(drop=True), [lost_calls, lost_results]
 
 
@@ -247,6 +252,11 @@ def _sessions(
 
 def _event_columns(frame: pd.DataFrame, events: pd.DataFrame) -> None:
     """API errors (429s apart), compactions, time in turns, the last rate-limit snapshot."""
+    if events.empty:
+        for column in ("n_api_errors", "n_rate_limited", "n_compactions", "turn_duration_ms",
+                       "rate_limit_primary_pct", "rate_limit_secondary_pct"):  # fmt: skip
+            frame[column] = np.nan
+        return
     kind = events["kind"].astype(str)
     errors = events[kind == "api_error"]
     frame["n_api_errors"] = errors.groupby("session_id").size()
