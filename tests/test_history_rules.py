@@ -351,3 +351,15 @@ def test_gemini_fields(tmp_path: Path) -> None:
     assert row["cost_usd"] == pytest.approx(
         63 * flash.input + 17 * flash.output + 40 * flash.cache_read
     )
+
+
+def test_responses_without_a_request_id_are_matched_within_their_session_only(
+    tmp_path: Path,
+) -> None:
+    # Two sessions whose (replayed) responses reuse message ids and carry no request id.
+    for session in ("s1", "s2"):
+        line = claude_line(session, "msg_replay_1", "", T(0))
+        del line["requestId"]
+        jsonl(tmp_path / f"projects/p/{session}.jsonl", [line, line])
+    sessions = transcripts("claude-code", tmp_path, cache=False).sessions
+    assert list(sessions["n_responses"]) == [1, 1]

@@ -5,7 +5,8 @@ to the token:
 
 1. rows with the same ``message.id`` and ``requestId`` are one API response, whatever file
    or session they were written in (Claude Code writes one response under several session
-   files when a session is resumed, forked or continued in a side chain); the one kept is a
+   files when a session is resumed, forked or continued in a side chain; a row without a
+   ``requestId`` is matched within its session only); the one kept is a
    main-chain row before a side-chain row, then the most complete usage (the largest token
    total), then the first seen (files in path order, lines in file order). The response
    counts for the session of the row kept, so attribution is deterministic;
@@ -93,7 +94,12 @@ def deduplicate(usage: pa.Table) -> npt.NDArray[np.int64]:
         total += counts.to_numpy()
     sidechain = usage["is_sidechain"].to_numpy(zero_copy_only=False).astype(bool)
     has_id = np.asarray(pc.is_valid(usage["message_id"]), dtype=bool)
-    message, request = (codes(usage[c]) for c in ("message_id", "request_id"))
+    # Without a request id a response is only known within its session (as in ccusage's
+    # session report): its key is the session instead.
+    request_key = pc.if_else(
+        pc.is_valid(usage["request_id"]), usage["request_id"], usage["session_id"]
+    )
+    message, request = codes(usage["message_id"]), codes(request_key)
     # Best first: main chain, then the largest total, then the first seen.
     order = np.lexsort((np.arange(n), -total, sidechain))
     order = order[has_id[order]]
