@@ -356,10 +356,15 @@ def test_gemini_fields(tmp_path: Path) -> None:
 def test_responses_without_a_request_id_are_matched_within_their_session_only(
     tmp_path: Path,
 ) -> None:
-    # Two sessions whose (replayed) responses reuse message ids and carry no request id.
+    # Two sessions whose (replayed) responses reuse message ids and carry no request id, in
+    # the main chain and in a sub-agent's file.
     for session in ("s1", "s2"):
         line = claude_line(session, "msg_replay_1", "", T(0))
-        del line["requestId"]
+        side = claude_line(session, "msg_replay_sub", "", T(1), isSidechain=True)
+        for record in (line, side):
+            del record["requestId"]
         jsonl(tmp_path / f"projects/p/{session}.jsonl", [line, line])
+        jsonl(tmp_path / f"projects/p/{session}/subagents/agent-a.jsonl", [side, side])
     sessions = transcripts("claude-code", tmp_path, cache=False).sessions
-    assert list(sessions["n_responses"]) == [1, 1]
+    assert list(sessions["n_responses"]) == [2, 2]
+    assert list(sessions["sidechain_tokens"]) == [15, 15]

@@ -96,16 +96,17 @@ def deduplicate(usage: pa.Table) -> npt.NDArray[np.int64]:
     has_id = np.asarray(pc.is_valid(usage["message_id"]), dtype=bool)
     # Without a request id a response is only known within its session (as in ccusage's
     # session report): its key is the session instead.
-    request_key = pc.if_else(
-        pc.is_valid(usage["request_id"]), usage["request_id"], usage["session_id"]
-    )
+    has_request = np.asarray(pc.is_valid(usage["request_id"]), dtype=bool)
+    request_key = pc.if_else(has_request, usage["request_id"], usage["session_id"])
     message, request = codes(usage["message_id"]), codes(request_key)
+    # Replays (rule 2) are matched across sessions too, unless there is no request id.
+    scope = np.where(has_request, 0, codes(usage["session_id"]) + 1)
     # Best first: main chain, then the largest total, then the first seen.
     order = np.lexsort((np.arange(n), -total, sidechain))
     order = order[has_id[order]]
     order = order[first_of([message, request], order)]
     # Main-chain rows sort first, so a side-chain row is a replay if anything precedes it.
-    replay = sidechain[order] & ~first_of([message], order)
+    replay = sidechain[order] & ~first_of([message, scope], order)
     kept = np.concatenate([order[~replay], np.flatnonzero(~has_id)])
     kept.sort()
     return kept
