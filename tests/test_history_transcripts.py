@@ -301,3 +301,25 @@ def test_worker_processes_give_the_same_frames_and_never_fork_this_process(
     pd.testing.assert_frame_equal(serial.sessions, parallel.sessions)
     pd.testing.assert_frame_equal(serial.tool_calls, parallel.tool_calls)
     pd.testing.assert_frame_equal(serial.usage, parallel.usage)
+
+
+def test_default_folders_are_the_users_and_spawnkits_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated_home: Path
+) -> None:
+    home = tmp_path / "home"
+    shutil.copytree(FIXTURES / "claude", home / ".claude")
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("CLAUDE_CONFIG_DIR", "CODEX_HOME", "GEMINI_CLI_HOME", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    runs = isolated_home / "runtimes"
+    write(
+        runs / "claude-code", "-work/run.jsonl", [line("run", "m", "r", "2026-10-01T10:00:00.000Z")]
+    )
+    shutil.copytree(FIXTURES / "codex" / "sessions", runs / "codex" / "sessions")
+    shutil.copytree(FIXTURES / "gemini" / "tmp", runs / "gemini" / "tmp")
+    claude = transcripts("claude-code", cache=False)
+    assert claude.roots == (home / ".claude", runs / "claude-code")
+    assert "run" in set(claude.sessions["session_id"]) and len(claude.sessions) == 3
+    # No ~/.codex or ~/.gemini: spawnkit's runs alone.
+    assert transcripts("codex", cache=False).roots == (runs / "codex",)
+    assert len(transcripts("gemini", cache=False).sessions) == 1
