@@ -511,7 +511,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         old = store.get_session("old")
         create(store, "new", log_dir=tmp_path / "logs", role="researcher")
         new = store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(3,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(4,)]
     assert old is not None and old.log_dir is None and old.status == "queued"
     assert new is not None and new.log_dir == tmp_path / "logs" and new.role == "researcher"
 
