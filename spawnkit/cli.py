@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -232,15 +233,43 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
 
     hist = commands.add_parser("history", help="tokens, cost and tool calls, summed up")
-    hist.add_argument("--source", choices=["store", "claude", "codex", "gemini"], default="store",
-                      help="spawnkit's store (default) or a CLI's own transcripts")  # fmt: skip
+    history_sources = ["store", "claude-code", "claude", "codex", "gemini"]
+    hist.add_argument("--source", choices=history_sources, default="store",
+                      help="spawnkit's store (default) or a CLI's own transcripts "
+                      "(claude is claude-code)")  # fmt: skip
     hist.add_argument("--by", choices=["day", "group", "session"], default="day",
                       help="rows per day, per butler/project, or per session")  # fmt: skip
     hist.add_argument("--since", help="only activity from this date or time on (UTC)")
     hist.add_argument("--root", type=Path, help="the CLI's transcript folder (default: its own)")
+    hist.add_argument("--machine", help="only this machine's imported transcripts")
     hist.add_argument("--prices", type=Path, help="a pricing table replacing the shipped one")
     hist.add_argument("-n", "--limit", type=int, default=None, help="at most this many rows")
     hist.add_argument("--json", action="store_true")
+    hist_commands = hist.add_subparsers(dest="history_command", required=False)
+    h_import = hist_commands.add_parser(
+        "import", help="copy the CLIs' transcripts into the store, so they outlive the CLIs"
+    )
+    h_import.add_argument(
+        "--source", dest="import_sources", action="append", choices=history_sources[1:],
+        help="a CLI (repeatable; default: all three)",
+    )  # fmt: skip
+    h_import.add_argument(
+        "--root", dest="import_root", type=Path,
+        help="a CLI folder to read instead (e.g. another machine's ~/.claude)",
+    )  # fmt: skip
+    h_import.add_argument(
+        "--machine", dest="import_machine",
+        help="the machine the transcripts come from (default: this host)",
+    )  # fmt: skip
+    h_export = hist_commands.add_parser(
+        "export", help="write the history as Parquet files DuckDB reads (views.sql)"
+    )
+    h_export.add_argument("folder", type=Path)
+    h_export.add_argument(
+        "--source", dest="export_sources", action="append",
+        choices=["spawnkit", *history_sources[1:]],
+        help="spawnkit (the store) or a CLI (repeatable; default: all)",
+    )  # fmt: skip
     return parser
 
 
@@ -361,9 +390,9 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
     store = SessionStore()
     if args.session_id:
-        matches = [r for r in store.list_sessions(limit=10_000) if r.id.startswith(args.session_id)]
+        matches = store.sessions_with_prefix(args.session_id, limit=2)
         if len(matches) != 1:
-            what = "no session" if not matches else f"{len(matches)} sessions"
+            what = "no session" if not matches else "several sessions"
             raise SpawnkitError(f"{what} match {args.session_id!r}")
         record = matches[0]
         if args.json:
@@ -600,6 +629,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                   f"({len(m.tools)} tools); {where}")  # fmt: skip
         else:
             print(f"  {m.butler:<12} FAILED   its MCP server does not answer: {m.error}")
+    from .history.retention import claude_cleanup_warnings
+
+    for warning in claude_cleanup_warnings():
+        print(f"warning: {warning}", file=sys.stderr)
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -651,13 +684,34 @@ def _adapter(args: argparse.Namespace, contract: Any) -> int:
 def cmd_history(args: argparse.Namespace) -> int:
     from . import history
 
+    # A model without a price is worth one line, not a warning with a source location.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", history.UnpricedModelWarning)
+        lines = _history(args, history)
+    for warning in caught:
+        print(f"spawnkit: warning: {warning.message}", file=sys.stderr)
+    print(lines)
+    return EXIT_OK
+
+
+def _history(args: argparse.Namespace, history: Any) -> str:
+    if args.history_command == "import":
+        out = []
+        for report in history.import_history(
+            args.import_sources, args.import_root, machine=args.import_machine
+        ):
+            out.append(report.line())
+            out.extend(f"  skipped {path}: {reason}" for path, reason in report.skipped)
+        return "\n".join(out)
+    if args.history_command == "export":
+        folder = history.export(args.folder, args.export_sources or history.export_sources())
+        return f"wrote {folder} (DuckDB: cd {folder} && duckdb -c '.read views.sql')"
     pricing = history.PricingTable.load(args.prices) if args.prices else None
     table = history.report.summarize(
         args.source, view=args.by, root=args.root, since=args.since, limit=args.limit,
-        pricing=pricing,
+        pricing=pricing, machine=args.machine,
     )  # fmt: skip
-    print(history.report.to_json(table) if args.json else history.report.render_table(table))
-    return EXIT_OK
+    return str(history.report.to_json(table) if args.json else history.report.render_table(table))
 
 
 def cmd_store(args: argparse.Namespace) -> int:

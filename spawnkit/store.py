@@ -34,7 +34,7 @@ from .errors import HomeNotWritable, StoreDamaged, StoreError
 from .home import default_store_path, is_writable
 from .result import SpawnerResult, ToolCall, Usage
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 BUSY_TIMEOUT_MS = 15_000
 
 _SCHEMA = """
@@ -135,11 +135,47 @@ CREATE INDEX IF NOT EXISTS episodes_by_butler ON episodes (butler, id);
 """
 
 
+# Schema 5, for spawnkit.history: the CLIs' transcripts copied in by `spawnkit history
+# import` (files, their raw lines zlib-compressed, and the deduplicated usage rows, per
+# machine), and a change counter that keys the columnar cache of sessions and tool calls
+# (spawnkit/history/store_cache.py). That cache holds completed sessions and their tool
+# calls, which the store only ever appends; the triggers count anything that changes or
+# removes them, which makes the cache stale. One statement per string (trigger bodies hold
+# semicolons); every one is idempotent, so a new store runs them after _SCHEMA.
+_HISTORY_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS history_epoch (
+        id INTEGER PRIMARY KEY CHECK (id = 1), token TEXT NOT NULL, epoch INTEGER NOT NULL)""",
+    "INSERT OR IGNORE INTO history_epoch VALUES (1, lower(hex(randomblob(16))), 0)",
+    """CREATE TRIGGER IF NOT EXISTS history_epoch_session_update AFTER UPDATE ON sessions
+        WHEN OLD.completed_at IS NOT NULL
+        BEGIN UPDATE history_epoch SET epoch = epoch + 1; END""",
+    """CREATE TRIGGER IF NOT EXISTS history_epoch_session_delete AFTER DELETE ON sessions
+        BEGIN UPDATE history_epoch SET epoch = epoch + 1; END""",
+    """CREATE TRIGGER IF NOT EXISTS history_epoch_call_update AFTER UPDATE ON tool_calls
+        BEGIN UPDATE history_epoch SET epoch = epoch + 1; END""",
+    """CREATE TRIGGER IF NOT EXISTS history_epoch_call_delete AFTER DELETE ON tool_calls
+        BEGIN UPDATE history_epoch SET epoch = epoch + 1; END""",
+    """CREATE TABLE IF NOT EXISTS history_files (
+        id INTEGER PRIMARY KEY, source TEXT NOT NULL, machine TEXT NOT NULL, path TEXT NOT NULL,
+        lines INTEGER NOT NULL, bytes INTEGER NOT NULL, version INTEGER NOT NULL,
+        imported_at TEXT NOT NULL, UNIQUE (source, machine, path))""",
+    """CREATE TABLE IF NOT EXISTS history_lines (
+        file_id INTEGER NOT NULL, line INTEGER NOT NULL, hash BLOB NOT NULL, raw BLOB NOT NULL,
+        PRIMARY KEY (file_id, line)) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS history_usage (
+        source TEXT NOT NULL, machine TEXT NOT NULL, row_key TEXT NOT NULL, session_id TEXT,
+        timestamp TEXT, model TEXT, input_tokens INTEGER, output_tokens INTEGER,
+        thinking_tokens INTEGER, cache_write_tokens INTEGER, cache_read_tokens INTEGER,
+        cost_usd REAL, cost_source TEXT, cost_estimated INTEGER, is_sidechain INTEGER,
+        PRIMARY KEY (source, machine, row_key)) WITHOUT ROWID""",
+)
+
 # _MIGRATIONS[v - 1] takes a store from schema v to v + 1.
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("ALTER TABLE sessions ADD COLUMN log_dir TEXT",),
     ("ALTER TABLE sessions ADD COLUMN role TEXT",),
     ("ALTER TABLE sessions ADD COLUMN sandbox TEXT", "ALTER TABLE sessions ADD COLUMN given TEXT"),
+    _HISTORY_SCHEMA,
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION - 1
 
@@ -444,6 +480,8 @@ class SessionStore:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         conn.execute(statement)
+                for statement in _HISTORY_SCHEMA:
+                    conn.execute(statement)
             else:
                 for step in _MIGRATIONS[version - 1 :]:
                     for statement in step:
@@ -588,6 +626,22 @@ class SessionStore:
             )
             .fetchall()
         )
+        return [SessionRecord.from_row(r) for r in rows]
+
+    @_translated
+    def sessions_with_prefix(self, prefix: str, limit: int = 2) -> list[SessionRecord]:
+        """Sessions whose id starts with ``prefix``, oldest id first, at most ``limit``.
+
+        A range scan of the primary key (``prefix <= id < prefix + 1``), so any session is
+        found whatever the size of the store.
+        """
+        if not prefix:
+            return []
+        last = ord(prefix[-1])
+        upper = prefix[:-1] + chr(last + 1) if last < 0x10FFFF else None
+        sql = "SELECT * FROM sessions WHERE id >= ?" + (" AND id < ?" if upper else "")
+        params: tuple[object, ...] = (prefix, upper) if upper else (prefix,)
+        rows = self._connect().execute(f"{sql} ORDER BY id LIMIT ?", (*params, limit)).fetchall()
         return [SessionRecord.from_row(r) for r in rows]
 
     @_translated

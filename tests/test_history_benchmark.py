@@ -28,8 +28,11 @@ def test_history_benchmark_runs(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert report["rounds"] == 1 and report["corpus_mb"] >= 4
     assert report["store_sessions"] == 2000 and report["store_tool_calls"] == 20_000
-    for key in ("cold_median_s", "ccusage_session_median_s", "warm_median_s", "store_median_s"):
+    for key in ("cold_median_s", "ccusage_session_median_s", "warm_median_s", "store_median_s",
+                "store_first_read_median_s", "store_read_sql_baseline_s"):  # fmt: skip
         assert report[key] > 0
+    # One butler of five, over the whole (short) store.
+    assert report["store_filtered_tool_calls"] == 20_000 // 5
     samples = report["samples"]
     assert report["cold_vs_ccusage_ratio"] == pytest.approx(
         statistics.median(samples["cold"]) / statistics.median(samples["ccusage"]), abs=0.002

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -85,3 +86,43 @@ def test_a_real_process_and_its_errors(tmp_path: Path) -> None:
     bad_prices.write_text("{")
     refused = spawnkit("--prices", str(bad_prices))
     assert refused.returncode == 2 and "cannot read the pricing table" in refused.stderr
+
+
+def test_source_names_claude_code_and_claude_are_one(capsys: pytest.CaptureFixture[str]) -> None:
+    canonical = json.loads(run(capsys, "--source", "claude-code", "--root", str(CLAUDE), "--json"))
+    assert json.loads(run(capsys, "--source", "claude", "--root", str(CLAUDE), "--json")) == (
+        canonical
+    )
+
+
+def test_a_session_is_found_by_prefix_however_old(
+    isolated_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with SessionStore() as store:
+        record(store, "0ld-session", butler="health", at=datetime(2020, 1, 1, tzinfo=UTC))
+    # Ten thousand newer sessions, written in bulk.
+    conn = sqlite3.connect(isolated_home / "sessions.db")
+    with conn:
+        conn.executemany(
+            "INSERT INTO sessions (id, butler, runtime, prompt, trigger_source, status, "
+            "created_at) VALUES (?, 'health', 'codex', 'p', 'external', 'success', ?)",
+            [(f"new-{i:05d}", f"2026-01-01T00:00:{i % 60:02d}+00:00") for i in range(10_050)],
+        )
+    conn.close()
+    assert main(["sessions", "0ld", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["id"] == "0ld-session"
+    assert main(["sessions", "new-0"]) == 2
+    assert "several sessions match 'new-0'" in capsys.readouterr().err
+
+
+def test_doctor_warns_when_claude_code_deletes_transcripts_after_the_default_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "claude-config"
+    (config / "projects").mkdir(parents=True)
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(config))
+    main(["doctor"])
+    assert "deletes transcripts in" in capsys.readouterr().err
+    (config / "settings.json").write_text(json.dumps({"cleanupPeriodDays": 36500}))
+    main(["doctor"])
+    assert "deletes transcripts" not in capsys.readouterr().err

@@ -171,3 +171,129 @@ def test_a_named_store_must_exist_the_default_may_not(tmp_path: Path, isolated_h
 def test_empty_store_gives_empty_frames(store: SessionStore) -> None:
     assert history.sessions(store).empty and history.tool_calls(store).empty
     assert history.usage(store).empty
+
+
+def test_status_filter_and_columns_run_in_the_database(filled: SessionStore) -> None:
+    frame = history.sessions(filled, status=["failed"], columns=["session_id", "prompt", "role"])
+    assert list(frame.columns) == ["session_id", "prompt", "role"]
+    assert list(frame["session_id"]) == ["b"] and list(frame["prompt"]) == ["p"]
+    priced = history.sessions(filled, columns=["session_id", "cost_usd", "cost_source"])
+    assert list(priced.columns) == ["session_id", "cost_usd", "cost_source"]
+    assert priced["cost_source"].iloc[0] == "reported"
+    calls = history.tool_calls(filled, status="failed", columns=["session_id", "seq", "status"])
+    assert list(calls.columns) == ["session_id", "seq", "status"] and len(calls) == 3
+    with pytest.raises(history.HistoryError, match="unknown columns"):
+        history.sessions(filled, columns=["nope"])
+
+
+def _frames(store: SessionStore, **filters: object) -> tuple[pd.DataFrame, pd.DataFrame]:
+    return (history.sessions(store, **filters), history.tool_calls(store, **filters))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [{}, {"butler": "health"}, {"status": ["success"], "since": T0 + timedelta(days=1)},
+     {"runtime": "codex", "until": "2026-10-03"}, {"success": False}],
+)  # fmt: skip
+def test_the_columnar_cache_gives_the_frames_of_the_database(
+    filled: SessionStore, filters: dict[str, object]
+) -> None:
+    record(filled, "open", butler="health", at=T0 + timedelta(days=2))  # completed...
+    filled.create_session(
+        "queued",
+        butler="health",
+        runtime="claude-code",
+        model=None,
+        prompt="waits",
+        context=None,
+        trigger_source="external",
+        created_at=T0 + timedelta(days=5),
+    )  # ... and one still open
+    direct = _frames(filled, cache=False, **filters)
+    first = _frames(filled, cache=True, **filters)  # builds the cache (no filter) or not
+    again = _frames(filled, cache=True, **filters)
+    for got in (first, again):
+        pd.testing.assert_frame_equal(got[0], direct[0])
+        pd.testing.assert_frame_equal(got[1], direct[1])
+
+
+def test_the_cache_serves_what_it_holds_and_reads_only_what_is_new(
+    filled: SessionStore, isolated_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spawnkit.history import store_frames
+
+    monkeypatch.setattr(store_frames, "REWRITE_ROWS", 1)
+    filled.create_session("late", butler="general", runtime="codex", model="gpt-5",
+                          prompt="still running", context=None, trigger_source="external",
+                          created_at=T0 + timedelta(days=4))  # fmt: skip
+    history.sessions(filled, cache=True)
+    folder = next((isolated_home / "history-cache").glob("store-*"))
+    assert (folder / "sessions.arrow").is_file()
+    queries: list[str] = []
+    real_query = store_frames.query
+
+    def counted(path: Path, sql: str, params: object = ()) -> object:
+        queries.append(sql)
+        return real_query(path, sql, params)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_frames, "query", counted)
+    # The open session completes, a new one arrives: both come from the database, once.
+    filled.complete_session("late", SpawnerResult(output="x", success=True, session_id="late",
+                                                  status="success"))  # fmt: skip
+    record(filled, "e", butler="health", at=T0 + timedelta(days=6))
+    frame = history.sessions(filled, cache=True)
+    assert list(frame["session_id"]) == ["a", "b", "c", "d", "late", "e"]
+    assert frame.set_index("session_id").loc["late", "status"] == "success"
+    assert len(queries) == 1 and "rowid > ?" in queries[0]
+    assert "WHERE rowid > ? OR rowid IN (?)" in queries[0]
+
+
+def test_a_change_to_completed_history_makes_the_cache_stale(filled: SessionStore) -> None:
+    history.sessions(filled, cache=True)
+    history.tool_calls(filled, cache=True)
+    conn = sqlite3.connect(filled.path)
+    with conn:
+        conn.execute("UPDATE sessions SET butler = 'renamed' WHERE id = 'a'")
+        conn.execute("DELETE FROM tool_calls WHERE session_id = 'c'")
+    conn.close()
+    assert history.sessions(filled, cache=True).loc[0, "butler"] == "renamed"
+    assert "c" not in set(history.tool_calls(filled, cache=True)["session_id"])
+    # A store deleted and made again at the same path is another store.
+    filled.close()
+    filled.path.unlink()
+    for suffix in ("-wal", "-shm"):
+        filled.path.with_name(filled.path.name + suffix).unlink(missing_ok=True)
+    with SessionStore(filled.path) as fresh:
+        record(fresh, "z", butler="health")
+        assert list(history.sessions(fresh, cache=True)["session_id"]) == ["z"]
+
+
+def test_a_store_is_migrated_to_schema_4_with_its_history_untouched(tmp_path: Path) -> None:
+    from spawnkit.store import SCHEMA_VERSION
+
+    path = tmp_path / "old.db"
+    with SessionStore(path) as store:
+        record(store, "a", butler="health")
+    conn = sqlite3.connect(path)
+    for name in ("history_epoch", "history_files", "history_lines", "history_usage"):
+        conn.execute(f"DROP TABLE {name}")
+    conn.execute("PRAGMA user_version = 3")
+    conn.commit()
+    conn.close()
+    assert len(history.sessions(path, cache=True)) == 1  # read-only: works unmigrated
+    with SessionStore(path):
+        pass
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    triggers = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='trigger'")}
+    conn.close()
+    assert {"history_epoch_session_update", "history_epoch_call_delete"} <= triggers
+    assert list(history.sessions(path, cache=True)["session_id"]) == ["a"]
+
+
+def test_sessions_are_found_by_id_prefix_whatever_their_age(store: SessionStore) -> None:
+    for i in range(30):
+        record(store, f"{i:04d}-x", butler="health", at=T0 + timedelta(minutes=i), calls=0)
+    assert [r.id for r in store.sessions_with_prefix("0000")] == ["0000-x"]
+    assert len(store.sessions_with_prefix("00", limit=2)) == 2
+    assert store.sessions_with_prefix("9") == [] and store.sessions_with_prefix("") == []

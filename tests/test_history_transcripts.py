@@ -171,7 +171,9 @@ def test_duplicated_lines_replays_and_filters(tmp_path: Path) -> None:
         line("s1", "m7", "r7", t(9), isSidechain=True, usage=usage(2)),
         line("s1", "m7", "r8", t(9), isSidechain=True, usage=usage(4)),
     ])  # fmt: skip
-    write(tmp_path, "p/s2.jsonl", [line("s2", "m1", "r1", t(0))])  # same ids, other session
+    # The same message id under another request: another response (the same message and
+    # request ids in another session are one response: tests/test_history_rules.py).
+    write(tmp_path, "p/s2.jsonl", [line("s2", "m1", "r1-other", t(0))])
     # A final line cut short by a killed CLI.
     path = write(tmp_path, "p/s3.jsonl", [line("s3", "m9", "r9", t(0))])
     with path.open("a") as fh:
@@ -186,9 +188,9 @@ def test_duplicated_lines_replays_and_filters(tmp_path: Path) -> None:
     assert s.loc["s1", "models"] == ["claude-haiku-4-5"]
     assert int(s.loc["s2", "total_tokens"]) == 15
     files = loaded.files.set_index(loaded.files["path"].map(lambda p: Path(p).name))
-    # The unparseable timestamp is found after parsing: counted, without a line number.
+    # The unparseable timestamp is found after parsing, and located all the same.
     assert files.loc["s1.jsonl", "bad_lines"] == 4
-    assert list(files.loc["s1.jsonl", "bad_line_numbers"]) == [10, 11, 12]
+    assert list(files.loc["s1.jsonl", "bad_line_numbers"]) == [10, 11, 12, 13]
     assert files.loc["s3.jsonl", "bad_lines"] == 1 and loaded.stats.bad_lines == 5
     assert int(s.loc["s1", "bad_lines"]) == 4
 
@@ -217,7 +219,7 @@ def test_daily_splits_a_session_across_midnight(tmp_path: Path) -> None:
 def test_unknown_source_and_missing_folder() -> None:
     with pytest.raises(HistoryError, match="unknown transcript source"):
         transcripts("cursor", FIXTURES)  # type: ignore[arg-type]
-    with pytest.raises(HistoryError, match="no claude transcripts folder"):
+    with pytest.raises(HistoryError, match="no claude-code transcripts folder"):
         transcripts("claude", FIXTURES / "nowhere")
 
 
@@ -269,7 +271,7 @@ def test_a_damaged_cache_is_rebuilt_not_trusted(tmp_path: Path) -> None:
     root = tmp_path / "claude"
     shutil.copytree(FIXTURES / "claude", root)
     first = transcripts("claude", root)
-    folder = cache_dir("claude", root)
+    folder = cache_dir("claude-code", root)
     (folder / "usage.arrow").write_bytes(b"not arrow")
     rebuilt = transcripts("claude", root)
     assert rebuilt.stats.parsed == 3
@@ -279,14 +281,45 @@ def test_a_damaged_cache_is_rebuilt_not_trusted(tmp_path: Path) -> None:
 
 def test_without_cache_nothing_is_written(tmp_path: Path) -> None:
     transcripts("claude", FIXTURES / "claude", cache=False)
-    assert not cache_dir("claude", FIXTURES / "claude").exists()
+    assert not cache_dir("claude-code", FIXTURES / "claude").exists()
 
 
-def test_worker_processes_give_the_same_frames(tmp_path: Path) -> None:
+def test_worker_processes_give_the_same_frames_and_never_fork_this_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gen_transcripts.generate(tmp_path / "corpus", 4, seed=3)
     serial = transcripts("claude", tmp_path / "corpus", cache=False, workers=1)
+
+    def no_fork() -> int:
+        # What a kernel with a huge virtual size gets (docs/history.md): workers must come
+        # from elsewhere.
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(os, "fork", no_fork)
     parallel = transcripts("claude", tmp_path / "corpus", cache=False, workers=2)
     assert len(serial.files) >= 4 and serial.stats.bad_lines == parallel.stats.bad_lines
     pd.testing.assert_frame_equal(serial.sessions, parallel.sessions)
     pd.testing.assert_frame_equal(serial.tool_calls, parallel.tool_calls)
     pd.testing.assert_frame_equal(serial.usage, parallel.usage)
+
+
+def test_default_folders_are_the_users_and_spawnkits_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated_home: Path
+) -> None:
+    home = tmp_path / "home"
+    shutil.copytree(FIXTURES / "claude", home / ".claude")
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("CLAUDE_CONFIG_DIR", "CODEX_HOME", "GEMINI_CLI_HOME", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    runs = isolated_home / "runtimes"
+    write(
+        runs / "claude-code", "-work/run.jsonl", [line("run", "m", "r", "2026-10-01T10:00:00.000Z")]
+    )
+    shutil.copytree(FIXTURES / "codex" / "sessions", runs / "codex" / "sessions")
+    shutil.copytree(FIXTURES / "gemini" / "tmp", runs / "gemini" / "tmp")
+    claude = transcripts("claude-code", cache=False)
+    assert claude.roots == (home / ".claude", runs / "claude-code")
+    assert "run" in set(claude.sessions["session_id"]) and len(claude.sessions) == 3
+    # No ~/.codex or ~/.gemini: spawnkit's runs alone.
+    assert transcripts("codex", cache=False).roots == (runs / "codex",)
+    assert len(transcripts("gemini", cache=False).sessions) == 1

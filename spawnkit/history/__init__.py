@@ -3,15 +3,21 @@
 ``sessions()``, ``tool_calls()`` and ``usage()`` read spawnkit's session store;
 ``transcripts(source)`` reads what Claude Code, Codex or Gemini CLI wrote themselves, with an
 incremental cache, deduplication as ccusage does it, and costs from an offline pricing table
-(``default_pricing()``, replaceable). See docs/history.md.
+(``default_pricing()``, replaceable); ``import_history()`` copies those transcripts into the
+store so they outlive the CLIs' clean-ups, and ``export()`` writes everything as Parquet
+files DuckDB reads. See docs/history.md.
 """
 
 from . import report
-from .errors import HistoryError
+from .errors import HistoryError, UnpricedModelWarning
+from .export import export, export_sources
+from .imported import ImportReport, import_history
 from .pricing import ModelPrice, PricingTable, default_pricing
 from .store_frames import sessions, tool_calls, usage
 from .transcript_loader import (
+    EVENT_COLUMNS,
     SESSION_COLUMNS,
+    SOURCES,
     TOOL_CALL_COLUMNS,
     LoadStats,
     Transcripts,
@@ -19,14 +25,21 @@ from .transcript_loader import (
 )
 
 __all__ = [
+    "EVENT_COLUMNS",
     "SESSION_COLUMNS",
+    "SOURCES",
     "TOOL_CALL_COLUMNS",
     "HistoryError",
+    "ImportReport",
     "LoadStats",
     "ModelPrice",
     "PricingTable",
     "Transcripts",
+    "UnpricedModelWarning",
     "default_pricing",
+    "export",
+    "export_sources",
+    "import_history",
     "report",
     "sessions",
     "tool_calls",

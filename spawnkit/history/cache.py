@@ -2,12 +2,12 @@
 
 A load stats every file, reuses the cached rows of files whose size and modification time
 are unchanged, parses only the files that are new, grew or changed, and writes the merged
-rows back (on a thread, while the frames are built). The rows live in four Arrow IPC files
-(usage, calls, results, files) under
+rows back (on a thread, while the frames are built). The rows live in five Arrow IPC files
+(usage, calls, results, events, files) under
 ``$SPAWNKIT_HOME/history-cache/<source>-<hash of the root>/``; they are memory-mapped on
 read, so a warm load of a large history costs little more than the stats.
 
-Each file is written to a temporary name and renamed into place, and all four carry the same
+Each file is written to a temporary name and renamed into place, and all five carry the same
 generation token in their schema metadata: a set whose tokens disagree (two writers raced,
 or a write was interrupted) or whose format version is old is ignored and rebuilt, never
 trusted. The cache only holds previews of tool inputs and outputs (see
@@ -31,8 +31,8 @@ import pyarrow.compute as pc
 from ..home import spawnkit_home
 from .rows import RowTables
 
-FORMAT = b"spawnkit-history-cache-2"
-_KINDS = ("usage", "calls", "results", "files")
+FORMAT = b"spawnkit-history-cache-3"
+_KINDS = RowTables.KINDS
 log = logging.getLogger(__name__)
 
 

@@ -5,16 +5,23 @@ Claude Code writes one JSON object a line. An API response is split over several
 ``requestId`` and usage (older versions wrote a partial ``output_tokens`` on the first
 lines). Subagents write side-chain files under ``<session>/subagents/``; they count towards
 the parent session. This module only turns lines into rows, one usage row per line that
-carries usage; deduplication needs every file of a session and lives in
-:mod:`spawnkit.history.frames`.
+carries usage; deduplication needs every file and lives in :mod:`spawnkit.history.frames`.
+
+Besides usage and tool calls, a line may say who spent the tokens (``agentId``,
+``attributionAgent``, ``attributionSkill``, ``attributionPlugin``), how (``service_tier``,
+``stop_reason``, ``server_tool_use`` web searches and fetches, thinking tokens in
+``output_tokens_details``), what the session is (``gitBranch``, ``entrypoint``, ``version``,
+``permissionMode``; its title from ``summary``, ``ai-title`` or ``custom-title`` lines) and
+what went wrong or took time (API error lines, 429s included; ``turn_duration`` and
+``compact_boundary`` system lines): all of it is kept, as columns or event rows.
 
 Lines are decoded with msgspec into structs that name only the fields used, so the large
 fields (tool outputs, attachments, file snapshots) are skipped without being materialised.
 A line that is not JSON, or whose fields have the wrong types, is counted in the file's
-``bad_lines``. Lines with usage are kept or dropped by the rules ccusage applies, so totals
-can be compared with it: a ``version`` that is not a semantic version, an empty
-``sessionId``, ``requestId``, ``message.id`` or ``model``, or an explicit ``null`` in one of
-those fields (or in the cache token counts) drops the line.
+``bad_lines`` with its number. Lines with usage are kept or dropped by the rules ccusage
+applies, so totals can be compared with it: a ``version`` that is not a semantic version,
+an empty ``sessionId``, ``requestId``, ``message.id`` or ``model``, or an explicit ``null``
+in one of those fields (or in the cache token counts) drops the line.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from .rows import INPUT_PREVIEW, OUTPUT_PREVIEW, PROMPT_PREVIEW, FileFacts, Rows
 
 _SEMVER = re.compile(r"\d+\.\d+\.\d")
 _TOOL_USE = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
+_TITLES = {"custom-title": 3, "ai-title": 2, "summary": 1}
 SYNTHETIC_MODEL = "<synthetic>"
 # Defaults that tell an absent field from an explicit null (None) without isinstance checks.
 ABSENT = "\x00absent"
@@ -41,6 +49,15 @@ class _CacheCreation(Struct, gc=False):
     ephemeral_1h_input_tokens: int = 0
 
 
+class _ServerTools(Struct, gc=False):
+    web_search_requests: int | None = None
+    web_fetch_requests: int | None = None
+
+
+class _OutputDetails(Struct, gc=False):
+    thinking_tokens: int | None = None
+
+
 class _Usage(Struct, gc=False):
     input_tokens: int = 0
     output_tokens: int = 0
@@ -48,6 +65,9 @@ class _Usage(Struct, gc=False):
     cache_read_input_tokens: int | None = ABSENT_INT
     cache_creation: _CacheCreation | None = None
     speed: str | None = ABSENT
+    service_tier: str | None = None
+    server_tool_use: _ServerTools | None = None
+    output_tokens_details: _OutputDetails | None = None
 
 
 class _Block(Struct, gc=False):
@@ -65,10 +85,17 @@ class _Message(Struct, gc=False):
     model: str | None = ABSENT
     usage: _Usage | None = None
     content: str | list[_Block] | None = None
+    stop_reason: str | None = None
+
+
+class _Compaction(Struct, rename="camel", gc=False):
+    trigger: str | None = None
+    pre_tokens: int | None = None
 
 
 class _Line(Struct, rename="camel", gc=False):
     type: str | None = None
+    subtype: str | None = None
     timestamp: str | None = None
     session_id: str | None = ABSENT
     request_id: str | None = ABSENT
@@ -76,12 +103,48 @@ class _Line(Struct, rename="camel", gc=False):
     is_meta: bool | None = None
     version: str | None = ABSENT
     cwd: str | None = None
+    git_branch: str | None = None
+    entrypoint: str | None = None
+    permission_mode: str | None = None
+    agent_id: str | None = None
+    attribution_agent: str | None = None
+    attribution_skill: str | None = None
+    attribution_plugin: str | None = None
     message: _Message | None = None
     cost_usd: float | None = msgspec.field(default=ABSENT_FLOAT, name="costUSD")
     total_cost_usd: float | None = msgspec.field(default=None, name="totalCostUSD")
+    is_api_error_message: bool | None = None
+    api_error_status: int | None = None
+    error: Raw = Raw()
+    duration_ms: float | None = None
+    compact_metadata: _Compaction | None = None
+    summary: str | None = None
+    custom_title: str | None = None
+    ai_title: str | None = None
+    data: Raw = Raw()
+
+
+class _StreamedMessage(Struct, rename="camel", gc=False):
+    type: str | None = None
+    timestamp: str | None = None
+    request_id: str | None = ABSENT
+    message: _Message | None = None
+
+
+class _Progress(Struct, rename="camel", gc=False):
+    type: str | None = None
+    agent_id: str | None = None
+    message: _StreamedMessage | None = None
+
+
+class _ErrorDetail(Struct, gc=False):
+    status: int | None = None
+    type: str | None = None
 
 
 _decode = msgspec.json.Decoder(_Line).decode
+_decode_progress = msgspec.json.Decoder(_Progress).decode
+_decode_error = msgspec.json.Decoder(_ErrorDetail | str | None).decode
 
 
 def session_parts(path: Path) -> tuple[str, str]:
@@ -104,6 +167,63 @@ def session_parts(path: Path) -> tuple[str, str]:
     return session, "/".join(rel[:-2]) if len(rel) > 2 else "Unknown Project"
 
 
+def _meta_line(line: _Line, number: int, facts: FileFacts, rows: Rows) -> None:
+    """A line without a message: cost, title, mode, errors, durations and compactions."""
+    kind = line.type
+    if kind == "cost-state":
+        if line.total_cost_usd is not None:
+            facts.reported_cost = line.total_cost_usd
+    elif kind in _TITLES:
+        facts.set_title(line.custom_title or line.ai_title or line.summary, _TITLES[kind])
+    elif kind == "permission-mode" and line.permission_mode:
+        facts.permission_mode = line.permission_mode
+    elif kind == "system" and line.timestamp:
+        ts = line.timestamp
+        sub = line.subtype
+        if sub == "api_error":
+            status, detail = _error(line.error)
+            rows.events.append((number, facts.session_id, ts, "api_error", status, detail))
+        elif sub == "turn_duration" and line.duration_ms is not None:
+            rows.events.append((number, facts.session_id, ts, "turn_duration", line.duration_ms,
+                                None))  # fmt: skip
+        elif sub == "compact_boundary":
+            meta = line.compact_metadata
+            before = meta.pre_tokens if meta is not None else None
+            trigger = meta.trigger if meta is not None else None
+            rows.events.append((number, facts.session_id, ts, "compaction",
+                                None if before is None else float(before), trigger))  # fmt: skip
+
+
+def _agent_response(raw: Raw) -> tuple[_Message, str | None, str | None, str | None] | None:
+    """``(message, timestamp, request id, agent id)`` of an ``agent_progress`` line's
+    response, or None when it holds none (its prompt, a tool result, an odd shape)."""
+    try:
+        progress = _decode_progress(raw)
+    except msgspec.DecodeError:
+        return None
+    streamed = progress.message
+    if progress.type != "agent_progress" or streamed is None or streamed.type != "assistant":
+        return None
+    if streamed.message is None or streamed.message.usage is None:
+        return None
+    return streamed.message, streamed.timestamp, streamed.request_id, progress.agent_id
+
+
+def _error(raw: Raw) -> tuple[float | None, str | None]:
+    """``(HTTP status, kind)`` of an ``error`` field: a string or an object with a status."""
+    if not raw:
+        return None, None
+    try:
+        value = _decode_error(raw)
+    except msgspec.DecodeError:
+        return None, None
+    if isinstance(value, str):
+        return None, value
+    if value is None:
+        return None, None
+    return (None if value.status is None else float(value.status)), value.type
+
+
 def parse_claude_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
     """Append the rows of one transcript file to ``rows`` and fill in ``facts``.
 
@@ -111,7 +231,12 @@ def parse_claude_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
     explicit nulls by sentinel defaults, and ccusage's filter is written out inline.
     """
     session = facts.session_id
-    usage_rows, call_rows, result_rows = rows.usage, rows.calls, rows.results
+    usage_rows, call_rows, result_rows, event_rows = (
+        rows.usage,
+        rows.calls,
+        rows.results,
+        rows.events,
+    )
     decode, error, tool_use = _decode, msgspec.DecodeError, _TOOL_USE
     first = last = None
     semver_ok: dict[str, bool] = {}
@@ -124,7 +249,7 @@ def parse_claude_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
         number += 1
         raw = view[start:end]  # a view: decoding needs no copy of the line
         blank = end - start < 8 and not data[start:end].strip()
-        start = end + 1
+        line_start, start = start, end + 1
         if blank:
             continue
         lines += 1
@@ -134,11 +259,22 @@ def parse_claude_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
             facts.bad(number)
             continue
         message = line.message
-        if message is None:
-            if line.type == "cost-state" and line.total_cost_usd is not None:
-                facts.reported_cost = line.total_cost_usd
-            continue
         ts = line.timestamp
+        sidechain = line.is_sidechain is True
+        rid, agent = line.request_id, line.agent_id
+        if message is None:
+            if line.type != "progress":
+                _meta_line(line, number, facts, rows)
+                continue
+            if find(b'"agent_progress"', line_start, end) < 0:
+                continue  # progress of a hook or a command: no usage
+            # A sub-agent's response, streamed into the parent's transcript (Claude Code 2.1
+            # writes it there as well as, or instead of, the sub-agent's own file).
+            nested = _agent_response(line.data)
+            if nested is None:
+                continue
+            message, ts, rid, agent = nested
+            sidechain = True
         if ts is None or len(ts) < 19 or ts[10] != "T":
             if line.type in ("user", "assistant"):
                 facts.bad(number)  # a conversation line that cannot be placed in time
@@ -147,6 +283,8 @@ def parse_claude_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
             first = ts
         if last is None or ts > last:
             last = ts
+        if line.permission_mode is not None:
+            facts.permission_mode = line.permission_mode
         content = message.content
         usage = message.usage
         if usage is None:
@@ -155,27 +293,33 @@ def parse_claude_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
                     for block in content:
                         if block.type == "tool_result" and block.tool_use_id:
                             out = memoryview(block.content)[: OUTPUT_PREVIEW * 4].tobytes()
-                            result_rows.append((session, block.tool_use_id, ts, block.is_error,
-                                                _text(out, OUTPUT_PREVIEW)))  # fmt: skip
+                            text = _text(out, OUTPUT_PREVIEW)
+                            result_rows.append(
+                                (number, session, block.tool_use_id, ts, block.is_error, text)
+                            )
                 elif facts.first_prompt is None and type(content) is str and not line.is_meta:
                     facts.first_prompt = content[:PROMPT_PREVIEW]
                 if facts.cwd is None:
                     facts.cwd = line.cwd
                     facts.version = line.version if line.version is not ABSENT else None
+                    facts.git_branch = line.git_branch or None
+                    facts.entrypoint = line.entrypoint
             continue
-        sidechain = line.is_sidechain is True
         model = message.model
+        if line.is_api_error_message:
+            code = line.api_error_status
+            status = None if code is None else float(code)
+            event_rows.append((number, session, ts, "api_error", status, _error(line.error)[1]))
         if type(content) is list:
             for block in content:
                 if block.type in tool_use and block.id:
                     args = memoryview(block.input)[: INPUT_PREVIEW * 4].tobytes()
                     known = model if model is not ABSENT else None
                     preview = _text(args, INPUT_PREVIEW)
-                    call_rows.append(
-                        (session, block.id, block.name or "", preview, ts, known, sidechain)
-                    )
+                    call_rows.append((number, session, block.id, block.name or "", preview, ts,
+                                      known, sidechain, agent))  # fmt: skip
         # ccusage's filter: an explicit null or an empty identifier drops the line.
-        sid, rid, mid, version = line.session_id, line.request_id, message.id, line.version
+        sid, mid, version = line.session_id, message.id, line.version
         write, read = usage.cache_creation_input_tokens, usage.cache_read_input_tokens
         if (
             sid is None or rid is None or mid is None or model is None or version is None
@@ -199,10 +343,21 @@ def parse_claude_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
         else:
             write_5m, write_1h = (write if write > 0 else 0), 0
         cost = line.cost_usd
+        details = usage.output_tokens_details
+        thinking = details.thinking_tokens if details is not None else None
+        output = usage.output_tokens
+        if thinking:  # Claude counts thinking inside output_tokens: kept apart here
+            thinking = min(thinking, output)
+            output -= thinking
+        tools = usage.server_tool_use
         usage_rows.append((
-            session, None if mid is ABSENT else mid, None if rid is ABSENT else rid, ts, name,
-            usage.input_tokens, usage.output_tokens, write_5m, write_1h,
-            read if read > 0 else 0, sidechain, None if cost == ABSENT_FLOAT else cost,
+            number, session, None if mid is ABSENT else mid, None if rid is ABSENT else rid, ts,
+            name, usage.input_tokens, output, write_5m, write_1h, read if read > 0 else 0,
+            thinking, None, sidechain, None if cost == ABSENT_FLOAT else cost, agent,
+            line.attribution_agent, line.attribution_skill, line.attribution_plugin,
+            usage.service_tier, message.stop_reason,
+            tools.web_search_requests if tools is not None else None,
+            tools.web_fetch_requests if tools is not None else None,
         ))  # fmt: skip
     facts.lines += lines
     facts.seen(first)

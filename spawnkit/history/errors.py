@@ -12,3 +12,7 @@ from ..errors import SpawnkitError
 
 class HistoryError(SpawnkitError):
     """An unknown source, a missing folder or store, or an unreadable pricing table."""
+
+
+class UnpricedModelWarning(UserWarning):
+    """A model the pricing table cannot price, even by family; warned once per model."""

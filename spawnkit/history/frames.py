@@ -1,27 +1,37 @@
 """From parsed rows to the pandas frames users see: deduplicate, price, aggregate.
 
-Deduplication follows Claude Code's traps as ccusage resolves them, so totals agree with it
+Deduplication follows the CLIs' traps as ccusage resolves them, so totals agree with it
 to the token:
 
-1. rows with the same session, ``message.id`` and ``requestId`` are one API response; the
-   one kept is a main-chain row before a side-chain row, then the most complete usage (the
-   largest token total), then the first seen (files in path order, lines in file order);
-2. a side-chain row with the same session and ``message.id`` as a row kept in step 1 is a
-   replay of it (``/btw`` side chains replay parent responses under new request ids) and is
-   dropped; of several side-chain replays without a main-chain row, the most complete is kept.
+1. rows with the same ``message.id`` and ``requestId`` are one API response, whatever file
+   or session they were written in (Claude Code writes one response under several session
+   files when a session is resumed, forked or continued in a side chain; a row without a
+   ``requestId`` is matched within its session only); the one kept is a
+   main-chain row before a side-chain row, then the most complete usage (the largest token
+   total), then the first seen (files in path order, lines in file order). The response
+   counts for the session of the row kept, so attribution is deterministic;
+2. a side-chain row with the same ``message.id`` as a row kept in step 1 is a replay of it
+   (``/btw`` side chains replay parent responses under new request ids) and is dropped; of
+   several side-chain replays without a main-chain row, the most complete is kept.
+
+Codex rows are keyed by timestamp, model and counts (their ``message_id``) and Gemini rows by
+message id within their session, so the same two rules drop a Codex event copied into a
+forked file and a Gemini message stored twice.
 
 ccusage 20.0.24 applies rule 2 in its ``daily`` report; its ``session`` report still requires
 the replay's timestamp to equal the kept row's, so a replayed multi-line response whose lines
 got distinct request ids is counted more than once there (see docs/history.md).
 
 Rows without a message id are never merged. Costs come from the runtime when it reported one
-(``cost_source`` "reported"), else from the pricing table ("computed"); tokens of a model the
-table does not know are counted but not priced ("unpriced" rows; a session with some is
-"partial").
+(``cost_source`` "reported"), else from the pricing table ("computed"; ``cost_estimated`` when
+the price is that of another model of the family, see :mod:`~spawnkit.history.pricing`);
+tokens of a model the table cannot price at all are counted but not priced ("unpriced" rows;
+a session with some is "partial"), and each such model is warned about once.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -30,10 +40,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .errors import UnpricedModelWarning
 from .pricing import PricingTable
 from .rows import Column
 
-TOKEN_COLUMNS = ["input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens"]
+TOKEN_COLUMNS = ["input_tokens", "output_tokens", "thinking_tokens", "cache_write_tokens",
+                 "cache_read_tokens"]  # fmt: skip
+_RAW_TOKENS = ("input_tokens", "output_tokens", "cache_write_5m", "cache_write_1h",
+               "cache_read_tokens", "thinking_tokens")  # fmt: skip
+_WARNED: set[str] = set()  # models already warned about in this process
 
 
 def codes(column: Column) -> npt.NDArray[np.int64]:
@@ -74,51 +89,89 @@ def deduplicate(usage: pa.Table) -> npt.NDArray[np.int64]:
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     total = np.zeros(n, dtype=np.int64)
-    for column in ("input_tokens", "output_tokens", "cache_write_5m", "cache_write_1h",
-                   "cache_read_tokens"):  # fmt: skip
-        total += usage[column].to_numpy()  # parsers never leave token counts null
+    for column in _RAW_TOKENS:
+        counts: Column = pc.fill_null(usage[column], pa.scalar(0, pa.int64()))
+        total += counts.to_numpy()
     sidechain = usage["is_sidechain"].to_numpy(zero_copy_only=False).astype(bool)
     has_id = np.asarray(pc.is_valid(usage["message_id"]), dtype=bool)
-    session, message, request = (
-        codes(usage[c]) for c in ("session_id", "message_id", "request_id")
-    )
+    # Without a request id a response is only known within its session (as in ccusage's
+    # session report): its key is the session instead.
+    has_request = np.asarray(pc.is_valid(usage["request_id"]), dtype=bool)
+    request_key = pc.if_else(has_request, usage["request_id"], usage["session_id"])
+    message, request = codes(usage["message_id"]), codes(request_key)
+    # Replays (rule 2) are matched across sessions too, unless there is no request id.
+    scope = np.where(has_request, 0, codes(usage["session_id"]) + 1)
     # Best first: main chain, then the largest total, then the first seen.
     order = np.lexsort((np.arange(n), -total, sidechain))
     order = order[has_id[order]]
-    order = order[first_of([session, message, request], order)]
+    order = order[first_of([message, request], order)]
     # Main-chain rows sort first, so a side-chain row is a replay if anything precedes it.
-    replay = sidechain[order] & ~first_of([session, message], order)
+    replay = sidechain[order] & ~first_of([message, scope], order)
     kept = np.concatenate([order[~replay], np.flatnonzero(~has_id)])
     kept.sort()
     return kept
 
 
-def price(usage: pd.DataFrame, pricing: PricingTable) -> pd.DataFrame:
-    """Add ``cost_usd`` and ``cost_source`` to deduplicated usage rows."""
+def price(
+    usage: pd.DataFrame, pricing: PricingTable, default_model: str | None = None
+) -> pd.DataFrame:
+    """Add ``cost_usd``, ``cost_source`` and ``cost_estimated`` to deduplicated usage rows.
+
+    Thinking tokens are billed as output. Rows without a model are priced as
+    ``default_model`` when one is given, as an estimate.
+    """
     cost = np.full(len(usage), np.nan)
     source = np.full(len(usage), "unpriced", dtype=object)
-    models = usage["model"]
-    for model in models.dropna().unique():
-        prices = pricing.lookup(str(model))
+    estimated = np.zeros(len(usage), dtype=bool)
+    codes, names = pd.factorize(usage["model"], use_na_sentinel=True)
+    models = [str(m) for m in names]
+    if default_model is not None and (codes < 0).any():
+        codes = np.where(codes < 0, len(models), codes)
+        models.append("\x00" + default_model)  # marked: priced as an estimate
+    unknown = []
+    for code, model in enumerate(models):
+        name = model.removeprefix("\x00")
+        prices, guess = pricing.resolve(name)
+        guess = guess or name != model
         if prices is None:
+            unknown.append((code, name))
             continue
-        mask = (models == model).to_numpy()
+        mask = codes == code
         part = usage[mask]
+        output = part["output_tokens"].to_numpy() + part["thinking_tokens"].fillna(0).to_numpy()
         cost[mask] = prices.cost(
-            part["input_tokens"].to_numpy(), part["output_tokens"].to_numpy(),
+            part["input_tokens"].to_numpy(), output,
             part["cache_write_5m"].to_numpy(), part["cache_write_1h"].to_numpy(),
             part["cache_read_tokens"].to_numpy(),
         )  # fmt: skip
         source[mask] = "computed"
-    zero = (usage[["input_tokens", "output_tokens", "cache_write_5m", "cache_write_1h",
-                   "cache_read_tokens"]].sum(axis=1) == 0).to_numpy()  # fmt: skip
+        estimated[mask] = guess
+    zero = (usage[list(_RAW_TOKENS)].fillna(0).sum(axis=1) == 0).to_numpy()
     unpriced = np.isnan(cost) & zero  # nothing used, nothing to price (<synthetic> errors)
     cost[unpriced] = 0.0
     source[unpriced] = "computed"
     reported = usage["reported_cost"].notna().to_numpy()
     cost[reported] = usage["reported_cost"].to_numpy()[reported]
     source[reported] = "reported"
-    return usage.assign(cost_usd=cost, cost_source=pd.Categorical(source, categories=COST_SOURCES))
+    estimated[reported] = False
+    warn_unpriced(name for code, name in unknown if np.isnan(cost[codes == code]).any())
+    return usage.assign(
+        cost_usd=cost,
+        cost_source=pd.Categorical(source, categories=COST_SOURCES),
+        cost_estimated=pd.array(estimated, dtype="boolean"),
+    )
+
+
+def warn_unpriced(models: Any) -> None:
+    """Warn once per process about each model whose tokens cannot be priced at all."""
+    for model in sorted(set(models) - _WARNED):
+        _WARNED.add(model)
+        warnings.warn(
+            f"no price for model {model!r}: its tokens are counted, not priced "
+            "(add it with PricingTable.with_prices)",
+            UnpricedModelWarning,
+            stacklevel=5,  # the caller of transcripts()
+        )
 
 
 COST_SOURCES = ["reported", "computed", "mixed", "partial", "unpriced"]
@@ -179,8 +232,12 @@ def as_int(frame: pd.DataFrame, *columns: str) -> None:
         frame[column] = frame[column].astype("Int64")
 
 
-def arrow_frame(table: pa.Table) -> pd.DataFrame:
-    """A pandas frame of an Arrow table with numpy-backed numbers and nullable booleans."""
+def arrow_frame(table: pa.Table, categories: tuple[str, ...] = ()) -> pd.DataFrame:
+    """A pandas frame of an Arrow table with numpy-backed numbers and nullable booleans;
+    ``categories`` become ``category`` columns, encoded by Arrow (faster than pandas)."""
+    for name in categories:
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, name, pc.dictionary_encode(table[name]))
     return table.to_pandas(
         types_mapper={pa.bool_(): pd.BooleanDtype(), pa.int64(): pd.Int64Dtype()}.get,
         split_blocks=True,

@@ -1,15 +1,20 @@
-"""Gemini CLI transcripts: ``$GEMINI_CLI_HOME/.gemini/tmp/<project>/chats/session-*`` into rows.
+"""Gemini CLI transcripts: every ``.json``/``.jsonl`` chat under ``$GEMINI_CLI_HOME/.gemini/tmp``.
 
-Gemini CLI 0.61 writes JSON lines: a header (``sessionId``, ``startTime``, ``kind``),
-message records (``id``, ``timestamp``, ``type`` "user" | "gemini" | "info" | "error",
-``tokens``, ``model``, ``toolCalls``) and ``{"$set": {...}}`` updates, where a ``messages``
-key replaces the whole list. A message is written again when it gains its tool calls, so
-records are merged by ``id``, the last one winning. Older versions wrote one JSON document
-``session-*.json`` with a ``messages`` array; both are read.
+Gemini CLI 0.61 writes JSON lines: a header (``sessionId``, ``startTime``, ``kind`` "main"
+or a sub-agent's kind, sometimes a ``summary``), message records (``id``, ``timestamp``,
+``type`` "user" | "gemini" | "info" | "error", ``tokens``, ``model``, ``toolCalls``) and
+``{"$set": {...}}`` updates, where a ``messages`` key replaces the whole list. A message is
+written again when it gains its tool calls, so records are merged by ``id``, the last one
+winning. Older versions wrote one JSON document with a ``messages`` array. Chats are usually
+``tmp/<project>/chats/session-*``, but installs keep other chat files under ``tmp/`` too, so
+every ``.json`` and ``.jsonl`` there is read; a file that holds no chat (a ``logs.json`` of
+prompts, a ``/chat save`` checkpoint, which are JSON lists) is skipped, and the load report
+(``files.skip_reason``) says why.
 
-Gemini's ``tokens.input`` includes the cached tokens: rows split it into ``input_tokens``
-(uncached, plus ``tool`` prompt tokens) and ``cache_read_tokens``. Thinking tokens are
-billed as output and are added to ``output_tokens``.
+Gemini's ``tokens.input`` includes the cached tokens and excludes the tool-use prompt: rows
+split it into ``input_tokens`` (uncached, plus the ``tool`` prompt tokens, also kept as
+``tool_prompt_tokens``) and ``cache_read_tokens``. Thinking tokens (``thoughts``) are billed
+as output but kept apart, in ``thinking_tokens``; ``output_tokens`` is the answer alone.
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ class _Record(_Message, rename="camel"):
     session_id: str | None = None
     start_time: str | None = None
     last_updated: str | None = None
+    kind: str | None = None
+    summary: str | None = None
     messages: list[_Message] | None = None
     set: dict[str, Any] | None = msgspec.field(default=None, name="$set")
 
@@ -75,24 +82,38 @@ def default_roots() -> list[Path]:
     return [base / ".gemini"]
 
 
+def _chats_folder(root: Path) -> Path:
+    return root / "tmp" if (root / "tmp").is_dir() else root
+
+
 def discover(root: Path) -> list[Path]:
-    tmp = root / "tmp" if (root / "tmp").is_dir() else root
-    return sorted(
-        (p for p in tmp.glob("*/chats/session-*") if p.suffix in (".json", ".jsonl")), key=str
-    )
+    """Every ``.json`` and ``.jsonl`` under ``root/tmp`` (or ``root``), sorted by path."""
+    tmp = _chats_folder(root)
+    return sorted((p for p in tmp.rglob("*.json*") if p.suffix in (".json", ".jsonl")), key=str)
 
 
 def identify(path: Path, root: Path) -> tuple[str, str]:
-    """``(session_id, project)``: the file stem until the header names the session."""
-    return path.stem, path.parent.parent.name
+    """``(session_id, project)``: the file stem until the header names the session, and the
+    project folder under ``tmp/``."""
+    tmp = _chats_folder(root)
+    parts = path.relative_to(tmp).parts if path.is_relative_to(tmp) else path.parts
+    return path.stem, parts[0] if len(parts) > 1 else ""
 
 
 def parse_gemini_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
-    messages: dict[str, _Message] = {}
+    head = data.lstrip()[:1]
+    if head == b"[":
+        facts.skip("a JSON list (a log or a saved checkpoint), not a chat session")
+        return
+    if head not in (b"{", b""):
+        facts.skip("not JSON objects")
+        return
+    messages: dict[str, tuple[int, _Message]] = {}
     first = data.lstrip().split(b"\n", 1)[0].strip()
     # A pretty-printed single document (older versions) opens with a lone brace.
     records = [data] if first == b"{" else data.split(b"\n")
     number = 0
+    chat = False
     for raw in records:
         number += 1
         if not raw or raw.isspace():
@@ -105,27 +126,40 @@ def parse_gemini_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
             continue
         if record.session_id:
             facts.session_id = record.session_id
+            chat = True
+        if record.kind:
+            facts.agent_kind = record.kind
+        facts.set_title(record.summary, 1)
         facts.seen(record.start_time)
         if record.messages is not None:  # a whole-document (older) session file
-            messages = {m.id or str(i): m for i, m in enumerate(record.messages)}
-        if record.set is not None and "messages" in record.set:
-            try:
-                listed = _decode_messages(msgspec.json.encode(record.set["messages"]))
-            except msgspec.DecodeError:
-                facts.bad(number)
-                continue
-            messages = {m.id or str(i): m for i, m in enumerate(listed)}
+            chat = True
+            messages = {m.id or str(i): (number, m) for i, m in enumerate(record.messages)}
+        if record.set is not None:
+            if isinstance(record.set.get("summary"), str):
+                facts.set_title(record.set["summary"], 1)
+            if "messages" in record.set:
+                try:
+                    listed = _decode_messages(msgspec.json.encode(record.set["messages"]))
+                except msgspec.DecodeError:
+                    facts.bad(number)
+                    continue
+                messages = {m.id or str(i): (number, m) for i, m in enumerate(listed)}
         if record.id and record.type:
-            messages[record.id] = _Message(
+            chat = True
+            messages[record.id] = (number, _Message(
                 record.id, record.timestamp, record.type, record.content, record.tokens,
                 record.model, record.tool_calls,
-            )  # fmt: skip
+            ))  # fmt: skip
+    if not chat and not facts.bad_lines:
+        facts.skip("no chat session header or messages")
+        return
     _emit(messages, facts, rows)
 
 
-def _emit(messages: dict[str, _Message], facts: FileFacts, rows: Rows) -> None:
+def _emit(messages: dict[str, tuple[int, _Message]], facts: FileFacts, rows: Rows) -> None:
     session = facts.session_id
-    for message in messages.values():
+    sidechain = facts.agent_kind not in (None, "main", "chat")
+    for number, message in messages.values():
         ts = message.timestamp
         if not ts:
             continue
@@ -134,23 +168,31 @@ def _emit(messages: dict[str, _Message], facts: FileFacts, rows: Rows) -> None:
             text = _text(message.content)
             if text and not text.startswith("<"):
                 facts.first_prompt = text[:PROMPT_PREVIEW]
+        elif message.type == "error":
+            rows.events.append((number, session, ts, "api_error", None,
+                                (_text(message.content) or "error")[:OUTPUT_PREVIEW]))  # fmt: skip
         if message.type != "gemini":
             continue
         tokens = message.tokens
         if tokens is not None:
             cached = min(tokens.cached, tokens.input)
-            rows.usage.append((session, message.id, None, ts, message.model,
-                           tokens.input - cached + tokens.tool, tokens.output + tokens.thoughts,
-                           0, 0, cached, False, None))  # fmt: skip
+            # Message ids are unique within a chat: keyed with the session, so that a chat
+            # stored twice (a copy, a checkpoint) counts once.
+            rows.usage.append((number, session, f"{session}/{message.id}", "gemini", ts,
+                               message.model,
+                               tokens.input - cached + tokens.tool, tokens.output, 0, 0, cached,
+                               tokens.thoughts, tokens.tool, sidechain, None, None, None, None,
+                               None, None, None, None, None))  # fmt: skip
         for call in message.tool_calls or ():
             if not call.id:
                 continue
-            rows.calls.append((session, call.id, call.name or "", preview(call.args, INPUT_PREVIEW),
-                          ts, message.model, False))  # fmt: skip
+            rows.calls.append((number, session, call.id, call.name or "",
+                               preview(call.args, INPUT_PREVIEW), ts, message.model, sidechain,
+                               None))  # fmt: skip
             if call.status:
                 output = _output(call.result)
                 failed = call.status in _ERROR_STATUSES or _nonzero_exit(output)
-                rows.results.append((session, call.id, call.timestamp or ts, failed,
+                rows.results.append((number, session, call.id, call.timestamp or ts, failed,
                                      output[:OUTPUT_PREVIEW]))  # fmt: skip
 
 

@@ -12,7 +12,16 @@ the threshold. A user replaces the table with
 fetched from the network.
 
 Model names are matched exactly, then without a date suffix (``claude-sonnet-4-5-20250929``),
-a ``@date`` suffix (Vertex) or a provider prefix (``anthropic/``).
+a ``@date`` suffix (Vertex) or a provider prefix (``anthropic/``). A name still unknown is
+priced as an estimate (:meth:`PricingTable.resolve` says so), the way ccusage falls back:
+
+1. a table name that ends the unknown one (``aide-gpt-5`` is priced as ``gpt-5``);
+2. the same family: vendor and tier (Claude's opus, sonnet or haiku; Gemini's pro, flash or
+   flash-lite; GPT's variant such as ``codex`` or ``mini``), at the nearest version not
+   above the unknown one, else the nearest above (``claude-opus-5`` is priced as the newest
+   opus in the table, ``gemini-3.1-pro-preview`` as ``gemini-3-pro-preview``).
+
+A model that matches neither has no price at all; loads warn once per such model.
 """
 
 from __future__ import annotations
@@ -32,6 +41,18 @@ from .errors import HistoryError
 PER_MILLION = 1_000_000
 _DATE_SUFFIX = re.compile(r"(-\d{8}|@\d{8}|-latest)$")
 _PREFIX = re.compile(r"^(anthropic|openai|google|gemini|vertex_ai|models)/")
+_FAMILIES = (
+    # (pattern, family key built from the groups named tier/variant, version groups)
+    re.compile(
+        r"^claude-(?P<tier>opus|sonnet|haiku)-(?P<major>\d+)(?:[-.](?P<minor>\d{1,2}))?(?!\d)"
+    ),
+    re.compile(r"^claude-(?P<major>\d+)(?:[-.](?P<minor>\d{1,2}))?-(?P<tier>opus|sonnet|haiku)"),
+    re.compile(r"^gemini-(?P<major>\d+)(?:\.(?P<minor>\d+))?-(?P<tier>flash-lite|flash|pro)"),
+    re.compile(
+        r"^gpt-(?P<major>\d+)(?:\.(?P<minor>\d+))?(?:-(?P<tier>[a-z-]+?))?(?:-\d{4}-\d{2}-\d{2})?$"
+    ),
+    re.compile(r"^o(?P<major>\d+)(?:-(?P<tier>mini|pro))?$"),
+)
 
 FloatArray = npt.NDArray[np.float64]
 TierRule = Literal["each", "prompt"]
@@ -192,6 +213,7 @@ class PricingTable:
         return replace(self, prices={**self.prices, **added}, version=f"{self.version}+custom")
 
     def lookup(self, model: str | None) -> ModelPrice | None:
+        """The model's own price, or None (see :meth:`resolve` for estimates)."""
         if not model:
             return None
         if model in self.prices:
@@ -201,6 +223,39 @@ class PricingTable:
             if candidate in self.prices:
                 return self.prices[candidate]
         return None
+
+    def resolve(self, model: str | None) -> tuple[ModelPrice | None, bool]:
+        """``(price, estimated)``: the model's own price, else an estimate from a model of
+        its family (see the module docstring), else ``(None, False)``."""
+        exact = self.lookup(model)
+        if exact is not None or not model:
+            return exact, False
+        name = _DATE_SUFFIX.sub("", _PREFIX.sub("", model))
+        ending = [k for k in self.prices if name.endswith(k) and not name[-len(k) - 1].isalnum()
+                  ] if name not in self.prices else []  # fmt: skip
+        if ending:
+            return self.prices[max(ending, key=len)], True
+        key = _family(name)
+        if key is None:
+            return None, False
+        members = [(_family(k), k) for k in self.prices]
+        same = sorted((fam[1], k) for fam, k in members if fam is not None and fam[0] == key[0])
+        if not same:
+            return None, False
+        below = [k for version, k in same if version <= key[1]]
+        return self.prices[below[-1] if below else same[0][1]], True
+
+
+def _family(name: str) -> tuple[tuple[str, str], tuple[int, int]] | None:
+    """``((vendor, tier), (major, minor))`` of a model name, or None for an unknown shape."""
+    for pattern in _FAMILIES:
+        match = pattern.match(name)
+        if match:
+            groups = match.groupdict()
+            vendor = name.split("-", 1)[0] if not name.startswith("o") else "o"
+            version = (int(groups["major"]), int(groups.get("minor") or 0))
+            return (vendor, groups.get("tier") or ""), version
+    return None
 
 
 def default_pricing() -> PricingTable:

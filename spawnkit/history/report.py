@@ -24,11 +24,13 @@ from .transcript_loader import Source, daily_totals, transcripts
 
 View = Literal["day", "group", "session"]
 TOKENS = ["input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens"]
+TRANSCRIPT_TOKENS = [*TOKENS[:2], "thinking_tokens", *TOKENS[2:]]
 _HEADERS = {
     "input_tokens": "input", "output_tokens": "output", "cache_write_tokens": "cache write",
     "cache_read_tokens": "cache read", "total_tokens": "total", "cost_usd": "cost $",
     "n_tool_calls": "tools", "n_tool_errors": "tool errors", "session_id": "session",
-    "started_at": "started", "responses": "responses",
+    "started_at": "started", "responses": "responses", "thinking_tokens": "thinking",
+    "cost_estimated": "est.", "n_api_errors": "api errors", "sidechain_tokens": "subagents",
 }  # fmt: skip
 
 
@@ -52,8 +54,14 @@ def summarize(
     limit: int | None = None,
     pricing: PricingTable | None = None,
     tz: str = "UTC",
+    machine: str | None = None,
 ) -> pd.DataFrame:
-    """One summary table; ``since`` keeps activity at or after it (naive means UTC)."""
+    """One summary table; ``since`` keeps activity at or after it (naive means UTC).
+
+    Transcript views show thinking tokens apart from output, side-chain (sub-agent) tokens,
+    API errors and whether a cost is an estimate (``est.``: priced as another model of the
+    family); ``machine`` keeps one machine's rows (imported with ``--machine``).
+    """
     start = _since(since)
     if source == "store":
         frame = store_sessions(store, since=start.to_pydatetime() if start is not None else None,
@@ -66,11 +74,11 @@ def summarize(
             return _tail(out, limit)
         if view == "group":
             return _groups(frame, "butler", failed=True)
-        columns = ["session_id", "started_at", "butler", "runtime", "model", "status",
+        columns = ["session_id", "started_at", "butler", "runtime", "model", "role", "status",
                    *TOKENS, "total_tokens", "cost_usd", "n_tool_calls"]  # fmt: skip
         newest = frame.sort_values("created_at", ascending=False, kind="stable")
         return _head(newest.assign(started_at=newest["created_at"])[columns], limit)
-    loaded = transcripts(source, root, pricing=pricing)
+    loaded = transcripts(source, root, pricing=pricing, machine=machine)
     usage, sessions = loaded.usage, loaded.sessions
     if start is not None:
         usage = usage[usage["timestamp"] >= start]
@@ -84,13 +92,15 @@ def summarize(
         return _tail(out, limit)
     if view == "group":
         return _groups(sessions, "project", failed=False)
-    columns = ["session_id", "started_at", "project", "models", *TOKENS, "total_tokens",
-               "cost_usd", "cost_source", "n_tool_calls", "n_tool_errors"]  # fmt: skip
+    columns = ["session_id", "started_at", "machine", "project", "title", "models",
+               *TRANSCRIPT_TOKENS, "total_tokens", "sidechain_tokens", "cost_usd", "cost_source",
+               "cost_estimated", "n_tool_calls", "n_tool_errors", "n_api_errors"]  # fmt: skip
     newest = sessions.sort_values("started_at", ascending=False, kind="stable")
     return _head(newest[columns], limit)
 
 
 def _totals(frame: pd.DataFrame, keys: list[pd.Series]) -> pd.DataFrame:
+    """Sums of the store's token columns and cost per key."""
     grouped = frame.groupby(keys, observed=True)
     out = grouped[[*TOKENS, "total_tokens", "cost_usd"]].sum(min_count=1)
     return out.reset_index()
@@ -98,7 +108,8 @@ def _totals(frame: pd.DataFrame, keys: list[pd.Series]) -> pd.DataFrame:
 
 def _groups(frame: pd.DataFrame, column: str, *, failed: bool) -> pd.DataFrame:
     grouped = frame.groupby(column, observed=True)
-    out = grouped[[*TOKENS, "total_tokens", "cost_usd", "n_tool_calls"]].sum(min_count=1)
+    tokens = [c for c in TRANSCRIPT_TOKENS if c in frame.columns]
+    out = grouped[[*tokens, "total_tokens", "cost_usd", "n_tool_calls"]].sum(min_count=1)
     out.insert(0, "sessions", grouped.size())
     if failed:
         out.insert(1, "failed", grouped["success"].agg(lambda s: int((s == False).sum())))  # noqa: E712
@@ -124,6 +135,8 @@ def render_table(frame: pd.DataFrame) -> str:
         values = frame[column]
         if column == "cost_usd":
             shown[column] = values.map(lambda v: "" if pd.isna(v) else f"{v:,.2f}")
+        elif pd.api.types.is_bool_dtype(values):
+            shown[column] = values.map(lambda v: "yes" if v is True else "")
         elif pd.api.types.is_datetime64_any_dtype(values):
             shown[column] = values.dt.strftime("%Y-%m-%d %H:%M").fillna("")
         elif pd.api.types.is_integer_dtype(values) or pd.api.types.is_float_dtype(values):

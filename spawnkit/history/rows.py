@@ -8,11 +8,16 @@ format:
   deduplication happens later, across files, in :mod:`spawnkit.history.frames`);
 * call rows: one per tool call the model made;
 * result rows: one per tool result the CLI recorded;
-* one :class:`FileFacts` per file: its session, project, time span, line counts and the
-  numbers of the lines that could not be parsed.
+* event rows: one per thing that happened besides responses and tools (an API error, a
+  context compaction, a turn's duration, a rate-limit snapshot), see :data:`EVENT_KINDS`;
+* one :class:`FileFacts` per file: its session, project, time span, line counts, the numbers
+  of the lines that could not be parsed, what its header says (git branch, CLI version,
+  policies, the parent of a fork) and, for a file not read at all, why.
 
-Parsers keep timestamps as the ISO-8601 strings they read; :meth:`Rows.tables` converts them
-column-wise with Arrow (a string that does not parse becomes null). Tool
+Every row carries the number of the line it came from, so a row whose timestamp turns out
+not to parse is reported as a bad line by file and line like any other. Parsers keep
+timestamps as the ISO-8601 strings they read; :meth:`Rows.tables` converts them column-wise
+with Arrow (a string that does not parse becomes null). Tool
 inputs and outputs are kept as previews of at most :data:`INPUT_PREVIEW` and
 :data:`OUTPUT_PREVIEW` characters, so the cache stays bounded whatever the tools returned.
 """
@@ -43,6 +48,7 @@ def _fields(*pairs: tuple[str, pa.DataType]) -> list[pa.Field[Any]]:
 USAGE_SCHEMA = pa.schema(
     _fields(
         ("path", pa.string()),
+        ("line", pa.int64()),
         ("session_id", pa.string()),
         ("message_id", pa.string()),
         ("request_id", pa.string()),
@@ -53,13 +59,24 @@ USAGE_SCHEMA = pa.schema(
         ("cache_write_5m", pa.int64()),
         ("cache_write_1h", pa.int64()),
         ("cache_read_tokens", pa.int64()),
+        ("thinking_tokens", pa.int64()),
+        ("tool_prompt_tokens", pa.int64()),
         ("is_sidechain", pa.bool_()),
         ("reported_cost", pa.float64()),
+        ("agent_id", pa.string()),
+        ("agent_type", pa.string()),
+        ("skill", pa.string()),
+        ("plugin", pa.string()),
+        ("service_tier", pa.string()),
+        ("stop_reason", pa.string()),
+        ("web_search_requests", pa.int64()),
+        ("web_fetch_requests", pa.int64()),
     )
 )
 CALL_SCHEMA = pa.schema(
     _fields(
         ("path", pa.string()),
+        ("line", pa.int64()),
         ("session_id", pa.string()),
         ("call_id", pa.string()),
         ("name", pa.string()),
@@ -67,11 +84,13 @@ CALL_SCHEMA = pa.schema(
         ("timestamp", UTC_TS),
         ("model", pa.string()),
         ("is_sidechain", pa.bool_()),
+        ("agent_id", pa.string()),
     )
 )
 RESULT_SCHEMA = pa.schema(
     _fields(
         ("path", pa.string()),
+        ("line", pa.int64()),
         ("session_id", pa.string()),
         ("call_id", pa.string()),
         ("timestamp", UTC_TS),
@@ -79,6 +98,30 @@ RESULT_SCHEMA = pa.schema(
         ("output", pa.string()),
     )
 )
+EVENT_SCHEMA = pa.schema(
+    _fields(
+        ("path", pa.string()),
+        ("line", pa.int64()),
+        ("session_id", pa.string()),
+        ("timestamp", UTC_TS),
+        ("kind", pa.string()),
+        ("value", pa.float64()),
+        ("detail", pa.string()),
+    )
+)
+EVENT_KINDS = ("api_error", "compaction", "turn_duration", "rate_limit", "replay_skipped")
+"""``api_error``: value is the HTTP status when known (429 is a rate limit), detail its kind;
+``compaction``: value is the context size before it, detail the trigger; ``turn_duration``:
+value in milliseconds; ``rate_limit``: value is the percent used, detail the window
+("primary 300 min"); ``replay_skipped``: a forked or spawned Codex session's copy of its
+parent's history, value is the tokens not counted again."""
+
+# What a file's header or lines say about the session, kept as text (null when absent).
+META_FIELDS = (
+    "title", "git_branch", "git_commit", "git_repo_url", "entrypoint", "permission_mode",
+    "originator", "model_provider", "effort", "approval_policy", "sandbox_policy",
+    "parent_session_id", "forked_from_id", "agent_kind",
+)  # fmt: skip
 FILE_SCHEMA = pa.schema(
     _fields(
         ("path", pa.string()),
@@ -95,6 +138,9 @@ FILE_SCHEMA = pa.schema(
         ("bad_lines", pa.int64()),
         ("bad_line_numbers", pa.list_(pa.int64())),
         ("reported_cost", pa.float64()),
+        ("context_window", pa.int64()),
+        *((name, pa.string()) for name in META_FIELDS),
+        ("skip_reason", pa.string()),
     )
 )
 
@@ -117,6 +163,23 @@ class FileFacts:
     bad_lines: int = 0
     bad_line_numbers: list[int] = field(default_factory=list)
     reported_cost: float | None = None
+    context_window: int | None = None
+    title: str | None = None
+    git_branch: str | None = None
+    git_commit: str | None = None
+    git_repo_url: str | None = None
+    entrypoint: str | None = None
+    permission_mode: str | None = None
+    originator: str | None = None
+    model_provider: str | None = None
+    effort: str | None = None
+    approval_policy: str | None = None
+    sandbox_policy: str | None = None
+    parent_session_id: str | None = None
+    forked_from_id: str | None = None
+    agent_kind: str | None = None
+    skip_reason: str | None = None
+    title_rank: int = 0  # how authoritative ``title`` is (not a column)
 
     def bad(self, line_number: int) -> None:
         """Count an unparseable line (1-based); keep the first few numbers."""
@@ -131,16 +194,51 @@ class FileFacts:
             if self.last_timestamp is None or timestamp > self.last_timestamp:
                 self.last_timestamp = timestamp
 
+    def set_title(self, title: str | None, rank: int) -> None:
+        """Keep the most authoritative title seen (a user's own over a generated one)."""
+        if title and rank >= self.title_rank:
+            self.title, self.title_rank = title[:PROMPT_PREVIEW], rank
+
+    def skip(self, reason: str) -> None:
+        """Mark the file as not read at all (it is not a transcript), saying why."""
+        self.skip_reason = reason
+
 
 UsageRow = tuple[
-    str, str | None, str | None, str, str | None, int, int, int, int, int, bool, float | None
+    int,
+    str,
+    str | None,
+    str | None,
+    str,
+    str | None,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int | None,
+    int | None,
+    bool,
+    float | None,
+    str | None,
+    str | None,
+    str | None,
+    str | None,
+    str | None,
+    str | None,
+    int | None,
+    int | None,
 ]
-"""session, message id, request id, timestamp, model, input, output, 5-minute cache write,
-1-hour cache write, cache read, side chain, reported cost: the columns of USAGE_SCHEMA."""
-CallRow = tuple[str, str, str, str, str, str | None, bool]
-"""session, call id, name, input preview, timestamp, model, side chain."""
-ResultRow = tuple[str, str, str, bool | None, str]
-"""session, call id, timestamp, is error, output preview."""
+"""line, session, message id, request id, timestamp, model, input, output (without
+thinking), 5-minute cache write, 1-hour cache write, cache read, thinking, tool-prompt
+tokens, side chain, reported cost, agent id, agent type, skill, plugin, service tier, stop
+reason, web searches, web fetches: the columns of USAGE_SCHEMA after ``path``."""
+CallRow = tuple[int, str, str, str, str, str, str | None, bool, str | None]
+"""line, session, call id, name, input preview, timestamp, model, side chain, agent id."""
+ResultRow = tuple[int, str, str, str, bool | None, str]
+"""line, session, call id, timestamp, is error, output preview."""
+EventRow = tuple[int, str, str, str, float | None, str | None]
+"""line, session, timestamp, kind, value, detail."""
 
 
 class Rows:
@@ -150,12 +248,13 @@ class Rows:
         self.usage: list[UsageRow] = []
         self.calls: list[CallRow] = []
         self.results: list[ResultRow] = []
+        self.events: list[EventRow] = []
         self.files: list[FileFacts] = []
-        self._counts: list[tuple[int, int, int]] = []
-        self._mark = (0, 0, 0)
+        self._counts: list[tuple[int, int, int, int]] = []
+        self._mark = (0, 0, 0, 0)
 
-    def _sizes(self) -> tuple[int, int, int]:
-        return len(self.usage), len(self.calls), len(self.results)
+    def _sizes(self) -> tuple[int, int, int, int]:
+        return len(self.usage), len(self.calls), len(self.results), len(self.events)
 
     def open_file(self) -> None:
         """Start the rows of a new file (its facts are added by :meth:`close_file`)."""
@@ -163,8 +262,8 @@ class Rows:
 
     def close_file(self, facts: FileFacts) -> None:
         sizes = self._sizes()
-        a, b, c = self._mark
-        self._counts.append((sizes[0] - a, sizes[1] - b, sizes[2] - c))
+        a, b, c, d = self._mark
+        self._counts.append((sizes[0] - a, sizes[1] - b, sizes[2] - c, sizes[3] - d))
         self.files.append(facts)
         self._mark = sizes
 
@@ -174,7 +273,7 @@ class Rows:
             for name in FILE_SCHEMA.names:
                 files[name].append(getattr(facts, name))
         paths = np.array([f.path for f in self.files], dtype=object)
-        counts = np.array(self._counts, dtype=np.int64).reshape(-1, 3)
+        counts = np.array(self._counts, dtype=np.int64).reshape(-1, 4)
 
         def table(rows: list[Any], schema: pa.Schema, kind: int) -> pa.Table:
             path = pa.array(np.repeat(paths, counts[:, kind]), pa.string())
@@ -190,6 +289,7 @@ class Rows:
             usage=table(self.usage, USAGE_SCHEMA, 0),
             calls=table(self.calls, CALL_SCHEMA, 1),
             results=table(self.results, RESULT_SCHEMA, 2),
+            events=table(self.events, EVENT_SCHEMA, 3),
             files=pa.Table.from_arrays(_typed(file_columns, FILE_SCHEMA), schema=FILE_SCHEMA),
         )
 
@@ -220,9 +320,10 @@ class RowTables:
     usage: pa.Table
     calls: pa.Table
     results: pa.Table
+    events: pa.Table
     files: pa.Table
 
-    KINDS = ("usage", "calls", "results", "files")
+    KINDS = ("usage", "calls", "results", "events", "files")
 
     @classmethod
     def empty(cls) -> RowTables:

@@ -1,22 +1,26 @@
 """spawnkit's own session store as DataFrames: ``sessions()``, ``tool_calls()``, ``usage()``.
 
 The store is read as Arrow tables by :mod:`spawnkit.history.store_query` (large stores through
-ADBC's SQLite driver in a child process, which hands over Arrow columns without building a
-Python object per value; never a second SQLite library in this process). Timestamps
-(ISO-8601 text in the store) are converted column-wise by Arrow, names are dictionary-encoded
-into ``category`` columns, counts become nullable integers. Reads are read-only and closed
-before returning; the store's writers (WAL mode) are never blocked.
+ADBC's SQLite driver in a child process; never a second SQLite library in this process) and
+typed column-wise: ISO-8601 text becomes UTC timestamps, names become ``category`` columns,
+counts nullable integers. Filters (butler, runtime, status, since/until, success) run in the
+database. A large store is read through :mod:`spawnkit.history.store_cache`: its completed
+history comes memory-mapped from a columnar cache, already typed, and only the rows after
+the cache's watermark come from SQLite (filters then run on the cached columns and in the
+query of the new rows). ``columns`` converts only the columns asked for. Reads are read-only
+and closed before returning; the store's writers (WAL mode) are never blocked.
 
-Column names follow :data:`spawnkit.history.transcripts.SESSION_COLUMNS` where they apply
+Column names follow :data:`spawnkit.history.SESSION_COLUMNS` where they apply
 (``session_id``, ``started_at``, ``ended_at``, token columns, ``cost_usd``, ``cost_source``,
 ``n_tool_calls``), so store sessions and transcript sessions can be concatenated.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from datetime import UTC, date, datetime
+from collections.abc import Iterable, Sequence
+from datetime import date, datetime
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -28,30 +32,56 @@ from ..store import SessionStore
 from .errors import HistoryError
 from .frames import COST_SOURCES
 from .pricing import PricingTable, default_pricing
-from .rows import Column, timestamps
-from .store_query import query, table_columns
+from .rows import UTC_TS, Column, timestamps
+from .store_cache import ROWID, Cached, StoreCache, StoreState, store_state
+from .store_query import CHILD_MIN_BYTES, query, store_bytes, table_columns
 
 StoreLike = SessionStore | str | Path | None
 TimeLike = datetime | date | str | None
 Names = str | Iterable[str] | None
+Kind = Literal["str", "cat", "time", "int", "float", "bool"]
 
-_SESSION_SQL = """SELECT id AS session_id, butler, runtime, model, status, success, error_kind,
-    error, trigger_source, duration_ms, input_tokens, output_tokens, cache_write_tokens,
-    cache_read_tokens, cost_usd, num_turns, num_tool_calls AS n_tool_calls, trace_id,
-    runtime_session_id, parent_session_id, created_at, started_at, completed_at AS ended_at,
-    log_dir, {role} AS role FROM sessions"""
-_SESSION_CATEGORIES = (
-    "butler",
-    "runtime",
-    "model",
-    "status",
-    "error_kind",
-    "trigger_source",
-    "role",
-)
-_CALL_COLUMNS = ("session_id, seq, call_id, name, server, tool, input, status, started_at, "
-                 "finished_at, duration_ms")  # fmt: skip
+CACHE_MIN_BYTES = CHILD_MIN_BYTES
+"""Stores from this size are read through the columnar cache (smaller ones are fast anyway)."""
+REWRITE_ROWS = 10_000
+"""The cache is written again once this many rows (or 5%) are read past its watermark."""
+
+# (frame column, SQL expression, kind), in frame order.
+SESSION_FIELDS: tuple[tuple[str, str, Kind], ...] = (
+    ("session_id", "id", "str"), ("butler", "butler", "cat"), ("runtime", "runtime", "cat"),
+    ("model", "model", "cat"), ("role", "role", "cat"), ("status", "status", "cat"),
+    ("success", "success", "bool"), ("error_kind", "error_kind", "cat"), ("error", "error", "str"),
+    ("trigger_source", "trigger_source", "cat"), ("prompt", "prompt", "str"),
+    ("duration_ms", "duration_ms", "int"), ("input_tokens", "input_tokens", "int"),
+    ("output_tokens", "output_tokens", "int"), ("cache_write_tokens", "cache_write_tokens", "int"),
+    ("cache_read_tokens", "cache_read_tokens", "int"), ("cost_usd", "cost_usd", "float"),
+    ("num_turns", "num_turns", "int"), ("n_tool_calls", "num_tool_calls", "int"),
+    ("trace_id", "trace_id", "str"), ("runtime_session_id", "runtime_session_id", "str"),
+    ("parent_session_id", "parent_session_id", "str"), ("created_at", "created_at", "time"),
+    ("started_at", "started_at", "time"), ("ended_at", "completed_at", "time"),
+    ("log_dir", "log_dir", "str"),
+)  # fmt: skip
+CALL_FIELDS: tuple[tuple[str, str, Kind], ...] = (
+    ("session_id", "session_id", "str"), ("seq", "seq", "int"), ("call_id", "call_id", "str"),
+    ("name", "name", "cat"), ("server", "server", "cat"), ("tool", "tool", "cat"),
+    ("input", "input", "str"), ("status", "status", "cat"), ("started_at", "started_at", "time"),
+    ("finished_at", "finished_at", "time"), ("duration_ms", "duration_ms", "int"),
+)  # fmt: skip
+SESSION_COLUMNS = [name for name, _, _ in SESSION_FIELDS]
 _TOKENS = ["input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens"]
+_COST_INPUTS = ("model", "cost_usd", *_TOKENS)
+_ARROW: dict[Kind, pa.DataType] = {
+    "str": pa.string(), "cat": pa.dictionary(pa.int32(), pa.string()), "time": UTC_TS,
+    "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
+}  # fmt: skip
+
+
+def _schema(fields: Sequence[tuple[str, str, Kind]]) -> pa.Schema:
+    return pa.schema([pa.field(ROWID, pa.int64())] + [pa.field(n, _ARROW[k]) for n, _, k in fields])
+
+
+SESSION_SCHEMA = _schema(SESSION_FIELDS)
+CALL_SCHEMA = _schema(CALL_FIELDS)
 
 
 def _path(store: StoreLike) -> Path | None:
@@ -67,16 +97,11 @@ def _path(store: StoreLike) -> Path | None:
     return path
 
 
-def _utc(value: TimeLike) -> str | None:
+def _utc(value: TimeLike) -> pd.Timestamp | None:
     if value is None:
         return None
-    if isinstance(value, str):
-        value = pd.Timestamp(value).to_pydatetime()
-    if not isinstance(value, datetime):
-        value = datetime(value.year, value.month, value.day)
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).isoformat()
+    stamp = pd.Timestamp(value)
+    return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
 
 
 def _names(value: Names) -> list[str] | None:
@@ -85,52 +110,160 @@ def _names(value: Names) -> list[str] | None:
     return [value] if isinstance(value, str) else list(value)
 
 
-def _where(
-    butler: Names, runtime: Names, since: TimeLike, until: TimeLike, success: bool | None
-) -> tuple[str, list[object]]:
-    clauses: list[str] = []
-    params: list[object] = []
-    for column, names in (("butler", _names(butler)), ("runtime", _names(runtime))):
-        if names is not None:
-            clauses.append(f"{column} IN ({', '.join('?' * len(names))})" if names else "0")
-            params.extend(names)
-    if since is not None:
-        clauses.append("created_at >= ?")
-        params.append(_utc(since))
-    if until is not None:
-        clauses.append("created_at < ?")
-        params.append(_utc(until))
-    if success is not None:
-        clauses.append("success = ?")
-        params.append(int(success))
-    return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+class Filters:
+    """Session filters, as SQL for the database and as an Arrow mask for cached columns."""
+
+    def __init__(self, butler: Names, runtime: Names, status: Names, since: TimeLike,
+                 until: TimeLike, success: bool | None) -> None:  # fmt: skip
+        self.names = {"butler": _names(butler), "runtime": _names(runtime),
+                      "status": _names(status)}  # fmt: skip
+        self.since, self.until, self.success = _utc(since), _utc(until), success
+
+    def __bool__(self) -> bool:
+        return any(v is not None for v in self.names.values()) or any(
+            v is not None for v in (self.since, self.until, self.success)
+        )
+
+    def sql(self) -> tuple[str, list[object]]:
+        clauses: list[str] = []
+        params: list[object] = []
+        for column, names in self.names.items():
+            if names is not None:
+                clauses.append(f"{column} IN ({', '.join('?' * len(names))})" if names else "0")
+                params.extend(names)
+        for op, value in ((">=", self.since), ("<", self.until)):
+            if value is not None:
+                clauses.append(f"created_at {op} ?")
+                params.append(value.isoformat())
+        if self.success is not None:
+            clauses.append("success = ?")
+            params.append(int(self.success))
+        return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+    def mask(self, table: pa.Table) -> Column:
+        keep: Column = pa.array(np.ones(table.num_rows, dtype=bool))
+        for column, names in self.names.items():
+            if names is not None:
+                values = pc.cast(table[column], pa.string())
+                found: Column = pc.is_in(values, pa.array(names, pa.string()))
+                keep = pc.and_(keep, pc.fill_null(found, False))
+        for op, value in ((pc.greater_equal, self.since), (pc.less, self.until)):
+            if value is not None:
+                bound = pa.scalar(value.as_unit("ns"), UTC_TS)
+                inside: Column = op(table["created_at"], bound)
+                keep = pc.and_(keep, pc.fill_null(inside, False))
+        if self.success is not None:
+            same: Column = pc.equal(table["success"], pa.scalar(self.success))
+            keep = pc.and_(keep, pc.fill_null(same, False))
+        return keep
 
 
-def _frame(table: pa.Table, *, categories: tuple[str, ...], times: tuple[str, ...],
-           ints: tuple[str, ...], floats: tuple[str, ...] = (), bools: tuple[str, ...] = ()
-           ) -> pd.DataFrame:  # fmt: skip
-    """Arrow columns retyped (the driver types an all-null column as int64), then pandas."""
-    for name in table.column_names:
-        i = table.schema.get_field_index(name)
+def _typed(table: pa.Table, fields: Sequence[tuple[str, str, Kind]]) -> pa.Table:
+    """Query results typed column by column (the driver types an all-null column as int64)."""
+    columns = [table[ROWID].cast(pa.int64())]
+    for name, _, kind in fields:
         column: Column = table[name]
-        if name in times:
+        if kind == "time":
             column = timestamps(column.cast(pa.string()))
-        elif name in categories:
+        elif kind == "cat":
             column = pc.dictionary_encode(column.cast(pa.string()))
-        elif name in ints:
-            column = column.cast(pa.int64())
-        elif name in floats:
-            column = column.cast(pa.float64())
-        elif name in bools:
+            if isinstance(column, pa.ChunkedArray) and column.num_chunks == 0:
+                column = pa.array([], _ARROW["cat"])
+        elif kind == "bool":
             column = pc.not_equal(column.cast(pa.int64()), pa.scalar(0))
-        elif pa.types.is_null(column.type) or (
-            pa.types.is_integer(column.type) and column.null_count == len(column)
-        ):
-            column = column.cast(pa.string())
-        table = table.set_column(i, name, column)
-    return table.to_pandas(
-        types_mapper={pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}.get
+        else:
+            column = column.cast(_ARROW[kind])
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=_schema(fields))
+
+
+def _select(fields: Sequence[tuple[str, str, Kind]], role: bool = True) -> str:
+    exprs = [f"{sql if role or name != 'role' else 'NULL'} AS {name}" for name, sql, _ in fields]
+    return ", ".join([f"rowid AS {ROWID}", *exprs])
+
+
+def _read(path: Path | None, fields: Sequence[tuple[str, str, Kind]], table: str, where: str,
+          params: Sequence[object], order: str) -> pa.Table:  # fmt: skip
+    # Stores written before schema 3 have no role column (read-only here: no migration).
+    role = table != "sessions" or "role" in table_columns(path, "sessions")
+    sql = f"SELECT {_select(fields, role)} FROM {table}{where} ORDER BY {order}"
+    return _typed(query(path, sql, params), fields)
+
+
+def _use_cache(path: Path | None, cache: bool | None) -> StoreState | None:
+    if path is None or cache is False:
+        return None
+    if cache is None and store_bytes(path) < CACHE_MIN_BYTES:
+        return None
+    return store_state(path)
+
+
+def _cached(path: Path, state: StoreState, kind: str, fields: Sequence[tuple[str, str, Kind]],
+            schema: pa.Schema, done: str | None) -> pa.Table:  # fmt: skip
+    """Everything in ``kind``: the cached rows and the rows past the watermark, cache updated.
+
+    ``done`` names the column that says a row will not change any more (null: still open);
+    rows without it are read again every time until they are done.
+    """
+    store = StoreCache(path)
+    cached = store.read(kind, state, schema)
+    base = cached.table if cached is not None else schema.empty_table()
+    mark = cached.watermark if cached is not None else 0
+    reopen = cached.open if cached is not None else ()
+    table = "sessions" if kind == "sessions" else "tool_calls"
+    where = " WHERE rowid > ?" + (
+        f" OR rowid IN ({', '.join('?' * len(reopen))})" if reopen else ""
     )
+    tail = _read(path, fields, table, where, [mark, *reopen], "rowid")
+    if tail.num_rows >= max(REWRITE_ROWS, base.num_rows // 20) or (
+        cached is None and tail.num_rows
+    ):
+        finished = tail if done is None else tail.filter(pc.is_valid(tail[done]))
+        still_open = (
+            [] if done is None else tail.filter(pc.is_null(tail[done]))[ROWID].to_numpy().tolist()
+        )
+        high = pc.max(tail[ROWID]).as_py() or mark
+        store.write(kind, state, Cached(pa.concat_tables([base, finished]), high,
+                                        tuple(still_open)))  # fmt: skip
+    return pa.concat_tables([base, tail]) if tail.num_rows else base
+
+
+def _frame(table: pa.Table, columns: Sequence[str]) -> pd.DataFrame:
+    """Selected columns as pandas; categories are the values present, sorted, so a frame is
+    the same whether it came from the database or from the cache."""
+    table = table.select(list(columns))
+    frame = table.to_pandas(
+        types_mapper={pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}.get,
+        split_blocks=True,
+    )
+    for name in frame.columns:
+        if isinstance(frame[name].dtype, pd.CategoricalDtype):
+            column = frame[name].cat.remove_unused_categories()
+            frame[name] = column.cat.reorder_categories(sorted(column.cat.categories))
+    return frame
+
+
+def _columns(asked: Sequence[str] | None, known: Sequence[str]) -> list[str]:
+    if asked is None:
+        return list(known)
+    unknown = [c for c in asked if c not in known]
+    if unknown:
+        raise HistoryError(f"unknown columns {unknown}; choose from {list(known)}")
+    return list(asked)
+
+
+def _sessions_table(path: Path | None, filters: Filters, cache: bool | None) -> pa.Table:
+    state = _use_cache(path, cache)
+    if state is None or path is None:
+        where, params = filters.sql()
+        return _read(path, SESSION_FIELDS, "sessions", where, params, "created_at, rowid")
+    table = _cached(path, state, "sessions", SESSION_FIELDS, SESSION_SCHEMA, "ended_at")
+    if filters:
+        table = table.filter(filters.mask(table))
+    created = table["created_at"].cast(pa.int64()).to_numpy()
+    if len(created) > 1 and bool((np.diff(created) < 0).any()):
+        table = table.take(pc.sort_indices(table, sort_keys=[("created_at", "ascending")]))
+    return table
 
 
 def sessions(
@@ -138,35 +271,35 @@ def sessions(
     *,
     butler: Names = None,
     runtime: Names = None,
+    status: Names = None,
     since: TimeLike = None,
     until: TimeLike = None,
     success: bool | None = None,
+    columns: Sequence[str] | None = None,
     pricing: PricingTable | None = None,
+    cache: bool | None = None,
 ) -> pd.DataFrame:
     """One row per recorded session, oldest first; filters combine with AND.
 
     ``since``/``until`` bound ``created_at`` (naive values are UTC; ``until`` is exclusive).
     ``cost_source`` is "reported" where the runtime reported a cost, "computed" where
     ``cost_usd`` was filled in from the pricing table, "unpriced" where neither was possible.
+    ``columns`` keeps only those columns (``source`` and ``cost_source`` included when asked).
+    ``cache`` forces the columnar cache on or off (default: on for stores from 24 MB).
     """
-    where, params = _where(butler, runtime, since, until, success)
+    known = ["session_id", "source", *SESSION_COLUMNS[1:17], "cost_source", *SESSION_COLUMNS[17:]]
+    wanted = _columns(columns, known)
     path = _path(store)
-    # Stores written before schema 3 have no role column (read-only here: no migration).
-    role = "role" if "role" in table_columns(path, "sessions") else "NULL"
-    sql = _SESSION_SQL.format(role=role) + f"{where} ORDER BY created_at"
-    frame = _frame(
-        query(path, sql, params),
-        categories=_SESSION_CATEGORIES,
-        times=("created_at", "started_at", "ended_at"),
-        ints=("duration_ms", *_TOKENS, "num_turns", "n_tool_calls"),
-        floats=("cost_usd",),
-        bools=("success",),
-    )
-    frame.insert(
-        1, "source", pd.Series(pd.Categorical(["spawnkit"] * len(frame)), index=frame.index)
-    )
-    _fill_costs(frame, pricing or default_pricing())
-    return frame
+    table = _sessions_table(path, Filters(butler, runtime, status, since, until, success), cache)
+    costs = "cost_usd" in wanted or "cost_source" in wanted
+    fields = [c for c in SESSION_COLUMNS if c in wanted or (costs and c in _COST_INPUTS)]
+    frame = _frame(table, fields)
+    if costs:
+        _fill_costs(frame, pricing or default_pricing())
+    if "source" in wanted:
+        source = pd.Series(pd.Categorical(["spawnkit"] * len(frame)), index=frame.index)
+        frame.insert(min(1, len(frame.columns)), "source", source)
+    return frame[wanted]
 
 
 def _fill_costs(frame: pd.DataFrame, pricing: PricingTable) -> None:
@@ -197,27 +330,36 @@ def tool_calls(
     *,
     butler: Names = None,
     runtime: Names = None,
+    status: Names = None,
     since: TimeLike = None,
     until: TimeLike = None,
     success: bool | None = None,
     output: bool = False,
+    columns: Sequence[str] | None = None,
+    cache: bool | None = None,
 ) -> pd.DataFrame:
     """One row per tool call, in session and call order; ``output=True`` adds the outputs.
 
-    The session filters select the sessions whose calls are returned.
+    The session filters select the sessions whose calls are returned (``status`` is the
+    session's status). Outputs can be large, so they are never cached: with ``output=True``
+    the calls are read from the database.
     """
-    where, params = _where(butler, runtime, since, until, success)
-    columns = _CALL_COLUMNS + (", output" if output else "")
-    sql = f"SELECT {columns} FROM tool_calls"
-    if where:
-        sql += f" WHERE session_id IN (SELECT id FROM sessions{where})"
-    table = query(_path(store), sql, params)
-    return _frame(
-        table,
-        categories=("name", "server", "tool", "status"),
-        times=("started_at", "finished_at"),
-        ints=("seq", "duration_ms"),
-    )
+    known = [name for name, _, _ in CALL_FIELDS] + (["output"] if output else [])
+    wanted = _columns(columns, known)
+    filters = Filters(butler, runtime, status, since, until, success)
+    path = _path(store)
+    state = None if output else _use_cache(path, cache)
+    if state is None or path is None:
+        where, params = filters.sql()
+        fields = CALL_FIELDS + ((("output", "output", "str"),) if output else ())
+        if where:
+            where = f" WHERE session_id IN (SELECT id FROM sessions{where})"
+        return _frame(_read(path, fields, "tool_calls", where, params, "rowid"), wanted)
+    table = _cached(path, state, "tool_calls", CALL_FIELDS, CALL_SCHEMA, None)
+    if filters:
+        chosen = _sessions_table(path, filters, cache)["session_id"]
+        table = table.filter(pc.is_in(table["session_id"], value_set=chosen.combine_chunks()))
+    return _frame(table, wanted)
 
 
 def usage(
@@ -225,6 +367,7 @@ def usage(
     *,
     butler: Names = None,
     runtime: Names = None,
+    status: Names = None,
     since: TimeLike = None,
     until: TimeLike = None,
     success: bool | None = None,
@@ -233,8 +376,10 @@ def usage(
     pricing: PricingTable | None = None,
 ) -> pd.DataFrame:
     """Sessions, tokens and cost per day (in ``tz``) and per ``by`` columns."""
-    frame = sessions(store, butler=butler, runtime=runtime, since=since, until=until,
-                     success=success, pricing=pricing)  # fmt: skip
+    needed = ["created_at", "success", *_TOKENS, "cost_usd", *by]
+    frame = sessions(store, butler=butler, runtime=runtime, status=status, since=since,
+                     until=until, success=success, pricing=pricing,
+                     columns=list(dict.fromkeys(needed)))  # fmt: skip
     day = frame["created_at"].dt.tz_convert(tz).dt.strftime("%Y-%m-%d").rename("date")
     keys = [day, *(frame[c] for c in by)]
     grouped = frame.groupby(keys, observed=True, dropna=False)

@@ -1,9 +1,16 @@
-"""Parsing many transcript files on every core: forked workers, each given a run of files.
+"""Parsing many transcript files on every core: worker processes, each given a run of files.
 
 Parsing is CPU-bound Python (msgspec decodes, rows are built in the interpreter), so
-threads would share one core; worker processes do not. Workers are forked (Linux only), so
-they start in milliseconds with the parser already imported, which a spawned interpreter
-would have to import again (spawnkit's import alone costs longer than most loads). The sorted
+threads would share one core; worker processes do not. The calling process is never forked:
+a notebook kernel that has run agents and loaded Arrow data has a huge virtual size (pyarrow's
+allocator, mimalloc, reserves writable arenas of 1, 2, 4 GiB... and never gives the address
+space back; docs/history.md has the measurements), and ``fork()`` must account for all of it,
+so it fails with ENOMEM where the memory is not overcommitted. Workers come from
+X
+exec, which accounts for nothing) with the parser imported, which forks each worker from
+itself in milliseconds. The first parallel load of a process pays the server's start (an
+import of spawnkit); the server lives as long as the process, as multiprocessing arranges.
+Loads under :data:`PARALLEL_MIN_BYTES` are not worth it and are parsed in-process. The sorted
 file list is cut into contiguous runs of about the same number of bytes, a few per worker so
 that a worker that finishes early takes another. Each run's rows are written as Arrow IPC
 files into a temporary folder that the caller memory-maps (sending them back through the
@@ -41,7 +48,7 @@ T = TypeVar("T")
 
 def default_workers(total_bytes: int) -> int:
     """How many workers a load of ``total_bytes`` gets by default (1: parse in-process)."""
-    if sys.platform != "linux" or total_bytes < PARALLEL_MIN_BYTES:
+    if sys.platform == "win32" or total_bytes < PARALLEL_MIN_BYTES:
         return 1
     return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
 
@@ -66,13 +73,16 @@ def parse_in_workers(
     sizes: Sequence[int],
     workers: int,
 ) -> RowTables:
-    """``parse`` applied to runs of ``items`` in ``workers`` forked processes, in order."""
+    """``parse`` applied to runs of ``items`` in ``workers`` processes, in order.
+
+    ``parse`` is sent to the workers by reference, so it must be importable (a module-level
+    function or a partial of one)."""
     # More runs than workers: a worker that finishes early takes the next run.
     cuts = runs(sizes, workers * RUNS_PER_WORKER)
     if len(cuts) <= 1:
         return parse(items)
     chunks = [items[cut.start : cut.stop] for cut in cuts]
-    context = multiprocessing.get_context("fork")
+    context = _context()
     with tempfile.TemporaryDirectory(prefix="spawnkit-history-") as tmp:
         folders = [Path(tmp) / str(i) for i in range(len(chunks))]
         pool = context.Pool(min(workers, len(chunks)))
@@ -95,6 +105,14 @@ def parse_in_workers(
     return RowTables(
         *(pa.concat_tables([getattr(p, kind) for p in parts]) for kind in RowTables.KINDS)
     )
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """The forkserver context, with the parser preloaded in the server (Linux, macOS)."""
+    context = multiprocessing.get_context("forkserver")
+    # The server imports this before forking workers, so they start with it in memory.
+    context.set_forkserver_preload(["spawnkit.history.transcript_loader"])
+    return context
 
 
 def _parse_to_files(
