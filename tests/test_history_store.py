@@ -268,7 +268,7 @@ def test_a_change_to_completed_history_makes_the_cache_stale(filled: SessionStor
         assert list(history.sessions(fresh, cache=True)["session_id"]) == ["z"]
 
 
-def test_a_store_is_migrated_to_schema_4_with_its_history_untouched(tmp_path: Path) -> None:
+def test_a_store_is_migrated_to_schema_5_with_its_history_untouched(tmp_path: Path) -> None:
     from spawnkit.store import SCHEMA_VERSION
 
     path = tmp_path / "old.db"
@@ -277,7 +277,7 @@ def test_a_store_is_migrated_to_schema_4_with_its_history_untouched(tmp_path: Pa
     conn = sqlite3.connect(path)
     for name in ("history_epoch", "history_files", "history_lines", "history_usage"):
         conn.execute(f"DROP TABLE {name}")
-    conn.execute("PRAGMA user_version = 3")
+    conn.execute("PRAGMA user_version = 4")
     conn.commit()
     conn.close()
     assert len(history.sessions(path, cache=True)) == 1  # read-only: works unmigrated

@@ -515,7 +515,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         old = store.get_session("old")
         create(store, "new", log_dir=tmp_path / "logs", role="researcher")
         new = store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(4,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(5,)]
     assert old is not None and old.log_dir is None and old.status == "queued"
     assert new is not None and new.log_dir == tmp_path / "logs" and new.role == "researcher"
 
@@ -533,7 +533,16 @@ def test_a_version_2_file_is_migrated(tmp_path: Path) -> None:
         assert store.get_session("old").role is None  # type: ignore[union-attr]
 
 
+def _as_schema_4(db: Path) -> None:
+    for name in ("history_epoch", "history_files", "history_lines", "history_usage"):
+        execute(db, f"DROP TABLE {name}")
+    for kind in ("session_update", "session_delete", "call_update", "call_delete"):
+        execute(db, f"DROP TRIGGER history_epoch_{kind}")
+    execute(db, "PRAGMA user_version = 4")
+
+
 def _as_schema_3(db: Path) -> None:
+    _as_schema_4(db)
     execute(db, "ALTER TABLE sessions DROP COLUMN sandbox")
     execute(db, "ALTER TABLE sessions DROP COLUMN given")
     execute(db, "PRAGMA user_version = 3")
