@@ -8,7 +8,8 @@ key-value store per butler), ``schedule_list``, ``sessions_list`` and
 Every run reaches the server with its session key in the URL
 (``/mcp?session_id=...``). A server middleware records each ``tools/call``
 against that session in the store's ``mcp_calls`` table, so the server's view
-of a run can be joined with the runtime's. On SSE the key rides only the
+of a run can be joined with the runtime's; the run's secrets are redacted there
+as everywhere else (:mod:`spawnkit.redaction`). On SSE the key rides only the
 ``GET /sse`` URL; the server remembers which SSE connection carries which key.
 """
 
@@ -33,6 +34,7 @@ from starlette.routing import Route
 
 from . import _asgi
 from .errors import TriggerRejected
+from .redaction import Redactor
 from .roster import ButlerConfig
 from .store import SessionStore
 
@@ -152,13 +154,15 @@ class ButlerServer:
         finally:
             duration = int((time.monotonic() - clock) * 1000)
             try:
+                # The run's secrets stay out of the row (redacted before the cut).
+                redact = self.spawner.redactor_for(key) if self.spawner else Redactor()
                 await asyncio.to_thread(
                     self.store.record_mcp_call,
                     butler=self.butler.name,
                     session_key=key,
                     tool=tool,
-                    arguments=arguments,
-                    result=text[:16_384],
+                    arguments=redact.data(arguments),
+                    result=redact.text(text)[:16_384],
                     is_error=is_error,
                     called_at=called_at,
                     duration_ms=duration,
