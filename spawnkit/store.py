@@ -425,6 +425,7 @@ class SessionStore:
         target = CredentialFile.beside(self.path)
         moved: list[StoredCredential] | None = None
         lost: list[str] = []
+        secure = 1
         try:
             if not _has_table(conn, "credentials"):
                 return
@@ -435,7 +436,8 @@ class SessionStore:
                 found = [StoredCredential(r["name"], r["value"], _credential_time(r)) for r in rows]
                 lost = target.merge(found)
                 moved = found
-                tx.execute("PRAGMA secure_delete = ON")
+                secure = tx.execute("PRAGMA secure_delete").fetchone()[0]
+                tx.execute("PRAGMA secure_delete = ON")  # zero the freed pages
                 tx.execute("DROP TABLE credentials")
         except (sqlite3.DatabaseError, OSError, CredentialError) as exc:
             if moved is None:
@@ -453,7 +455,7 @@ class SessionStore:
                 )  # fmt: skip
             return
         try:
-            conn.execute("PRAGMA secure_delete = OFF")
+            conn.execute(f"PRAGMA secure_delete = {int(secure)}")
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.Error as exc:
             logger.warning("%s: the dropped credentials may linger in the WAL (%s)", self.path, exc)

@@ -15,6 +15,7 @@ import pytest
 from mcp import Client
 
 from spawnkit.cli import build_parser
+from spawnkit.credential_file import CredentialFile
 from spawnkit.store import SessionStore
 
 from .conftest import REPO, processes_with_env, workspaces_of
@@ -158,7 +159,7 @@ def test_roster_and_credentials_commands() -> None:
     assert spawnkit("credentials", "set", "MY_TOKEN", "s3cret").returncode == 0
     names = spawnkit("credentials", "list")
     assert names.stdout.split() == ["MY_TOKEN"] and "s3cret" not in names.stdout
-    assert SessionStore().credential_get("MY_TOKEN") == "s3cret"
+    assert CredentialFile.default().get("MY_TOKEN") == "s3cret"
     assert spawnkit("credentials", "delete", "MY_TOKEN").returncode == 0
     assert_one_line_error(spawnkit("credentials", "delete", "MY_TOKEN"), "no stored credential")
 

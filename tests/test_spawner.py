@@ -18,6 +18,7 @@ from spawnkit.errors import (
     RuntimeFailure,
     SpawnerClosedError,
 )
+from spawnkit.credential_file import CredentialFile
 from spawnkit.events import Finished, Queued, RunEvent, Started, ToolCallStarted
 from spawnkit.memory import StoreMemory
 from spawnkit.spawner import Spawner, compose_prompt, validate_trigger_source
@@ -236,7 +237,7 @@ async def test_missing_required_env_raises_before_spawning(make_butler, store, m
     with pytest.raises(MissingEnvError, match="SPAWNKIT_TEST_TOKEN"):
         await spawner.trigger("x")
     assert adapter.specs == [] and store.count_sessions() == 0
-    store.credential_set("SPAWNKIT_TEST_TOKEN", "from-store")
+    CredentialFile.beside(store.path).set("SPAWNKIT_TEST_TOKEN", "from-store")
     await spawner.trigger("x")
     assert adapter.specs[0].env["SPAWNKIT_TEST_TOKEN"] == "from-store"
 
