@@ -70,6 +70,13 @@ def forms(value: str) -> set[str]:
     return {text for text in found if len(text) >= MIN_SECRET_CHARS}
 
 
+# Proper prefixes of forms up to this length are kept in a set, for the stream's hold-back.
+_PREFIX_SET_MAX = 256
+# Text without any form's first characters skips the regex (no form is shorter).
+_ANCHOR_CHARS = 6
+assert _ANCHOR_CHARS <= MIN_SECRET_CHARS
+
+
 @dataclass(frozen=True)
 class _Patterns:
     """Everything one redaction pass needs, swapped as a whole when secrets are added."""
@@ -78,6 +85,26 @@ class _Patterns:
     names: Mapping[str, str]  # form -> NAME
     forms: tuple[str, ...]  # longest first
     longest: int
+    starts: re.Pattern[str] | None = None  # any first character of a form
+    prefixes: frozenset[str] = frozenset()  # proper prefixes of the shorter forms
+    long_forms: tuple[str, ...] = ()  # the forms too long for ``prefixes``
+    anchors: tuple[str, ...] = ()  # the distinct openings of the forms
+
+    @classmethod
+    def build(cls, names: Mapping[str, str]) -> _Patterns:
+        forms = tuple(sorted(names, key=lambda form: (-len(form), form)))
+        regex = re.compile("|".join(re.escape(form) for form in forms))
+        starts = re.compile(f"[{''.join(re.escape(c) for c in sorted({f[0] for f in forms}))}]")
+        short = [form for form in forms if len(form) <= _PREFIX_SET_MAX]
+        prefixes = frozenset(form[:k] for form in short for k in range(1, len(form)))
+        long_forms = tuple(form for form in forms if len(form) > _PREFIX_SET_MAX)
+        anchors = tuple(sorted({form[:_ANCHOR_CHARS] for form in forms}))
+        return cls(regex, names, forms, len(forms[0]), starts, prefixes, long_forms, anchors)
+
+    def present(self, text: str) -> bool:
+        """Whether a form may occur in ``text``: a few short substring scans, far cheaper
+        than the regex, which runs only when one of them hits."""
+        return any(anchor in text for anchor in self.anchors)
 
 
 _EMPTY = _Patterns(None, {}, (), 0)
@@ -103,11 +130,8 @@ class Redactor:
                 continue
             for form in sorted(forms(value)):
                 names.setdefault(form, name)
-        if len(names) == len(self._patterns.names):
-            return
-        ordered = tuple(sorted(names, key=lambda form: (-len(form), form)))
-        regex = re.compile("|".join(re.escape(form) for form in ordered))
-        self._patterns = _Patterns(regex, names, ordered, len(ordered[0]))
+        if len(names) > len(self._patterns.names):
+            self._patterns = _Patterns.build(names)
 
     @property
     def names(self) -> list[str]:
@@ -128,7 +152,7 @@ class Redactor:
     def text(self, text: None) -> None: ...
     def text(self, text: str | None) -> str | None:
         patterns = self._patterns
-        if patterns.regex is None or not text:
+        if patterns.regex is None or not text or not patterns.present(text):
             return text
         return patterns.regex.sub(lambda m: MARKER.format(name=patterns.names[m[0]]), text)
 
@@ -246,7 +270,7 @@ class TextStream:
 
     def _out(self, text: str) -> str:
         patterns = self.redactor._patterns
-        if patterns.regex is None or not text:
+        if patterns.regex is None or not text or not patterns.present(text):
             self.replaced = 0
             return text
         out, self.replaced = patterns.regex.subn(
@@ -257,20 +281,20 @@ class TextStream:
 
 def _safe_cut(text: str, patterns: _Patterns) -> int:
     """Where ``text`` may be cut so that no secret is split: before a tail that could begin one."""
-    if patterns.regex is None:
+    if patterns.regex is None or patterns.starts is None:
         return len(text)
-    start = max(0, len(text) - patterns.longest + 1)
     held = 0
-    for form in patterns.forms:
-        i = text.find(form[0], start)
-        while i != -1 and len(text) - i > held:
-            tail = len(text) - i
-            if tail < len(form) and form.startswith(text[i:]):
-                held = tail
-                break
-            i = text.find(form[0], i + 1)
+    # The earliest candidate start gives the longest tail: the first hit is the answer.
+    for start in patterns.starts.finditer(text, max(0, len(text) - patterns.longest + 1)):
+        tail = text[start.start() :]
+        if tail in patterns.prefixes or any(
+            len(form) > len(tail) and form.startswith(tail) for form in patterns.long_forms
+        ):
+            held = len(tail)
+            break
     cut = len(text) - held
-    for match in patterns.regex.finditer(text):
-        if match.start() < cut < match.end():
-            cut = match.end()  # a whole secret straddles the cut: keep it on the safe side
+    if held and patterns.present(text):
+        for match in patterns.regex.finditer(text):
+            if match.start() < cut < match.end():
+                cut = match.end()  # a whole secret straddles the cut: keep it on the safe side
     return cut

@@ -11,6 +11,7 @@ import logging
 import pytest
 
 from spawnkit import MockSpawner, SpawnerResult
+from spawnkit.credential_file import CredentialFile
 from spawnkit.errors import (
     InvalidTriggerSource,
     MissingEnvError,
@@ -18,7 +19,6 @@ from spawnkit.errors import (
     RuntimeFailure,
     SpawnerClosedError,
 )
-from spawnkit.credential_file import CredentialFile
 from spawnkit.events import Finished, Queued, RunEvent, Started, ToolCallStarted
 from spawnkit.memory import StoreMemory
 from spawnkit.spawner import Spawner, compose_prompt, validate_trigger_source
