@@ -36,6 +36,7 @@ from pathlib import Path
 
 from opentelemetry.trace import TracerProvider
 
+from . import sandbox
 from .credentials import (
     CredentialStore,
     check_required,
@@ -74,7 +75,7 @@ from .runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
 from .store import SessionStore
 from .system_prompt import append_memory, compose_system_prompt
 from .telemetry import RunSpan, run_span
-from .workspace import mcp_url, run_workspace
+from .workspace import files_in, mcp_url, run_workspace
 
 logger = logging.getLogger(__name__)
 
@@ -350,6 +351,7 @@ class Spawner:
         if role is not None and not _ROLE_RE.fullmatch(role):
             raise ValueError(f"invalid role name {role!r}")
         self.adapter.find_binary()
+        sandbox.check_available(self.butler)
         check_required(self.butler, self.credentials)
         redactor = Redactor(
             injected_secrets(
@@ -549,7 +551,7 @@ class Spawner:
                 provider=self.tracer_provider,
                 redactor=run.redactor,
             ) as span,
-            run_workspace(butler.name, self.workspace_root) as workspace,
+            run_workspace(butler, self.workspace_root) as workspace,
         ):
             collector.span = span
             collector.trace_id = trace_id = span.trace_id
@@ -592,6 +594,10 @@ class Spawner:
                 )
                 span.finish(replace(cancelled, duration_ms=_ms_since(clock)))
                 raise
+            finally:
+                await asyncio.shield(
+                    asyncio.to_thread(self._keep_transcripts, worker, workspace, run.redactor)
+                )
             if outcome is not None and not outcome.success:
                 worker.reset()
             result = self._result(collector, outcome, status, error, error_kind, trace_id, clock)
@@ -606,6 +612,14 @@ class Spawner:
                     "memory: could not store the episode of %s; going on", run.session_id
                 )
         return result
+
+    def _keep_transcripts(
+        self, worker: RuntimeAdapter, workspace: Path, redactor: Redactor
+    ) -> None:
+        try:
+            worker.keep_transcripts(workspace, redactor.text)
+        except OSError:
+            logger.exception("could not keep the transcripts of the run in %s", workspace)
 
     async def _prepare(self, run: _Run, workspace: Path, span: RunSpan) -> RunSpec:
         butler, worker = self.butler, run.worker
@@ -645,20 +659,40 @@ class Spawner:
         # since the trigger was accepted).
         names = secret_names(butler, worker.passthrough_env, worker.other_vendor_keys)
         run.redactor.add({name: env[name] for name in names if name in env})
+        cwd = butler.workdir or workspace
+        tools = (
+            agent.tools if agent is not None and agent.tools is not None else butler.runtime.tools
+        )
+        if run.resume and not await asyncio.to_thread(
+            worker.stage_resume, workspace, cwd, run.resume
+        ):
+            logger.warning("no kept transcript of %s to resume; the CLI looks for it itself",
+                           run.resume)  # fmt: skip
+        plan = sandbox.plan(butler, workspace, worker.install_paths())
+        config_file = worker.build_config_file(workspace, server)
+        await asyncio.to_thread(
+            self.store.record_setup,
+            run.session_id,
+            sandbox=plan.kind,
+            given={
+                "config_files": files_in(workspace),
+                "mcp_servers": [server.name],
+                "tools": list(tools),
+                "home": "the run's workspace",
+            },
+        )  # fmt: skip
         return RunSpec(
             session_id=run.session_id,
             butler=butler.name,
             prompt=compose_prompt(run.prompt, run.context),
             system_prompt=system_prompt,
             workspace=workspace,
-            cwd=butler.directory,
+            cwd=cwd,
             mcp_server=server,
-            config_file=worker.build_config_file(workspace, server),
+            config_file=config_file,
             env=env,
             max_turns=run.max_turns,
-            tools=agent.tools
-            if agent is not None and agent.tools is not None
-            else butler.runtime.tools,
+            tools=tools,
             model=(agent.model if agent is not None and agent.model else None) or self.model,
             base_url=self.base_url,
             runtime_session_id=run.runtime_session_id,
@@ -666,6 +700,7 @@ class Spawner:
             log=run.log,
             # A run acting as one of the roles does not delegate further.
             agents={} if agent is not None else butler.agents,
+            sandbox=plan,
         )
 
     def _result(

@@ -40,7 +40,7 @@ from .result import SpawnerResult, ToolCall, Usage
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_MS = 15_000
 
 _SCHEMA = """
@@ -76,7 +76,9 @@ CREATE TABLE IF NOT EXISTS sessions (
     owner_pid INTEGER,
     owner_start TEXT,
     log_dir TEXT,
-    role TEXT
+    role TEXT,
+    sandbox TEXT,
+    given TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_at);
 CREATE INDEX IF NOT EXISTS sessions_by_butler ON sessions (butler, created_at);
@@ -134,9 +136,10 @@ CREATE INDEX IF NOT EXISTS episodes_by_butler ON episodes (butler, id);
 
 
 # _MIGRATIONS[v - 1] takes a store from schema v to v + 1.
-_MIGRATIONS = (
-    "ALTER TABLE sessions ADD COLUMN log_dir TEXT",
-    "ALTER TABLE sessions ADD COLUMN role TEXT",
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    ("ALTER TABLE sessions ADD COLUMN log_dir TEXT",),
+    ("ALTER TABLE sessions ADD COLUMN role TEXT",),
+    ("ALTER TABLE sessions ADD COLUMN sandbox TEXT", "ALTER TABLE sessions ADD COLUMN given TEXT"),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION - 1
 
@@ -228,6 +231,9 @@ class SessionRecord:
     completed_at: datetime | None
     log_dir: Path | None = None
     role: str | None = None
+    # Which sandbox the run had ("bwrap" or "none") and what its CLI was given.
+    sandbox: str | None = None
+    given: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> SessionRecord:
@@ -263,6 +269,8 @@ class SessionRecord:
             completed_at=_dt(row["completed_at"]),
             log_dir=Path(row["log_dir"]) if row["log_dir"] else None,
             role=row["role"],
+            sandbox=row["sandbox"],
+            given=json.loads(row["given"]) if row["given"] else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -295,6 +303,8 @@ class SessionRecord:
             "completed_at": _iso(self.completed_at),
             "log_dir": str(self.log_dir) if self.log_dir else None,
             "role": self.role,
+            "sandbox": self.sandbox,
+            "given": self.given,
         }
 
 
@@ -407,7 +417,8 @@ class SessionStore:
                         conn.execute(statement)
             else:
                 for step in _MIGRATIONS[version - 1 :]:
-                    conn.execute(step)
+                    for statement in step:
+                        conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _move_credentials_out(self) -> None:
@@ -520,6 +531,14 @@ class SessionStore:
                 "UPDATE sessions SET status = 'running', started_at = ?, trace_id = ? "
                 "WHERE id = ? AND completed_at IS NULL",
                 (_iso(started_at), trace_id, session_id),
+            )
+
+    def record_setup(self, session_id: str, *, sandbox: str, given: dict[str, Any]) -> None:
+        """Record how a run was contained and what its CLI was given (config, servers, tools)."""
+        with self._tx() as conn:
+            conn.execute(
+                "UPDATE sessions SET sandbox = ?, given = ? WHERE id = ?",
+                (sandbox, json.dumps(given, ensure_ascii=False), session_id),
             )
 
     def complete_session(
