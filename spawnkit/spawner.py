@@ -523,20 +523,19 @@ class Spawner:
             call if call.finished_at else call.finish(f"[not finished: {error}]", True, now)
             for call in collector.calls.values()
         ]
-        return collector.redactor.result(
-            SpawnerResult(
-                output=collector.partial_output,
-                tool_calls=calls,
-                success=False,
-                error=error,
-                error_kind=kind,
-                status=status,
-                usage=collector.usage,
-                cost_usd=collector.cost_usd,
-                model=self.model,
-                trace_id=collector.trace_id,
-            )
+        unfinished = SpawnerResult(
+            output=collector.partial_output,
+            tool_calls=calls,
+            success=False,
+            error=error,
+            error_kind=kind,
+            status=status,
+            usage=collector.usage,
+            cost_usd=collector.cost_usd,
+            model=self.model,
+            trace_id=collector.trace_id,
         )
+        return collector.redactor.result(unfinished)
 
     async def _execute(self, run: _Run, started_at: datetime) -> SpawnerResult:
         butler, worker, collector = self.butler, run.worker, run.collector
@@ -719,26 +718,25 @@ class Spawner:
                 collector, status, error or "the run failed", error_kind or ""
             )
             return replace(result, trace_id=trace_id, duration_ms=_ms_since(clock))
-        # The outcome's output and error come from the adapter, not through the collector.
-        return collector.redactor.result(
-            SpawnerResult(
-                output=outcome.output
-                if outcome.success
-                else (outcome.output or collector.partial_output),
-                tool_calls=calls,
-                success=outcome.success,
-                error=error,
-                error_kind=error_kind,
-                status=status,
-                runtime_session_id=outcome.runtime_session_id,
-                duration_ms=_ms_since(clock),
-                usage=outcome.usage,
-                cost_usd=outcome.cost_usd,
-                trace_id=trace_id,
-                model=outcome.model or self.model,
-                num_turns=outcome.num_turns,
-            )
+        finished = SpawnerResult(
+            output=outcome.output
+            if outcome.success
+            else (outcome.output or collector.partial_output),
+            tool_calls=calls,
+            success=outcome.success,
+            error=error,
+            error_kind=error_kind,
+            status=status,
+            runtime_session_id=outcome.runtime_session_id,
+            duration_ms=_ms_since(clock),
+            usage=outcome.usage,
+            cost_usd=outcome.cost_usd,
+            trace_id=trace_id,
+            model=outcome.model or self.model,
+            num_turns=outcome.num_turns,
         )
+        # The outcome's output and error come from the adapter, not through the collector.
+        return collector.redactor.result(finished)
 
 
 def _ms_since(clock: float) -> int:
