@@ -11,7 +11,9 @@ secret, minted by the spawner through the server's :class:`~spawnkit.mcp_access.
 AccessTable`, and the owner token of a served butler. A server middleware
 records each ``tools/call`` in the store's ``mcp_calls`` table against the
 session key the caller's secret was granted for, so the server's view of a run
-can be joined with the runtime's. A URL naming another session is refused.
+can be joined with the runtime's; the run's secrets are redacted there as
+everywhere else (:mod:`spawnkit.redaction`). A URL naming another session is
+refused.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from . import _asgi
 from .errors import TriggerRejected
 from .mcp_access import AccessTable, Caller
 from .mcp_guard import CALLER_SCOPE_KEY, MCP_PATH, MESSAGE_PATH, SSE_PATH, McpGuard, host_names
+from .redaction import Redactor
 from .roster import ButlerConfig
 from .store import SessionStore
 
@@ -113,13 +116,15 @@ class ButlerServer:
         finally:
             duration = int((time.monotonic() - clock) * 1000)
             try:
+                # The run's secrets stay out of the row (redacted before the cut).
+                redact = self.spawner.redactor_for(key) if self.spawner else Redactor()
                 await asyncio.to_thread(
                     self.store.record_mcp_call,
                     butler=self.butler.name,
                     session_key=key,
                     tool=tool,
-                    arguments=arguments,
-                    result=text[:16_384],
+                    arguments=redact.data(arguments),
+                    result=redact.text(text)[:16_384],
                     is_error=is_error,
                     called_at=called_at,
                     duration_ms=duration,

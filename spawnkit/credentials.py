@@ -1,12 +1,16 @@
-"""Credential isolation: which variables a runtime process may see, and their values.
+"""Credential isolation: which variables a runtime process may see, their values, which are secret.
 
 The child of a run gets only ``PATH``, the core API keys, the butler's declared
 required and optional variables, its modules' credential variables, the
 adapter's own needs (such as ``HOME``), ``TRACEPARENT`` and spawnkit's identity
-variables. Values come from :class:`CredentialStore`: spawnkit's own
-``credentials`` table first, the environment second. Anything else the host
-process has, the child never sees (see :mod:`spawnkit._process` for how that is
-enforced on the real process).
+variables. Values come from :class:`CredentialStore`: spawnkit's credentials file
+(:mod:`spawnkit.credential_file`, never the session store) first, the environment
+second. Anything else the host process has, the child never sees (see
+:mod:`spawnkit._process` for how that is enforced on the real process).
+
+Every value a run gets is a secret to redact (:mod:`spawnkit.redaction`) except
+the host plumbing in :data:`PLUMBING` (paths, locale) and spawnkit's own identity
+variables.
 """
 
 from __future__ import annotations
@@ -14,26 +18,46 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
+from .credential_file import CredentialFile
 from .errors import MissingEnvError
 from .roster import ButlerConfig
 from .store import SessionStore
 
 CORE_KEYS = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
 ALWAYS = ("PATH",)
+# Variables a run may get whose values are host plumbing, not secrets: never redacted.
+PLUMBING = frozenset(
+    {
+        "PATH", "HOME", "CLAUDE_CONFIG_DIR", "CODEX_HOME", "GEMINI_CLI_HOME", "TMPDIR",
+        "USER", "LOGNAME", "SHELL", "TERM", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ",
+        "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME",
+        "XDG_RUNTIME_DIR",
+    }
+)  # fmt: skip
 
 
 class CredentialStore:
-    """Resolves variable values: the store's table first, then ``environ``."""
+    """Resolves variable values: the credentials file first, then ``environ``.
+
+    ``store`` names the session store whose credentials file to use (the file beside
+    it; see :meth:`CredentialFile.beside`); ``file`` names one directly. With neither,
+    values come from ``environ`` alone.
+    """
 
     def __init__(
-        self, store: SessionStore | None = None, environ: Mapping[str, str] | None = None
+        self,
+        store: SessionStore | None = None,
+        environ: Mapping[str, str] | None = None,
+        *,
+        file: CredentialFile | None = None,
     ) -> None:
         self.store = store
+        self.file = file or (CredentialFile.beside(store.path) if store is not None else None)
         self.environ = environ if environ is not None else os.environ
 
     def resolve(self, name: str) -> str | None:
-        if self.store is not None:
-            value = self.store.credential_get(name)
+        if self.file is not None:
+            value = self.file.get(name)
             if value is not None:
                 return value
         return self.environ.get(name)
@@ -53,6 +77,24 @@ def allowed_names(
         *adapter_passthrough,
     ]
     return list(dict.fromkeys(names))
+
+
+def secret_names(
+    butler: ButlerConfig, adapter_passthrough: Iterable[str], withheld: Iterable[str] = ()
+) -> list[str]:
+    """Names a run may see whose values are secrets: all but :data:`PLUMBING`."""
+    return [n for n in allowed_names(butler, adapter_passthrough, withheld) if n not in PLUMBING]
+
+
+def injected_secrets(
+    butler: ButlerConfig,
+    credentials: CredentialStore,
+    adapter_passthrough: Iterable[str],
+    withheld: Iterable[str] = (),
+) -> dict[str, str]:
+    """The secret values a run of ``butler`` gets now, by name (what to redact)."""
+    names = secret_names(butler, adapter_passthrough, withheld)
+    return {name: value for name in names if (value := credentials.resolve(name))}
 
 
 def check_required(butler: ButlerConfig, credentials: CredentialStore) -> None:

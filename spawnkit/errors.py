@@ -97,7 +97,7 @@ class MissingEnvError(SpawnkitError):
         super().__init__(
             f"butler {butler!r} requires {', '.join(names)}: set "
             f"{'it' if len(names) == 1 else 'them'} in the environment or with "
-            "`spawnkit credentials set NAME VALUE`"
+            "`spawnkit credentials set NAME`"
         )
 
 

@@ -5,7 +5,9 @@ produces them (so a hung or killed run still leaves its trace), each up to a
 size cap after which one marker line says how much was dropped. For Codex and
 Gemini the stdout log holds the CLI's raw JSON lines; for Claude Code, which
 spawnkit reads through the SDK, it holds each message as the SDK parsed it,
-one JSON object per line.
+one JSON object per line. Every line passes the run's
+:class:`~spawnkit.redaction.Redactor` before it is written (and before the cap
+is counted), so the injected secrets never reach the disk.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from .home import spawnkit_home
+from .redaction import Redactor
 
 DEFAULT_CAP_BYTES = 10 * 1024 * 1024
 
@@ -57,21 +60,29 @@ class _CappedFile:
 class RunLog:
     """The stdout and stderr logs of one session."""
 
-    def __init__(self, directory: Path, cap_bytes: int = DEFAULT_CAP_BYTES) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        cap_bytes: int = DEFAULT_CAP_BYTES,
+        redactor: Redactor | None = None,
+    ) -> None:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.directory = directory
+        self.redactor = redactor or Redactor()
         self._stdout = _CappedFile(directory / "stdout.log", cap_bytes)
         self._stderr = _CappedFile(directory / "stderr.log", cap_bytes)
 
     @classmethod
-    def for_session(cls, session_id: str, cap_bytes: int = DEFAULT_CAP_BYTES) -> RunLog:
-        return cls(session_log_dir(session_id), cap_bytes)
+    def for_session(
+        cls, session_id: str, cap_bytes: int = DEFAULT_CAP_BYTES, redactor: Redactor | None = None
+    ) -> RunLog:
+        return cls(session_log_dir(session_id), cap_bytes, redactor)
 
     def stdout(self, line: str) -> None:
-        self._stdout.write_line(line)
+        self._stdout.write_line(self.redactor.text(line))
 
     def stderr(self, line: str) -> None:
-        self._stderr.write_line(line)
+        self._stderr.write_line(self.redactor.text(line))
 
     def close(self) -> None:
         self._stdout.close()

@@ -50,7 +50,7 @@ class _OverlayCredentials(CredentialStore):
     """Credentials with a few fixed values on top (the replay key)."""
 
     def __init__(self, base: CredentialStore, overrides: dict[str, str]) -> None:
-        super().__init__(base.store, base.environ)
+        super().__init__(base.store, base.environ, file=base.file)
         self.base = base
         self.overrides = overrides
 

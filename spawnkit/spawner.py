@@ -14,6 +14,12 @@ failure, timeout, an exception, a cancellation by the caller or by
 :meth:`Spawner.drain`). Each run happens in its own task, inside a fresh
 workspace, with an isolated environment and its own telemetry span; what is
 shared by every runtime is written here once, never per adapter.
+
+Each run has one :class:`~spawnkit.redaction.Redactor` holding the secret values
+it is given. It is applied where things leave the run, once each: the collector
+(every event before listeners see it or the result is folded from it), the
+results built here (so the record and the caller get the same redacted result),
+the run's logs, its span, and the prompt and context written to the record.
 """
 
 from __future__ import annotations
@@ -31,7 +37,13 @@ from pathlib import Path
 from opentelemetry.trace import TracerProvider
 
 from . import sandbox
-from .credentials import CredentialStore, check_required, isolated_env
+from .credentials import (
+    CredentialStore,
+    check_required,
+    injected_secrets,
+    isolated_env,
+    secret_names,
+)
 from .errors import (
     ConfigError,
     InvalidArgument,
@@ -50,12 +62,14 @@ from .events import (
     Queued,
     RunEvent,
     Started,
+    TextDelta,
     ToolCallFinished,
     ToolCallStarted,
     UsageUpdate,
 )
 from .mcp_access import AccessTable, McpAccess
 from .memory import MemoryProvider, StoreMemory
+from .redaction import Redactor
 from .result import OUTPUT_LIMIT, RunStatus, SpawnerResult, ToolCall, Usage, truncate
 from .roster import ButlerConfig
 from .runlog import DEFAULT_CAP_BYTES, RunLog, session_log_dir
@@ -114,11 +128,13 @@ class SpawnerStatus:
 
 
 class _Collector:
-    """Folds a run's events into its result and fans them out to listeners."""
+    """Redacts a run's events, folds them into its result and fans them out to listeners."""
 
-    def __init__(self, session_id: str, sinks: list[EventSink]) -> None:
+    def __init__(self, session_id: str, sinks: list[EventSink], redactor: Redactor) -> None:
         self.session_id = session_id
         self.sinks = sinks
+        self.redactor = redactor
+        self._deltas = redactor.stream()
         self.span: RunSpan | None = None
         self.calls: dict[str, ToolCall] = {}
         self.texts: list[str] = []
@@ -128,6 +144,17 @@ class _Collector:
         self.trace_id: str | None = None
 
     def emit(self, event: RunEvent) -> None:
+        # Deltas are redacted as one stream (a secret may span two); whatever the
+        # stream holds back goes out before any other event.
+        if isinstance(event, TextDelta):
+            if text := self._deltas.feed(event.text):
+                self._deliver(TextDelta(event.session_id, text))
+            return
+        if held := self._deltas.flush():
+            self._deliver(TextDelta(event.session_id, held))
+        self._deliver(self.redactor.event(event))
+
+    def _deliver(self, event: RunEvent) -> None:
         if isinstance(event, ToolCallStarted | ToolCallFinished):
             self.calls[event.call.id] = event.call
             if isinstance(event, ToolCallFinished) and self.span is not None:
@@ -166,6 +193,10 @@ class _Run:
     collector: _Collector
     log: RunLog | None = None
     mcp_secret: str | None = None
+
+    @property
+    def redactor(self) -> Redactor:
+        return self.collector.redactor
 
 
 class Spawner:
@@ -214,6 +245,7 @@ class Spawner:
         self._pending = 0  # accepted, not yet holding a slot
         self._accepting = True
         self._runs: dict[str, asyncio.Task[SpawnerResult]] = {}
+        self._redactors: dict[str, Redactor] = {}  # by every key a run's MCP URL may carry
         self._listeners: list[EventSink] = []
 
     # -- observation -------------------------------------------------------------
@@ -232,6 +264,17 @@ class Spawner:
             queued=self._queued(),
             max_queued=self._max_queued,
             accepting=self._accepting,
+        )
+
+    def redactor_for(self, session_key: str | None) -> Redactor:
+        """The redactor of the in-flight run ``session_key`` names (as an MCP URL does).
+
+        For a key of no run in flight, one built from the values a run would get now.
+        """
+        if session_key and (redactor := self._redactors.get(session_key)):
+            return redactor
+        return Redactor(
+            injected_secrets(self.butler, self.credentials, self.adapter.passthrough_env)
         )
 
     @property
@@ -322,6 +365,12 @@ class Spawner:
         self.adapter.find_binary()
         sandbox.check_available(self.butler)
         check_required(self.butler, self.credentials)
+        redactor = Redactor(
+            injected_secrets(
+                self.butler, self.credentials, self.adapter.passthrough_env,
+                self.adapter.other_vendor_keys,
+            )
+        )  # fmt: skip
 
         # Accepted: reserve the place synchronously, before the first await.
         self._pending += 1
@@ -338,8 +387,12 @@ class Spawner:
             role=role,
             worker=worker,
             runtime_session_id=None if resume else worker.new_runtime_session_id(),
-            collector=_Collector(session_id, [*self._listeners, *([on_event] if on_event else [])]),
+            collector=_Collector(
+                session_id, [*self._listeners, *([on_event] if on_event else [])], redactor
+            ),
         )
+        for key in {session_id, run.runtime_session_id, resume} - {None}:
+            self._redactors[str(key)] = redactor
         task = asyncio.create_task(
             self._run(run, position=self._queued()),
             name=f"spawnkit:{self.butler.name}:{session_id[:8]}",
@@ -422,8 +475,8 @@ class Spawner:
                     butler=butler.name,
                     runtime=butler.runtime.type,
                     model=self.model,
-                    prompt=run.prompt,
-                    context=run.context,
+                    prompt=run.redactor.text(run.prompt),
+                    context=run.redactor.text(run.context),
                     trigger_source=run.trigger_source,
                     runtime_session_id=run.runtime_session_id or run.resume,
                     parent_session_id=run.parent_session_id,
@@ -431,7 +484,7 @@ class Spawner:
                     role=run.role,
                 )
                 recorded = True
-            run.log = RunLog.for_session(run.session_id, self.log_cap_bytes)
+            run.log = RunLog.for_session(run.session_id, self.log_cap_bytes, run.redactor)
             if position > 0:
                 collector.emit(Queued(run.session_id, butler.name, position))
             async with self._slots:
@@ -477,6 +530,9 @@ class Spawner:
             logger.debug("cancelled while recording session %s; the write goes on", run.session_id)
         finally:
             self._runs.pop(run.session_id, None)
+            for key, redactor in list(self._redactors.items()):
+                if redactor is run.redactor:
+                    del self._redactors[key]
         collector.emit(Finished(run.session_id, result))
         return result
 
@@ -499,7 +555,7 @@ class Spawner:
             call if call.finished_at else call.finish(f"[not finished: {error}]", True, now)
             for call in collector.calls.values()
         ]
-        return SpawnerResult(
+        unfinished = SpawnerResult(
             output=collector.partial_output,
             tool_calls=calls,
             success=False,
@@ -511,6 +567,7 @@ class Spawner:
             model=self.model,
             trace_id=collector.trace_id,
         )
+        return collector.redactor.result(unfinished)
 
     async def _execute(self, run: _Run, started_at: datetime) -> SpawnerResult:
         butler, worker, collector = self.butler, run.worker, run.collector
@@ -523,6 +580,7 @@ class Spawner:
                 session_id=run.session_id,
                 trigger_source=run.trigger_source,
                 provider=self.tracer_provider,
+                redactor=run.redactor,
             ) as span,
             run_workspace(butler, self.workspace_root) as workspace,
         ):
@@ -569,7 +627,9 @@ class Spawner:
                 span.finish(replace(cancelled, duration_ms=_ms_since(clock)))
                 raise
             finally:
-                await asyncio.shield(asyncio.to_thread(self._keep_transcripts, worker, workspace))
+                await asyncio.shield(
+                    asyncio.to_thread(self._keep_transcripts, worker, workspace, run.redactor)
+                )
             if outcome is not None and not outcome.success:
                 worker.reset()
             result = self._result(collector, outcome, status, error, error_kind, trace_id, clock)
@@ -577,7 +637,7 @@ class Spawner:
         if result.success and self.memory is not None:
             try:
                 await self.memory.store_episode(
-                    butler.name, run.session_id, run.prompt, result.output
+                    butler.name, run.session_id, run.redactor.text(run.prompt), result.output
                 )
             except Exception:
                 logger.exception(
@@ -585,9 +645,11 @@ class Spawner:
                 )
         return result
 
-    def _keep_transcripts(self, worker: RuntimeAdapter, workspace: Path) -> None:
+    def _keep_transcripts(
+        self, worker: RuntimeAdapter, workspace: Path, redactor: Redactor
+    ) -> None:
         try:
-            worker.keep_transcripts(workspace)
+            worker.keep_transcripts(workspace, redactor.text)
         except OSError:
             logger.exception("could not keep the transcripts of the run in %s", workspace)
 
@@ -629,6 +691,10 @@ class Spawner:
             isolated_env, butler, self.credentials, worker.passthrough_env, identity,
             worker.other_vendor_keys,
         )  # fmt: skip
+        # What was really injected is what must be redacted (a value may have changed
+        # since the trigger was accepted).
+        names = secret_names(butler, worker.passthrough_env, worker.other_vendor_keys)
+        run.redactor.add({name: env[name] for name in names if name in env})
         cwd = butler.workdir or workspace
         tools = (
             agent.tools if agent is not None and agent.tools is not None else butler.runtime.tools
@@ -689,7 +755,7 @@ class Spawner:
                 collector, status, error or "the run failed", error_kind or ""
             )
             return replace(result, trace_id=trace_id, duration_ms=_ms_since(clock))
-        return SpawnerResult(
+        finished = SpawnerResult(
             output=outcome.output
             if outcome.success
             else (outcome.output or collector.partial_output),
@@ -706,6 +772,8 @@ class Spawner:
             model=outcome.model or self.model,
             num_turns=outcome.num_turns,
         )
+        # The outcome's output and error come from the adapter, not through the collector.
+        return collector.redactor.result(finished)
 
 
 def _ms_since(clock: float) -> int:

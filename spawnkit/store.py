@@ -9,15 +9,18 @@ process owns it, so rows left open by a process that died are marked
 
 The same file holds the tables the butler's MCP server and the core need:
 ``state`` (the ``state_*`` tools), ``mcp_calls`` (tool calls as the server saw
-them), ``credentials`` (see :mod:`spawnkit.credentials`) and ``episodes`` (see
-:mod:`spawnkit.memory`). Connections are per thread; methods are synchronous
-and short, and async callers run them with ``asyncio.to_thread``.
+them) and ``episodes`` (see :mod:`spawnkit.memory`). It holds no credentials:
+those live in their own file (:mod:`spawnkit.credential_file`), and the
+``credentials`` table older versions kept is moved there when the store opens.
+Connections are per thread; methods are synchronous and short, and async
+callers run them with ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -30,9 +33,12 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote
 
+from .credential_file import CredentialError, CredentialFile, StoredCredential
 from .errors import HomeNotWritable, StoreDamaged, StoreError
 from .home import default_store_path, is_writable
 from .result import SpawnerResult, ToolCall, Usage
+
+logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 5
 BUSY_TIMEOUT_MS = 15_000
@@ -115,12 +121,6 @@ CREATE TABLE IF NOT EXISTS state (
     value TEXT NOT NULL,
     updated_at TEXT NOT NULL,
     PRIMARY KEY (butler, key)
-);
-
-CREATE TABLE IF NOT EXISTS credentials (
-    name TEXT PRIMARY KEY,
-    value TEXT NOT NULL,
-    updated_at TEXT NOT NULL
 );
 
 CREATE TABLE IF NOT EXISTS episodes (
@@ -250,6 +250,19 @@ def _translated(
             raise store_error(self.path, exc) from exc
 
     return wrapper
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+    return conn.execute(query, (name,)).fetchone() is not None
+
+
+def _credential_time(row: sqlite3.Row) -> datetime:
+    try:
+        stamp = datetime.fromisoformat(row["updated_at"])
+    except (TypeError, ValueError):
+        return datetime.min.replace(tzinfo=UTC)
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
 
 
 def _enable_wal(conn: sqlite3.Connection) -> None:
@@ -430,6 +443,7 @@ class SessionStore:
         except OSError as exc:
             raise HomeNotWritable(self.path.parent, exc.strerror or str(exc)) from exc
         try:
+            self._move_credentials_out()
             self._migrate()
         except sqlite3.Error as exc:
             raise store_error(self.path, exc) from exc
@@ -446,7 +460,7 @@ class SessionStore:
                 check_same_thread=False,
             )  # fmt: skip
             if created:
-                self.path.chmod(0o600)  # it may hold credentials
+                self.path.chmod(0o600)  # prompts and outputs are private too
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             _enable_wal(conn)
@@ -487,6 +501,63 @@ class SessionStore:
                     for statement in step:
                         conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _move_credentials_out(self) -> None:
+        """Move the ``credentials`` table an older spawnkit kept into the credentials file.
+
+        Crash-safe and idempotent: inside one write transaction the rows are merged
+        into the file (written atomically and fsynced) before the table is dropped, so
+        a crash in between leaves them in both places and the next open merges the
+        same values again. The drop zeroes the freed pages (``secure_delete``) and the
+        WAL is then truncated, so the values leave the files, not just the table. A
+        store too damaged to read the table, or a file that cannot be written, keeps
+        the rows and says so: nothing is deleted that was not written first.
+        """
+        conn = self._connect()
+        target = CredentialFile.beside(self.path)
+        moved: list[StoredCredential] | None = None
+        lost: list[str] = []
+        secure = 1
+        try:
+            if not _has_table(conn, "credentials"):
+                return
+            with self._tx() as tx:
+                if not _has_table(tx, "credentials"):
+                    return  # another process moved them first
+                rows = tx.execute("SELECT name, value, updated_at FROM credentials").fetchall()
+                found = [StoredCredential(r["name"], r["value"], _credential_time(r)) for r in rows]
+                lost = target.merge(found)
+                moved = found
+                secure = tx.execute("PRAGMA secure_delete").fetchone()[0]
+                tx.execute("PRAGMA secure_delete = ON")  # zero the freed pages
+                tx.execute("DROP TABLE credentials")
+        except (sqlite3.DatabaseError, OSError, CredentialError) as exc:
+            if moved is None:
+                logger.warning(
+                    "could not move the credentials in %s to %s (%s); they stay in the store, "
+                    "where runs do not see them, until this succeeds "
+                    "(`spawnkit store check` checks the store)",
+                    self.path, target.path, exc,
+                )  # fmt: skip
+            else:
+                logger.warning(
+                    "copied %d credential(s) from %s to %s but could not delete them from the "
+                    "store (%s); the next open tries again",
+                    len(moved), self.path, target.path, exc,
+                )  # fmt: skip
+            return
+        try:
+            conn.execute(f"PRAGMA secure_delete = {int(secure)}")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            logger.warning("%s: the dropped credentials may linger in the WAL (%s)", self.path, exc)
+        if lost:
+            logger.warning(
+                "credentials %s: the value in %s is newer than the one %s held; kept it",
+                ", ".join(lost), target.path, self.path,
+            )  # fmt: skip
+        if moved:
+            logger.info("moved %d credential(s) out of %s", len(moved), self.path)
 
     def close(self) -> None:
         with self._lock:
@@ -767,37 +838,6 @@ class SessionStore:
             .fetchall()
         )
         return {r["key"]: json.loads(r["value"]) for r in rows}
-
-    # -- credentials --------------------------------------------------------------
-
-    @_translated
-    def credential_get(self, name: str) -> str | None:
-        row = (
-            self._connect()
-            .execute("SELECT value FROM credentials WHERE name = ?", (name,))
-            .fetchone()
-        )
-        return row["value"] if row else None
-
-    @_translated
-    def credential_set(self, name: str, value: str) -> None:
-        with self._tx() as conn:
-            conn.execute(
-                "INSERT INTO credentials (name, value, updated_at) VALUES (?, ?, ?) "
-                "ON CONFLICT (name) DO UPDATE SET value = excluded.value, "
-                "updated_at = excluded.updated_at",
-                (name, value, _iso(utcnow())),
-            )
-
-    @_translated
-    def credential_delete(self, name: str) -> bool:
-        with self._tx() as conn:
-            return conn.execute("DELETE FROM credentials WHERE name = ?", (name,)).rowcount > 0
-
-    @_translated
-    def credential_names(self) -> list[str]:
-        rows = self._connect().execute("SELECT name FROM credentials ORDER BY name").fetchall()
-        return [r["name"] for r in rows]
 
     # -- memory episodes -----------------------------------------------------------
 

@@ -7,11 +7,15 @@ and the run works the same. With one configured (the application's, or one
 passed to the spawner), the session record keeps the trace id and the child
 gets the W3C ``TRACEPARENT`` of the run's span, so a CLI that exports its own
 telemetry nests under it.
+
+Every attribute and status message a run's spans get passes the run's
+:class:`~spawnkit.redaction.Redactor` (redacted before it is cut to length, so
+no prefix of a secret survives a cut).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 
@@ -19,10 +23,14 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from .redaction import Redactor
 from .result import SpawnerResult, ToolCall
 
 TRACER_NAME = "spawnkit"
 _PROVIDERS = {"claude-code": "anthropic", "codex": "openai", "gemini": "gcp.gemini"}
+
+
+_Attributes = Mapping[str, str | int | float | bool]
 
 
 def _ns(at: datetime) -> int:
@@ -32,9 +40,21 @@ def _ns(at: datetime) -> int:
 class RunSpan:
     """The span of one run, with helpers for its trace id, traceparent and tool calls."""
 
-    def __init__(self, span: trace.Span, tracer: trace.Tracer) -> None:
+    def __init__(
+        self, span: trace.Span, tracer: trace.Tracer, redactor: Redactor | None = None
+    ) -> None:
         self.span = span
         self._tracer = tracer
+        self.redactor = redactor or Redactor()
+
+    def _clean(self, attributes: _Attributes) -> dict[str, str | int | float | bool]:
+        return {
+            key: self.redactor.text(value) if isinstance(value, str) else value
+            for key, value in attributes.items()
+        }
+
+    def _error(self, span: trace.Span, message: str | None) -> None:
+        span.set_status(Status(StatusCode.ERROR, self.redactor.text(message or "")[:200]))
 
     @property
     def trace_id(self) -> str | None:
@@ -57,16 +77,18 @@ class RunSpan:
             context=trace.set_span_in_context(self.span),
             kind=SpanKind.INTERNAL,
             start_time=_ns(call.started_at),
-            attributes={
-                "gen_ai.operation.name": "execute_tool",
-                "gen_ai.tool.name": call.tool,
-                "gen_ai.tool.call.id": call.id,
-                "gen_ai.tool.type": "extension" if call.server else "function",
-                **({"spawnkit.mcp.server": call.server} if call.server else {}),
-            },
+            attributes=self._clean(
+                {
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": call.tool,
+                    "gen_ai.tool.call.id": call.id,
+                    "gen_ai.tool.type": "extension" if call.server else "function",
+                    **({"spawnkit.mcp.server": call.server} if call.server else {}),
+                }
+            ),
         )
         if call.status == "error":
-            child.set_status(Status(StatusCode.ERROR, (call.output or "")[:200]))
+            self._error(child, call.output)
         child.end(end_time=_ns(call.finished_at) if call.finished_at else None)
 
     def finish(self, result: SpawnerResult) -> None:
@@ -77,25 +99,24 @@ class RunSpan:
             if call.finished_at is None:
                 self.tool_call(call)
         usage = result.usage
-        span.set_attributes(
-            {
-                "gen_ai.usage.input_tokens": usage.input_tokens,
-                "gen_ai.usage.output_tokens": usage.output_tokens,
-                "gen_ai.usage.cache_read.input_tokens": usage.cache_read_tokens,
-                "gen_ai.usage.cache_creation.input_tokens": usage.cache_write_tokens,
-                "spawnkit.status": result.status,
-                "spawnkit.tool_calls": len(result.tool_calls),
-            }
-        )
+        attributes: dict[str, str | int | float | bool] = {
+            "gen_ai.usage.input_tokens": usage.input_tokens,
+            "gen_ai.usage.output_tokens": usage.output_tokens,
+            "gen_ai.usage.cache_read.input_tokens": usage.cache_read_tokens,
+            "gen_ai.usage.cache_creation.input_tokens": usage.cache_write_tokens,
+            "spawnkit.status": result.status,
+            "spawnkit.tool_calls": len(result.tool_calls),
+        }
         if result.model:
-            span.set_attribute("gen_ai.response.model", result.model)
+            attributes["gen_ai.response.model"] = result.model
         if result.runtime_session_id:
-            span.set_attribute("gen_ai.conversation.id", result.runtime_session_id)
+            attributes["gen_ai.conversation.id"] = result.runtime_session_id
         if result.cost_usd is not None:
-            span.set_attribute("spawnkit.cost_usd", result.cost_usd)
+            attributes["spawnkit.cost_usd"] = result.cost_usd
         if not result.success:
-            span.set_attribute("error.type", result.error_kind or result.status)
-            span.set_status(Status(StatusCode.ERROR, (result.error or "")[:200]))
+            attributes["error.type"] = result.error_kind or result.status
+            self._error(span, result.error)
+        span.set_attributes(self._clean(attributes))
 
 
 @contextmanager
@@ -107,9 +128,11 @@ def run_span(
     session_id: str,
     trigger_source: str,
     provider: TracerProvider | None = None,
+    redactor: Redactor | None = None,
 ) -> Iterator[RunSpan]:
     """Open the run's span and make it current for the block."""
     tracer = trace.get_tracer(TRACER_NAME, tracer_provider=provider)
+    redactor = redactor or Redactor()
     attributes: dict[str, str] = {
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": butler,
@@ -123,8 +146,8 @@ def run_span(
     with tracer.start_as_current_span(
         f"invoke_agent {butler}",
         kind=SpanKind.CLIENT,
-        attributes=attributes,
+        attributes={k: redactor.text(v) for k, v in attributes.items()},
         record_exception=False,
         set_status_on_exception=False,
     ) as span:
-        yield RunSpan(span, tracer)
+        yield RunSpan(span, tracer, redactor)

@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from spawnkit.credential_file import CredentialFile
 from spawnkit.errors import QueueFullError, RuntimeNotFoundError
 from spawnkit.events import Finished, RunEvent, Started, ToolCallStarted
 from spawnkit.replay import ReplayServer, Scenario
@@ -152,7 +153,7 @@ async def test_child_sees_only_declared_variables(make_butler, store, monkeypatc
     monkeypatch.setenv("SPAWNKIT_CANARY", "must-not-leak")
     monkeypatch.setenv("OPTIONAL_SETTING", "from-env")
     monkeypatch.setenv("TRACEPARENT", "00-" + "a" * 32 + "-" + "b" * 16 + "-01")  # ambient, stale
-    store.credential_set("REQUIRED_TOKEN", "from-credential-store")
+    CredentialFile.beside(store.path).set("REQUIRED_TOKEN", "from-credential-store")
     monkeypatch.setenv("REQUIRED_TOKEN", "from-env-loses")
     butler = make_butler(
         extra='[butler.env]\nrequired = ["REQUIRED_TOKEN"]\noptional = ["OPTIONAL_SETTING"]\n'
@@ -160,13 +161,19 @@ async def test_child_sees_only_declared_variables(make_butler, store, monkeypatc
     provider, _ = tracer()
     async with service(butler, store, ENV_PROBE, tracer_provider=provider) as svc:
         result = await svc.trigger("show env")
+        # What the child's shell really printed reached the model unredacted.
+        wire = str([r.body for r in svc.replay_server.requests])
 
     assert result.success, result.error
     seen = env_lines(result.tool_calls[0].output or "")
     assert "SPAWNKIT_CANARY" not in seen, "an undeclared host variable reached the child"
-    assert seen["REQUIRED_TOKEN"] == "from-credential-store"
-    assert seen["OPTIONAL_SETTING"] == "from-env"
-    assert seen["ANTHROPIC_API_KEY"] == REPLAY_API_KEY
+    assert "REQUIRED_TOKEN=from-credential-store" in wire and "from-env-loses" not in wire
+    assert "OPTIONAL_SETTING=from-env" in wire
+    assert f"ANTHROPIC_API_KEY={REPLAY_API_KEY}" in wire
+    # ... and spawnkit's own copy of it is redacted.
+    assert seen["REQUIRED_TOKEN"] == "[redacted:REQUIRED_TOKEN]"
+    assert seen["OPTIONAL_SETTING"] == "[redacted:OPTIONAL_SETTING]"
+    assert seen["ANTHROPIC_API_KEY"] == "[redacted:ANTHROPIC_API_KEY]"
     assert seen["SPAWNKIT_SESSION_ID"] == result.session_id
     assert seen["SPAWNKIT_BUTLER"] == "health"
     assert seen["TRACEPARENT"].split("-")[1] == result.trace_id, "the run's own trace context"

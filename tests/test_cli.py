@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from spawnkit.cli import build_parser
+from spawnkit.credential_file import CredentialFile
 from spawnkit.store import SessionStore
 
 from . import mcp_clients
@@ -161,7 +162,7 @@ def test_roster_and_credentials_commands() -> None:
     assert spawnkit("credentials", "set", "MY_TOKEN", "s3cret").returncode == 0
     names = spawnkit("credentials", "list")
     assert names.stdout.split() == ["MY_TOKEN"] and "s3cret" not in names.stdout
-    assert SessionStore().credential_get("MY_TOKEN") == "s3cret"
+    assert CredentialFile.default().get("MY_TOKEN") == "s3cret"
     assert spawnkit("credentials", "delete", "MY_TOKEN").returncode == 0
     assert_one_line_error(spawnkit("credentials", "delete", "MY_TOKEN"), "no stored credential")
 

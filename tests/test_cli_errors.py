@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from spawnkit.credential_file import CredentialFile
 from spawnkit.result import SpawnerResult
 from spawnkit.store import SessionStore
 
@@ -81,8 +83,8 @@ def damage(db: Path) -> None:
 
 
 def fill(db: Path, sessions: int = 200) -> None:
+    CredentialFile.beside(db).set("GITHUB_TOKEN", "kept")
     with SessionStore(db) as store:
-        store.credential_set("GITHUB_TOKEN", "kept")
         for i in range(sessions):
             store.create_session(
                 f"s{i:03d}", butler="general", runtime="codex", model=None, prompt="p" * 200,
@@ -195,11 +197,12 @@ def test_store_check_repair_keeps_every_readable_row_and_the_credentials(
     assert checked.returncode == 1 and "spawnkit store check --repair" in checked.stderr
     repaired = spawnkit("store", "check", "--repair")
     assert repaired.returncode == 1, repaired.stderr  # rows were lost: it says so
-    assert "credentials" in repaired.stdout and "1 rows recovered, none lost" in repaired.stdout
+    assert "sessions" in repaired.stdout and "LOST" in repaired.stdout
     backups = list(isolated_home.glob("sessions.db.damaged-*"))
     assert len([b for b in backups if not b.name.endswith(("-wal", "-shm"))]) == 1
+    # The credentials live in their own file: the store's damage never reached them.
+    assert CredentialFile.beside(db).get("GITHUB_TOKEN") == "kept"
     with SessionStore(db) as store:
-        assert store.credential_get("GITHUB_TOKEN") == "kept"
         kept = store.count_sessions()
     assert 150 < kept < 200
     assert spawnkit("store", "check").returncode == 0
@@ -208,14 +211,22 @@ def test_store_check_repair_keeps_every_readable_row_and_the_credentials(
 
 
 def test_losing_credentials_in_a_repair_is_never_silent(isolated_home: Path) -> None:
+    """A store from before the credentials file, damaged before it could move them out."""
     db = isolated_home / "sessions.db"
     fill(db, sessions=5)
-    with SessionStore(db) as store:
-        root = (
-            store._connect()
-            .execute("SELECT rootpage FROM sqlite_master WHERE name = 'credentials'")
-            .fetchone()[0]
-        )
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute(
+        "CREATE TABLE credentials (name TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at TEXT)"
+    )
+    conn.executemany(
+        "INSERT INTO credentials VALUES (?, ?, '2026-01-01T00:00:00+00:00')",
+        [(f"TOKEN_{i}", "v" * 300) for i in range(40)],
+    )
+    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'credentials'").fetchone()[
+        0
+    ]
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
     with open(db, "r+b") as fh:
         fh.seek((root - 1) * 4096)
         fh.write(b"\xff" * 4096)
@@ -228,10 +239,14 @@ def test_losing_credentials_in_a_repair_is_never_silent(isolated_home: Path) -> 
 def test_a_read_only_home(isolated_home: Path, read_only: ReadOnly) -> None:
     SessionStore().close()
     prefix = read_only(isolated_home)
-    for args in (_run("hi"), ("sessions",), ("credentials", "list")):
+    for args in (_run("hi"), ("sessions",)):
         assert_one_line(
             spawnkit(*args, prefix=prefix), f"{isolated_home} is read-only", "SPAWNKIT_HOME"
         )
+    stored = spawnkit("credentials", "set", "GITHUB_TOKEN", stdin="value\n", prefix=prefix)
+    assert_one_line(stored, str(isolated_home), "read-only")
+    listed = spawnkit("credentials", "list", prefix=prefix)  # reading needs no writes
+    assert listed.returncode == 0 and listed.stderr == "", listed.stderr
 
 
 def test_a_home_that_cannot_be_created_under_a_read_only_folder(

@@ -75,6 +75,8 @@ async def test_mcp_call_shell_usage_record_and_isolation(
     butler = make_butler(extra='[butler.env]\noptional = ["OPTIONAL_SETTING"]\n')
     async with service(butler, runtime, store, TOOLS) as svc:
         result = await svc.trigger("log my weight")
+        # What the child's shell really printed reached the model unredacted.
+        wire = str([r.body for r in svc.replay_server.requests])
 
     assert result.success, result.error
     assert result.runtime == runtime and result.runtime_session_id
@@ -90,11 +92,13 @@ async def test_mcp_call_shell_usage_record_and_isolation(
 
     seen = env_lines(shell.output or "")
     assert "SPAWNKIT_CANARY" not in seen, "an undeclared host variable reached the child"
-    assert seen.get("OPTIONAL_SETTING") == "declared"
+    assert "OPTIONAL_SETTING=declared" in wire
+    assert seen.get("OPTIONAL_SETTING") == "[redacted:OPTIONAL_SETTING]", "spawnkit's copy"
     assert seen.get("SPAWNKIT_SESSION_ID") == result.session_id
     assert "ANTHROPIC_API_KEY" not in seen, "another vendor's key"
     if runtime == "gemini":
-        assert seen["GEMINI_API_KEY"] == REPLAY_API_KEY and "OPENAI_API_KEY" not in seen
+        assert f"GEMINI_API_KEY={REPLAY_API_KEY}" in wire and "OPENAI_API_KEY" not in seen
+        assert seen["GEMINI_API_KEY"] == "[redacted:GEMINI_API_KEY]"
 
     record = store.get_session(result.session_id or "")
     assert record is not None

@@ -11,6 +11,7 @@ import logging
 import pytest
 
 from spawnkit import MockSpawner, SpawnerResult
+from spawnkit.credential_file import CredentialFile
 from spawnkit.errors import (
     InvalidArgument,
     InvalidTriggerSource,
@@ -237,7 +238,7 @@ async def test_missing_required_env_raises_before_spawning(make_butler, store, m
     with pytest.raises(MissingEnvError, match="SPAWNKIT_TEST_TOKEN"):
         await spawner.trigger("x")
     assert adapter.specs == [] and store.count_sessions() == 0
-    store.credential_set("SPAWNKIT_TEST_TOKEN", "from-store")
+    CredentialFile.beside(store.path).set("SPAWNKIT_TEST_TOKEN", "from-store")
     await spawner.trigger("x")
     assert adapter.specs[0].env["SPAWNKIT_TEST_TOKEN"] == "from-store"
 

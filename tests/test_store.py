@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from spawnkit.credential_file import CredentialFile
 from spawnkit.credentials import CredentialStore, check_required, isolated_env
 from spawnkit.errors import MissingEnvError, StoreDamaged, StoreError
 from spawnkit.memory import StoreMemory, render_episodes
@@ -639,26 +640,17 @@ def test_state_list_prefix_is_case_sensitive(store: SessionStore) -> None:
 # -- credentials --------------------------------------------------------------------------------
 
 
-def test_credentials_set_get_replace_delete(store: SessionStore) -> None:
-    assert store.credential_get("API_TOKEN") is None and store.credential_names() == []
-    store.credential_set("API_TOKEN", "first value")
-    store.credential_set("ANOTHER", "x")
-    store.credential_set("API_TOKEN", "second 'value' $HOME")
-    assert store.credential_get("API_TOKEN") == "second 'value' $HOME"
-    assert store.credential_names() == ["ANOTHER", "API_TOKEN"]
-    assert store.credential_delete("API_TOKEN") is True
-    assert store.credential_delete("API_TOKEN") is False
-    assert store.credential_get("API_TOKEN") is None
-    assert store.credential_names() == ["ANOTHER"]
-
-
-def test_resolve_prefers_the_store_over_the_environment(store: SessionStore) -> None:
-    store.credential_set("TOKEN", "from-store")
+def test_resolve_prefers_the_credentials_file_over_the_environment(store: SessionStore) -> None:
+    CredentialFile.beside(store.path).set("TOKEN", "from-file")
     creds = CredentialStore(store, environ={"TOKEN": "from-env", "ONLY_ENV": "env"})
-    assert creds.resolve("TOKEN") == "from-store"
+    assert creds.file is not None and creds.file.path == store.path.parent / "credentials.json"
+    assert creds.resolve("TOKEN") == "from-file"
     assert creds.resolve("ONLY_ENV") == "env"
     assert creds.resolve("NOWHERE") is None
     assert CredentialStore(None, environ={"TOKEN": "e"}).resolve("TOKEN") == "e"
+    other = CredentialFile(store.path.parent / "elsewhere.json")
+    other.set("TOKEN", "from-other")
+    assert CredentialStore(store, {}, file=other).resolve("TOKEN") == "from-other"
 
 
 def test_resolve_defaults_to_os_environ(
@@ -682,7 +674,7 @@ def test_isolated_env_has_only_the_allowed_names(
     make_butler: RosterFactory, store: SessionStore
 ) -> None:
     butler = make_butler(extra=ENV_BUTLER)
-    store.credential_set("MAIL_PASSWORD", "p@ss word")
+    CredentialFile.beside(store.path).set("MAIL_PASSWORD", "p@ss word")
     environ = {
         "PATH": "/usr/bin:/bin",
         "ANTHROPIC_API_KEY": "sk-ant",
@@ -717,15 +709,15 @@ def test_check_required_lists_every_missing_name(
     assert info.value.names == ["ONE", "THREE"], "an empty value counts as missing"
     assert str(info.value) == (
         "butler 'health' requires ONE, THREE: set them in the environment or with "
-        "`spawnkit credentials set NAME VALUE`"
+        "`spawnkit credentials set NAME`"
     )
     with pytest.raises(MissingEnvError, match="requires ONE, THREE: set them"):
         isolated_env(butler, creds, ())
-    store.credential_set("ONE", "1")
+    CredentialFile.beside(store.path).set("ONE", "1")
     with pytest.raises(MissingEnvError) as one:
         check_required(butler, creds)
     assert str(one.value).startswith("butler 'health' requires THREE: set it in")
-    store.credential_set("THREE", "3")
+    CredentialFile.beside(store.path).set("THREE", "3")
     check_required(butler, creds)
 
 
