@@ -2,14 +2,18 @@
 
 User mistakes (an unknown butler, bad TOML, an unknown runtime, a missing
 variable or CLI) print one line and exit 2, never a traceback; a run that was
-accepted and failed exits 1; Ctrl-C cancels the run, records it as cancelled,
-and exits 130.
+accepted and failed exits 1. Ctrl-C, SIGTERM and SIGHUP (``kill PID``, a closed
+terminal) cancel the run alike: it is recorded as cancelled, its CLI's process group is
+terminated and its workspace removed; ``spawnkit run`` then exits 130 for Ctrl-C and
+128 + the signal's number for the others (143 for SIGTERM, 129 for SIGHUP), and
+``spawnkit serve`` stops cleanly (exit 0) on any of the three.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import getpass
 import json
 import os
@@ -22,7 +26,7 @@ from typing import Any
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 
-from . import __version__
+from . import __version__, signals
 from .console import EventPrinter, Style, render_session, render_sessions_table
 from .errors import RuntimeNotFoundError, SpawnkitError
 from .replay import Scenario, record_forever, serve_forever
@@ -243,7 +247,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     roster = load_roster(args.roster or default_roster())
     butler = roster[args.butler]
     store = SessionStore()
-    result = asyncio.run(
+    result = signals.run(
         _run_once(
             butler, args.prompt, context=args.context, max_turns=args.max_turns,
             replay=args.replay, external_mcp=args.external_mcp, json_output=args.json,
@@ -268,7 +272,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         file=out,
     )
     store = SessionStore()
-    result = asyncio.run(
+    result = signals.run(
         _run_once(
             butler, DEMO_PROMPT, context=None, max_turns=None,
             replay=butler.directory / DEMO_SCENARIO, external_mcp=False, json_output=args.json,
@@ -325,12 +329,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"serving butler {butler.name!r}: MCP at {service.mcp_url}{butler.mcp_path}")
             for name, when in schedules.items():
                 print(f"  schedule {name}: next run {when.isoformat()}")
-            print("Ctrl-C stops (in-flight runs are cancelled and recorded).", flush=True)
+            print(
+                "Ctrl-C or SIGTERM stops (in-flight runs are cancelled and recorded).", flush=True
+            )
             await service.serve_forever()
 
     try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
+        signals.run(main())
+    except (KeyboardInterrupt, signals.Stopped):
         print("stopped", file=sys.stderr)
     return EXIT_OK
 
@@ -562,12 +568,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
+    except signals.Stopped as exc:
+        _say(f"spawnkit: {exc}; the run was cancelled and recorded")
+        return exc.exit_code
     except SpawnkitError as exc:
         print(f"spawnkit: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("spawnkit: interrupted; the run was cancelled and recorded", file=sys.stderr)
+        _say("spawnkit: interrupted; the run was cancelled and recorded")
         return EXIT_INTERRUPTED
+
+
+def _say(line: str) -> None:
+    """A last line on stderr, which may be a terminal that is gone (SIGHUP)."""
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr)
 
 
 if __name__ == "__main__":

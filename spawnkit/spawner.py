@@ -58,6 +58,7 @@ from .runlog import DEFAULT_CAP_BYTES, RunLog, session_log_dir
 from .runtimes import get_adapter
 from .runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
 from .store import SessionStore
+from .sweep import sweep
 from .system_prompt import append_memory, compose_system_prompt
 from .telemetry import RunSpan, run_span
 from .workspace import mcp_url, run_workspace
@@ -199,6 +200,8 @@ class Spawner:
         self._accepting = True
         self._runs: dict[str, asyncio.Task[SpawnerResult]] = {}
         self._listeners: list[EventSink] = []
+        # What runs of owners that died left behind is cleaned up before ours start.
+        sweep(self.store)
 
     # -- observation -------------------------------------------------------------
 
@@ -495,8 +498,9 @@ class Spawner:
             collector.span = span
             collector.trace_id = trace_id = span.trace_id
             await asyncio.to_thread(
-                self.store.mark_started, run.session_id, started_at=started_at, trace_id=trace_id
-            )
+                self.store.mark_started, run.session_id, started_at=started_at,
+                trace_id=trace_id, workspace=workspace,
+            )  # fmt: skip
             collector.emit(
                 Started(
                     run.session_id,

@@ -122,9 +122,13 @@ def test_lifecycle_round_trips_every_column(store: SessionStore, tmp_path: Path)
     )  # fmt: skip
     assert queued.tool_calls == [] and queued.usage == Usage()
 
-    store.mark_started("s-1", started_at=T0 + timedelta(seconds=1), trace_id="a" * 32)
+    workspace = tmp_path / "butler_health_0"
+    store.mark_started(
+        "s-1", started_at=T0 + timedelta(seconds=1), trace_id="a" * 32, workspace=workspace
+    )
     running = store.get_session("s-1")
     assert running is not None and running.status == "running"
+    assert running.workspace == workspace, "kept for the sweep, should the owner die"
     assert running.started_at == T0 + timedelta(seconds=1) and running.trace_id == "a" * 32
 
     done_at = T0 + timedelta(seconds=6)
@@ -160,6 +164,7 @@ def test_lifecycle_round_trips_every_column(store: SessionStore, tmp_path: Path)
         "completed_at": done_at.isoformat(),
         "log_dir": str(tmp_path / "logs" / "s-1"),
         "role": None,
+        "workspace": str(workspace),
     }
     assert record.tool_calls == tool_calls(), "tool calls round-trip with their datetimes"
     assert record.tool_calls[0].started_at.tzinfo is not None
@@ -504,6 +509,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     with SessionStore(db) as store:
         create(store, "old")
+    execute(db, "ALTER TABLE sessions DROP COLUMN workspace")  # as schema 3 wrote it
     execute(db, "ALTER TABLE sessions DROP COLUMN role")  # as schema 2 wrote it
     execute(db, "ALTER TABLE sessions DROP COLUMN log_dir")  # as schema 1 wrote it
     execute(db, "PRAGMA user_version = 1")
@@ -511,7 +517,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         old = store.get_session("old")
         create(store, "new", log_dir=tmp_path / "logs", role="researcher")
         new = store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(3,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(4,)]
     assert old is not None and old.log_dir is None and old.status == "queued"
     assert new is not None and new.log_dir == tmp_path / "logs" and new.role == "researcher"
 
@@ -520,12 +526,26 @@ def test_a_version_2_file_is_migrated(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     with SessionStore(db) as store:
         create(store, "old")
+    execute(db, "ALTER TABLE sessions DROP COLUMN workspace")
     execute(db, "ALTER TABLE sessions DROP COLUMN role")
     execute(db, "PRAGMA user_version = 2")
     with SessionStore(db) as store:
         create(store, "new", role="writer")
         assert store.get_session("new").role == "writer"  # type: ignore[union-attr]
         assert store.get_session("old").role is None  # type: ignore[union-attr]
+
+
+def test_a_version_3_file_is_migrated(tmp_path: Path) -> None:
+    db = tmp_path / "sessions.db"
+    with SessionStore(db) as store:
+        create(store, "old")
+    execute(db, "ALTER TABLE sessions DROP COLUMN workspace")
+    execute(db, "PRAGMA user_version = 3")
+    with SessionStore(db) as store:
+        create(store, "new")
+        store.mark_started("new", started_at=T0, workspace=tmp_path / "butler_x_1")
+        assert store.get_session("new").workspace == tmp_path / "butler_x_1"  # type: ignore[union-attr]
+        assert store.get_session("old").workspace is None  # type: ignore[union-attr]
 
 
 def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:
