@@ -359,7 +359,8 @@ def test_a_new_store_marks_sessions_of_a_dead_process_crashed(tmp_path: Path) ->
         assert crashed is not None and mine is not None
         assert (crashed.status, crashed.success, crashed.error_kind, crashed.error) == (
             "crashed", False, "crash",
-            "the process that ran this session exited before it completed",
+            f"the process that ran this session (pid {dead_pid}) died before it completed; "
+            "no leftover processes",
         )  # fmt: skip
         assert crashed.completed_at is not None and crashed.completed_at >= before
         assert crashed.started_at is not None, "what was recorded before the crash stays"
