@@ -58,7 +58,7 @@ from .runlog import DEFAULT_CAP_BYTES, RunLog, session_log_dir
 from .runtimes import get_adapter
 from .runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
 from .store import SessionStore
-from .sweep import sweep
+from .sweep import reap, sweep
 from .system_prompt import append_memory, compose_system_prompt
 from .telemetry import RunSpan, run_span
 from .workspace import mcp_url, run_workspace
@@ -454,6 +454,12 @@ class Spawner:
             )
         except asyncio.CancelledError:
             logger.debug("cancelled while recording session %s; the write goes on", run.session_id)
+        except RuntimeError as exc:
+            if "shutdown" not in str(exc):
+                raise
+            # The interpreter is exiting (a kernel's shutdown cancels its runs at exit) and
+            # starts no more threads: write the record here rather than lose it.
+            self.store.complete_session(run.session_id, result)
         finally:
             self._runs.pop(run.session_id, None)
         collector.emit(Finished(run.session_id, result))
@@ -536,11 +542,14 @@ class Spawner:
                     collector, "cancelled", "the run was cancelled", "cancelled"
                 )
                 span.finish(replace(cancelled, duration_ms=_ms_since(clock)))
+                reap(run.session_id, workspace)
                 raise
             if outcome is not None and not outcome.success:
                 worker.reset()
             result = self._result(collector, outcome, status, error, error_kind, trace_id, clock)
             span.finish(result)
+            if not result.success:  # a stopped CLI may leave its tools running
+                reap(run.session_id, workspace)
         if result.success and self.memory is not None:
             try:
                 await self.memory.store_episode(

@@ -1,0 +1,95 @@
+"""Helpers for tests about what a run leaves behind: its processes and its workspace."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from spawnkit.store import SessionRecord, SessionStore
+from spawnkit.sweep import kill_processes, process_start
+
+from .conftest import REPO, processes_with_env
+
+# The agent's tool call sleeps for ten minutes: the run is mid-tool-call when stopped.
+SLEEPY = """
+[[turn]]
+shell = "echo started; sleep 600; echo woke"
+[[turn]]
+text = "woke up"
+"""
+NODE_CLIS = (REPO / "node_modules" / ".bin" / "codex").exists()
+
+
+def spawnkit_popen(*args: str, tmpdir: Path, cwd: Path = REPO) -> subprocess.Popen[str]:
+    """``spawnkit ARGS`` as a real process whose workspaces go under ``tmpdir``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "spawnkit", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+        env={**os.environ, "TMPDIR": str(tmpdir)},
+    )  # fmt: skip
+
+
+def wait_for(
+    what: str,
+    check: Callable[[], bool],
+    timeout: float = 120,
+    alive: Callable[[], bool] | None = None,
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert alive is None or alive(), f"the process died while waiting for {what}"
+        time.sleep(0.05)
+
+
+def running_session(store_path: Path | None = None) -> SessionRecord | None:
+    with SessionStore(store_path) as store:
+        running = store.list_sessions(status="running", limit=1)
+    return running[0] if running else None
+
+
+def _argv0(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    except OSError:
+        return ""
+
+
+def sleeping_tool(session_id: str) -> list[int]:
+    """Pids of the run's ``sleep 600`` (its tool call), if it has started."""
+    return [p for p in processes_with_env("SPAWNKIT_SESSION_ID", session_id)
+            if Path(_argv0(p)).name == "sleep"]  # fmt: skip
+
+
+def wait_until_mid_tool_call(alive: Callable[[], bool], timeout: float = 180) -> str:
+    """The session id of the run, once its tool call is sleeping."""
+    found: list[str] = []
+
+    def mid_call() -> bool:
+        record = running_session()
+        if record is not None and sleeping_tool(record.id):
+            found.append(record.id)
+        return bool(found)
+
+    wait_for("the run's tool call", mid_call, timeout, alive)
+    return found[0]
+
+
+def survivors(session_id: str, within: float = 5.0) -> list[int]:
+    """The run's processes still alive after waiting up to ``within`` s for them to go."""
+    deadline = time.monotonic() + within
+    while (left := processes_with_env("SPAWNKIT_SESSION_ID", session_id)) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    return left
+
+
+def kill_leftovers(session_id: str) -> None:
+    """A failing test must not leave the run's processes behind either."""
+    pids = processes_with_env("SPAWNKIT_SESSION_ID", session_id)
+    kill_processes([(pid, start) for pid in pids if (start := process_start(pid))])
