@@ -90,25 +90,40 @@ class SweptStore(Protocol):
 # -- process facts (Linux /proc) -----------------------------------------------------------
 
 
-def process_start(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (clock ticks since boot), or None if unknown."""
+def _stat(pid: int) -> tuple[str, str] | None:
+    """(state, start time in clock ticks since boot) of ``pid`` from /proc, or None."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
-        return fields[19]
+        return fields[0], fields[19]
     except (OSError, IndexError):
         return None
 
 
+def process_start(pid: int) -> str | None:
+    """The kernel's start time of ``pid``, to tell a process from a later one with its pid."""
+    stat = _stat(pid)
+    return stat[1] if stat else None
+
+
+def _live_start(pid: int) -> str | None:
+    """The start time of ``pid`` unless it is gone or a zombie (dead, not yet reaped)."""
+    stat = _stat(pid)
+    return None if stat is None or stat[0] in ("Z", "X") else stat[1]
+
+
 def owner_alive(pid: int, start: str | None) -> bool:
-    """Whether ``pid`` is still the process that started at ``start``."""
+    """Whether ``pid`` still runs and is the process that started at ``start``."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass
-    return start is None or process_start(pid) in (None, start)
+    if not _PROC.is_dir():
+        return True  # no /proc to say more: trust the pid
+    current = _live_start(pid)
+    return current is not None and (start is None or current == start)
 
 
 def _ancestry() -> set[int]:
@@ -129,16 +144,6 @@ def _environ(pid: str) -> bytes | None:
             return fh.read()
     except OSError:  # gone, or another user's process
         return None
-
-
-def _live_start(pid: int) -> str | None:
-    """The start time of ``pid`` unless it is a zombie (already dead) or gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
-        fields = text.rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 def run_processes(runs: Sequence[OpenRun]) -> dict[str, list[tuple[int, str]]]:

@@ -15,10 +15,13 @@ from spawnkit.sweep import kill_processes, process_start
 from .conftest import REPO, processes_with_env
 
 # The agent's tool call sleeps for ten minutes: the run is mid-tool-call when stopped.
+# Codex hands a long command back to the model after a few seconds and lets it run on;
+# the model then takes ten minutes to answer, so the run stays mid-call there too.
 SLEEPY = """
 [[turn]]
 shell = "echo started; sleep 600; echo woke"
 [[turn]]
+delay_ms = 600000
 text = "woke up"
 """
 NODE_CLIS = (REPO / "node_modules" / ".bin" / "codex").exists()
