@@ -6,7 +6,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from spawnkit.store import SessionRecord, SessionStore
@@ -96,3 +99,65 @@ def kill_leftovers(session_id: str) -> None:
     """A failing test must not leave the run's processes behind either."""
     pids = processes_with_env("SPAWNKIT_SESSION_ID", session_id)
     kill_processes([(pid, start) for pid in pids if (start := process_start(pid))])
+
+
+# -- an owner staged by hand ---------------------------------------------------------------
+
+OWNER = """
+import os, subprocess, sys, time
+from datetime import UTC, datetime
+from pathlib import Path
+from spawnkit.store import SessionStore
+
+db, session_id, workspace = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+store = SessionStore(db)
+store.create_session(session_id, butler="b", runtime="claude-code", model=None, prompt="p",
+                     context=None, trigger_source="external")
+workspace.mkdir()
+(workspace / "notes.txt").write_text("written by the run")
+store.mark_started(session_id, started_at=datetime.now(UTC), workspace=workspace)
+env = {"PATH": os.environ["PATH"], "SPAWNKIT_SESSION_ID": session_id,
+       "SPAWNKIT_WORKSPACE": str(workspace)}
+# A tool in a session of its own, with a child of its own, as Gemini's would be.
+tool = subprocess.Popen(["sh", "-c", "sleep 600 & wait"], env=env, start_new_session=True)
+print(tool.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@dataclass
+class Owner:
+    """A process that owns a running session, as ``spawnkit run`` would, without a CLI."""
+
+    proc: subprocess.Popen[str]
+    session_id: str
+    workspace: Path
+
+    def tools(self) -> list[int]:
+        return processes_with_env("SPAWNKIT_SESSION_ID", self.session_id)
+
+
+@contextmanager
+def staged_owner(db: Path, workspace_root: Path) -> Iterator[Owner]:
+    """An owner recording into ``db``, with its workspace and two tool processes running."""
+    session_id = f"staged-{uuid.uuid4()}"
+    workspace = workspace_root / f"butler_b_{uuid.uuid4().hex}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(db), session_id, str(workspace)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip().isdigit(), proc.stderr.read() if proc.stderr else ""
+        staged = Owner(proc, session_id, workspace)
+        alive = lambda: proc.poll() is None  # noqa: E731
+        wait_for("sh and its sleep", lambda: len(staged.tools()) == 2, 60, alive)
+        yield staged
+    finally:
+        proc.kill()
+        proc.wait()
+        kill_leftovers(session_id)

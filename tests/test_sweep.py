@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,9 +28,12 @@ from .fakes import FakeAdapter
 from .leftovers import (
     NODE_CLIS,
     SLEEPY,
+    Owner,
     kill_leftovers,
+    process_state,
     sleeping_tool,
     spawnkit_popen,
+    staged_owner,
     survivors,
     wait_for,
     wait_until_mid_tool_call,
@@ -106,60 +108,11 @@ def test_sigkill_of_spawnkit_run_then_spawnkit_sessions_sweeps(
 
 # -- staged owners --------------------------------------------------------------------------
 
-OWNER = """
-import os, subprocess, sys, time
-from datetime import UTC, datetime
-from pathlib import Path
-from spawnkit.store import SessionStore
-
-db, session_id, workspace = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-store = SessionStore(db)
-store.create_session(session_id, butler="b", runtime="claude-code", model=None, prompt="p",
-                     context=None, trigger_source="external")
-workspace.mkdir()
-(workspace / "notes.txt").write_text("written by the run")
-store.mark_started(session_id, started_at=datetime.now(UTC), workspace=workspace)
-env = {"PATH": os.environ["PATH"], "SPAWNKIT_SESSION_ID": session_id,
-       "SPAWNKIT_WORKSPACE": str(workspace)}
-# A tool in a session of its own, with a child of its own, as Gemini's would be.
-tool = subprocess.Popen(["sh", "-c", "sleep 600 & wait"], env=env, start_new_session=True)
-print(tool.pid, flush=True)
-time.sleep(600)
-"""
-
-
-def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
-
-@dataclass
-class Owner:
-    proc: subprocess.Popen[str]
-    session_id: str
-    workspace: Path
-
-    def tools(self) -> list[int]:
-        return processes_with_env("SPAWNKIT_SESSION_ID", self.session_id)
-
 
 @pytest.fixture
 def owner(tmp_path: Path) -> Iterator[Owner]:
-    db, session_id = tmp_path / "sessions.db", f"staged-{os.getpid()}-{tmp_path.name}"
-    workspace = tmp_path / "butler_b_0123"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", OWNER, str(db), session_id, str(workspace)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip().isdigit(), proc.stderr.read() if proc.stderr else ""
-    staged = Owner(proc, session_id, workspace)
-    wait_for("sh and its sleep", lambda: len(staged.tools()) == 2, 60, lambda: proc.poll() is None)
-    try:
+    with staged_owner(tmp_path / "sessions.db", tmp_path) as staged:
         yield staged
-    finally:
-        proc.kill()
-        proc.wait()
-        kill_leftovers(session_id)
 
 
 def test_a_live_owners_run_is_untouched(owner: Owner, tmp_path: Path) -> None:
@@ -178,7 +131,7 @@ def test_a_dead_owners_run_is_swept_when_a_spawner_starts(
     with SessionStore(tmp_path / "sessions.db") as store:  # open before the owner dies
         tools = owner.tools()
         owner.proc.kill()  # and not reaped: a zombie owner is a dead one
-        wait_for("the owner to be a zombie", lambda: _state(owner.proc.pid) == "Z", 30)
+        wait_for("the owner to be a zombie", lambda: process_state(owner.proc.pid) == "Z", 30)
         Spawner(make_butler(), store=store, adapter=FakeAdapter())
         record = store.get_session(owner.session_id)
     assert record is not None and record.status == "crashed"

@@ -1,0 +1,144 @@
+"""A Jupyter kernel with the extension loaded: how it ends decides how its runs are recorded.
+
+Real kernels (jupyter_client), a real Claude Code run whose tool call sleeps. A graceful
+restart (a shutdown request) and SIGTERM or SIGHUP cancel the kernel's runs as an
+interrupt does; a kernel killed outright leaves them to the sweep the next kernel runs
+when it loads the extension.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_client.manager import KernelManager
+
+from spawnkit.home import default_store_path
+from spawnkit.store import SessionStore
+
+from .conftest import REPO
+from .leftovers import (
+    SLEEPY,
+    kill_leftovers,
+    process_state,
+    running_session,
+    sleeping_tool,
+    staged_owner,
+    survivors,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def _execute(client: Any, code: str, timeout: float = 60) -> dict[str, Any]:
+    msg_id = client.execute(code)
+    while True:
+        reply = client.get_shell_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return dict(reply["content"])
+
+
+@contextmanager
+def kernel(tmpdir: Path) -> Iterator[tuple[KernelManager, Any]]:
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(REPO), env={**os.environ, "TMPDIR": str(tmpdir)})
+    client = km.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        yield km, client
+    finally:
+        client.stop_channels()
+        if km.is_alive():
+            km.shutdown_kernel(now=True)
+
+
+def _start_background_run(client: Any, scenario: Path) -> str:
+    assert _execute(client, "%load_ext spawnkit")["status"] == "ok"
+    reply = _execute(
+        client, f"%%spawn --butler general --replay {scenario} --background --out h\nsleep on it"
+    )
+    assert reply["status"] == "ok", reply
+    found: list[str] = []
+
+    def mid_call() -> bool:
+        record = running_session()
+        if record is not None and sleeping_tool(record.id):
+            found.append(record.id)
+        return bool(found)
+
+    wait_for("the run's tool call", mid_call, 180)
+    return found[0]
+
+
+def _assert_cancelled_and_gone(session_id: str, tmpdir: Path) -> None:
+    record = SessionStore().get_session(session_id)
+    assert record is not None
+    assert (record.status, record.error_kind) == ("cancelled", "cancelled"), record.error
+    assert survivors(session_id) == [], "a process of the run outlived the kernel"
+    assert list(tmpdir.glob("butler_*")) == [], "the workspace outlived the kernel"
+
+
+def test_a_graceful_restart_records_the_runs_cancelled(tmp_path: Path) -> None:
+    scenario = tmp_path / "sleepy.toml"
+    scenario.write_text(SLEEPY)
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    session_id = None
+    try:
+        with kernel(tmpdir) as (km, client):
+            session_id = _start_background_run(client, scenario)
+            # The default is 5 s (SIGTERM at half of it); here the runs are recorded well
+            # within 1 s, but a loaded machine must not fail the test.
+            km.shutdown_wait_time = 60
+            km.restart_kernel(now=False)
+            _assert_cancelled_and_gone(session_id, tmpdir)
+            assert _execute(client, "1 + 1")["status"] == "ok", "the new kernel works"
+    finally:
+        if session_id:
+            kill_leftovers(session_id)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_cancels_the_kernels_runs(tmp_path: Path, signum: int) -> None:
+    scenario = tmp_path / "sleepy.toml"
+    scenario.write_text(SLEEPY)
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    session_id = None
+    try:
+        with kernel(tmpdir) as (km, client):
+            session_id = _start_background_run(client, scenario)
+            process = km.provisioner.process  # type: ignore[union-attr]
+            process.send_signal(signum)
+            assert process.wait(60) == -signum, "the signal still ends the kernel"
+            _assert_cancelled_and_gone(session_id, tmpdir)
+    finally:
+        if session_id:
+            kill_leftovers(session_id)
+
+
+def test_loading_the_extension_sweeps_what_a_dead_kernel_left(tmp_path: Path) -> None:
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    with staged_owner(default_store_path(), tmpdir) as owner:
+        tools = owner.tools()
+        owner.proc.kill()
+        wait_for("the owner to die", lambda: process_state(owner.proc.pid) == "Z", 30)
+        with kernel(tmpdir) as (_, client):
+            assert owner.tools() == tools, "precondition: its tools outlived it"
+            assert _execute(client, "%load_ext spawnkit")["status"] == "ok"
+            assert survivors(owner.session_id) == []
+            assert not owner.workspace.exists()
+        with SessionStore() as store:
+            record = store.get_session(owner.session_id)
+    assert record is not None and record.status == "crashed"
+    assert record.error is not None and record.error.endswith(
+        f"; {len(tools)} leftover processes killed, workspace removed"
+    )
