@@ -461,7 +461,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                 "runtime": runtime,
                 "found": True,
                 "path": str(path),
-                "version": adapter.binary_version(),
+                "version": asyncio.run(adapter.binary_version()),
             }
         )
     if args.json:

@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from ..errors import (
@@ -32,6 +33,7 @@ from ..result import Usage
 from ..roster import AgentRole, McpTransport, RuntimeConfig
 from ..runlog import RunLog
 from ..system_prompt import read_prompt_file
+from .version import cli_version
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,10 @@ class RuntimeAdapter(ABC):
     passthrough_env: ClassVar[tuple[str, ...]] = ("HOME",)
     # Core API keys of other vendors, withheld unless the butler declares them.
     other_vendor_keys: ClassVar[tuple[str, ...]] = ()
+    # How the CLI prints its version, and what else it needs in its environment to do
+    # so quickly (see spawnkit.runtimes.version).
+    version_args: ClassVar[tuple[str, ...]] = ("--version",)
+    version_env: ClassVar[Mapping[str, str]] = MappingProxyType({})
 
     def __init__(self, config: RuntimeConfig | None = None) -> None:
         self.config = config or RuntimeConfig(type=self.type)
@@ -134,9 +140,13 @@ class RuntimeAdapter(ABC):
     def find_binary(self) -> Path:
         """The CLI to run; raises RuntimeNotFoundError with an install command."""
 
-    def binary_version(self) -> str | None:
-        """The CLI's version string, or None when it cannot be determined."""
-        return None
+    async def binary_version(self) -> str | None:
+        """The CLI's version string, or None when it cannot be determined.
+
+        Asked once per binary and process, with a minimal environment and a timeout
+        (see :func:`spawnkit.runtimes.version.cli_version`).
+        """
+        return await cli_version(self.find_binary(), self.version_args, self.version_env)
 
     def new_runtime_session_id(self) -> str | None:
         """A runtime session id chosen before the run, when the CLI accepts one."""

@@ -19,9 +19,10 @@ vendors' keys. ``max_turns`` is the CLI's own ``model.maxSessionTurns``.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from ..errors import RuntimeCrashed
@@ -219,6 +220,8 @@ class GeminiAdapter(StreamingCliAdapter):
     passthrough_env: ClassVar[tuple[str, ...]] = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
     native_turn_limit: ClassVar[bool] = True
     other_vendor_keys: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
+    # Without it, `gemini --version` relaunches itself first and takes twice as long.
+    version_env: ClassVar[Mapping[str, str]] = MappingProxyType({"GEMINI_CLI_NO_RELAUNCH": "true"})
 
     def capabilities(self) -> dict[str, Any]:
         return {

@@ -115,18 +115,6 @@ class StreamingCliAdapter(RuntimeAdapter):
             self._binary = find_cli(self.type, self.binary_name, self.binary_env, self.install_hint)
         return self._binary
 
-    def binary_version(self) -> str | None:
-        import subprocess
-
-        try:
-            done = subprocess.run(
-                [str(self.find_binary()), "--version"],
-                capture_output=True, text=True, timeout=30, check=False,
-            )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout.strip() or None
-
     @abstractmethod
     def command(self, spec: RunSpec) -> list[str]:
         """The CLI's argv for this run."""
