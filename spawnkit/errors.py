@@ -11,6 +11,7 @@ caller can catch the family at once and a command line can print one clear line:
     ├── MissingEnvError             a butler's required variable has no value
     ├── RuntimeNotFoundError        the agent CLI binary is missing; says how to install it
     ├── InvalidTriggerSource        also a ValueError
+    ├── InvalidSessionId            also a ValueError; ids become file names
     ├── TriggerRejected             a trigger was refused before it ran
     │   ├── QueueFullError          every slot and queue place is taken
     │   └── SpawnerClosedError      stop_accepting() was called
@@ -27,7 +28,8 @@ Modules with errors of their own keep them next to their code, in the same tree:
 ``sources.SourceError`` (a ConfigError: unknown, invalid or duplicate sources),
 ``sources.GitError``, ``ask.TemplateError`` and ``ask.AskConfigError`` (ConfigErrors),
 ``ask.AskError`` (the agent failed; carries its stderr), ``contract.ContractError``
-(carries the exit code), ``history.HistoryError`` and ``_asgi.ServerStartError``.
+(carries the exit code), ``history.HistoryError``, ``_asgi.ServerStartError`` and
+``signals.Stopped`` (a stop signal cancelled a command; carries its exit status).
 
 User mistakes (config, env, missing binaries) are caught before anything is
 spawned; failures of a run that was accepted are recorded in its session and
@@ -103,6 +105,10 @@ class RuntimeNotFoundError(SpawnkitError):
 
 class InvalidTriggerSource(SpawnkitError, ValueError):
     """A trigger source outside tick, external, trigger, route and schedule:<name>."""
+
+
+class InvalidSessionId(SpawnkitError, ValueError):
+    """A session id that is not a plain name: it would name a path outside spawnkit's home."""
 
 
 class TriggerRejected(SpawnkitError):

@@ -54,7 +54,7 @@ from .events import (
 from .memory import MemoryProvider, StoreMemory
 from .result import OUTPUT_LIMIT, RunStatus, SpawnerResult, ToolCall, Usage, truncate
 from .roster import ButlerConfig
-from .runlog import DEFAULT_CAP_BYTES, RunLog, session_log_dir
+from .runlog import DEFAULT_CAP_BYTES, RunLog, check_session_id, session_log_dir
 from .runtimes import get_adapter
 from .runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
 from .store import SessionStore
@@ -283,7 +283,9 @@ class Spawner:
         """Run ``prompt`` on this butler's runtime and return its result.
 
         ``session_id`` chooses the new session's id (the shell adapter contract
-        announces it before the run starts); by default a fresh UUID. ``role``
+        announces it before the run starts); by default a fresh UUID. It names the
+        run's log folder, so anything but a plain name (letters, digits, ``._-``)
+        raises :class:`~spawnkit.errors.InvalidSessionId`. ``role``
         runs the prompt as one of the butler's ``[butler.agents.<role>]`` (its
         prompt, tools and model), or, for a role the butler does not define,
         only labels the run (``SPAWNKIT_ROLE``).
@@ -309,12 +311,14 @@ class Spawner:
                 )
         if role is not None and not _ROLE_RE.fullmatch(role):
             raise ValueError(f"invalid role name {role!r}")
+        if session_id is not None:
+            check_session_id(session_id)  # it names the run's log folder
         self.adapter.find_binary()
         check_required(self.butler, self.credentials)
 
         # Accepted: reserve the place synchronously, before the first await.
         self._pending += 1
-        session_id = session_id or str(uuid.uuid4())
+        session_id = session_id if session_id is not None else str(uuid.uuid4())
         worker = self.adapter.create_worker()
         run = _Run(
             session_id=session_id,
