@@ -289,7 +289,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
-    store = SessionStore()
+    store = SessionStore()  # opening it sweeps up the runs of dead owners (spawnkit.sweep)
     if args.session_id:
         matches = [r for r in store.list_sessions(limit=10_000) if r.id.startswith(args.session_id)]
         if len(matches) != 1:

@@ -124,6 +124,30 @@ def test_a_stop_signal_cancels_the_kernels_runs(tmp_path: Path, signum: int) -> 
             kill_leftovers(session_id)
 
 
+def test_after_a_forced_restart_the_new_kernel_sweeps_the_old_ones_runs(tmp_path: Path) -> None:
+    scenario = tmp_path / "sleepy.toml"
+    scenario.write_text(SLEEPY)
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    session_id = None
+    try:
+        with kernel(tmpdir) as (km, client):
+            session_id = _start_background_run(client, scenario)
+            km.restart_kernel(now=True)  # SIGKILL: the old kernel cleans up nothing
+            assert sleeping_tool(session_id), "precondition: the run outlived its kernel"
+            client.wait_for_ready(timeout=60)
+            assert _execute(client, "%load_ext spawnkit")["status"] == "ok"
+            assert survivors(session_id) == []
+            assert list(tmpdir.glob("butler_*")) == []
+        record = SessionStore().get_session(session_id)
+        assert record is not None and record.status == "crashed"
+        assert record.error is not None and "leftover process" in record.error
+        assert record.error.endswith("killed, workspace removed")
+    finally:
+        if session_id:
+            kill_leftovers(session_id)
+
+
 def test_loading_the_extension_sweeps_what_a_dead_kernel_left(tmp_path: Path) -> None:
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
