@@ -8,10 +8,11 @@ Two guarantees live here:
   bash wrapper that ``exec``s ``env -i`` with only the variables named in
   ``SPAWNKIT_ENV_KEEP``: whatever the parent had, the CLI (and every tool it
   runs) starts from exactly that list.
-* **Nothing the CLI started outlives the run.** The wrapper puts the CLI in a
-  new session (``setsid``, same pid), records that pid, and the run's owner
-  terminates the whole process group afterwards: SIGTERM, a grace period, then
-  SIGKILL.
+* **Nothing the CLI started outlives the run.** The CLI starts inside its
+  run's sandbox (:mod:`spawnkit.sandbox`: a pid namespace that dies with the
+  run and with its owner). Besides, the wrapper puts it in a new session
+  (``setsid``, same pid), records that pid, and the run's owner terminates the
+  whole process group afterwards: SIGTERM, a grace period, then SIGKILL.
 
 CLIs spawnkit runs directly (Codex, Gemini) go through :func:`run_lines`: an
 exact environment, a new session, output framed into bounded lines and handed
@@ -25,6 +26,7 @@ import contextlib
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -47,18 +49,22 @@ keep=()
 for name in ${keep}; do
   if [[ -v $name ]]; then keep+=("$name=${{!name}}"); fi
 done
+sandbox=({sandbox})
 if [[ -n "${{{pidfile}:-}}" ]]; then echo $$ > "${pidfile}"; fi
 # setsid forks (changing the pid we just wrote) when we already lead a group.
 if [[ -r /proc/$$/stat ]]; then read -r -a stat < /proc/$$/stat; fi
 if [[ "${{stat[4]:-}}" == "$$" ]]; then
-  exec env -i "${{keep[@]}}" "${binary}" "$@"
+  exec env -i "${{keep[@]}}" "${{sandbox[@]}}" "${binary}" "$@"
 fi
-exec {setsid}env -i "${{keep[@]}}" "${binary}" "$@"
+exec {setsid}env -i "${{keep[@]}}" "${{sandbox[@]}}" "${binary}" "$@"
 """
 
 
-def write_env_filter(directory: Path) -> Path:
-    """Write the wrapper script into ``directory`` (the run's workspace)."""
+def write_env_filter(directory: Path, sandbox: Sequence[str] = ()) -> Path:
+    """Write the wrapper script into ``directory`` (the run's workspace).
+
+    ``sandbox`` is the command line that goes before the CLI's (bwrap and its view).
+    """
     bash = shutil.which("bash") or "/bin/bash"
     setsid = shutil.which("setsid")
     script = _WRAPPER.format(
@@ -67,6 +73,7 @@ def write_env_filter(directory: Path) -> Path:
         pidfile=PIDFILE_VAR,
         binary=BINARY_VAR,
         setsid=f"{setsid} " if setsid else "",
+        sandbox=" ".join(shlex.quote(arg) for arg in sandbox),
     )
     path = directory / "spawnkit-cli"
     path.write_text(script, encoding="utf-8")

@@ -21,6 +21,7 @@ caller can catch the family at once and a command line can print one clear line:
     │   ├── ModelUnavailable        the model API is down, unreachable or failing
     │   ├── RuntimeCrashed          the CLI died or exited without a result
     │   └── ProtocolError           the CLI's output could not be understood
+    ├── SandboxUnavailable          runs need bubblewrap and it is missing or cannot work
     ├── SpawnError                  a run failed where the caller asked for an exception
     └── StoreError                  the session store cannot be opened or written
 
@@ -172,6 +173,10 @@ class SpawnError(SpawnkitError):
     def __init__(self, result: SpawnerResult) -> None:
         self.result = result
         super().__init__(result.error or "the run failed")
+
+
+class SandboxUnavailable(SpawnkitError):
+    """The butler's runs must be sandboxed and bubblewrap is missing or cannot work here."""
 
 
 class StoreError(SpawnkitError):

@@ -57,6 +57,22 @@ class RuntimeConfig:
     tools: tuple[str, ...] = DEFAULT_TOOLS
 
 
+SandboxMode = Literal["bwrap", "none"]
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """``[butler.sandbox]``: how a run is contained (see :mod:`spawnkit.sandbox`).
+
+    ``mode = "none"`` is an explicit opt-out. ``read``/``write`` are extra absolute paths
+    the run may see read-only / read-write besides its workspace and the butler's folder.
+    """
+
+    mode: SandboxMode = "bwrap"
+    read: tuple[Path, ...] = ()
+    write: tuple[Path, ...] = ()
+
+
 @dataclass(frozen=True)
 class EnvConfig:
     """``[butler.env]``: variables the runtime must get, or gets when set."""
@@ -102,6 +118,9 @@ class ButlerConfig:
     agents: Mapping[str, AgentRole] = field(default_factory=dict)
     # A system prompt elsewhere than <directory>/CLAUDE.md (ad-hoc butlers).
     prompt_file: Path | None = None
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    # Where the agent works; None: its run's own workspace (ad-hoc butlers work in a folder).
+    workdir: Path | None = None
 
     @property
     def config_file(self) -> Path:
@@ -220,6 +239,8 @@ def adhoc_butler(
         roster_dir=prompt.parent,
         runtime=RuntimeConfig(type=runtime, max_concurrent_sessions=max_concurrent_sessions),
         prompt_file=prompt,
+        sandbox=SandboxConfig(write=(folder,)),
+        workdir=folder,
     )
 
 
@@ -348,8 +369,11 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
     doc.check_keys({"butler", "modules"})
     b = doc.table("butler", required=True)
     b.check_keys(
-        {"name", "port", "description", "mcp_transport", "runtime", "env", "schedule", "agents"}
-    )
+        {
+            "name", "port", "description", "mcp_transport", "runtime", "env", "schedule",
+            "agents", "sandbox",
+        }
+    )  # fmt: skip
 
     name = b.string("name")
     if not _NAME_RE.fullmatch(name):
@@ -384,6 +408,8 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
         timeout_s=r.number("timeout_s", 900.0),
         tools=r.names("tools", _TOOL_RE) if "tools" in r.data else DEFAULT_TOOLS,
     )
+
+    sandbox = _sandbox(b.table("sandbox"))
 
     e = b.table("env")
     e.check_keys({"required", "optional"})
@@ -449,4 +475,28 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
         modules=MappingProxyType(modules),
         schedules=tuple(schedules),
         agents=MappingProxyType(agents),
+        sandbox=sandbox,
     )
+
+
+def _sandbox(t: _Reader) -> SandboxConfig:
+    t.check_keys({"mode", "read", "write"})
+    mode = t.string("mode", "bwrap")
+    if mode not in ("bwrap", "none"):
+        raise t.error("mode", f"must be 'bwrap' or 'none', not {mode!r}")
+    return SandboxConfig(
+        mode=cast(SandboxMode, mode), read=_abs_paths(t, "read"), write=_abs_paths(t, "write")
+    )
+
+
+def _abs_paths(t: _Reader, name: str) -> tuple[Path, ...]:
+    value = t.data.get(name, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise t.error(name, "must be a list of paths")
+    paths = []
+    for item in value:
+        path = Path(item).expanduser()
+        if not path.is_absolute():
+            raise t.error(name, f"{item!r} must be an absolute path")
+        paths.append(path.resolve())
+    return tuple(paths)

@@ -27,9 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, TypeVar
 
 from opentelemetry.trace import TracerProvider
 
+from . import sandbox
 from .credentials import CredentialStore, check_required, isolated_env
 from .errors import (
     ConfigError,
@@ -61,9 +63,10 @@ from .store import SessionStore
 from .sweep import reap, sweep
 from .system_prompt import append_memory, compose_system_prompt
 from .telemetry import RunSpan, run_span
-from .workspace import mcp_url, run_workspace
+from .workspace import files_in, mcp_url, run_workspace
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 TRIGGER_SOURCES = ("tick", "external", "trigger", "route")
 _SCHEDULE_RE = re.compile(r"^schedule:[A-Za-z0-9_.-]+$")
@@ -314,6 +317,7 @@ class Spawner:
         if session_id is not None:
             check_session_id(session_id)  # it names the run's log folder
         self.adapter.find_binary()
+        sandbox.check_available(self.butler)
         check_required(self.butler, self.credentials)
 
         # Accepted: reserve the place synchronously, before the first await.
@@ -453,17 +457,9 @@ class Spawner:
             result, session_id=run.session_id, butler=butler.name, runtime=butler.runtime.type
         )
         try:
-            await asyncio.shield(
-                asyncio.to_thread(self.store.complete_session, run.session_id, result)
-            )
+            await asyncio.shield(_in_thread(self.store.complete_session, run.session_id, result))
         except asyncio.CancelledError:
             logger.debug("cancelled while recording session %s; the write goes on", run.session_id)
-        except RuntimeError as exc:
-            if "shutdown" not in str(exc):
-                raise
-            # The interpreter is exiting (a kernel's shutdown cancels its runs at exit) and
-            # starts no more threads: write the record here rather than lose it.
-            self.store.complete_session(run.session_id, result)
         finally:
             self._runs.pop(run.session_id, None)
         collector.emit(Finished(run.session_id, result))
@@ -503,7 +499,7 @@ class Spawner:
                 trigger_source=run.trigger_source,
                 provider=self.tracer_provider,
             ) as span,
-            run_workspace(butler.name, self.workspace_root) as workspace,
+            run_workspace(butler, self.workspace_root) as workspace,
         ):
             collector.span = span
             collector.trace_id = trace_id = span.trace_id
@@ -548,6 +544,8 @@ class Spawner:
                 span.finish(replace(cancelled, duration_ms=_ms_since(clock)))
                 reap(run.session_id, workspace)
                 raise
+            finally:
+                await asyncio.shield(_in_thread(self._keep_transcripts, worker, workspace))
             if outcome is not None and not outcome.success:
                 worker.reset()
             result = self._result(collector, outcome, status, error, error_kind, trace_id, clock)
@@ -564,6 +562,12 @@ class Spawner:
                     "memory: could not store the episode of %s; going on", run.session_id
                 )
         return result
+
+    def _keep_transcripts(self, worker: RuntimeAdapter, workspace: Path) -> None:
+        try:
+            worker.keep_transcripts(workspace)
+        except OSError:
+            logger.exception("could not keep the transcripts of the run in %s", workspace)
 
     async def _prepare(self, run: _Run, workspace: Path, span: RunSpan) -> RunSpec:
         butler, worker = self.butler, run.worker
@@ -599,20 +603,40 @@ class Spawner:
             isolated_env, butler, self.credentials, worker.passthrough_env, identity,
             worker.other_vendor_keys,
         )  # fmt: skip
+        cwd = butler.workdir or workspace
+        tools = (
+            agent.tools if agent is not None and agent.tools is not None else butler.runtime.tools
+        )
+        if run.resume and not await asyncio.to_thread(
+            worker.stage_resume, workspace, cwd, run.resume
+        ):
+            logger.warning("no kept transcript of %s to resume; the CLI looks for it itself",
+                           run.resume)  # fmt: skip
+        plan = sandbox.plan(butler, workspace, worker.install_paths())
+        config_file = worker.build_config_file(workspace, server)
+        await asyncio.to_thread(
+            self.store.record_setup,
+            run.session_id,
+            sandbox=plan.kind,
+            given={
+                "config_files": files_in(workspace),
+                "mcp_servers": [server.name],
+                "tools": list(tools),
+                "home": "the run's workspace",
+            },
+        )  # fmt: skip
         return RunSpec(
             session_id=run.session_id,
             butler=butler.name,
             prompt=compose_prompt(run.prompt, run.context),
             system_prompt=system_prompt,
             workspace=workspace,
-            cwd=butler.directory,
+            cwd=cwd,
             mcp_server=server,
-            config_file=worker.build_config_file(workspace, server),
+            config_file=config_file,
             env=env,
             max_turns=run.max_turns,
-            tools=agent.tools
-            if agent is not None and agent.tools is not None
-            else butler.runtime.tools,
+            tools=tools,
             model=(agent.model if agent is not None and agent.model else None) or self.model,
             base_url=self.base_url,
             runtime_session_id=run.runtime_session_id,
@@ -620,6 +644,7 @@ class Spawner:
             log=run.log,
             # A run acting as one of the roles does not delegate further.
             agents={} if agent is not None else butler.agents,
+            sandbox=plan,
         )
 
     def _result(
@@ -655,6 +680,20 @@ class Spawner:
             model=outcome.model or self.model,
             num_turns=outcome.num_turns,
         )
+
+
+async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a thread, or here if the interpreter is exiting and starts none.
+
+    A kernel's graceful shutdown cancels its runs from ``atexit``, when thread pools refuse
+    new work; the run's record and transcripts must still be written.
+    """
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except RuntimeError as exc:
+        if "shutdown" not in str(exc):
+            raise
+        return fn(*args)
 
 
 def _ms_since(clock: float) -> int:

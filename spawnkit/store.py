@@ -37,7 +37,7 @@ from .home import default_store_path
 from .result import SpawnerResult, ToolCall, Usage
 from .sweep import OpenRun, process_start, sweep
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 BUSY_TIMEOUT_MS = 15_000
 
 _SCHEMA = """
@@ -74,6 +74,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     owner_start TEXT,
     log_dir TEXT,
     role TEXT,
+    sandbox TEXT,
+    given TEXT,
     workspace TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_at);
@@ -138,10 +140,11 @@ CREATE INDEX IF NOT EXISTS episodes_by_butler ON episodes (butler, id);
 
 
 # _MIGRATIONS[v - 1] takes a store from schema v to v + 1.
-_MIGRATIONS = (
-    "ALTER TABLE sessions ADD COLUMN log_dir TEXT",
-    "ALTER TABLE sessions ADD COLUMN role TEXT",
-    "ALTER TABLE sessions ADD COLUMN workspace TEXT",
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    ("ALTER TABLE sessions ADD COLUMN log_dir TEXT",),
+    ("ALTER TABLE sessions ADD COLUMN role TEXT",),
+    ("ALTER TABLE sessions ADD COLUMN sandbox TEXT", "ALTER TABLE sessions ADD COLUMN given TEXT"),
+    ("ALTER TABLE sessions ADD COLUMN workspace TEXT",),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION - 1
 
@@ -200,6 +203,9 @@ class SessionRecord:
     completed_at: datetime | None
     log_dir: Path | None = None
     role: str | None = None
+    # Which sandbox the run had ("bwrap" or "none") and what its CLI was given.
+    sandbox: str | None = None
+    given: dict[str, Any] | None = None
     # The run's workspace while it ran (removed when it ended, or by the sweep).
     workspace: Path | None = None
 
@@ -237,6 +243,8 @@ class SessionRecord:
             completed_at=_dt(row["completed_at"]),
             log_dir=Path(row["log_dir"]) if row["log_dir"] else None,
             role=row["role"],
+            sandbox=row["sandbox"],
+            given=json.loads(row["given"]) if row["given"] else None,
             workspace=Path(row["workspace"]) if row["workspace"] else None,
         )
 
@@ -270,6 +278,8 @@ class SessionRecord:
             "completed_at": _iso(self.completed_at),
             "log_dir": str(self.log_dir) if self.log_dir else None,
             "role": self.role,
+            "sandbox": self.sandbox,
+            "given": self.given,
             "workspace": str(self.workspace) if self.workspace else None,
         }
 
@@ -382,7 +392,8 @@ class SessionStore:
                         conn.execute(statement)
             else:
                 for step in _MIGRATIONS[version - 1 :]:
-                    conn.execute(step)
+                    for statement in step:
+                        conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -444,6 +455,14 @@ class SessionStore:
                 "UPDATE sessions SET status = 'running', started_at = ?, trace_id = ?, "
                 "workspace = ? WHERE id = ? AND completed_at IS NULL",
                 (_iso(started_at), trace_id, str(workspace) if workspace else None, session_id),
+            )
+
+    def record_setup(self, session_id: str, *, sandbox: str, given: dict[str, Any]) -> None:
+        """Record how a run was contained and what its CLI was given (config, servers, tools)."""
+        with self._tx() as conn:
+            conn.execute(
+                "UPDATE sessions SET sandbox = ?, given = ? WHERE id = ?",
+                (sandbox, json.dumps(given, ensure_ascii=False), session_id),
             )
 
     def complete_session(

@@ -91,7 +91,7 @@ def make_butler(tmp_path: Path) -> RosterFactory:
 
 
 def workspaces_of(butler: str, root: Path | None = None) -> list[Path]:
-    base = root or Path(tempfile.gettempdir())
+    base = root or Path(os.environ["SPAWNKIT_HOME"]) / "workspaces"
     return sorted(base.glob(f"butler_{butler}_*"))
 
 

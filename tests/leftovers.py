@@ -30,12 +30,20 @@ text = "woke up"
 NODE_CLIS = (REPO / "node_modules" / ".bin" / "codex").exists()
 
 
-def spawnkit_popen(*args: str, tmpdir: Path, cwd: Path = REPO) -> subprocess.Popen[str]:
-    """``spawnkit ARGS`` as a real process whose workspaces go under ``tmpdir``."""
+def sleeper(runtime: str = "claude-code", sandbox: str = "none") -> str:
+    """butler.toml lines for a test butler on ``runtime``, sandboxed or not.
+
+    Unsandboxed runs are the strict case here: nothing but spawnkit's own cancellation and
+    sweep stands between them and leftover processes.
+    """
+    return f'[butler.runtime]\ntype = "{runtime}"\n[butler.sandbox]\nmode = "{sandbox}"\n'
+
+
+def spawnkit_popen(*args: str, cwd: Path = REPO) -> subprocess.Popen[str]:
+    """``spawnkit ARGS`` as a real process (with this test's SPAWNKIT_HOME)."""
     return subprocess.Popen(
         [sys.executable, "-m", "spawnkit", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-        env={**os.environ, "TMPDIR": str(tmpdir)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=dict(os.environ),
     )  # fmt: skip
 
 

@@ -39,7 +39,7 @@ def work(tmp_path: Path) -> Path:
     (tmp_path / "brief.md").write_text("You are the contract test agent. Be brief.")
     (tmp_path / "state.json").write_text(json.dumps({"goal": "count words", "step": 1}))
     (tmp_path / "echo.toml").write_text('[[turn]]\ntext = "echo: {{ prompt }}"\n')
-    (tmp_path / "slow.toml").write_text('[[turn]]\ndelay_ms = 3000\ntext = "slow done"\n')
+    (tmp_path / "slow.toml").write_text('[[turn]]\ndelay_ms = 10000\ntext = "slow done"\n')
     return tmp_path
 
 

@@ -20,10 +20,12 @@ from spawnkit.contract import _read_meta
 from spawnkit.signals import Stopped, on_stop_signals, run
 from spawnkit.store import SessionStore
 
+from .conftest import workspaces_of
 from .leftovers import (
     NODE_CLIS,
     SLEEPY,
     kill_leftovers,
+    sleeper,
     sleeping_tool,
     spawnkit_popen,
     survivors,
@@ -31,11 +33,8 @@ from .leftovers import (
     wait_until_mid_tool_call,
 )
 
-RUNTIMES = [
-    "claude-code",
-    pytest.param("codex", marks=pytest.mark.skipif(not NODE_CLIS, reason="npm ci first")),
-    pytest.param("gemini", marks=pytest.mark.skipif(not NODE_CLIS, reason="npm ci first")),
-]
+RUNTIMES = ["claude-code", *(["codex", "gemini"] if NODE_CLIS else [])]
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _stop(proc: subprocess.Popen[str], signum: int) -> tuple[int, str]:
@@ -45,20 +44,26 @@ def _stop(proc: subprocess.Popen[str], signum: int) -> tuple[int, str]:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-@pytest.mark.parametrize("runtime", RUNTIMES)
-def test_a_stop_signal_cancels_spawnkit_run(make_butler, tmp_path: Path, runtime, signum) -> None:
-    butler = make_butler("sleeper", extra=f'[butler.runtime]\ntype = "{runtime}"\n')
+@pytest.mark.parametrize(
+    ("runtime", "sandbox", "signum"),
+    [
+        *[(runtime, "none", signum) for runtime in RUNTIMES for signum in STOP_SIGNALS],
+        ("claude-code", "bwrap", signal.SIGTERM),
+    ],
+    ids=lambda value: signal.Signals(value).name if isinstance(value, int) else str(value),
+)
+def test_a_stop_signal_cancels_spawnkit_run(
+    make_butler, tmp_path: Path, runtime, sandbox: str, signum: int
+) -> None:
+    butler = make_butler("sleeper", extra=sleeper(runtime, sandbox))
     scenario = tmp_path / "sleepy.toml"
     scenario.write_text(SLEEPY)
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
     proc = spawnkit_popen("run", "--roster", str(butler.roster_dir), "--butler", "sleeper",
-                          "--replay", str(scenario), "sleep on it", tmpdir=tmpdir)  # fmt: skip
+                          "--replay", str(scenario), "sleep on it")  # fmt: skip
     session_id = None
     try:
         session_id = wait_until_mid_tool_call(lambda: proc.poll() is None)
-        assert list(tmpdir.glob("butler_sleeper_*")), "the run has its workspace"
+        assert workspaces_of("sleeper"), "the run has its workspace"
         code, err = _stop(proc, signum)
         assert code == 128 + signum, err
         name = signal.Signals(signum).name
@@ -68,7 +73,7 @@ def test_a_stop_signal_cancels_spawnkit_run(make_butler, tmp_path: Path, runtime
         assert record is not None
         assert (record.status, record.error_kind) == ("cancelled", "cancelled")
         assert survivors(session_id) == [], "a process of the run outlived it"
-        assert list(tmpdir.iterdir()) == [], "the workspace outlived the run"
+        assert workspaces_of("sleeper") == [], "the workspace outlived the run"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -80,14 +85,12 @@ def test_a_stop_signal_cancels_spawnkit_run(make_butler, tmp_path: Path, runtime
 async def test_sigterm_stops_spawnkit_serve_and_cancels_its_runs(
     make_butler, tmp_path: Path, unused_tcp_port: int
 ) -> None:
-    butler = make_butler()
+    butler = make_butler(extra=sleeper())
     scenario = tmp_path / "sleepy.toml"
     scenario.write_text(SLEEPY)
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
     port = str(unused_tcp_port)
     proc = spawnkit_popen("serve", "health", "--roster", str(butler.roster_dir), "--port", port,
-                          "--replay", str(scenario), tmpdir=tmpdir)  # fmt: skip
+                          "--replay", str(scenario))  # fmt: skip
     session_id = None
     try:
         assert proc.stdout is not None
@@ -104,7 +107,7 @@ async def test_sigterm_stops_spawnkit_serve_and_cancels_its_runs(
         record = SessionStore().get_session(session_id)
         assert record is not None and record.status == "cancelled"
         assert survivors(session_id) == []
-        assert list(tmpdir.iterdir()) == []
+        assert workspaces_of("health") == []
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -118,10 +121,8 @@ def test_sigterm_cancels_the_contract_worker(tmp_path: Path) -> None:
     scenario.write_text(SLEEPY)
     brief, state = tmp_path / "brief.md", tmp_path / "state.json"
     brief.write_text("You are a test agent.")
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
     spawn = spawnkit_popen("adapter", "claude-code", "--replay", str(scenario), "spawn",
-                           str(brief), str(state), "sleep on it", tmpdir=tmpdir)  # fmt: skip
+                           str(brief), str(state), "sleep on it")  # fmt: skip
     out, err = spawn.communicate(timeout=120)
     assert spawn.returncode == 0, err
     session_id = out.strip()
@@ -136,7 +137,7 @@ def test_sigterm_cancels_the_contract_worker(tmp_path: Path) -> None:
         assert (reported["session_id"], reported["status"]) == (session_id, "failed")
         assert reported["error"] == "the run was cancelled"
         assert survivors(session_id) == []
-        assert list(tmpdir.glob("butler_*")) == []
+        assert workspaces_of("adapter-claude-code") == []
     finally:
         kill_leftovers(session_id)
 

@@ -126,6 +126,7 @@ def test_lifecycle_round_trips_every_column(store: SessionStore, tmp_path: Path)
     store.mark_started(
         "s-1", started_at=T0 + timedelta(seconds=1), trace_id="a" * 32, workspace=workspace
     )
+    store.record_setup("s-1", sandbox="bwrap", given={"mcp_servers": ["health"]})
     running = store.get_session("s-1")
     assert running is not None and running.status == "running"
     assert running.workspace == workspace, "kept for the sweep, should the owner die"
@@ -164,6 +165,8 @@ def test_lifecycle_round_trips_every_column(store: SessionStore, tmp_path: Path)
         "completed_at": done_at.isoformat(),
         "log_dir": str(tmp_path / "logs" / "s-1"),
         "role": None,
+        "sandbox": "bwrap",
+        "given": {"mcp_servers": ["health"]},
         "workspace": str(workspace),
     }
     assert record.tool_calls == tool_calls(), "tool calls round-trip with their datetimes"
@@ -510,7 +513,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     with SessionStore(db) as store:
         create(store, "old")
-    execute(db, "ALTER TABLE sessions DROP COLUMN workspace")  # as schema 3 wrote it
+    _as_schema_3(db)
     execute(db, "ALTER TABLE sessions DROP COLUMN role")  # as schema 2 wrote it
     execute(db, "ALTER TABLE sessions DROP COLUMN log_dir")  # as schema 1 wrote it
     execute(db, "PRAGMA user_version = 1")
@@ -518,7 +521,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         old = store.get_session("old")
         create(store, "new", log_dir=tmp_path / "logs", role="researcher")
         new = store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(4,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(5,)]
     assert old is not None and old.log_dir is None and old.status == "queued"
     assert new is not None and new.log_dir == tmp_path / "logs" and new.role == "researcher"
 
@@ -527,7 +530,7 @@ def test_a_version_2_file_is_migrated(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     with SessionStore(db) as store:
         create(store, "old")
-    execute(db, "ALTER TABLE sessions DROP COLUMN workspace")
+    _as_schema_3(db)
     execute(db, "ALTER TABLE sessions DROP COLUMN role")
     execute(db, "PRAGMA user_version = 2")
     with SessionStore(db) as store:
@@ -536,17 +539,42 @@ def test_a_version_2_file_is_migrated(tmp_path: Path) -> None:
         assert store.get_session("old").role is None  # type: ignore[union-attr]
 
 
+def _as_schema_4(db: Path) -> None:
+    execute(db, "ALTER TABLE sessions DROP COLUMN workspace")
+    execute(db, "PRAGMA user_version = 4")
+
+
+def _as_schema_3(db: Path) -> None:
+    _as_schema_4(db)
+    execute(db, "ALTER TABLE sessions DROP COLUMN sandbox")
+    execute(db, "ALTER TABLE sessions DROP COLUMN given")
+    execute(db, "PRAGMA user_version = 3")
+
+
 def test_a_version_3_file_is_migrated(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     with SessionStore(db) as store:
         create(store, "old")
-    execute(db, "ALTER TABLE sessions DROP COLUMN workspace")
-    execute(db, "PRAGMA user_version = 3")
+    _as_schema_3(db)
+    with SessionStore(db) as store:
+        create(store, "new")
+        store.record_setup("new", sandbox="bwrap", given={"tools": ["Bash"]})
+        new, old = store.get_session("new"), store.get_session("old")
+    assert new is not None and new.sandbox == "bwrap" and new.given == {"tools": ["Bash"]}
+    assert old is not None and old.sandbox is None and old.given is None
+
+
+def test_a_version_4_file_is_migrated(tmp_path: Path) -> None:
+    db = tmp_path / "sessions.db"
+    with SessionStore(db) as store:
+        create(store, "old")
+    _as_schema_4(db)
     with SessionStore(db) as store:
         create(store, "new")
         store.mark_started("new", started_at=T0, workspace=tmp_path / "butler_x_1")
-        assert store.get_session("new").workspace == tmp_path / "butler_x_1"  # type: ignore[union-attr]
-        assert store.get_session("old").workspace is None  # type: ignore[union-attr]
+        new, old = store.get_session("new"), store.get_session("old")
+    assert new is not None and new.workspace == tmp_path / "butler_x_1"
+    assert old is not None and old.workspace is None
 
 
 def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:

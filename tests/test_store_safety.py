@@ -22,7 +22,7 @@ import pytest
 from spawnkit import history
 from spawnkit.history import store_query
 from spawnkit.result import SpawnerResult, ToolCall
-from spawnkit.store import SessionStore, check_store
+from spawnkit.store import SCHEMA_VERSION, SessionStore, check_store
 
 WRITES = 200
 
@@ -100,7 +100,7 @@ def test_reading_history_while_the_store_is_open_keeps_it_intact(
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert check.returncode == 0, check.stderr
-    assert f"ok (schema 3, {50 + 2 * WRITES} sessions)" in check.stdout
+    assert f"ok (schema {SCHEMA_VERSION}, {50 + 2 * WRITES} sessions)" in check.stdout
 
 
 def _filled_store(path: Path, sessions: int = 30) -> None:

@@ -23,7 +23,7 @@ from spawnkit.spawner import Spawner
 from spawnkit.store import SessionStore
 from spawnkit.sweep import kill_processes, process_start, remove_workspace, sweep
 
-from .conftest import processes_with_env
+from .conftest import processes_with_env, workspaces_of
 from .fakes import FakeAdapter
 from .leftovers import (
     NODE_CLIS,
@@ -31,6 +31,7 @@ from .leftovers import (
     Owner,
     kill_leftovers,
     process_state,
+    sleeper,
     sleeping_tool,
     spawnkit_popen,
     staged_owner,
@@ -46,12 +47,11 @@ RUNTIMES = [
 ]
 
 
-def spawnkit_sessions(tmpdir: Path) -> dict[str, dict[str, object]]:
+def spawnkit_sessions() -> dict[str, dict[str, object]]:
     """``spawnkit sessions --json`` in a process of its own (opening the store sweeps)."""
     done = subprocess.run(
         [sys.executable, "-m", "spawnkit", "sessions", "--json"],
-        capture_output=True, text=True, timeout=120, check=False,
-        env={**os.environ, "TMPDIR": str(tmpdir)},
+        capture_output=True, text=True, timeout=120, check=False, env=dict(os.environ),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return {record["id"]: record for record in json.loads(done.stdout)}
@@ -62,20 +62,19 @@ def spawnkit_sessions(tmpdir: Path) -> dict[str, dict[str, object]]:
 def test_sigkill_of_spawnkit_run_then_spawnkit_sessions_sweeps(
     make_butler, tmp_path: Path, runtime: str
 ) -> None:
-    butler = make_butler("sleeper", extra=f'[butler.runtime]\ntype = "{runtime}"\n')
+    # Unsandboxed: the sweep is all that stands between the run and leftover processes.
+    butler = make_butler("sleeper", extra=sleeper(runtime))
     scenario = tmp_path / "sleepy.toml"
     scenario.write_text(SLEEPY)
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
     proc = spawnkit_popen("run", "--roster", str(butler.roster_dir), "--butler", "sleeper",
-                          "--replay", str(scenario), "sleep on it", tmpdir=tmpdir)  # fmt: skip
+                          "--replay", str(scenario), "sleep on it")  # fmt: skip
     session_id = None
     try:
         session_id = wait_until_mid_tool_call(lambda: proc.poll() is None)
-        (workspace,) = tmpdir.glob("butler_sleeper_*")
+        (workspace,) = workspaces_of("sleeper")
 
         # A sweep from another process while the owner lives touches nothing.
-        record = spawnkit_sessions(tmpdir)[session_id]
+        record = spawnkit_sessions()[session_id]
         assert (record["status"], record["workspace"]) == ("running", str(workspace))
         assert sleeping_tool(session_id) and workspace.is_dir()
 
@@ -85,7 +84,7 @@ def test_sigkill_of_spawnkit_run_then_spawnkit_sessions_sweeps(
         if runtime != "codex":  # Codex ends its commands itself once its stdout is gone
             assert sleeping_tool(session_id), "precondition: the tool call outlived its owner"
 
-        record = spawnkit_sessions(tmpdir)[session_id]
+        record = spawnkit_sessions()[session_id]
         assert (record["status"], record["success"], record["error_kind"]) == (
             "crashed", False, "crash",
         )  # fmt: skip
@@ -98,7 +97,34 @@ def test_sigkill_of_spawnkit_run_then_spawnkit_sessions_sweeps(
         assert survivors(session_id) == [], "the sweep left a process of the run running"
         assert not workspace.exists()
         # A second sweep finds nothing more to do and leaves the reason alone.
-        assert spawnkit_sessions(tmpdir)[session_id]["error"] == error
+        assert spawnkit_sessions()[session_id]["error"] == error
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if session_id:
+            kill_leftovers(session_id)
+
+
+@pytest.mark.e2e
+def test_a_sandboxed_run_dies_with_its_owner_and_the_sweep_records_it(
+    make_butler, tmp_path: Path
+) -> None:
+    butler = make_butler("sleeper", extra=sleeper(sandbox="bwrap"))
+    scenario = tmp_path / "sleepy.toml"
+    scenario.write_text(SLEEPY)
+    proc = spawnkit_popen("run", "--roster", str(butler.roster_dir), "--butler", "sleeper",
+                          "--replay", str(scenario), "sleep on it")  # fmt: skip
+    session_id = None
+    try:
+        session_id = wait_until_mid_tool_call(lambda: proc.poll() is None)
+        proc.kill()
+        proc.wait(30)
+        assert survivors(session_id) == [], "the sandbox's processes died with their owner"
+        assert workspaces_of("sleeper"), "the workspace is what is left"
+        record = spawnkit_sessions()[session_id]
+        assert record["status"] == "crashed"
+        assert str(record["error"]).endswith("; no leftover processes, workspace removed")
+        assert workspaces_of("sleeper") == []
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -16,7 +16,7 @@ knowledge (a resolved binary, a checked version) is looked up afresh.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -29,10 +29,13 @@ from ..errors import (
     RuntimeFailure,
 )
 from ..events import EventSink
+from ..home import spawnkit_home
 from ..result import Usage
 from ..roster import AgentRole, McpTransport, RuntimeConfig
 from ..runlog import RunLog
+from ..sandbox import NO_SANDBOX, SandboxPlan
 from ..system_prompt import read_prompt_file
+from ..transcripts import copy_tree
 from .version import cli_version
 
 
@@ -70,6 +73,8 @@ class RunSpec:
     log: RunLog | None = None
     # Roles the run may delegate to (runtimes with sub-agents only).
     agents: Mapping[str, AgentRole] = field(default_factory=dict)
+    # How the CLI is started: inside bubblewrap, or (opted out) as it is.
+    sandbox: SandboxPlan = NO_SANDBOX
 
 
 @dataclass
@@ -118,7 +123,10 @@ class RuntimeAdapter(ABC):
     auth_remedy: ClassVar[str] = "check the runtime's API key"
     system_prompt_filename: ClassVar[str] = "CLAUDE.md"
     # Host variables the CLI needs to work at all; they pass credential isolation.
-    passthrough_env: ClassVar[tuple[str, ...]] = ("HOME",)
+    passthrough_env: ClassVar[tuple[str, ...]] = ()
+    # Where, relative to the run's HOME, the CLI writes its transcripts; spawnkit keeps
+    # them under $SPAWNKIT_HOME/runtimes/<type>/<the same path> once the run is over.
+    transcripts_dir: ClassVar[str | None] = None
     # Core API keys of other vendors, withheld unless the butler declares them.
     other_vendor_keys: ClassVar[tuple[str, ...]] = ()
     # How the CLI prints its version, and what else it needs in its environment to do
@@ -147,6 +155,30 @@ class RuntimeAdapter(ABC):
         (see :func:`spawnkit.runtimes.version.cli_version`).
         """
         return await cli_version(self.find_binary(), self.version_args, self.version_env)
+
+    def install_paths(self) -> list[Path]:
+        """What the CLI needs to see read-only inside the sandbox (its own install)."""
+        return [self.find_binary().resolve().parent]
+
+    # -- transcripts ---------------------------------------------------------------
+
+    @classmethod
+    def kept_transcripts(cls) -> Path | None:
+        """Where spawnkit keeps this runtime's transcripts of finished runs."""
+        if cls.transcripts_dir is None:
+            return None
+        return spawnkit_home() / "runtimes" / cls.type / Path(cls.transcripts_dir).name
+
+    def keep_transcripts(self, home: Path, redact: Callable[[str], str] | None = None) -> int:
+        """Copy the transcripts the CLI wrote under ``home`` to :meth:`kept_transcripts`."""
+        kept = self.kept_transcripts()
+        if kept is None or self.transcripts_dir is None:
+            return 0
+        return copy_tree(home / self.transcripts_dir, kept, redact)
+
+    def stage_resume(self, home: Path, cwd: Path, runtime_session_id: str) -> bool:
+        """Put the kept transcript of ``runtime_session_id`` where the CLI will look for it."""
+        return False
 
     def new_runtime_session_id(self) -> str | None:
         """A runtime session id chosen before the run, when the CLI accepts one."""

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -55,6 +56,7 @@ from ..events import (
     UsageUpdate,
 )
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
+from ..transcripts import copy_file
 from .base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter, classify_failure
 
 logger = logging.getLogger(__name__)
@@ -86,6 +88,17 @@ def _bundled_cli() -> Path | None:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def project_dir_name(cwd: Path) -> str:
+    """Claude Code's folder name for a working directory: every other character a dash."""
+    return re.sub(r"[^A-Za-z0-9]", "-", str(cwd))
+
+
+def _tmpdir(workspace: Path) -> Path:
+    path = workspace / "tmp"
+    path.mkdir(exist_ok=True, mode=0o700)
+    return path
 
 
 def tool_result_text(content: str | list[dict[str, Any]] | None) -> str:
@@ -229,8 +242,8 @@ class ClaudeCodeAdapter(RuntimeAdapter):
     auth_remedy: ClassVar[str] = (
         "Claude Code is not authenticated: set ANTHROPIC_API_KEY or run `claude login`"
     )
-    passthrough_env: ClassVar[tuple[str, ...]] = ("HOME", "CLAUDE_CONFIG_DIR")
     other_vendor_keys: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY",)
+    transcripts_dir: ClassVar[str | None] = ".claude/projects"
 
     version_args: ClassVar[tuple[str, ...]] = ("-v",)
 
@@ -261,6 +274,17 @@ class ClaudeCodeAdapter(RuntimeAdapter):
     def new_runtime_session_id(self) -> str:
         return str(uuid.uuid4())
 
+    def stage_resume(self, home: Path, cwd: Path, runtime_session_id: str) -> bool:
+        """Claude Code resumes from ``projects/<its name for the cwd>/<id>.jsonl``."""
+        kept = self.kept_transcripts()
+        if kept is None or not kept.is_dir():
+            return False
+        found = next(kept.glob(f"*/{runtime_session_id}.jsonl"), None)
+        if found is None:
+            return False
+        return copy_file(found, home / ".claude" / "projects" / project_dir_name(cwd)
+                         / found.name)  # fmt: skip
+
     def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:
         path = workspace / "mcp.json"
         path.write_text(
@@ -277,6 +301,10 @@ class ClaudeCodeAdapter(RuntimeAdapter):
 
     def child_env(self, spec: RunSpec) -> dict[str, str]:
         env = dict(spec.env)
+        # A fresh home: the user's ~/.claude (CLAUDE.md, settings, MCP servers, plugins)
+        # and shell rc files never reach a run.
+        env["HOME"] = str(spec.workspace)
+        env["TMPDIR"] = str(_tmpdir(spec.workspace))
         # MCP tools would otherwise hide behind a tool-search tool.
         env["ENABLE_TOOL_SEARCH"] = "false"
         env.setdefault("DISABLE_AUTOUPDATER", "1")
@@ -301,7 +329,7 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         # The tool that starts a sub-agent ("Task", called "Agent" in newer CLIs).
         delegation = ["Task", "Agent"] if spec.agents else []
         env = _process.filtered_env(
-            self.child_env(spec), self.find_binary(), pidfile, extra_keep=_SDK_ENV
+            self.child_env(spec), self.find_binary().resolve(), pidfile, extra_keep=_SDK_ENV
         )
         return ClaudeAgentOptions(
             cli_path=wrapper,
@@ -344,7 +372,7 @@ class ClaudeCodeAdapter(RuntimeAdapter):
     async def invoke(self, spec: RunSpec, emit: EventSink) -> RunOutcome:
         await self.binary_version()  # once per binary, so the SDK need not check per run
         os.environ.setdefault(_SKIP_VERSION_CHECK, "1")
-        wrapper = _process.write_env_filter(spec.workspace)
+        wrapper = _process.write_env_filter(spec.workspace, spec.sandbox.argv)
         pidfile = spec.workspace / "cli.pid"
         state = _RunState(spec, emit)
         options = self.options(spec, wrapper, pidfile)

@@ -15,9 +15,15 @@ model its shell and patch tools). Replacing those (``model_instructions_file``)
 made the model lose its tools; embedding the prompt in the user message would
 give it only user authority. See docs/runtimes.md.
 
-Sessions: Codex keeps rollouts under ``CODEX_HOME/sessions``; that folder is a
-link to ``$SPAWNKIT_HOME/runtimes/codex/sessions`` so ``codex exec resume``
-finds earlier sessions and their transcripts outlive the workspace.
+Home: ``CODEX_HOME`` is ``.codex`` in the run's workspace (which is HOME). It must not lie
+under a temp dir: Codex then refuses to create its helper binaries, and every shell call
+fails on machines with bubblewrap. Inside spawnkit's sandbox Codex's own sandbox is off
+(``danger-full-access``: the run is already confined, and bubblewrap cannot nest without
+capabilities); a butler that opted out of spawnkit's sandbox keeps Codex's ``read-only`` one.
+
+Sessions: Codex keeps rollouts under ``CODEX_HOME/sessions``; spawnkit keeps them under
+``$SPAWNKIT_HOME/runtimes/codex/sessions`` after the run and copies one back for
+``codex exec resume``.
 
 Codex has no turn limit: spawnkit enforces ``max_turns`` by counting tool calls.
 """
@@ -34,8 +40,8 @@ import tomli_w
 
 from ..errors import RuntimeCrashed
 from ..events import AssistantText, RunEvent, ToolCallFinished, ToolCallStarted, UsageUpdate
-from ..home import spawnkit_home
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
+from ..transcripts import copy_file
 from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure
 from .streaming import LineParser, StreamingCliAdapter
 
@@ -233,9 +239,9 @@ class CodexAdapter(StreamingCliAdapter):
     binary_env: ClassVar[str] = "SPAWNKIT_CODEX_CLI"
     install_hint: ClassVar[str] = "npm install -g @openai/codex"
     auth_remedy: ClassVar[str] = "Codex is not logged in: set OPENAI_API_KEY or run `codex login`"
-    passthrough_env: ClassVar[tuple[str, ...]] = ()
     other_vendor_keys: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY",)
     system_prompt_filename: ClassVar[str] = "CLAUDE.md"
+    transcripts_dir: ClassVar[str | None] = ".codex/sessions"
 
     def capabilities(self) -> dict[str, Any]:
         return {
@@ -244,11 +250,8 @@ class CodexAdapter(StreamingCliAdapter):
         }
 
     def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:
-        home = workspace / "codex-home"
-        home.mkdir(exist_ok=True)
-        sessions = spawnkit_home() / "runtimes" / "codex" / "sessions"
-        sessions.mkdir(parents=True, exist_ok=True)
-        (home / "sessions").symlink_to(sessions, target_is_directory=True)
+        home = workspace / ".codex"
+        home.mkdir(exist_ok=True, mode=0o700)
         config = base_config(
             {
                 server.name: {
@@ -265,6 +268,8 @@ class CodexAdapter(StreamingCliAdapter):
         with open(spec.config_file, "rb") as fh:
             config: dict[str, Any] = tomllib.load(fh)
         config["developer_instructions"] = spec.system_prompt
+        if spec.sandbox.kind == "bwrap":
+            config["sandbox_mode"] = "danger-full-access"
         model = spec.model or (REPLAY_MODEL if spec.base_url else None)
         if model:
             config["model"] = model
@@ -273,15 +278,22 @@ class CodexAdapter(StreamingCliAdapter):
         spec.config_file.write_text(tomli_w.dumps(config), encoding="utf-8")
 
     def child_env(self, spec: RunSpec) -> dict[str, str]:
-        home = spec.config_file.parent
+        tmp = spec.workspace / "tmp"
+        tmp.mkdir(exist_ok=True, mode=0o700)
         env = dict(spec.env)
-        env.update({"CODEX_HOME": str(home), "HOME": str(home), "TMPDIR": str(spec.workspace)})
+        env.update(
+            {
+                "CODEX_HOME": str(spec.config_file.parent),
+                "HOME": str(spec.workspace),
+                "TMPDIR": str(tmp),
+            }
+        )
         env.setdefault("NO_COLOR", "1")
         return env
 
     def command(self, spec: RunSpec) -> list[str]:
         self._write_run_config(spec)
-        binary = str(self.find_binary())
+        binary = self.cli()
         if spec.resume:
             return [binary, "exec", "resume", "--json", "--skip-git-repo-check", spec.resume,
                     spec.prompt]  # fmt: skip
@@ -289,6 +301,16 @@ class CodexAdapter(StreamingCliAdapter):
 
     def stdin(self, spec: RunSpec) -> bytes | None:
         return b""  # codex exec appends piped stdin to the prompt: give it nothing
+
+    def stage_resume(self, home: Path, cwd: Path, runtime_session_id: str) -> bool:
+        """``codex exec resume`` finds ``sessions/<date>/rollout-*-<id>.jsonl`` by its id."""
+        kept = self.kept_transcripts()
+        if kept is None or not kept.is_dir():
+            return False
+        found = next(kept.glob(f"**/rollout-*-{runtime_session_id}.jsonl"), None)
+        if found is None:
+            return False
+        return copy_file(found, home / ".codex" / "sessions" / found.relative_to(kept))
 
     def parser(self, spec: RunSpec) -> LineParser:
         return CodexParser(spec.session_id, spec.mcp_server.name)

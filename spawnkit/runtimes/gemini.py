@@ -2,8 +2,8 @@
 
 The Gemini CLI has no ``--system-prompt`` flag: ``GEMINI_SYSTEM_MD`` names a
 file that replaces its system instruction, so the composed prompt is written
-to the workspace and passed that way. Each run has a private
-``GEMINI_CLI_HOME`` in its workspace whose ``.gemini/settings.json`` holds the
+to the workspace and passed that way. Each run's workspace is
+its ``GEMINI_CLI_HOME`` (and HOME), whose ``.gemini/settings.json`` holds the
 run's settings: the butler's MCP server, trusted, and no other
 (``mcp.allowed``); API-key auth, which headless mode needs to accept a local
 endpoint; no retries; no telemetry; the turn limit. (A system-settings file
@@ -19,6 +19,7 @@ vendors' keys. ``max_turns`` is the CLI's own ``model.maxSessionTurns``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,8 +35,8 @@ from ..events import (
     ToolCallStarted,
     UsageUpdate,
 )
-from ..home import spawnkit_home
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
+from ..transcripts import copy_file
 from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure
 from .streaming import LineParser, StreamingCliAdapter
 
@@ -220,6 +221,7 @@ class GeminiAdapter(StreamingCliAdapter):
     passthrough_env: ClassVar[tuple[str, ...]] = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
     native_turn_limit: ClassVar[bool] = True
     other_vendor_keys: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
+    transcripts_dir: ClassVar[str | None] = ".gemini/tmp"
     # Without it, `gemini --version` relaunches itself first and takes twice as long.
     version_env: ClassVar[Mapping[str, str]] = MappingProxyType({"GEMINI_CLI_NO_RELAUNCH": "true"})
 
@@ -230,11 +232,8 @@ class GeminiAdapter(StreamingCliAdapter):
         }
 
     def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:
-        config_dir = workspace / "gemini-home" / ".gemini"
-        config_dir.mkdir(parents=True)
-        chats = spawnkit_home() / "runtimes" / "gemini" / "tmp"
-        chats.mkdir(parents=True, exist_ok=True)
-        (config_dir / "tmp").symlink_to(chats, target_is_directory=True)
+        config_dir = workspace / ".gemini"
+        config_dir.mkdir(mode=0o700, exist_ok=True)
         path = config_dir / "settings.json"
         path.write_text(json.dumps(self._settings(server, [], 20), indent=2), encoding="utf-8")
         return path
@@ -259,13 +258,14 @@ class GeminiAdapter(StreamingCliAdapter):
         env = dict(spec.env)
         system = spec.workspace / "system.md"
         system.write_text(spec.system_prompt, encoding="utf-8")
-        home = spec.config_file.parent.parent
+        tmp = spec.workspace / "tmp"
+        tmp.mkdir(exist_ok=True, mode=0o700)
         env.update(
             {
                 "GEMINI_SYSTEM_MD": str(system),
-                "GEMINI_CLI_HOME": str(home),
-                "HOME": str(home),
-                "TMPDIR": str(spec.workspace),
+                "GEMINI_CLI_HOME": str(spec.workspace),
+                "HOME": str(spec.workspace),
+                "TMPDIR": str(tmp),
                 "GEMINI_CLI_TRUST_WORKSPACE": "true",
                 "NO_COLOR": "1",
             }
@@ -283,7 +283,7 @@ class GeminiAdapter(StreamingCliAdapter):
         # yolo approves the tools that are left: the butler's MCP server and the
         # built-ins it lists (the rest are excluded in the settings). Without it,
         # headless Gemini refuses shell commands it deems complex (a heredoc).
-        command = [str(self.find_binary()), "-m", model, "-p", spec.prompt,
+        command = [self.cli(), "-m", model, "-p", spec.prompt,
                    "--output-format", "stream-json", "--approval-mode", "yolo"]  # fmt: skip
         if spec.resume:
             command += ["--resume", spec.resume]
@@ -291,3 +291,31 @@ class GeminiAdapter(StreamingCliAdapter):
 
     def parser(self, spec: RunSpec) -> LineParser:
         return GeminiParser(spec.session_id, spec.mcp_server.name)
+
+    def stage_resume(self, home: Path, cwd: Path, runtime_session_id: str) -> bool:
+        """``--resume`` looks in ``tmp/<the cwd's slug>/chats/`` for the session's file."""
+        kept = self.kept_transcripts()
+        if kept is None or not kept.is_dir():
+            return False
+        found = _chat_file(kept, runtime_session_id)
+        if found is None:
+            return False
+        project = home / ".gemini" / "tmp" / project_slug(cwd)
+        if not copy_file(found, project / "chats" / found.name):
+            return False
+        (project / ".project_root").write_text(str(cwd), encoding="utf-8")
+        return True
+
+
+def project_slug(cwd: Path) -> str:
+    """The Gemini CLI's folder name for a project under ``tmp/``: its base name, slugged."""
+    return re.sub(r"[^a-z0-9]+", "-", cwd.name.lower()).strip("-") or "project"
+
+
+def _chat_file(kept: Path, session_id: str) -> Path | None:
+    """The kept chat file whose first line names ``session_id`` (file names hold 8 of it)."""
+    for path in kept.glob(f"*/chats/session-*-{session_id[:8]}.json*"):
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            if session_id in fh.readline():
+                return path
+    return None

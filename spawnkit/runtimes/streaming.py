@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from .. import _process
 from ..errors import RuntimeFailure, RuntimeNotFoundError
 from ..events import EventSink, RunEvent
+from ..sandbox import node_install
 from .base import RunOutcome, RunSpec, RuntimeAdapter
 
 logger = logging.getLogger(__name__)
@@ -115,6 +116,9 @@ class StreamingCliAdapter(RuntimeAdapter):
             self._binary = find_cli(self.type, self.binary_name, self.binary_env, self.install_hint)
         return self._binary
 
+    def install_paths(self) -> list[Path]:
+        return node_install(self.find_binary())
+
     @abstractmethod
     def command(self, spec: RunSpec) -> list[str]:
         """The CLI's argv for this run."""
@@ -125,6 +129,10 @@ class StreamingCliAdapter(RuntimeAdapter):
 
     def stdin(self, spec: RunSpec) -> bytes | None:
         return None
+
+    def cli(self) -> str:
+        """The CLI's path as the command line names it (real, so the sandbox's view has it)."""
+        return str(self.find_binary().resolve())
 
     async def invoke(self, spec: RunSpec, emit: EventSink) -> RunOutcome:
         parser = self.parser(spec)
@@ -151,7 +159,7 @@ class StreamingCliAdapter(RuntimeAdapter):
 
         try:
             code = await _process.run_lines(
-                self.command(spec), env=self.child_env(spec), cwd=spec.cwd,
+                spec.sandbox.wrap(self.command(spec)), env=self.child_env(spec), cwd=spec.cwd,
                 on_stdout=on_stdout, on_stderr=on_stderr, stdin=self.stdin(spec),
             )  # fmt: skip
         except _TurnLimit:

