@@ -71,7 +71,8 @@ async def _cancel_on_signals(main: Coroutine[Any, Any, T]) -> T:
     for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, stop, signum)
     try:
-        result = await main
+        # A run that ends on its own just as a signal comes returns its result as usual.
+        return await main
     except asyncio.CancelledError:
         if not received:
             raise
@@ -81,9 +82,6 @@ async def _cancel_on_signals(main: Coroutine[Any, Any, T]) -> T:
         for signum, handler in previous.items():
             loop.remove_signal_handler(signum)
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-    if received:  # the run ended on its own just as the signal came
-        raise Stopped(received[0])
-    return result
 
 
 def on_stop_signals(stop: Callable[[], None]) -> Callable[[], None] | None:
