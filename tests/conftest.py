@@ -38,7 +38,10 @@ def isolated_home(
     spawnkit_home = tmp_path_factory.mktemp("spawnkit-home")
     monkeypatch.setenv("SPAWNKIT_HOME", str(spawnkit_home))
     monkeypatch.setenv("HOME", str(cli_home))
-    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "TRACEPARENT", "SPAWNKIT_ROSTER"):
+    for name in (
+        "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "TRACEPARENT", "SPAWNKIT_ROSTER",
+        "SPAWNKIT_SANDBOX",
+    ):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
     yield spawnkit_home
 

@@ -327,6 +327,23 @@ async def test_a_missing_bubblewrap_is_a_clear_error_before_anything_runs(
     assert store.list_sessions() == [], "a refused trigger leaves no record"
 
 
+async def test_an_environment_can_fall_back_where_bubblewrap_cannot_work(
+    make_butler, store, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SPAWNKIT_SANDBOX=auto (Binder): no sandbox where bwrap is unusable, logged and recorded."""
+    monkeypatch.setattr(sandbox, "find_bwrap", lambda: None)
+    monkeypatch.setenv("SPAWNKIT_SANDBOX", "auto")
+    async with service(make_butler(), "claude-code", store, '[[turn]]\ntext = "hi"\n') as svc:
+        result = await svc.trigger("hi")
+    assert result.success, result.error
+    record = store.get_session(result.session_id or "")
+    assert record is not None and record.sandbox == "none"
+    assert "SPAWNKIT_SANDBOX=auto and bubblewrap (bwrap) is not installed" in caplog.text
+    monkeypatch.setenv("SPAWNKIT_SANDBOX", "maybe")
+    with pytest.raises(SandboxUnavailable, match="use bwrap, auto or none"):
+        await Spawner(make_butler(), store=store).trigger("hi")
+
+
 def test_sandbox_paths_must_be_absolute(make_butler) -> None:
     from spawnkit.errors import RosterError
 
@@ -334,3 +351,36 @@ def test_sandbox_paths_must_be_absolute(make_butler) -> None:
         make_butler(extra='[butler.sandbox]\nread = ["relative/dir"]\n')
     with pytest.raises(RosterError, match=r"\[butler.sandbox.mode\]: must be 'bwrap' or 'none'"):
         make_butler(extra='[butler.sandbox]\nmode = "docker"\n')
+
+
+def test_restarting_the_kernel_at_once_kills_its_runs(tmp_path) -> None:
+    """restart_kernel(now=True) SIGKILLs the kernel: its runs' processes die with it."""
+    from jupyter_client.manager import KernelManager
+
+    token = f"spawnkit-bg-{uuid.uuid4().hex[:12]}"
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(
+        shell_then_text(leave_behind(token)).replace(
+            "[[turn]]\ntext", "[[turn]]\ndelay_ms = 60000\ntext"
+        )
+    )
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(REPO))
+    client = km.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        client.execute("%load_ext spawnkit")
+        client.execute(f"%%spawn --butler general --replay {scenario} --background\nstart things")
+        deadline = time.monotonic() + 90
+        while not processes_with(token):
+            assert time.monotonic() < deadline, "the tool call never started"
+            time.sleep(0.05)
+        km.restart_kernel(now=True)
+        deadline = time.monotonic() + 5
+        while processes_with(token) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_with(token) == [], "a run's process outlived its kernel"
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=True)
