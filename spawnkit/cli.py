@@ -3,7 +3,11 @@
 User mistakes and every other error the library raises on purpose (an unknown butler,
 bad TOML, an unknown runtime, a missing variable or CLI, an empty prompt, a damaged or
 read-only store) print one line and exit 2, never a traceback; a run that was accepted
-and failed exits 1; Ctrl-C cancels the run, records it as cancelled, and exits 130.
+and failed exits 1. Ctrl-C, SIGTERM and SIGHUP (``kill PID``, a closed terminal) cancel
+the run alike: it is recorded as cancelled, its CLI's process group is terminated and its
+workspace removed; ``spawnkit run`` then exits 130 for Ctrl-C and 128 + the signal's
+number for the others (143 for SIGTERM, 129 for SIGHUP), and ``spawnkit serve`` stops
+cleanly (exit 0) on any of the three.
 
 Each command imports what it needs when it runs: ``spawnkit --version``, ``sessions``
 and the adapter contract's ``check_status`` must not pay for the MCP server, the agent
@@ -13,6 +17,7 @@ SDK or OpenTelemetry (``benchmarks/cli_startup.py`` measures this).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -326,8 +331,8 @@ async def _run_once(
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import asyncio
 
+    from . import signals
     from .spawner import validate_request
     from .store import SessionStore
 
@@ -338,7 +343,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.runtime:
         butler = butler.with_runtime(args.runtime)
     store = SessionStore()
-    result = asyncio.run(
+    result = signals.run(
         _run_once(
             butler, prompt, context=context, max_turns=args.max_turns,
             replay=args.replay, external_mcp=args.external_mcp, json_output=args.json,
@@ -351,8 +356,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    import asyncio
 
+    from . import signals
     from .console import Style, render_session
     from .roster import load_roster
     from .roster_location import example_roster
@@ -370,7 +375,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         file=out,
     )
     store = SessionStore()
-    result = asyncio.run(
+    result = signals.run(
         _run_once(
             butler, DEMO_PROMPT, context=None, max_turns=None,
             replay=butler.directory / DEMO_SCENARIO, external_mcp=False, json_output=args.json,
@@ -390,7 +395,7 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     from .console import Style, render_session, render_sessions_table
     from .store import SessionStore
 
-    store = SessionStore()
+    store = SessionStore()  # opening it sweeps up the runs of dead owners (spawnkit.sweep)
     if args.session_id:
         matches = store.sessions_with_prefix(args.session_id, limit=2)
         if len(matches) != 1:
@@ -411,8 +416,8 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import asyncio
 
+    from . import signals
     from .console import EventPrinter
     from .replay import Scenario
     from .service import ButlerService
@@ -438,12 +443,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print("  (readable only by you; MCP clients send 'Authorization: Bearer <token>')")
             for name, when in schedules.items():
                 print(f"  schedule {name}: next run {when.isoformat()}")
-            print("Ctrl-C stops (in-flight runs are cancelled and recorded).", flush=True)
+            print(
+                "Ctrl-C or SIGTERM stops (in-flight runs are cancelled and recorded).", flush=True
+            )
             await service.serve_forever()
 
     try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
+        signals.run(main())
+    except (KeyboardInterrupt, signals.Stopped):
         print("stopped", file=sys.stderr)
     return EXIT_OK
 
@@ -817,16 +824,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except SpawnkitError as exc:
+        from .signals import Stopped  # imported here: it loads asyncio
+
+        if isinstance(exc, Stopped):
+            _say(f"spawnkit: {exc}; the run was cancelled and recorded")
+            return exc.exit_code
         print(f"spawnkit: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("spawnkit: interrupted; the run was cancelled and recorded", file=sys.stderr)
+        _say("spawnkit: interrupted; the run was cancelled and recorded")
         return EXIT_INTERRUPTED
 
 
 def one_line(message: str) -> str:
     """An error message as one line (an agent's stderr tail may span several)."""
     return " | ".join(line.strip() for line in message.strip().splitlines() if line.strip())
+
+
+def _say(line: str) -> None:
+    """A last line on stderr, which may be a terminal that is gone (SIGHUP)."""
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -42,14 +42,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from . import signals
 from .errors import RuntimeNotFoundError, SpawnkitError
 from .home import spawnkit_home
-from .result import SpawnerResult
+from .result import RunStatus, SpawnerResult
 from .runlog import session_log_dir
 from .runtimes import get_adapter
-from .store import SessionStore
+from .store import SessionRecord, SessionStore
 
 if TYPE_CHECKING:
     from .roster import ButlerConfig
@@ -346,9 +347,12 @@ def run_worker(
     role: str | None,
     store: SessionStore,
 ) -> SpawnerResult:
-    """Run one contract session in this (detached) process and update the state file."""
-    import asyncio
+    """Run one contract session in this (detached) process and update the state file.
 
+    SIGTERM and SIGHUP cancel the session as Ctrl-C would (see :mod:`spawnkit.signals`);
+    the state file then reports it cancelled, and :class:`~spawnkit.signals.Stopped`
+    goes on to the command line.
+    """
     from .replay import Scenario
     from .service import ButlerService
 
@@ -366,11 +370,27 @@ def run_worker(
             return await service.spawner.trigger(prompt, context, session_id=session_id, role=role)
 
     try:
-        result = asyncio.run(work())
+        try:
+            result = signals.run(work())
+        except signals.Stopped:
+            # Cancelled and recorded like a Ctrl-C; the orchestrator still gets its state.
+            record = store.get_session(session_id)
+            if record is not None:
+                record_result(state, _result_of(record))
+            raise
         record_result(state, result)
     finally:
         save_meta(session_id, done=True)
     return result
+
+
+def _result_of(record: SessionRecord) -> SpawnerResult:
+    """The fields of a recorded session that the state file reports."""
+    return SpawnerResult(
+        output=record.output or "", success=bool(record.success), error=record.error,
+        session_id=record.id, runtime_session_id=record.runtime_session_id,
+        runtime=record.runtime, status=cast(RunStatus, record.status),
+    )  # fmt: skip
 
 
 def start_mcp_server(options: Options) -> int:

@@ -56,6 +56,7 @@ class McpCheck:
 
 
 def check_runtimes() -> list[RuntimeCheck]:
+    """Each runtime's CLI: found where, at which version (each version check is bounded)."""
     checks = []
     for runtime in available_runtimes():
         adapter = get_adapter(runtime)()
@@ -64,7 +65,8 @@ def check_runtimes() -> list[RuntimeCheck]:
         except RuntimeNotFoundError as exc:
             checks.append(RuntimeCheck(runtime, False, install=exc.install_hint))
             continue
-        checks.append(RuntimeCheck(runtime, True, str(path), adapter.binary_version()))
+        version = asyncio.run(adapter.binary_version())
+        checks.append(RuntimeCheck(runtime, True, str(path), version))
     return checks
 
 

@@ -12,6 +12,7 @@ caller can catch the family at once and a command line can print one clear line:
     ├── RuntimeNotFoundError        the agent CLI binary is missing; says how to install it
     ├── InvalidTriggerSource        also a ValueError
     ├── InvalidArgument             a call's argument is out of range; also a ValueError
+    ├── InvalidSessionId            also a ValueError; ids become file names
     ├── TriggerRejected             a trigger was refused before it ran
     │   ├── QueueFullError          every slot and queue place is taken
     │   └── SpawnerClosedError      stop_accepting() was called
@@ -31,7 +32,8 @@ Modules with errors of their own keep them next to their code, in the same tree:
 ``sources.SourceError`` (a ConfigError: unknown, invalid or duplicate sources),
 ``sources.GitError``, ``ask.TemplateError`` and ``ask.AskConfigError`` (ConfigErrors),
 ``ask.AskError`` (the agent failed; carries its stderr), ``contract.ContractError``
-(carries the exit code), ``history.HistoryError`` and ``_asgi.ServerStartError``;
+(carries the exit code), ``history.HistoryError``, ``_asgi.ServerStartError`` and
+``signals.Stopped`` (a stop signal cancelled a command; carries its exit status);
 ``notebook.failures.RunFailed`` and ``RunCancelled`` (SpawnErrors a notebook cell raises,
 shown as one line).
 
@@ -122,6 +124,10 @@ class InvalidArgument(SpawnkitError, ValueError):
 
     Also a ``ValueError``, so code written against the plain exception keeps working.
     """
+
+
+class InvalidSessionId(SpawnkitError, ValueError):
+    """A session id that is not a plain name: it would name a path outside spawnkit's home."""
 
 
 class TriggerRejected(SpawnkitError):

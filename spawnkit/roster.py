@@ -6,10 +6,16 @@ optionally ``skills/``; ``roster/shared/`` holds prompt snippets every butler
 can include. Loading is strict: every problem is a :class:`RosterError` naming
 the file and the key, raised when the roster loads rather than when a run
 starts, so a typo never surfaces half-way through a spawn.
+
+Nothing a butler is made of may come from outside its roster: a ``CLAUDE.md``, a
+shared snippet or anything under ``skills/`` that is (or sits under) a symlink
+resolving elsewhere is refused, naming the file, when the roster loads and again
+when a run reads it (see :func:`check_inside`).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from collections.abc import Iterator, Mapping
@@ -29,6 +35,8 @@ SYSTEM_PROMPT_FILE = "CLAUDE.md"
 DEFAULT_TOOLS = ("Bash", "Read", "Glob", "Grep")
 
 _NAME_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+# How many entries of a butler's skills/ are checked for symlinks out; more is an error.
+MAX_SKILL_ENTRIES = 10_000
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -140,9 +148,21 @@ class ButlerConfig:
         return replace(self, runtime=replace(self.runtime, type=runtime))
 
     def skills(self) -> list[Path]:
+        """The skill folders under ``skills/``; RosterError if any of it leads out of the roster."""
         skills_dir = self.directory / "skills"
         if not skills_dir.is_dir():
             return []
+        # An ad-hoc butler has no roster: its own folder is the bound.
+        root = self.roster_dir if self.prompt_file is None else self.directory
+        check_inside(skills_dir, root)
+        entries = 0
+        for folder, dirs, files in os.walk(skills_dir):  # symlinks are checked, not followed
+            entries += len(dirs) + len(files)
+            if entries > MAX_SKILL_ENTRIES:
+                raise RosterError(skills_dir, f"more than {MAX_SKILL_ENTRIES} files and folders")
+            for name in (*dirs, *files):
+                if (path := Path(folder) / name).is_symlink():
+                    check_inside(path, root)
         return sorted(p for p in skills_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
@@ -174,6 +194,19 @@ class Roster:
 
 
 DEFAULT_PROMPT = Path(__file__).parent / "prompts" / "adhoc.md"
+
+
+def check_inside(path: Path, root: Path) -> Path:
+    """``path`` resolved, if it stays inside ``root``; else a RosterError naming ``path``.
+
+    ``path`` may itself be a symlink or sit under one: what counts is where it leads.
+    """
+    resolved = path.resolve()
+    if not resolved.is_relative_to(root.resolve()):
+        raise RosterError(
+            path, f"leads outside the roster, to {resolved}: symlinks must stay inside {root}"
+        )
+    return resolved
 
 
 def adhoc_butler(
@@ -245,6 +278,8 @@ def load_butler(directory: str | Path, roster_dir: str | Path | None = None) -> 
     butler = _parse(_Reader(path, data), folder, Path(roster_dir or folder.parent).resolve())
     if not butler.system_prompt_file.is_file():
         raise RosterError(butler.system_prompt_file, "missing: every butler needs a system prompt")
+    check_inside(butler.system_prompt_file, butler.roster_dir)
+    butler.skills()  # refuses skills that lead out of the roster now, not at the first run
     return butler
 
 

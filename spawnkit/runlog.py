@@ -12,17 +12,31 @@ is counted), so the injected secrets never reach the disk.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TextIO
 
+from .errors import InvalidSessionId
 from .home import spawnkit_home
 from .redaction import Redactor
 
 DEFAULT_CAP_BYTES = 10 * 1024 * 1024
+# A session id names a folder: one plain path component, never "..", "/" or a dot file.
+SESSION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_session_id(session_id: object) -> str:
+    """``session_id`` if it is a plain name (letters, digits, ``._-``, at most 128)."""
+    if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
+        raise InvalidSessionId(
+            f"invalid session id {session_id!r}: use letters, digits, '.', '_' and '-' "
+            "(at most 128, starting with a letter or digit)"
+        )
+    return session_id
 
 
 def session_log_dir(session_id: str) -> Path:
-    return spawnkit_home() / "sessions" / session_id
+    return spawnkit_home() / "sessions" / check_session_id(session_id)
 
 
 class _CappedFile:

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, TypeVar
 
 from opentelemetry.trace import TracerProvider
 
@@ -72,15 +73,17 @@ from .memory import MemoryProvider, StoreMemory
 from .redaction import Redactor
 from .result import OUTPUT_LIMIT, RunStatus, SpawnerResult, ToolCall, Usage, truncate
 from .roster import ButlerConfig
-from .runlog import DEFAULT_CAP_BYTES, RunLog, session_log_dir
+from .runlog import DEFAULT_CAP_BYTES, RunLog, check_session_id, session_log_dir
 from .runtimes import get_adapter
 from .runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
 from .store import SessionStore
+from .sweep import reap, sweep
 from .system_prompt import append_memory, compose_system_prompt
 from .telemetry import RunSpan, run_span
 from .workspace import files_in, mcp_url, run_workspace
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 TRIGGER_SOURCES = ("tick", "external", "trigger", "route")
 _SCHEDULE_RE = re.compile(r"^schedule:[A-Za-z0-9_.-]+$")
@@ -247,6 +250,8 @@ class Spawner:
         self._runs: dict[str, asyncio.Task[SpawnerResult]] = {}
         self._redactors: dict[str, Redactor] = {}  # by every key a run's MCP URL may carry
         self._listeners: list[EventSink] = []
+        # What runs of owners that died left behind is cleaned up before ours start.
+        sweep(self.store)
 
     # -- observation -------------------------------------------------------------
 
@@ -339,7 +344,9 @@ class Spawner:
         """Run ``prompt`` on this butler's runtime and return its result.
 
         ``session_id`` chooses the new session's id (the shell adapter contract
-        announces it before the run starts); by default a fresh UUID. ``role``
+        announces it before the run starts); by default a fresh UUID. It names the
+        run's log folder, so anything but a plain name (letters, digits, ``._-``)
+        raises :class:`~spawnkit.errors.InvalidSessionId`. ``role``
         runs the prompt as one of the butler's ``[butler.agents.<role>]`` (its
         prompt, tools and model), or, for a role the butler does not define,
         only labels the run (``SPAWNKIT_ROLE``).
@@ -362,6 +369,8 @@ class Spawner:
                 )
         if role is not None and not _ROLE_RE.fullmatch(role):
             raise InvalidArgument(f"invalid role name {role!r}")
+        if session_id is not None:
+            check_session_id(session_id)  # it names the run's log folder
         self.adapter.find_binary()
         sandbox.check_available(self.butler)
         check_required(self.butler, self.credentials)
@@ -374,7 +383,7 @@ class Spawner:
 
         # Accepted: reserve the place synchronously, before the first await.
         self._pending += 1
-        session_id = session_id or str(uuid.uuid4())
+        session_id = session_id if session_id is not None else str(uuid.uuid4())
         worker = self.adapter.create_worker()
         run = _Run(
             session_id=session_id,
@@ -523,9 +532,7 @@ class Spawner:
             result, session_id=run.session_id, butler=butler.name, runtime=butler.runtime.type
         )
         try:
-            await asyncio.shield(
-                asyncio.to_thread(self.store.complete_session, run.session_id, result)
-            )
+            await asyncio.shield(_in_thread(self.store.complete_session, run.session_id, result))
         except asyncio.CancelledError:
             logger.debug("cancelled while recording session %s; the write goes on", run.session_id)
         finally:
@@ -587,8 +594,9 @@ class Spawner:
             collector.span = span
             collector.trace_id = trace_id = span.trace_id
             await asyncio.to_thread(
-                self.store.mark_started, run.session_id, started_at=started_at, trace_id=trace_id
-            )
+                self.store.mark_started, run.session_id, started_at=started_at,
+                trace_id=trace_id, workspace=workspace,
+            )  # fmt: skip
             collector.emit(
                 Started(
                     run.session_id,
@@ -625,15 +633,18 @@ class Spawner:
                     collector, "cancelled", "the run was cancelled", "cancelled"
                 )
                 span.finish(replace(cancelled, duration_ms=_ms_since(clock)))
+                reap(run.session_id, workspace)
                 raise
             finally:
                 await asyncio.shield(
-                    asyncio.to_thread(self._keep_transcripts, worker, workspace, run.redactor)
+                    _in_thread(self._keep_transcripts, worker, workspace, run.redactor)
                 )
             if outcome is not None and not outcome.success:
                 worker.reset()
             result = self._result(collector, outcome, status, error, error_kind, trace_id, clock)
             span.finish(result)
+            if not result.success:  # a stopped CLI may leave its tools running
+                reap(run.session_id, workspace)
         if result.success and self.memory is not None:
             try:
                 await self.memory.store_episode(
@@ -774,6 +785,20 @@ class Spawner:
         )
         # The outcome's output and error come from the adapter, not through the collector.
         return collector.redactor.result(finished)
+
+
+async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a thread, or here if the interpreter is exiting and starts none.
+
+    A kernel's graceful shutdown cancels its runs from ``atexit``, when thread pools refuse
+    new work; the run's record and transcripts must still be written.
+    """
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except RuntimeError as exc:
+        if "shutdown" not in str(exc):
+            raise
+        return fn(*args)
 
 
 def _ms_since(clock: float) -> int:

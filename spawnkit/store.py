@@ -4,8 +4,10 @@ One database file (``$SPAWNKIT_HOME/sessions.db`` by default) in WAL mode with a
 busy timeout, so several processes (a notebook, ``spawnkit serve``, a CLI run)
 can write at once. A session row is created when a trigger is accepted and
 completed when the run ends, whatever happens; each row also records which
-process owns it, so rows left open by a process that died are marked
-``crashed`` the next time any process opens the store.
+process owns it (and, once it runs, its workspace), so what a process that died
+left behind is swept up the next time any process opens the store: its processes
+killed, its workspace removed, its record marked ``crashed`` (see
+:mod:`spawnkit.sweep`).
 
 The same file holds the tables the butler's MCP server and the core need:
 ``state`` (the ``state_*`` tools), ``mcp_calls`` (tool calls as the server saw
@@ -37,10 +39,11 @@ from .credential_file import CredentialError, CredentialFile, StoredCredential
 from .errors import HomeNotWritable, StoreDamaged, StoreError
 from .home import default_store_path, is_writable
 from .result import SpawnerResult, ToolCall, Usage
+from .sweep import OpenRun, process_start, sweep
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 BUSY_TIMEOUT_MS = 15_000
 
 _SCHEMA = """
@@ -78,7 +81,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     log_dir TEXT,
     role TEXT,
     sandbox TEXT,
-    given TEXT
+    given TEXT,
+    workspace TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_at);
 CREATE INDEX IF NOT EXISTS sessions_by_butler ON sessions (butler, created_at);
@@ -176,6 +180,7 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("ALTER TABLE sessions ADD COLUMN role TEXT",),
     ("ALTER TABLE sessions ADD COLUMN sandbox TEXT", "ALTER TABLE sessions ADD COLUMN given TEXT"),
     _HISTORY_SCHEMA,
+    ("ALTER TABLE sessions ADD COLUMN workspace TEXT",),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION - 1
 
@@ -190,26 +195,6 @@ def _iso(value: datetime | None) -> str | None:
 
 def _dt(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
-
-
-def _process_start(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (Linux), to tell a live owner from a reused pid."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return fields[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _process_alive(pid: int, start: str | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return start is None or _process_start(pid) in (None, start)
 
 
 # What SQLite says when the file itself is damaged (not merely busy or unwritable).
@@ -310,6 +295,8 @@ class SessionRecord:
     # Which sandbox the run had ("bwrap" or "none") and what its CLI was given.
     sandbox: str | None = None
     given: dict[str, Any] | None = None
+    # The run's workspace while it ran (removed when it ended, or by the sweep).
+    workspace: Path | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> SessionRecord:
@@ -347,6 +334,7 @@ class SessionRecord:
             role=row["role"],
             sandbox=row["sandbox"],
             given=json.loads(row["given"]) if row["given"] else None,
+            workspace=Path(row["workspace"]) if row["workspace"] else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -381,6 +369,7 @@ class SessionRecord:
             "role": self.role,
             "sandbox": self.sandbox,
             "given": self.given,
+            "workspace": str(self.workspace) if self.workspace else None,
         }
 
 
@@ -437,7 +426,7 @@ class SessionStore:
         self._lock = threading.Lock()
         self._host = os.uname().nodename  # socket.gethostname(), without importing socket
         self._pid = os.getpid()
-        self._pid_start = _process_start(self._pid)
+        self._pid_start = process_start(self._pid)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -607,13 +596,19 @@ class SessionStore:
 
     @_translated
     def mark_started(
-        self, session_id: str, *, started_at: datetime, trace_id: str | None = None
+        self,
+        session_id: str,
+        *,
+        started_at: datetime,
+        trace_id: str | None = None,
+        workspace: Path | None = None,
     ) -> None:
+        """The run is running; ``workspace`` is kept so a sweep can remove it if we die."""
         with self._tx() as conn:
             conn.execute(
-                "UPDATE sessions SET status = 'running', started_at = ?, trace_id = ? "
-                "WHERE id = ? AND completed_at IS NULL",
-                (_iso(started_at), trace_id, session_id),
+                "UPDATE sessions SET status = 'running', started_at = ?, trace_id = ?, "
+                "workspace = ? WHERE id = ? AND completed_at IS NULL",
+                (_iso(started_at), trace_id, str(workspace) if workspace else None, session_id),
             )
 
     @_translated
@@ -735,24 +730,40 @@ class SessionStore:
 
     @_translated
     def recover_orphans(self) -> int:
-        """Mark this host's open records whose owning process is gone as crashed."""
-        conn = self._connect()
-        rows = conn.execute(
-            "SELECT id, owner_pid, owner_start FROM sessions "
-            "WHERE completed_at IS NULL AND owner_host = ?",
-            (self._host,),
-        ).fetchall()
-        dead = [r["id"] for r in rows if not _process_alive(r["owner_pid"], r["owner_start"])]
-        if dead:
-            now = _iso(utcnow())
-            with self._tx() as tx:
-                tx.executemany(
+        """Sweep up this host's runs whose owner died (see :mod:`spawnkit.sweep`); how many."""
+        return len(sweep(self))
+
+    @_translated
+    def open_runs_here(self) -> list[OpenRun]:
+        """This host's records that have not completed, with their owner and workspace."""
+        rows = (
+            self._connect()
+            .execute(
+                "SELECT id, owner_pid, owner_start, workspace FROM sessions "
+                "WHERE completed_at IS NULL AND owner_host = ?",
+                (self._host,),
+            )
+            .fetchall()
+        )
+        return [
+            OpenRun(r["id"], r["owner_pid"], r["owner_start"],
+                    Path(r["workspace"]) if r["workspace"] else None)
+            for r in rows
+            if r["owner_pid"] is not None
+        ]  # fmt: skip
+
+    @_translated
+    def mark_crashed(self, session_id: str, reason: str) -> bool:
+        """Close an open record as ``crashed`` because of ``reason``; False if already closed."""
+        with self._tx() as tx:
+            return (
+                tx.execute(
                     "UPDATE sessions SET status = 'crashed', success = 0, error_kind = 'crash', "
-                    "error = 'the process that ran this session exited before it completed', "
-                    "completed_at = ? WHERE id = ? AND completed_at IS NULL",
-                    [(now, sid) for sid in dead],
-                )
-        return len(dead)
+                    "error = ?, completed_at = ? WHERE id = ? AND completed_at IS NULL",
+                    (reason, _iso(utcnow()), session_id),
+                ).rowcount
+                > 0
+            )
 
     # -- MCP calls seen by a butler's server --------------------------------------
 

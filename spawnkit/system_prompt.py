@@ -2,7 +2,8 @@
 
 ``<!-- @include path/to/file.md -->`` pulls in another file, resolved relative
 to the roster directory; includes may nest, but a path that leaves the roster
-(``../``, an absolute path, a symlink out) is refused before anything is read.
+(``../``, an absolute path, a symlink out) is refused before anything is read, and
+so is a prompt file or shared snippet that is itself a symlink out of the roster.
 The shared ``BUTLER_SKILLS.md`` and ``MCP_LOGGING.md`` are appended when the
 roster has them, followed by a list of the butler's own skills. Memory context
 is appended later by the spawner, per run.
@@ -14,7 +15,7 @@ import re
 from pathlib import Path
 
 from .errors import RosterError
-from .roster import SHARED_DIR, ButlerConfig
+from .roster import SHARED_DIR, ButlerConfig, check_inside
 
 INCLUDE_RE = re.compile(r"<!--\s*@include\s+(?P<path>[^\s>]+)\s*-->")
 SHARED_APPENDICES = ("BUTLER_SKILLS.md", "MCP_LOGGING.md")
@@ -50,8 +51,9 @@ def resolve_includes(text: str, source: Path, roster_dir: Path, _depth: int = 0)
 
 
 def read_prompt_file(path: Path, roster_dir: Path) -> str:
+    """The prompt file with its includes resolved; it must lie inside ``roster_dir``."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = check_inside(path, roster_dir).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise RosterError(path, "file not found") from None
     except UnicodeDecodeError as exc:
@@ -68,7 +70,7 @@ def skills_section(butler: ButlerConfig) -> str | None:
     for skill in skills:
         summary = ""
         doc = skill / "SKILL.md"
-        if doc.is_file():
+        if doc.is_file():  # butler.skills() has checked where it leads
             first = next(
                 (
                     ln.strip("# ").strip()

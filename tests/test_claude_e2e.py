@@ -467,7 +467,7 @@ class _FakeBinaryAdapter(claude_code.ClaudeCodeAdapter):
     def find_binary(self) -> Path:
         return self.binary
 
-    def binary_version(self) -> str | None:
+    async def binary_version(self) -> str | None:
         return "fake"
 
 

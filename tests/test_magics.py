@@ -6,6 +6,7 @@ Runs through real kernels (outputs, widgets, interrupts) are in test_notebook_ke
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import warnings
 from typing import Any
@@ -66,6 +67,19 @@ def test_reload_and_unload_are_safe(ip: Any) -> None:
     assert spawn_magics(ip) == []
     ip.run_line_magic("load_ext", "spawnkit")
     assert "spawn" in ip.magics_manager.magics["cell"]
+
+
+def test_loading_hooks_the_stop_signals_and_unloading_restores_them(ip: Any) -> None:
+    ip.run_line_magic("unload_ext", "spawnkit")
+    stop_signals = (signal.SIGTERM, signal.SIGHUP)
+    before = {signum: signal.getsignal(signum) for signum in stop_signals}
+    ip.run_line_magic("load_ext", "spawnkit")
+    ip.run_line_magic("reload_ext", "spawnkit")
+    hooked = {signum: signal.getsignal(signum) for signum in stop_signals}
+    assert all(callable(h) and h is not before[s] for s, h in hooked.items()), hooked
+    ip.run_line_magic("unload_ext", "spawnkit")
+    assert {signum: signal.getsignal(signum) for signum in stop_signals} == before
+    ip.run_line_magic("load_ext", "spawnkit")
 
 
 def test_settings_are_configurable_traitlets(ip: Any) -> None:

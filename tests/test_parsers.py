@@ -67,6 +67,21 @@ def test_codex_run_with_tools() -> None:
     assert parser.bad_lines == 0 and parser.tool_calls == 2
 
 
+@pytest.mark.parametrize("cut", ["turn.completed", "everything"])
+def test_codex_exiting_0_without_a_result_is_a_failure(cut: str) -> None:
+    parser = CodexParser("s1", "health")
+    recorded = [x for x in lines("codex_tools.jsonl") if '"turn.completed"' not in x]
+    feed(parser, recorded if cut == "turn.completed" else [])
+    outcome = parser.outcome(0, [])
+    assert not outcome.success
+    assert outcome.error_kind == "crash"
+    assert outcome.error == (
+        "codex exited with code 0 without completing its turn (no turn.completed event)"
+    )
+    if cut == "turn.completed":
+        assert outcome.output == "Looking.\n\nDone: hello", "what it said is kept"
+
+
 def test_codex_failed_turn() -> None:
     parser = CodexParser("s1", "health")
     feed(parser, lines("codex_error.jsonl"))

@@ -14,6 +14,7 @@ from spawnkit import MockSpawner, SpawnerResult
 from spawnkit.credential_file import CredentialFile
 from spawnkit.errors import (
     InvalidArgument,
+    InvalidSessionId,
     InvalidTriggerSource,
     MissingEnvError,
     QueueFullError,
@@ -357,3 +358,28 @@ async def test_mock_spawner_records_the_keyword_arguments() -> None:
         "reviewer",
         "p-1",
     )
+
+
+@pytest.mark.parametrize(
+    "bad", ["../../escaped", "/tmp/absolute", "a/b", "..", ".hidden", "", "x" * 129, "a\nb", "a b"]
+)
+async def test_a_session_id_that_is_not_a_plain_name_is_refused(
+    make_butler, store, isolated_home, bad: str
+) -> None:
+    spawner, adapter = make_spawner(make_butler, store)
+    with pytest.raises(InvalidSessionId, match="invalid session id"):
+        await spawner.trigger("hello", session_id=bad)
+    assert store.count_sessions() == 0 and adapter.specs == [], "refused before it was accepted"
+    assert not (isolated_home.parent / "escaped").exists(), "nothing written outside the home"
+    assert not (isolated_home / "sessions").exists() or not any(
+        (isolated_home / "sessions").iterdir()
+    )
+
+
+async def test_a_chosen_plain_session_id_is_used(make_butler, store) -> None:
+    spawner, _ = make_spawner(make_butler, store)
+    result = await spawner.trigger("hello", session_id="orchestrator-run_7.a")
+    assert result.session_id == "orchestrator-run_7.a" and result.success
+    record = store.get_session("orchestrator-run_7.a")
+    assert record is not None and record.log_dir is not None
+    assert record.log_dir.name == "orchestrator-run_7.a"

@@ -123,10 +123,14 @@ def test_lifecycle_round_trips_every_column(store: SessionStore, tmp_path: Path)
     )  # fmt: skip
     assert queued.tool_calls == [] and queued.usage == Usage()
 
-    store.mark_started("s-1", started_at=T0 + timedelta(seconds=1), trace_id="a" * 32)
+    workspace = tmp_path / "butler_health_0"
+    store.mark_started(
+        "s-1", started_at=T0 + timedelta(seconds=1), trace_id="a" * 32, workspace=workspace
+    )
     store.record_setup("s-1", sandbox="bwrap", given={"mcp_servers": ["health"]})
     running = store.get_session("s-1")
     assert running is not None and running.status == "running"
+    assert running.workspace == workspace, "kept for the sweep, should the owner die"
     assert running.started_at == T0 + timedelta(seconds=1) and running.trace_id == "a" * 32
 
     done_at = T0 + timedelta(seconds=6)
@@ -164,6 +168,7 @@ def test_lifecycle_round_trips_every_column(store: SessionStore, tmp_path: Path)
         "role": None,
         "sandbox": "bwrap",
         "given": {"mcp_servers": ["health"]},
+        "workspace": str(workspace),
     }
     assert record.tool_calls == tool_calls(), "tool calls round-trip with their datetimes"
     assert record.tool_calls[0].started_at.tzinfo is not None
@@ -358,7 +363,8 @@ def test_a_new_store_marks_sessions_of_a_dead_process_crashed(tmp_path: Path) ->
         assert crashed is not None and mine is not None
         assert (crashed.status, crashed.success, crashed.error_kind, crashed.error) == (
             "crashed", False, "crash",
-            "the process that ran this session exited before it completed",
+            f"the process that ran this session (pid {dead_pid}) died before it completed; "
+            "no leftover processes",
         )  # fmt: skip
         assert crashed.completed_at is not None and crashed.completed_at >= before
         assert crashed.started_at is not None, "what was recorded before the crash stays"
@@ -516,7 +522,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         old = store.get_session("old")
         create(store, "new", log_dir=tmp_path / "logs", role="researcher")
         new = store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(5,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(6,)]
     assert old is not None and old.log_dir is None and old.status == "queued"
     assert new is not None and new.log_dir == tmp_path / "logs" and new.role == "researcher"
 
@@ -534,7 +540,13 @@ def test_a_version_2_file_is_migrated(tmp_path: Path) -> None:
         assert store.get_session("old").role is None  # type: ignore[union-attr]
 
 
+def _as_schema_5(db: Path) -> None:
+    execute(db, "ALTER TABLE sessions DROP COLUMN workspace")
+    execute(db, "PRAGMA user_version = 5")
+
+
 def _as_schema_4(db: Path) -> None:
+    _as_schema_5(db)
     for name in ("history_epoch", "history_files", "history_lines", "history_usage"):
         execute(db, f"DROP TABLE {name}")
     for kind in ("session_update", "session_delete", "call_update", "call_delete"):
@@ -560,6 +572,19 @@ def test_a_version_3_file_is_migrated(tmp_path: Path) -> None:
         new, old = store.get_session("new"), store.get_session("old")
     assert new is not None and new.sandbox == "bwrap" and new.given == {"tools": ["Bash"]}
     assert old is not None and old.sandbox is None and old.given is None
+
+
+def test_a_version_5_file_is_migrated(tmp_path: Path) -> None:
+    db = tmp_path / "sessions.db"
+    with SessionStore(db) as store:
+        create(store, "old")
+    _as_schema_5(db)
+    with SessionStore(db) as store:
+        create(store, "new")
+        store.mark_started("new", started_at=T0, workspace=tmp_path / "butler_x_1")
+        new, old = store.get_session("new"), store.get_session("old")
+    assert new is not None and new.workspace == tmp_path / "butler_x_1"
+    assert old is not None and old.workspace is None
 
 
 def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:

@@ -1,19 +1,28 @@
 """spawnkit in Jupyter and IPython: magics, live run views, the background loop.
 
-``%load_ext spawnkit`` calls :func:`load` and does nothing else: it registers
-the magics. No event-loop patching, no warning filters, no network.
+``%load_ext spawnkit`` calls :func:`load`, which registers the magics and does two
+things a host of runs must: it sweeps up what runs of dead owners left behind (a kernel
+killed with SIGKILL or restarted with ``now=True``; see :mod:`spawnkit.sweep`), and it
+makes SIGTERM and SIGHUP stop this kernel's runs the way an interrupt does (cancelled,
+recorded, cleaned up) before the signal takes its course; ``%unload_ext`` puts the
+previous handlers back. No event-loop patching, no warning filters, no network.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from ..signals import on_stop_signals
+from ..store import SessionStore
 from .asking import chat
+from .hub import close_default_hub
 from .runner import spawn
 
 __all__ = ["chat", "load", "spawn", "unload"]
 
 _MAGICS: dict[int, Any] = {}
+_RESTORE_SIGNALS: dict[int, Callable[[], None]] = {}
 
 
 def load(ipython: Any) -> None:
@@ -23,9 +32,16 @@ def load(ipython: Any) -> None:
     magics = SpawnMagics(shell=ipython)
     ipython.register_magics(magics)  # Magics() already joined ipython.configurables
     _MAGICS[id(ipython)] = magics
+    SessionStore().close()  # opening the store is the start-up sweep
+    restore = on_stop_signals(close_default_hub)
+    if restore is not None:
+        _RESTORE_SIGNALS[id(ipython)] = restore
 
 
 def unload(ipython: Any) -> None:
+    restore = _RESTORE_SIGNALS.pop(id(ipython), None)
+    if restore is not None:
+        restore()
     magics = _MAGICS.pop(id(ipython), None)
     if magics is None:
         return

@@ -153,6 +153,7 @@ class Hub:
         self._lock = asyncio.Lock()
         self.runs: list[RunHandle] = []
         self.closed = False
+        self._closing: Job[None] | None = None
         # Runs after any later-registered handler and before the loop stops
         # (atexit is last-in, first-out): services shut down cleanly at exit.
         atexit.register(self.close)
@@ -261,19 +262,25 @@ class Hub:
         return self.loop.submit(drain_all()).future.result(timeout + CANCEL_TIMEOUT_S + 5)
 
     def close(self) -> None:
-        """Stop every service (runs still going are cancelled and recorded)."""
+        """Stop every service (runs still going are cancelled and recorded).
+
+        Safe to call again while a close is under way (a stop signal arriving while the
+        kernel's exit closes the hub): the second call waits for the same close.
+        """
         atexit.unregister(self.close)
         self.closed = True
-        if not self._stacks:
-            return
+        if self._closing is None:
+            if not self._stacks:
+                return
 
-        async def close_all() -> None:
-            while self._stacks:
-                await self._stacks.pop().aclose()
-            self._services.clear()
+            async def close_all() -> None:
+                while self._stacks:
+                    await self._stacks.pop().aclose()
+                self._services.clear()
 
+            self._closing = self.loop.submit(close_all())
         try:
-            self.loop.submit(close_all()).future.result(CANCEL_TIMEOUT_S + 10)
+            self._closing.future.result(CANCEL_TIMEOUT_S + 10)
         except concurrent.futures.TimeoutError:
             logger.warning("spawnkit: services did not stop within %s s", CANCEL_TIMEOUT_S + 10)
 

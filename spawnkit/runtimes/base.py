@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from ..errors import (
@@ -37,6 +38,7 @@ from ..runlog import RunLog
 from ..sandbox import NO_SANDBOX, SandboxPlan
 from ..system_prompt import read_prompt_file
 from ..transcripts import copy_tree
+from .version import cli_version
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,10 @@ class RuntimeAdapter(ABC):
     transcripts_dir: ClassVar[str | None] = None
     # Core API keys of other vendors, withheld unless the butler declares them.
     other_vendor_keys: ClassVar[tuple[str, ...]] = ()
+    # How the CLI prints its version, and what else it needs in its environment to do
+    # so quickly (see spawnkit.runtimes.version).
+    version_args: ClassVar[tuple[str, ...]] = ("--version",)
+    version_env: ClassVar[Mapping[str, str]] = MappingProxyType({})
 
     def __init__(self, config: RuntimeConfig | None = None) -> None:
         self.config = config or RuntimeConfig(type=self.type)
@@ -209,9 +215,13 @@ class RuntimeAdapter(ABC):
     def find_binary(self) -> Path:
         """The CLI to run; raises RuntimeNotFoundError with an install command."""
 
-    def binary_version(self) -> str | None:
-        """The CLI's version string, or None when it cannot be determined."""
-        return None
+    async def binary_version(self) -> str | None:
+        """The CLI's version string, or None when it cannot be determined.
+
+        Asked once per binary and process, with a minimal environment and a timeout
+        (see :func:`spawnkit.runtimes.version.cli_version`).
+        """
+        return await cli_version(self.find_binary(), self.version_args, self.version_env)
 
     def install_paths(self) -> list[Path]:
         """What the CLI needs to see read-only inside the sandbox (its own install)."""

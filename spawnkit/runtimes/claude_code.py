@@ -18,7 +18,6 @@ import logging
 import os
 import re
 import shutil
-import subprocess
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -328,7 +327,7 @@ class ClaudeCodeAdapter(RuntimeAdapter):
     other_vendor_keys: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY",)
     transcripts_dir: ClassVar[str | None] = ".claude/projects"
 
-    _version_cache: ClassVar[dict[Path, str | None]] = {}
+    version_args: ClassVar[tuple[str, ...]] = ("-v",)
 
     def __init__(self, config: Any = None) -> None:
         super().__init__(config)
@@ -336,7 +335,6 @@ class ClaudeCodeAdapter(RuntimeAdapter):
 
     def reset(self) -> None:
         self._binary = None
-        type(self)._version_cache.clear()
 
     def find_binary(self) -> Path:
         """``$SPAWNKIT_CLAUDE_CLI`` if set, else the CLI bundled in the SDK, else PATH."""
@@ -354,19 +352,6 @@ class ClaudeCodeAdapter(RuntimeAdapter):
                 raise RuntimeNotFoundError(self.type, self.binary_name, self.install_hint)
             self._binary = found
         return self._binary
-
-    def binary_version(self) -> str | None:
-        binary = self.find_binary()
-        if binary not in self._version_cache:
-            try:
-                done = subprocess.run(
-                    [str(binary), "-v"], capture_output=True, text=True, timeout=30, check=False
-                )
-                self._version_cache[binary] = done.stdout.strip() or None
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                logger.warning("cannot read the version of %s: %s", binary, exc)
-                self._version_cache[binary] = None
-        return self._version_cache[binary]
 
     def new_runtime_session_id(self) -> str:
         return str(uuid.uuid4())
@@ -483,7 +468,7 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         return sink
 
     async def invoke(self, spec: RunSpec, emit: EventSink) -> RunOutcome:
-        self.binary_version()  # once per process, so the SDK need not check per run
+        await self.binary_version()  # once per binary, so the SDK need not check per run
         reader_log = logging.getLogger("claude_agent_sdk._internal.query")
         if _READER_FILTER not in reader_log.filters:
             reader_log.addFilter(_READER_FILTER)

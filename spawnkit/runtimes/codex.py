@@ -116,6 +116,7 @@ class CodexParser(LineParser):
         self.failure: str | None = None
         self.errors: list[str] = []
         self.turns = 0
+        self.completed = False  # turn.completed: Codex's own word that the run ended well
 
     def handle(self, data: dict[str, Any]) -> list[RunEvent]:
         kind = data.get("type")
@@ -125,6 +126,7 @@ class CodexParser(LineParser):
         elif kind == "turn.started":
             self.turns += 1
         elif kind == "turn.completed":
+            self.completed = True
             self.usage = self.usage + _usage(data.get("usage") or {})
             return [UsageUpdate(sid, self.usage, None, self.turns)]
         elif kind == "turn.failed":
@@ -206,6 +208,16 @@ class CodexParser(LineParser):
             num_turns=self.turns or None,
         )
         if self.failure is None and exit_code == 0:
+            if self.completed:
+                return outcome
+            # Exit 0 is not enough: killed helpers, a cut stream or a crash after a clean
+            # exit path all end without the turn's result.
+            outcome.success = False
+            outcome.output = "\n\n".join(self.messages)
+            outcome.error_kind = "crash"
+            outcome.error = (
+                "codex exited with code 0 without completing its turn (no turn.completed event)"
+            )
             return outcome
         detail = self.failure or "; ".join(self.errors)
         if not detail:

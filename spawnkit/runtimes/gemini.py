@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from ..errors import RuntimeCrashed, RuntimeFailure
@@ -250,6 +251,8 @@ class GeminiAdapter(StreamingCliAdapter):
     stdout_to_file: ClassVar[bool] = True
     other_vendor_keys: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
     transcripts_dir: ClassVar[str | None] = ".gemini/tmp"
+    # Without it, `gemini --version` relaunches itself first and takes twice as long.
+    version_env: ClassVar[Mapping[str, str]] = MappingProxyType({"GEMINI_CLI_NO_RELAUNCH": "true"})
 
     def capabilities(self) -> dict[str, Any]:
         return {

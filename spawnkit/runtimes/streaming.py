@@ -145,18 +145,6 @@ class StreamingCliAdapter(RuntimeAdapter):
     def install_paths(self) -> list[Path]:
         return node_install(self.find_binary())
 
-    def binary_version(self) -> str | None:
-        import subprocess
-
-        try:
-            done = subprocess.run(
-                [str(self.find_binary()), "--version"],
-                capture_output=True, text=True, timeout=30, check=False,
-            )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout.strip() or None
-
     @abstractmethod
     def command(self, spec: RunSpec) -> list[str]:
         """The CLI's argv for this run."""
