@@ -186,7 +186,7 @@ def measure(runtime: str, rounds: int, work: Path) -> dict[str, Any]:
         runner.close()
     adapter = get_adapter(runtime)(butler.runtime)
     return {
-        "cli_version": adapter.binary_version(),
+        "cli_version": asyncio.run(adapter.binary_version()),
         "rounds": rounds,
         "bare_median_s": round(statistics.median(bare_s), 4),
         "spawnkit_median_s": round(statistics.median(spawnkit_s), 4),

@@ -7,6 +7,7 @@ says ``cancelled``, none of its processes survive (within 5 s), and its workspac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -14,12 +15,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from mcp import Client
 
 from spawnkit.contract import _read_meta
+from spawnkit.mcp_access import owner_token_path
 from spawnkit.signals import Stopped, on_stop_signals, run
 from spawnkit.store import SessionStore
 
+from . import mcp_clients
 from .conftest import workspaces_of
 from .leftovers import (
     NODE_CLIS,
@@ -95,13 +97,20 @@ async def test_sigterm_stops_spawnkit_serve_and_cancels_its_runs(
     try:
         assert proc.stdout is not None
         assert "serving butler 'health'" in proc.stdout.readline()
-        async with Client(f"http://127.0.0.1:{unused_tcp_port}/mcp?session_id=cli") as client:
-            call = asyncio.create_task(client.call_tool("trigger", {"prompt": "sleep on it"}))
+        token = owner_token_path("health", unused_tcp_port).read_text().strip()
+        url = f"http://127.0.0.1:{unused_tcp_port}/mcp"
+        # The client lives in a task of its own: when the server goes away under it, its
+        # transport fails and cancels whatever task holds it, which must not be the test.
+        caller = asyncio.create_task(_trigger(url, token, "sleep on it"))
+        try:
             session_id = await asyncio.to_thread(
                 wait_until_mid_tool_call, lambda: proc.poll() is None
             )
             code, err = await asyncio.to_thread(_stop, proc, signal.SIGTERM)
-            call.cancel()
+        finally:
+            caller.cancel()
+            with contextlib.suppress(BaseException):
+                await caller
         assert code == 0, err
         assert "stopped" in err and "Traceback" not in err
         record = SessionStore().get_session(session_id)
@@ -113,6 +122,11 @@ async def test_sigterm_stops_spawnkit_serve_and_cancels_its_runs(
             proc.kill()
         if session_id:
             kill_leftovers(session_id)
+
+
+async def _trigger(url: str, token: str, prompt: str) -> None:
+    async with mcp_clients.http_client(url, token) as client:
+        await client.call_tool("trigger", {"prompt": prompt})
 
 
 @pytest.mark.e2e
