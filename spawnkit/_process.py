@@ -43,8 +43,10 @@ TERMINATE_GRACE_S = 2.0
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Kept deliberately tiny: it runs before every CLI start and must cost
-# milliseconds. ${!name} reads the variable whose name is in $name.
-_WRAPPER = """#!{bash}
+# milliseconds. ${!name} reads the variable whose name is in $name. It starts with the
+# host's whole environment (the SDK merges ours over it), so bash runs privileged (-p):
+# no $BASH_ENV or $ENV file is sourced, no exported function imported, no SHELLOPTS read.
+_WRAPPER = """#!{bash} -p
 # spawnkit: start the agent CLI with only the variables listed in {keep}.
 keep=()
 for name in ${keep}; do

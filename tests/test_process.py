@@ -122,6 +122,26 @@ def test_a_host_value_cannot_override_a_kept_one(tmp_path: Path) -> None:
     assert printed_env(proc.stdout)["TOKEN"] == "ours"
 
 
+def test_the_hosts_bash_startup_files_never_run(tmp_path: Path) -> None:
+    """The SDK hands the wrapper the host's whole environment, BASH_ENV and functions too."""
+    marker = tmp_path / "sourced"
+    startup = tmp_path / "startup.sh"
+    startup.write_text(f"echo sourced > {marker}\nexport LEAKED=yes\n")
+    host = {
+        "BASH_ENV": str(startup),
+        "ENV": str(startup),
+        "BASH_FUNC_env%%": "() { echo hijacked; }",  # an exported function named env
+        "SHELLOPTS": "xtrace",
+    }
+    filtered = filtered_env({"PATH": "/usr/bin:/bin"}, ENV_BINARY, tmp_path / "cli.pid")
+    proc = run_wrapper(tmp_path, filtered, host, "-0")
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists(), "the wrapper sourced the host's BASH_ENV"
+    seen = printed_env(proc.stdout)
+    assert "LEAKED" not in seen and "BASH_ENV" not in seen
+    assert b"hijacked" not in proc.stdout and b"+ " not in proc.stderr
+
+
 ARGV_CLI = """
 import json, sys
 print(json.dumps(sys.argv[1:]))
