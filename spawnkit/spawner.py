@@ -643,8 +643,10 @@ class Spawner:
                 worker.reset()
             result = self._result(collector, outcome, status, error, error_kind, trace_id, clock)
             span.finish(result)
-            if not result.success:  # a stopped CLI may leave its tools running
-                reap(run.session_id, workspace)
+            # Whatever carries the run's marker now is a leftover: tools a stopped CLI left
+            # running, or children the agent backgrounded into sessions of their own (Claude
+            # Code and Gemini do that to every tool). Outside a sandbox only this finds them.
+            reap(run.session_id, workspace)
         if result.success and self.memory is not None:
             try:
                 await self.memory.store_episode(

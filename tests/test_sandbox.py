@@ -208,6 +208,23 @@ async def test_background_children_die_with_a_successful_run(make_butler, store,
     await wait_until(lambda: processes_with(token) == [], timeout=5)
 
 
+async def test_background_children_die_with_a_successful_run_without_the_sandbox(
+    make_butler, store, runtime
+) -> None:
+    """Opted out, the run's leftovers are still found (by their session marker) and killed."""
+    token = f"spawnkit-bg-{uuid.uuid4().hex[:12]}"
+    butler = make_butler(extra='[butler.sandbox]\nmode = "none"\n')
+    async with service(butler, runtime, store, shell_then_text(leave_behind(token))) as svc:
+        result = await svc.trigger("start things")
+    try:
+        assert result.success, result.error
+        assert "started" in (result.tool_calls[0].output or "")
+        await wait_until(lambda: processes_with(token) == [], timeout=5)
+    finally:
+        for pid in processes_with(token):
+            os.kill(pid, signal.SIGKILL)
+
+
 async def test_background_children_die_with_a_cancelled_run(make_butler, store, runtime) -> None:
     token = f"spawnkit-bg-{uuid.uuid4().hex[:12]}"
     script = shell_then_text(leave_behind(token)).replace(
