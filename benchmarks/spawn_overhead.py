@@ -169,10 +169,18 @@ def measure(runtime: str, rounds: int, work: Path) -> dict[str, Any]:
 
         runner = asyncio.Runner()
 
-        def timed(run: Callable[[], Any]) -> float:
-            start = time.perf_counter()
+        cpu: dict[str, list[tuple[float, float]]] = {"bare": [], "spawnkit": []}
+
+        def timed(run: Callable[[], Any], side: str | None = None) -> float:
+            before, start = os.times(), time.perf_counter()
             run()
-            return time.perf_counter() - start
+            wall, after = time.perf_counter() - start, os.times()
+            if side:  # CPU of the waited-for processes (the CLI and all it ran), and of ours
+                children = (after.children_user + after.children_system
+                            - before.children_user - before.children_system)  # fmt: skip
+                own = after.user + after.system - before.user - before.system
+                cpu[side].append((children, own))
+            return wall
 
         def via_spawnkit() -> None:
             runner.run(through_spawnkit())
@@ -181,8 +189,8 @@ def measure(runtime: str, rounds: int, work: Path) -> dict[str, Any]:
         timed(via_spawnkit)
         bare_s, spawnkit_s = [], []
         for _ in range(rounds):
-            bare_s.append(timed(bare))
-            spawnkit_s.append(timed(via_spawnkit))
+            bare_s.append(timed(bare, "bare"))
+            spawnkit_s.append(timed(via_spawnkit, "spawnkit"))
         runner.close()
     adapter = get_adapter(runtime)(butler.runtime)
     return {
@@ -191,9 +199,23 @@ def measure(runtime: str, rounds: int, work: Path) -> dict[str, Any]:
         "bare_median_s": round(statistics.median(bare_s), 4),
         "spawnkit_median_s": round(statistics.median(spawnkit_s), 4),
         "ratio": round(statistics.median(spawnkit_s) / statistics.median(bare_s), 3),
+        **cpu_figures(cpu),
         "bare_s": [round(x, 4) for x in bare_s],
         "spawnkit_s": [round(x, 4) for x in spawnkit_s],
     }
+
+
+def cpu_figures(cpu: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+    """Median CPU seconds per run: in the child processes, and in this process (servers,
+    spawner, parsing), each side, with the children's ratio."""
+    figures = {}
+    for side, samples in cpu.items():
+        figures[f"{side}_child_cpu_s"] = round(statistics.median(c for c, _ in samples), 4)
+        figures[f"{side}_own_cpu_s"] = round(statistics.median(o for _, o in samples), 4)
+    figures["child_cpu_ratio"] = round(
+        figures["spawnkit_child_cpu_s"] / max(figures["bare_child_cpu_s"], 1e-9), 3
+    )
+    return figures
 
 
 def main() -> None:
@@ -217,7 +239,9 @@ def main() -> None:
         print(
             f"{runtime}: bare CLI median {result['bare_median_s']:.3f} s, spawnkit median "
             f"{result['spawnkit_median_s']:.3f} s, ratio {result['ratio']:.3f} over "
-            f"{args.rounds} rounds (target <= 1.05)",
+            f"{args.rounds} rounds (target <= 1.05); child CPU {result['bare_child_cpu_s']:.3f} "
+            f"vs {result['spawnkit_child_cpu_s']:.3f} s (ratio {result['child_cpu_ratio']:.3f}), "
+            f"own CPU {result['bare_own_cpu_s']:.3f} vs {result['spawnkit_own_cpu_s']:.3f} s",
             flush=True,
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
