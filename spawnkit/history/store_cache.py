@@ -9,7 +9,7 @@ memory-mapped from ``$SPAWNKIT_HOME/history-cache/store-<hash>/``, and each read
 SQLite for the rows after the watermark (plus the sessions that were still open when the
 cache was written, which are read again until they complete).
 
-The cache is trusted only while the store says nothing changed behind it: schema 4 keeps a
+The cache is trusted only while the store says nothing changed behind it: schema 5 keeps a
 random ``token`` per store (a store deleted and made again gets a new one) and an ``epoch``
 that triggers bump whenever a completed session or a tool call is updated or deleted
 (:mod:`spawnkit.store`). Any difference, a missing or damaged file, or an older format, and
