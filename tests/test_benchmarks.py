@@ -34,6 +34,12 @@ def test_spawn_overhead_benchmark_runs(tmp_path: Path) -> None:
         assert report["ratio"] == pytest.approx(
             report["spawnkit_median_s"] / report["bare_median_s"], abs=0.002
         )
+        assert report["bare_own_cpu_s"] > 0 and report["spawnkit_own_cpu_s"] > 0
+        if report["bare_child_cpu_s"] is not None:  # a cgroup could be made (root, v1 or v2)
+            assert report["spawnkit_child_cpu_s"] > 0.05, "the sandboxed CLI's CPU is counted"
+            assert report["child_cpu_ratio"] == pytest.approx(
+                report["spawnkit_child_cpu_s"] / report["bare_child_cpu_s"], abs=0.002
+            )
     assert done.stdout.count("ratio") == 2
 
 

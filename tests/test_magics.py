@@ -9,6 +9,7 @@ import asyncio
 import signal
 import threading
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,10 +25,13 @@ DEMO = REPO / "roster" / "health" / "scenarios" / "demo.toml"
 
 
 @pytest.fixture(scope="module")
-def ip() -> Any:
+def ip() -> Iterator[Any]:
     shell = start_ipython()
     assert shell is not None
-    return shell
+    yield shell
+    # Loading hooks SIGTERM and SIGHUP; later tests in this process expect them back.
+    if "spawnkit" in shell.extension_manager.loaded:
+        shell.run_line_magic("unload_ext", "spawnkit")
 
 
 def spawn_magics(ip: Any) -> list[Any]:

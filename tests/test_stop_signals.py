@@ -164,6 +164,7 @@ def test_run_restores_the_previous_handlers() -> None:
         raise AssertionError("not expected to run")
 
     before = signal.signal(signal.SIGTERM, mine)
+    hangup = signal.getsignal(signal.SIGHUP)
     try:
 
         async def main() -> str:
@@ -172,13 +173,14 @@ def test_run_restores_the_previous_handlers() -> None:
 
         assert run(main()) == "done"
         assert signal.getsignal(signal.SIGTERM) is mine
-        assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+        assert signal.getsignal(signal.SIGHUP) == hangup
     finally:
         signal.signal(signal.SIGTERM, before)
 
 
 def test_a_signal_cancels_the_main_coroutine_and_says_which() -> None:
     cleaned: list[str] = []
+    hangup = signal.getsignal(signal.SIGHUP)
 
     async def main() -> None:
         try:
@@ -191,7 +193,7 @@ def test_a_signal_cancels_the_main_coroutine_and_says_which() -> None:
         run(main())
     assert (stopped.value.signum, stopped.value.exit_code) == (signal.SIGHUP, 129)
     assert cleaned == ["cleanup ran"]
-    assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+    assert signal.getsignal(signal.SIGHUP) == hangup
 
 
 def test_on_stop_signals_stops_then_passes_the_signal_on() -> None:
