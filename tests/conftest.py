@@ -109,8 +109,14 @@ def workspaces_of(butler: str, root: Path | None = None) -> list[Path]:
 
 
 def processes_with_env(name: str, value: str) -> list[int]:
-    """Live pids whose environment has ``name=value`` (Linux /proc)."""
+    """Live pids whose environment has ``name=value`` (Linux /proc).
+
+    Only runs of this test's ``$SPAWNKIT_HOME`` count (their ``SPAWNKIT_WORKSPACE`` lies
+    under it): a run of another test, still being torn down, is that test's to check.
+    """
     needle = f"{name}={value}".encode()
+    home = os.environ.get("SPAWNKIT_HOME")
+    scope = f"SPAWNKIT_WORKSPACE={home}/".encode() if home else b""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -120,8 +126,13 @@ def processes_with_env(name: str, value: str) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        if needle in env.split(b"\0") and ") Z" not in stat:
-            found.append(int(entry.name))
+        items = env.split(b"\0")
+        if needle not in items or ") Z" in stat:
+            continue
+        workspaces = [i for i in items if i.startswith(b"SPAWNKIT_WORKSPACE=")]
+        if scope and workspaces and not any(i.startswith(scope) for i in workspaces):
+            continue
+        found.append(int(entry.name))
     return found
 
 

@@ -498,6 +498,11 @@ def test_the_dashboard_shows_states_labels_and_transcripts(lab: int, browser: An
     page.locator("textarea").first.fill("I weighed 72.4 kg")
     trigger.click()
     wait_state(page, "success", ".sk-run-row")
+    # The run shows its result before it gives its slot back (cleanup, the record).
+    page.wait_for_function(
+        "() => document.querySelectorAll('.sk-in-flight .sk-run-row').length === 0",
+        timeout=60_000,
+    )
     page.locator(".widget-dropdown select").nth(1).select_option(label="replay: b_very_slow")
     page.locator("textarea").first.fill("first slow one")
     trigger.click()
