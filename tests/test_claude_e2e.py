@@ -632,3 +632,29 @@ async def test_a_run_as_a_role_uses_its_prompt_and_identity(make_butler, store) 
     assert "You are the writer." in system and "You are the health butler" not in system
     assert env_lines(result.tool_calls[0].output or "")["SPAWNKIT_ROLE"] == "writer"
     assert store.get_session(result.session_id or "").role == "writer"  # type: ignore[union-attr]
+
+
+async def test_each_run_home_is_seeded_with_the_clis_first_start_record(
+    make_butler, store, tmp_path: Path
+) -> None:
+    """The CLI takes the seed as its own (no first-start migrations in an empty home)."""
+    script = """
+[[turn]]
+shell = "cat $HOME/.claude.json"
+[[turn]]
+text = "{{ last_tool_result }}"
+"""
+    async with service(make_butler(), store, script) as svc:
+        result = await svc.trigger("look at your home")
+    assert result.success, result.error
+    seen = result.tool_calls[0].output or ""
+    config = json.loads(seen[: seen.rindex("}") + 1])
+    assert config["migrationVersion"] == 15 and "firstStartTime" in config
+    assert "userID" in config, "the CLI went on from the seed and added its own keys"
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".claude.json").write_text('{"mine": 1}')
+    claude_code.seed_home(home)
+    assert json.loads((home / ".claude.json").read_text()) == {"mine": 1}, "never overwritten"
+    claude_code.seed_home(tmp_path)
+    assert (tmp_path / ".claude.json").stat().st_mode & 0o777 == 0o600
