@@ -121,7 +121,7 @@ db, session_id, workspace = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 store = SessionStore(db)
 store.create_session(session_id, butler="b", runtime="claude-code", model=None, prompt="p",
                      context=None, trigger_source="external")
-workspace.mkdir()
+workspace.mkdir(parents=True)
 (workspace / "notes.txt").write_text("written by the run")
 store.mark_started(session_id, started_at=datetime.now(UTC), workspace=workspace)
 env = {"PATH": os.environ["PATH"], "SPAWNKIT_SESSION_ID": session_id,
@@ -150,10 +150,14 @@ class Owner:
 
 
 @contextmanager
-def staged_owner(db: Path, workspace_root: Path) -> Iterator[Owner]:
-    """An owner recording into ``db``, with its workspace and two tool processes running."""
+def staged_owner(db: Path) -> Iterator[Owner]:
+    """An owner recording into ``db``, with its workspace and two tool processes running.
+
+    The workspace lies under this test's ``$SPAWNKIT_HOME``, as a real run's does, so that
+    :func:`processes_with_env` counts its tools as this test's.
+    """
     session_id = f"staged-{uuid.uuid4()}"
-    workspace = workspace_root / f"butler_b_{uuid.uuid4().hex}"
+    workspace = Path(os.environ["SPAWNKIT_HOME"]) / "workspaces" / f"butler_b_{uuid.uuid4().hex}"
     proc = subprocess.Popen(
         [sys.executable, "-c", OWNER, str(db), session_id, str(workspace)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -155,7 +155,7 @@ def test_after_a_forced_restart_the_new_kernel_sweeps_the_old_ones_runs(
 
 
 def test_loading_the_extension_sweeps_what_a_dead_kernel_left(tmp_path: Path) -> None:
-    with staged_owner(default_store_path(), tmp_path) as owner:
+    with staged_owner(default_store_path()) as owner:
         tools = owner.tools()
         owner.proc.kill()
         wait_for("the owner to die", lambda: process_state(owner.proc.pid) == "Z", 30)

@@ -137,7 +137,7 @@ def test_a_sandboxed_run_dies_with_its_owner_and_the_sweep_records_it(
 
 @pytest.fixture
 def owner(tmp_path: Path) -> Iterator[Owner]:
-    with staged_owner(tmp_path / "sessions.db", tmp_path) as staged:
+    with staged_owner(tmp_path / "sessions.db") as staged:
         yield staged
 
 
