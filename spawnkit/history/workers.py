@@ -6,7 +6,7 @@ a notebook kernel that has run agents and loaded Arrow data has a huge virtual s
 allocator, mimalloc, reserves writable arenas of 1, 2, 4 GiB... and never gives the address
 space back; docs/history.md has the measurements), and ``fork()`` must account for all of it,
 so it fails with ENOMEM where the memory is not overcommitted. Workers come from
-X
+multiprocessing's forkserver (a fresh interpreter started by fork and an immediate
 exec, which accounts for nothing) with the parser imported, which forks each worker from
 itself in milliseconds. The first parallel load of a process pays the server's start (an
 import of spawnkit); the server lives as long as the process, as multiprocessing arranges.
