@@ -509,9 +509,12 @@ def test_the_dashboard_shows_states_labels_and_transcripts(lab: int, browser: An
     page.locator("textarea").first.fill("second slow one")
     trigger.click()
     labels = page.locator(".sk-in-flight .sk-run-label")
+    # Both labels are redrawn as the runs move on: wait for the view showing both states.
     page.wait_for_function(
-        "() => [...document.querySelectorAll('.sk-in-flight .sk-run-label')]"
-        ".map(e => e.textContent).some(t => t.includes('queued') && t.includes('position 1'))",
+        "() => { const t = [...document.querySelectorAll('.sk-in-flight .sk-run-label')]"
+        ".map(e => e.textContent);"
+        " return t.some(x => x.includes('queued') && x.includes('position 1'))"
+        " && t.some(x => x.includes('running')); }",
         timeout=60_000,
     )
     texts = labels.all_inner_texts()
