@@ -293,8 +293,9 @@ class _RunState:
             self.model = message.data.get("model") or self.model
             if self.model:
                 self.emit(UsageUpdate(sid, self.total_usage, None, None, self.model))
+            butler_server = self.spec.mcp_server
             for server in message.data.get("mcp_servers", []):
-                if server.get("name") == self.spec.mcp_server.name:
+                if butler_server is not None and server.get("name") == butler_server.name:
                     self.mcp_status = server.get("status")
         elif isinstance(message, ResultMessage):
             self.result = message
@@ -326,7 +327,7 @@ class _RunState:
                 )
                 outcome.error_kind = failure.kind
                 outcome.error = str(failure)
-        elif self.mcp_status not in (None, "connected"):
+        elif self.mcp_status not in (None, "connected") and self.spec.mcp_server is not None:
             # It answered without the butler's tools: whatever it said, the run failed.
             outcome.success = False
             outcome.error_kind = MCP_UNAVAILABLE
@@ -388,11 +389,10 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         return copy_file(found, home / ".claude" / "projects" / project_dir_name(cwd)
                          / found.name)  # fmt: skip
 
-    def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:
+    def build_config_file(self, workspace: Path, server: McpServerSpec | None) -> Path:
         path = workspace / "mcp.json"
-        write_private(
-            path, json.dumps({"mcpServers": {server.name: self._server_config(server)}}, indent=2)
-        )
+        servers = {server.name: self._server_config(server)} if server is not None else {}
+        write_private(path, json.dumps({"mcpServers": servers}, indent=2))
         return path
 
     @staticmethod
@@ -457,7 +457,10 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             strict_mcp_config=True,
             setting_sources=[],
             tools=[*spec.tools, *delegation],
-            allowed_tools=[*spec.tools, *delegation, f"mcp__{server.name}"],
+            allowed_tools=[
+                *spec.tools, *delegation, *([f"mcp__{server.name}"] if server else []),
+            ],
+            add_dirs=list(spec.add_dirs),
             agents={
                 role.name: AgentDefinition(
                     description=role.description,
