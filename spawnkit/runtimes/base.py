@@ -261,7 +261,7 @@ class RuntimeAdapter(ABC):
 
     @abstractmethod
     def build_config_file(self, workspace: Path, server: McpServerSpec | None) -> Path:
-        """Write the runtime's MCP configuration (exactly ``server``, or none) into ``workspace``."""
+        """Write the runtime's MCP configuration (``server``, or none) into ``workspace``."""
 
     def child_env(self, spec: RunSpec) -> dict[str, str]:
         """``spec.env`` plus what this runtime must set for itself."""

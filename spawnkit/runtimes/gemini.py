@@ -264,11 +264,11 @@ class GeminiAdapter(StreamingCliAdapter):
         config_dir = workspace / ".gemini"
         config_dir.mkdir(mode=0o700, exist_ok=True)
         path = config_dir / "settings.json"
-        write_private(path, json.dumps(self._settings(server, [], 20), indent=2))
+        write_private(path, json.dumps(self.settings(server, [], 20), indent=2))
         return path
 
     @staticmethod
-    def _settings(
+    def settings(
         server: McpServerSpec | None,
         tools: Sequence[str],
         max_turns: int,
@@ -322,7 +322,7 @@ class GeminiAdapter(StreamingCliAdapter):
         write_private(
             spec.config_file,
             json.dumps(
-                self._settings(spec.mcp_server, spec.tools, spec.max_turns, spec.add_dirs),
+                self.settings(spec.mcp_server, spec.tools, spec.max_turns, spec.add_dirs),
                 indent=2,
             ),
         )
