@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import tomli_w
+from opentelemetry.trace import TracerProvider
 
 from . import _process
 from .credentials import CredentialStore
@@ -914,6 +915,7 @@ async def _run_ask(
     config: AskConfig | None,
     store: SessionStore | None,
     session_id: str | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> AskResult:
     cfg = config if config is not None else load_config()
     name, runtime_cfg, agent = _runtime(runtime, cfg)
@@ -926,7 +928,11 @@ async def _run_ask(
     )  # fmt: skip
     sessions = store if store is not None else SessionStore()
     spawner = Spawner(
-        butler, store=sessions, credentials=_GivenCredentials(sessions, given), base_url=base_url
+        butler,
+        store=sessions,
+        credentials=_GivenCredentials(sessions, given),
+        base_url=base_url,
+        tracer_provider=tracer_provider,
     )
     if resume is not None:
         result = await spawner.resume(
@@ -949,6 +955,8 @@ async def _run_ask(
             message = result.error or "the run failed"
             found = _EXIT_CODE.search(message)
             code = int(found.group(1)) if found else None
+            if found and found.start() == 0:  # "exited with code 3: why" -> "why"
+                message = message[found.end() :].lstrip(": ") or message
         raise AskError(
             name, message, exit_code=code, stderr=stderr, workdir=workdir,
             partial_answer=result.output, record_id=result.session_id,
@@ -982,6 +990,7 @@ async def ask_turn(
     session_id: str | None = None,
     registry: SourceRegistry | None = None,
     store: SessionStore | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> AskResult:
     """Run one turn of a conversation about ``sources``: ``prompt`` as it is, no template.
 
@@ -994,7 +1003,7 @@ async def ask_turn(
     return await _run_ask(
         resolved, prompt, runtime=runtime, resume=resume, base_url=base_url, env=env,
         timeout_s=timeout_s, on_event=on_event, config=config, store=store,
-        session_id=session_id,
+        session_id=session_id, tracer_provider=tracer_provider,
     )  # fmt: skip
 
 
@@ -1011,6 +1020,7 @@ async def ask(
     config: AskConfig | None = None,
     template_file: Path | None = None,
     store: SessionStore | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> AskResult:
     """Answer ``question`` about ``sources`` with the agent ``runtime`` (default: configured).
 
@@ -1032,6 +1042,7 @@ async def ask(
     return await _run_ask(
         resolved, prompt, runtime=runtime, resume=None, base_url=base_url, env=env,
         timeout_s=timeout_s, on_event=on_event, config=config, store=store,
+        tracer_provider=tracer_provider,
     )  # fmt: skip
 
 
