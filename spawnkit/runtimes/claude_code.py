@@ -363,11 +363,9 @@ class ClaudeStreamParser(LineParser):
         if message is None:  # a kind this SDK does not know
             return []
         self.state.handle(message)
-        if isinstance(message, AssistantMessage) and any(
-            isinstance(block, ToolUseBlock) for block in message.content
-        ):
-            self.tool_calls = len(self.state.calls)
-        events, self._events = self._events, []
+        self.tool_calls = len(self.state.calls)
+        events = list(self._events)
+        self._events.clear()  # the state holds this list's append
         return events
 
     def stderr_line(self, line: str) -> None:
