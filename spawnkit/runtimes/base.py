@@ -204,6 +204,8 @@ class RuntimeAdapter(ABC):
     # so quickly (see spawnkit.runtimes.version).
     version_args: ClassVar[tuple[str, ...]] = ("--version",)
     version_env: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    # Whether the runtime is only a runtime with a butler's configuration (``command``).
+    needs_configuration: ClassVar[bool] = False
 
     def __init__(self, config: RuntimeConfig | None = None) -> None:
         self.config = config or RuntimeConfig(type=self.type)

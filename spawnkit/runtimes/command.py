@@ -244,14 +244,19 @@ class CommandAdapter(StreamingCliAdapter):
     )
     auth_remedy: ClassVar[str] = "check the variables the CLI needs ([butler.env])"
 
+    # It has no CLI of its own to look for: each butler names one.
+    needs_configuration: ClassVar[bool] = True
+
     def __init__(self, config: RuntimeConfig | None = None) -> None:
         super().__init__(config)
-        command = self.config.command
-        if command is None:
+
+    @property
+    def command_config(self) -> CommandConfig:
+        if self.config.command is None:
             raise ConfigError(
                 'the command runtime needs [butler.runtime] command = ["program", ...]'
             )
-        self.command_config: CommandConfig = command
+        return self.config.command
 
     def capabilities(self) -> dict[str, Any]:
         return {
