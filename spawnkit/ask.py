@@ -1,19 +1,19 @@
 """Ask mode: answer a question about registered sources with an isolated agent run.
 
 :func:`ask` resolves the source names (every unknown one is reported before anything
-starts), renders the user's prompt template, prepares ``<tempdir>/spawnkit-ask-<uuid>/``
-(each source linked by its name, an empty MCP configuration for every CLI that reads
-one from its working directory, ``prompt.md``), runs the configured agent CLI headless
-there with an exact environment through :func:`spawnkit._process.run_lines`, and
-returns its answer. The directory is removed however the run ends. :func:`chat` runs
-the same agent interactively in the same kind of directory, on the user's terminal.
-Frontends (the command line, ``%%ask``, a chat widget) are thin layers over
-:func:`ask`, :func:`chat`, :func:`prepare_workdir` and :func:`ask_turn`.
+starts), renders the user's prompt template and hands the prompt to the
+:class:`~spawnkit.spawner.Spawner` as a run of ``kind="ask"``: the same admission,
+workspace, sandbox, session record, spans, events and cleanup as every run, with the
+sources linked into ``<workspace>/ask/``, an empty MCP configuration for every CLI and
+the sources' real paths handed to the CLI (and bound read-only in the sandbox).
+:func:`ask_turn` continues a conversation through :meth:`Spawner.resume`. Frontends
+(the command line, ``%%ask``, the chat widget) are thin layers over them. :func:`chat`
+runs an agent's interactive TUI on the user's terminal in a directory of linked sources.
 
-Which CLI runs, and how, is an *agent command template* (``$SPAWNKIT_HOME/ask.toml``):
-an argv list with ``{placeholders}``, how the prompt reaches it, how to read its output.
-``claude-code`` (the default), ``codex`` and ``gemini`` are built in; any other CLI
-can be added, including one that prints a plain-text answer. Errors::
+Which runtime answers is a runtime name (``claude-code``, ``codex``, ``gemini``) or a
+:class:`~spawnkit.roster.RuntimeConfig`, e.g. ``type = "command"`` for any CLI. The
+older *agent command templates* of ``$SPAWNKIT_HOME/ask.toml`` are still read, with a
+deprecation warning, and converted to runtimes (:func:`runtime_config`). Errors::
 
     SpawnkitError
     ├── ConfigError
@@ -34,35 +34,31 @@ import os
 import re
 import shutil
 import tempfile
-import time
 import tomllib
 import uuid
+import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import tomli_w
+from opentelemetry.trace import TracerProvider
 
 from . import _process
-from .errors import ConfigError, RuntimeFailure, SpawnkitError, UnknownRuntimeError
-from .events import (
-    AssistantText,
-    EventSink,
-    RunEvent,
-    TextDelta,
-    ToolCallFinished,
-    ToolCallStarted,
-    UsageUpdate,
-)
+from .credentials import CredentialStore
+from .errors import ConfigError, SpawnkitError, UnknownRuntimeError
+from .events import EventSink
 from .home import spawnkit_home
-from .result import OUTPUT_LIMIT, ToolCall, Usage, truncate
-from .runtimes import ALIASES, codex, gemini
-from .runtimes.base import RunOutcome
-from .runtimes.streaming import LineParser
+from .result import ToolCall, Usage
+from .roster import ButlerConfig, CommandConfig, EnvConfig, RuntimeConfig
+from .runtimes import ALIASES, codex
+from .runtimes.gemini import GeminiAdapter
 from .sources import Source, SourceError, SourcePathError, SourceRegistry, validate_name
+from .spawner import Spawner
+from .store import SessionRecord, SessionStore
+from .workspace import ASK_DIR, EMPTY_MCP_CONFIGS
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +147,12 @@ DEFAULT_TIMEOUT_S = 600.0
 CHAT_TIMEOUT_S = 24 * 3600.0
 
 OutputFormat = Literal["auto", "claude-stream-json", "codex-json", "gemini-stream-json", "text"]
+# ask.toml is read and converted; a butler runtime of type "command" replaces it.
+DEPRECATION = (
+    "{path}: ask.toml is deprecated and will be removed: its agents are converted to "
+    "runtimes; give ask() a runtime instead (a name, or RuntimeConfig(type='command', "
+    'command=CommandConfig(...)), the [butler.runtime] type = "command" of a butler.toml)'
+)
 Setup = Literal["claude-code", "codex", "gemini", "none"]
 StdinMode = Literal["prompt", "none"]
 OUTPUT_FORMATS: tuple[OutputFormat, ...] = get_args(OutputFormat)
@@ -223,7 +225,6 @@ CHAT_INSTRUCTIONS = (
     "links), read the relevant files, cite them as ./name/path, and do not change any file."
 )
 GEMINI_MODEL = "gemini-2.5-flash"
-CODEX_LOCAL_MODEL = codex.REPLAY_MODEL
 _GEMINI_HEADLESS = ("{gemini}", "-m", GEMINI_MODEL, "--output-format", "stream-json", "-p", "")
 _CODEX_EXEC = ("{codex}", "exec", "--json", "--skip-git-repo-check")
 # What Claude Code needs from the host to authenticate (HOME holds a `claude login`).
@@ -315,7 +316,9 @@ def load_config(path: Path | None = None) -> AskConfig:
         return AskConfig(agents=dict(BUILTIN_AGENTS), path=source)
     except tomllib.TOMLDecodeError as exc:
         raise AskConfigError(source, f"not valid TOML: {exc}") from exc
-    return parse_config(document, source)
+    config = parse_config(document, source)
+    warnings.warn(DEPRECATION.format(path=source), FutureWarning, stacklevel=2)
+    return config
 
 
 def parse_config(document: Mapping[str, Any], path: Path) -> AskConfig:
@@ -466,13 +469,6 @@ PROMPT_FILE = "prompt.md"
 MCP_CONFIG_FILE = ".mcp.json"
 # Where a built-in CLI's private home lives (hidden: agents' searches skip dot folders).
 PRIVATE_DIR = ".spawnkit"
-# "No MCP servers" for every CLI that reads a config from its working directory.
-EMPTY_MCP_CONFIGS: Mapping[str, Mapping[str, Any]] = {
-    MCP_CONFIG_FILE: {"mcpServers": {}},  # Claude Code (project scope)
-    ".gemini/settings.json": {"mcpServers": {}},  # Gemini CLI (workspace settings)
-    ".cursor/mcp.json": {"mcpServers": {}},  # Cursor
-    "opencode.json": {"mcp": {}},  # opencode
-}
 
 
 def resolve_sources(
@@ -718,233 +714,43 @@ def write_runtime_config(
     home = private_home(agent, workdir)
     if home is None:
         return
+    # The runtimes' own builders: the settings every run of theirs gets, with no MCP server.
     if agent.setup == "codex":
         home.mkdir(parents=True, exist_ok=True)
-        (home / "config.toml").write_text(tomli_w.dumps(codex_config(base_url)), "utf-8")
+        config = {
+            **codex.base_config({}),
+            **codex.provider_config(base_url or "https://api.openai.com", retries=not base_url),
+            **({"model": codex.REPLAY_MODEL} if base_url else {}),
+        }
+        (home / "config.toml").write_text(tomli_w.dumps(config), "utf-8")
     elif agent.setup == "gemini":
         (home / ".gemini").mkdir(parents=True, exist_ok=True)
-        settings = gemini_settings(base_url, [target for _, target in linked_sources(workdir)])
+        targets = tuple(target for _, target in linked_sources(workdir))
+        settings = GeminiAdapter.settings(None, ASK_TOOLS, ASK_MAX_TURNS, targets)
         (home / ".gemini" / "settings.json").write_text(json.dumps(settings, indent=2), "utf-8")
 
 
-def codex_config(base_url: str | None) -> dict[str, Any]:
-    """Codex's ``config.toml``: the runtime's base settings with no MCP server at all.
-
-    The model provider reads ``OPENAI_API_KEY`` and talks to ``base_url`` (default
-    the OpenAI API).
-    """
-    config = {
-        **codex.base_config({}),
-        **codex.provider_config(base_url or "https://api.openai.com", retries=not base_url),
-        "web_search": "disabled",
-    }
-    if base_url:
-        # As the codex runtime does: Codex's built-in model slugs offer no tools to a
-        # server it does not know; an unknown slug gets them (`-m` in the command wins).
-        config["model"] = CODEX_LOCAL_MODEL
-    return config
-
-
-_GEMINI_READ_TOOLS = (
-    "run_shell_command", "read_file", "read_many_files", "list_directory", "glob", "grep_search",
-)  # fmt: skip
-# Everything else Gemini has built in: writing, the web, memory, plans, sub-agents, skills.
-_GEMINI_EXCLUDED = tuple(t for t in gemini.BUILTIN_TOOLS if t not in _GEMINI_READ_TOOLS)
-
-
-def gemini_settings(base_url: str | None, targets: Sequence[Path]) -> dict[str, Any]:
-    """Gemini's settings: API-key auth, no MCP, read tools, the sources' real folders.
-
-    The Gemini CLI refuses paths that resolve outside its workspace, so the
-    folders the links point to (a file source's parent) are added to it.
-    """
-    folders = list(dict.fromkeys(str(t if t.is_dir() else t.parent) for t in targets))
-    return {
-        **gemini.base_settings(retries=not base_url),
-        "tools": {"allowed": list(_GEMINI_READ_TOOLS), "exclude": list(_GEMINI_EXCLUDED)},
-        "context": {"includeDirectories": folders},
-        "mcpServers": {},
-    }
-
-
-# -- reading the output ---------------------------------------------------------------
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-class ClaudeStreamParser(LineParser):
-    """Claude Code ``-p --output-format stream-json`` lines -> spawnkit events."""
-
-    def __init__(self, session_id: str, server: str = "") -> None:
-        super().__init__(session_id, server)
-        self.calls: dict[str, ToolCall] = {}
-        self.texts: list[str] = []
-        self.result: dict[str, Any] | None = None
-        self.usage = Usage()
-        self.model: str | None = None
-
-    def handle(self, data: dict[str, Any]) -> list[RunEvent]:
-        from .runtimes.claude_code import tool_result_text, usage_from_api
-
-        kind = data.get("type")
-        sid = self.session_id
-        if kind == "system" and data.get("subtype") == "init":
-            self.runtime_session_id = data.get("session_id") or self.runtime_session_id
-            self.model = data.get("model") or self.model
-        elif kind == "stream_event" and data.get("parent_tool_use_id") is None:
-            event = data.get("event") or {}
-            delta = event.get("delta") or {}
-            if event.get("type") == "content_block_delta" and delta.get("type") == "text_delta":
-                return [TextDelta(sid, str(delta.get("text", "")))] if delta.get("text") else []
-        elif kind == "assistant":
-            return self._assistant(data)
-        elif kind == "user":
-            events: list[RunEvent] = []
-            for block in _content(data):
-                call_id = str(block.get("tool_use_id", ""))
-                if block.get("type") == "tool_result" and call_id in self.calls:
-                    done = self.calls[call_id].finish(
-                        tool_result_text(block.get("content")), bool(block.get("is_error")), _now()
-                    )
-                    self.calls[call_id] = done
-                    events.append(ToolCallFinished(sid, done))
-            return events
-        elif kind == "result":
-            self.result = data
-            self.runtime_session_id = data.get("session_id") or self.runtime_session_id
-            self.usage = usage_from_api(data.get("usage"))
-            return [UsageUpdate(sid, self.usage, data.get("total_cost_usd"), data.get("num_turns"))]
-        return []
-
-    def _assistant(self, data: dict[str, Any]) -> list[RunEvent]:
-        events: list[RunEvent] = []
-        top_level = data.get("parent_tool_use_id") is None
-        for block in _content(data):
-            if block.get("type") == "text" and block.get("text"):
-                if top_level:
-                    self.texts.append(str(block["text"]))
-                events.append(AssistantText(self.session_id, str(block["text"])))
-            elif block.get("type") == "tool_use":
-                raw_input = block.get("input")
-                call = ToolCall.start(
-                    str(block.get("id", len(self.calls))), str(block.get("name", "?")),
-                    raw_input if isinstance(raw_input, dict) else {"input": raw_input}, _now(),
-                )  # fmt: skip
-                self.calls[call.id] = call
-                self.tool_calls += 1
-                events.append(ToolCallStarted(self.session_id, call))
-        return events
-
-    def outcome(self, exit_code: int, stderr: Sequence[str]) -> RunOutcome:
-        result = self.result
-        partial = "\n\n".join(self.texts)
-        outcome = RunOutcome(
-            output=truncate(partial, OUTPUT_LIMIT),
-            runtime_session_id=self.runtime_session_id,
-            usage=self.usage,
-            model=self.model,
-        )
-        if result is None:
-            outcome.success = False
-            outcome.error = "Claude Code ended without a result" + _stderr_hint(stderr)
-            return outcome
-        outcome.cost_usd = result.get("total_cost_usd")
-        outcome.num_turns = result.get("num_turns")
-        if result.get("is_error"):
-            errors = result.get("errors") or []
-            outcome.success = False
-            outcome.error = "; ".join(str(e) for e in errors) or str(
-                result.get("result") or result.get("subtype") or "the run failed"
-            )
-            return outcome
-        text = result.get("result")
-        outcome.output = truncate(str(text) if text is not None else partial, OUTPUT_LIMIT)
-        return outcome
-
-
-def _content(data: dict[str, Any]) -> list[dict[str, Any]]:
-    content = (data.get("message") or {}).get("content")
-    if not isinstance(content, list):
-        return []
-    return [block for block in content if isinstance(block, dict)]
-
-
-def _stderr_hint(stderr: Sequence[str]) -> str:
-    lines = [line.strip() for line in stderr if line.strip()]
-    return f": {lines[-1]}" if lines else ""
-
-
-class TextParser(LineParser):
-    """Plain-text output: stdout, as it is, is the answer."""
-
-    def __init__(self, session_id: str, server: str = "") -> None:
-        super().__init__(session_id, server)
-        self.lines: list[str] = []
-        self.chars = 0
-
-    def feed(self, line: str) -> list[RunEvent]:
-        if self.chars < OUTPUT_LIMIT:
-            self.lines.append(line)
-            self.chars += len(line) + 1
-        return [TextDelta(self.session_id, line + "\n")]
-
-    def handle(self, data: dict[str, Any]) -> list[RunEvent]:
-        return []  # never called: feed() takes every line as text
-
-    def outcome(self, exit_code: int, stderr: Sequence[str]) -> RunOutcome:
-        text = "\n".join(self.lines).strip()
-        outcome = RunOutcome(output=truncate(text, OUTPUT_LIMIT))
-        if exit_code != 0:
-            last = [line.strip() for line in stderr if line.strip()]
-            outcome.success = False
-            outcome.error = last[-1] if last else f"exited with code {exit_code}"
-        return outcome
-
-
-def detect_output(first_line: str) -> OutputFormat:
-    """Which stream a CLI prints, judged from its first non-blank stdout line."""
-    try:
-        data = json.loads(first_line)
-    except ValueError:
-        return "text"
-    kind = data.get("type") if isinstance(data, dict) else None
-    if kind in ("system", "stream_event", "assistant", "result"):
-        return "claude-stream-json"
-    if kind in ("thread.started", "turn.started", "item.started", "item.completed"):
-        return "codex-json"
-    if kind in ("init", "message", "tool_use"):
-        return "gemini-stream-json"
-    return "text"
-
-
-def make_parser(output: OutputFormat, session_id: str) -> LineParser:
-    """A fresh parser for one output format (``auto`` must be detected first)."""
-    if output == "claude-stream-json":
-        return ClaudeStreamParser(session_id)
-    if output == "codex-json":
-        from .runtimes.codex import CodexParser
-
-        return CodexParser(session_id, "")
-    if output == "gemini-stream-json":
-        from .runtimes.gemini import GeminiParser
-
-        return GeminiParser(session_id, "")
-    if output == "text":
-        return TextParser(session_id)
-    raise ValueError(f"cannot make a parser for {output!r}: detect it from the output first")
-
-
-# -- running ---------------------------------------------------------------------------
+# -- running: one question is one run of the Spawner ----------------------------------
 
 STDERR_TAIL_LINES = 50
 _STDERR_IN_MESSAGE = 8
+# The butler every ask runs as: its record, its spans, its live view say "ask".
+ASK_BUTLER = "ask"
+ASK_SYSTEM_PROMPT = Path(__file__).parent / "prompts" / "ask_system.md"
+ASK_TOOLS = ("Read", "Glob", "Grep", "Bash")
+ASK_MAX_TURNS = 50
+# Questions asked at once by one process (each ask() admits through its own spawner).
+ASK_CONCURRENCY = 4
+_EXIT_CODE = re.compile(r"exited with code (-?\d+)")
 
 
 @dataclass(frozen=True)
 class AskResult:
-    """An agent's answer and how it was reached."""
+    """An agent's answer and how it was reached.
+
+    ``session_id`` is the runtime's own session id (what a resume continues);
+    ``record_id`` the spawnkit session that recorded the run (``spawnkit sessions``).
+    """
 
     answer: str
     runtime: str
@@ -957,6 +763,7 @@ class AskResult:
     exit_code: int = 0
     stderr_tail: str = ""
     sources: tuple[str, ...] = ()
+    record_id: str | None = None
 
     def _repr_markdown_(self) -> str:
         return self.answer
@@ -968,8 +775,9 @@ class AskResult:
 class AskError(SpawnkitError):
     """The agent ran and failed (or timed out): ``stderr`` holds the end of what it printed.
 
-    ``exit_code`` is None when spawnkit stopped the agent (a timeout); the working
-    directory in ``workdir`` is already gone when this is raised by :func:`ask`.
+    ``exit_code`` is the CLI's when it said one, None when spawnkit stopped the agent (a
+    timeout); the working directory in ``workdir`` is already gone when this is raised.
+    ``record_id`` names the failed run's session record.
     """
 
     def __init__(
@@ -981,6 +789,7 @@ class AskError(SpawnkitError):
         stderr: str,
         workdir: Path | None = None,
         partial_answer: str = "",
+        record_id: str | None = None,
     ) -> None:
         self.runtime = runtime
         self.detail = message
@@ -988,6 +797,7 @@ class AskError(SpawnkitError):
         self.stderr = stderr
         self.workdir = workdir
         self.partial_answer = partial_answer
+        self.record_id = record_id
         code = "" if exit_code is None else f" (exit code {exit_code})"
         tail = "\n".join(stderr.strip().splitlines()[-_STDERR_IN_MESSAGE:])
         super().__init__(
@@ -995,11 +805,182 @@ class AskError(SpawnkitError):
         )
 
 
-async def ask_turn(
-    workdir: Path,
+class _GivenCredentials(CredentialStore):
+    """The caller's ``env`` first, then spawnkit's credentials file and the environment."""
+
+    def __init__(self, store: SessionStore, given: Mapping[str, str]) -> None:
+        super().__init__(store)
+        self.given = dict(given)
+
+    def resolve(self, name: str) -> str | None:
+        return self.given.get(name) or super().resolve(name)
+
+
+def runtime_config(agent: AgentCommand) -> RuntimeConfig:
+    """The runtime an ``ask.toml`` agent stands for.
+
+    An unchanged built-in (or one whose only changes are ``env``/``pass_env``) is that
+    runtime; any other agent becomes a ``command`` runtime with its argv, stdin, output
+    and env (``{workdir}`` is now ``{cwd}``). ``chat_command`` is kept for :func:`chat`.
+    """
+    builtin = BUILTIN_AGENTS.get(agent.name)
+    unchanged = replace(agent, env=builtin.env, pass_env=builtin.pass_env) if builtin else None
+    if builtin is not None and unchanged == builtin:
+        return RuntimeConfig(type=agent.name)
+    if agent.setup != "none" and (builtin is None or agent.setup != builtin.setup):
+        logger.warning("ask.toml: agent %s: setup = %r is not converted", agent.name, agent.setup)
+
+    def convert(template: str) -> str:
+        return template.replace("{workdir}", "{cwd}")
+
+    return RuntimeConfig(
+        type="command",
+        command=CommandConfig(
+            argv=tuple(convert(arg) for arg in agent.command),
+            resume_argv=tuple(convert(arg) for arg in agent.resume_command),
+            output=agent.output,
+            stdin=agent.stdin,
+            env={name: convert(value) for name, value in agent.env.items()},
+        ),
+    )
+
+
+def ask_butler(
+    runtime: RuntimeConfig,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    env_names: Iterable[str] = (),
+) -> ButlerConfig:
+    """The butler an ask runs as: read and search tools, no MCP server, no roster.
+
+    ``env_names`` are the variables its agent may get besides the runtime's own (the
+    caller's ``env``, an ``ask.toml`` agent's ``pass_env``).
+    """
+    folder = ASK_SYSTEM_PROMPT.parent
+    return ButlerConfig(
+        name=ASK_BUTLER,
+        port=0,
+        description="questions about registered sources",
+        directory=folder,
+        roster_dir=folder,
+        runtime=replace(
+            runtime,
+            tools=ASK_TOOLS,
+            max_turns=ASK_MAX_TURNS,
+            timeout_s=timeout_s,
+            max_concurrent_sessions=ASK_CONCURRENCY,
+        ),
+        env=EnvConfig(optional=tuple(dict.fromkeys(env_names))),
+        prompt_file=ASK_SYSTEM_PROMPT,
+    )
+
+
+def _runtime(
+    runtime: str | RuntimeConfig | None, cfg: AskConfig
+) -> tuple[str, RuntimeConfig, AgentCommand | None]:
+    """(the name a result carries, the runtime, the ask.toml agent it came from)."""
+    if isinstance(runtime, RuntimeConfig):
+        return runtime.type, runtime, None
+    agent = cfg.agent(runtime)
+    return agent.name, runtime_config(agent), agent
+
+
+def _check_paths(sources: Iterable[Source]) -> None:
+    for source in sources:
+        if not source.path.exists():
+            hint = " (run `spawnkit sources update`)" if source.kind == "git" else ""
+            raise SourcePathError(source.path, f"source {source.name!r} does not exist{hint}")
+
+
+def _stderr_tail(record: SessionRecord | None) -> str:
+    if record is None or record.log_dir is None:
+        return ""
+    try:
+        with open(record.log_dir / "stderr.log", encoding="utf-8", errors="replace") as fh:
+            return "".join(deque(fh, maxlen=STDERR_TAIL_LINES)).rstrip("\n")
+    except OSError:
+        return ""
+
+
+async def _run_ask(
+    sources: Sequence[Source],
     prompt: str,
     *,
-    runtime: str | None = None,
+    runtime: str | RuntimeConfig | None,
+    resume: str | None,
+    base_url: str | None,
+    env: Mapping[str, str] | None,
+    timeout_s: float | None,
+    on_event: EventSink | None,
+    config: AskConfig | None,
+    store: SessionStore | None,
+    session_id: str | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> AskResult:
+    cfg = config if config is not None else load_config()
+    name, runtime_cfg, agent = _runtime(runtime, cfg)
+    given = {**(agent.env if agent is not None and runtime_cfg.type != "command" else {}),
+             **(env or {})}  # fmt: skip
+    limit = timeout_s if timeout_s is not None else cfg.timeout_s
+    butler = ask_butler(
+        runtime_cfg, timeout_s=limit,
+        env_names=[*given, *(agent.pass_env if agent is not None else ())],
+    )  # fmt: skip
+    sessions = store if store is not None else SessionStore()
+    spawner = Spawner(
+        butler,
+        store=sessions,
+        credentials=_GivenCredentials(sessions, given),
+        base_url=base_url,
+        tracer_provider=tracer_provider,
+    )
+    if resume is not None:
+        result = await spawner.resume(
+            resume, prompt, on_event=on_event, new_session_id=session_id, sources=sources
+        )
+    else:
+        result = await spawner.trigger(
+            prompt, trigger_source="external", on_event=on_event, session_id=session_id,
+            kind="ask", sources=sources,
+        )  # fmt: skip
+    record = await asyncio.to_thread(sessions.get_session, result.session_id or "")
+    workdir = (
+        record.workspace / ASK_DIR if record is not None and record.workspace else Path(ASK_DIR)
+    )
+    stderr = await asyncio.to_thread(_stderr_tail, record)
+    if not result.success:
+        if result.error_kind == "timeout":
+            message, code = f"no answer within {limit:g} s; the agent was stopped", None
+        else:
+            message = result.error or "the run failed"
+            found = _EXIT_CODE.search(message)
+            code = int(found.group(1)) if found else None
+            if found and found.start() == 0:  # "exited with code 3: why" -> "why"
+                message = message[found.end() :].lstrip(": ") or message
+        raise AskError(
+            name, message, exit_code=code, stderr=stderr, workdir=workdir,
+            partial_answer=result.output, record_id=result.session_id,
+        )  # fmt: skip
+    return AskResult(
+        answer=result.output,
+        runtime=name,
+        duration_s=result.duration_ms / 1000,
+        workdir=workdir,
+        session_id=result.runtime_session_id,
+        tool_calls=tuple(result.tool_calls),
+        usage=result.usage,
+        cost_usd=result.cost_usd,
+        stderr_tail=stderr,
+        sources=tuple(source.name for source in sources),
+        record_id=result.session_id,
+    )
+
+
+async def ask_turn(
+    sources: str | Iterable[str | Source],
+    prompt: str,
+    *,
+    runtime: str | RuntimeConfig | None = None,
     resume: str | None = None,
     base_url: str | None = None,
     env: Mapping[str, str] | None = None,
@@ -1007,100 +988,30 @@ async def ask_turn(
     on_event: EventSink | None = None,
     config: AskConfig | None = None,
     session_id: str | None = None,
+    registry: SourceRegistry | None = None,
+    store: SessionStore | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> AskResult:
-    """Run one headless turn of the agent in a prepared ``workdir``.
+    """Run one turn of a conversation about ``sources``: ``prompt`` as it is, no template.
 
-    The prompt is written to ``<workdir>/prompt.md`` (replacing an earlier turn's)
-    and the agent's ``command`` (``resume_command`` when ``resume`` is a runtime
-    session id from an earlier turn's :attr:`AskResult.session_id`) runs there.
-    ``on_event`` receives the same typed events as ``%%spawn``'s views, as they
-    arrive, tagged with ``session_id`` (default: the directory's name). The
-    directory is left in place: its owner removes it.
+    ``resume`` is the :attr:`AskResult.record_id` of the turn before: the runtime picks
+    the conversation up from its own transcript (:meth:`Spawner.resume`), in a fresh
+    workspace with the same sources. ``session_id`` chooses the new record's id.
     """
-    cfg = config if config is not None else load_config()
-    agent = cfg.agent(runtime)
-    limit = timeout_s if timeout_s is not None else cfg.timeout_s
-    sid = session_id or workdir.name
-    mode: Mode = "resume" if resume else "headless"
-    template = agent.resume_command if resume else agent.command
-    invocation = build_invocation(
-        agent, workdir, mode=mode, prompt=prompt, resume=resume, base_url=base_url, env=env,
-        binaries=find_binaries(template),
+    resolved = resolve_sources(sources, registry)
+    _check_paths(resolved)
+    return await _run_ask(
+        resolved, prompt, runtime=runtime, resume=resume, base_url=base_url, env=env,
+        timeout_s=timeout_s, on_event=on_event, config=config, store=store,
+        session_id=session_id, tracer_provider=tracer_provider,
     )  # fmt: skip
-    (workdir / PROMPT_FILE).write_text(prompt, encoding="utf-8")
-    write_runtime_config(agent, workdir, base_url, invocation.env)
-    emit: EventSink = on_event if on_event is not None else (lambda event: None)
-    parser: LineParser | None = None if agent.output == "auto" else make_parser(agent.output, sid)
-    calls: dict[str, ToolCall] = {}
-    stderr: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
-
-    def on_stdout(line: str, truncated: bool) -> None:
-        nonlocal parser
-        if parser is None:
-            if not line.strip():
-                return
-            parser = make_parser(detect_output(line), sid)
-        if truncated:
-            parser.bad_lines += 1
-            return
-        for event in parser.feed(line):
-            if isinstance(event, ToolCallStarted | ToolCallFinished):
-                calls[event.call.id] = event.call
-            emit(event)
-
-    def on_stderr(line: str, truncated: bool) -> None:
-        stderr.append(line)
-
-    def failure(message: str, code: int | None, partial: str = "") -> AskError:
-        return AskError(
-            agent.name, message, exit_code=code, stderr="\n".join(stderr), workdir=workdir,
-            partial_answer=partial,
-        )  # fmt: skip
-
-    started = time.monotonic()
-    try:
-        async with asyncio.timeout(limit):
-            code = await _process.run_lines(
-                invocation.argv, env=invocation.env, cwd=invocation.cwd,
-                on_stdout=on_stdout, on_stderr=on_stderr, stdin=invocation.stdin,
-            )  # fmt: skip
-    except TimeoutError:
-        raise failure(f"no answer within {limit:g} s; the agent was stopped", None) from None
-    except FileNotFoundError as exc:
-        raise failure(f"cannot start {invocation.argv[0]}: {exc.strerror}", 127) from exc
-    except PermissionError as exc:
-        raise failure(f"cannot start {invocation.argv[0]}: {exc.strerror}", 126) from exc
-    duration = time.monotonic() - started
-    final = parser if parser is not None else TextParser(sid)
-    try:
-        outcome = final.outcome(code, list(stderr))
-    except RuntimeFailure as exc:
-        raise failure(str(exc), code) from exc
-    if code != 0 or not outcome.success:
-        detail = outcome.error or f"the agent exited with code {code}"
-        raise failure(detail, code, outcome.output)
-    if final.bad_lines:
-        logger.warning("%s: %d unparseable output lines", agent.name, final.bad_lines)
-    return AskResult(
-        answer=outcome.output,
-        runtime=agent.name,
-        duration_s=duration,
-        workdir=workdir,
-        session_id=outcome.runtime_session_id or final.runtime_session_id,
-        tool_calls=tuple(calls.values()),
-        usage=outcome.usage,
-        cost_usd=outcome.cost_usd,
-        exit_code=code,
-        stderr_tail="\n".join(stderr),
-        sources=tuple(name for name, _ in linked_sources(workdir)),
-    )
 
 
 async def ask(
     sources: str | Iterable[str | Source],
     question: str,
     *,
-    runtime: str | None = None,
+    runtime: str | RuntimeConfig | None = None,
     base_url: str | None = None,
     env: Mapping[str, str] | None = None,
     timeout_s: float | None = None,
@@ -1108,29 +1019,31 @@ async def ask(
     registry: SourceRegistry | None = None,
     config: AskConfig | None = None,
     template_file: Path | None = None,
+    store: SessionStore | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> AskResult:
     """Answer ``question`` about ``sources`` with the agent ``runtime`` (default: configured).
 
-    Unknown sources, a bad template or config and a missing CLI are reported
-    before anything is created; then the working directory is prepared, the
-    agent runs headless (bounded by ``timeout_s``, default ``[ask] timeout_s``),
-    and the directory is removed whether it answered, failed (:class:`AskError`
-    with its stderr) or was cancelled. ``base_url`` points the built-in CLIs at
-    another model server (the replay server, a gateway); ``env`` adds variables
-    to the child's environment, such as an API key.
+    One question is one run of the :class:`~spawnkit.spawner.Spawner` (``kind="ask"``):
+    admission, a workspace with the sources linked in, no MCP server, the sandbox, one
+    session record naming the sources, spans, events and history rows. Unknown sources,
+    a bad template or config and a missing CLI are reported before anything is created;
+    the workspace is removed whether the agent answered, failed (:class:`AskError` with
+    its stderr) or was cancelled. ``runtime`` is a runtime's (or ``ask.toml`` agent's)
+    name or a :class:`~spawnkit.roster.RuntimeConfig` (``type = "command"`` for any
+    CLI). ``base_url`` points the CLI at another model server (the replay server, a
+    gateway); ``env`` gives the agent variables, such as an API key.
     """
     if not question.strip():
         raise ConfigError("the question is empty")
     resolved = resolve_sources(sources, registry)
-    cfg = config if config is not None else load_config()
-    agent = cfg.agent(runtime)
     prompt = render_prompt(load_template(template_file), question, resolved)
-    find_binaries(agent.command)  # a missing CLI fails here, before the directory exists
-    with ask_workdir(resolved) as workdir:
-        return await ask_turn(
-            workdir, prompt, runtime=agent.name, base_url=base_url, env=env,
-            timeout_s=timeout_s, on_event=on_event, config=cfg,
-        )  # fmt: skip
+    _check_paths(resolved)
+    return await _run_ask(
+        resolved, prompt, runtime=runtime, resume=None, base_url=base_url, env=env,
+        timeout_s=timeout_s, on_event=on_event, config=config, store=store,
+        tracer_provider=tracer_provider,
+    )  # fmt: skip
 
 
 def ask_sync(
@@ -1223,29 +1136,27 @@ __all__ = [
     "AskConfigError",
     "AskError",
     "AskResult",
-    "ClaudeStreamParser",
     "Invocation",
     "TemplateError",
-    "TextParser",
     "ask",
+    "ask_butler",
     "ask_sync",
     "ask_turn",
     "ask_workdir",
     "build_invocation",
     "chat",
     "config_path",
-    "detect_output",
     "ensure_template",
     "find_binaries",
     "linked_sources",
     "load_config",
     "load_template",
-    "make_parser",
     "prepare_workdir",
     "remove_workdir",
     "render_prompt",
     "resolve_sources",
     "run_interactive",
+    "runtime_config",
     "save_config",
     "sources_list",
     "template_path",

@@ -608,7 +608,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     result = asyncio.run(run())
     if args.json:
         print(json.dumps({"answer": result.answer, "runtime": result.runtime,
-                          "session_id": result.session_id, "sources": list(result.sources),
+                          "session_id": result.session_id, "record_id": result.record_id,
+                          "sources": list(result.sources),
                           "duration_s": round(result.duration_s, 3)}))  # fmt: skip
     else:
         print(result.answer)

@@ -59,6 +59,8 @@ def check_runtimes() -> list[RuntimeCheck]:
     """Each runtime's CLI: found where, at which version (each version check is bounded)."""
     checks = []
     for runtime in available_runtimes():
+        if get_adapter(runtime).needs_configuration:
+            continue  # no CLI of its own: each butler names one
         adapter = get_adapter(runtime)()
         try:
             path = adapter.find_binary()

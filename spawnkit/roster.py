@@ -19,10 +19,10 @@ import os
 import re
 import tomllib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args
 
 from .errors import ConfigError, RosterError
 from .runtimes import canonical_runtime
@@ -40,6 +40,74 @@ MAX_SKILL_ENTRIES = 10_000
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+CommandOutput = Literal[
+    "text", "json-lines", "auto", "claude-stream-json", "codex-json", "gemini-stream-json"
+]
+COMMAND_OUTPUTS: tuple[CommandOutput, ...] = get_args(CommandOutput)
+CommandStdin = Literal["none", "prompt"]
+# What a `command` runtime's argv may name; `{{` and `}}` are literal braces.
+COMMAND_PLACEHOLDERS = frozenset(
+    {
+        "prompt_file", "prompt", "system_prompt_file", "mcp_config", "workspace", "cwd",
+        "base_url", "model", "sources", "claude", "codex", "gemini",
+    }
+)  # fmt: skip
+ENV_PLACEHOLDERS = frozenset(
+    {"prompt_file", "system_prompt_file", "mcp_config", "workspace", "cwd", "base_url", "model"}
+)
+PLACEHOLDER_RE = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def placeholders(template: str) -> set[str]:
+    """The ``{name}`` placeholders in ``template`` (``{{`` and ``}}`` are not)."""
+    return {m.group(1) for m in PLACEHOLDER_RE.finditer(template) if m.group(1)}
+
+
+@dataclass(frozen=True)
+class EventMapping:
+    """``[butler.runtime.events]``: how a JSON-lines CLI's lines become spawnkit events.
+
+    A line is a JSON object whose ``type_key`` field names its kind; the other keys
+    name the kinds (their ``type`` values) and the fields that carry each value.
+    """
+
+    type_key: str = "type"
+    # Kinds of lines.
+    text: str = "text"  # assistant text: text_field
+    tool_call: str = "tool_call"  # a tool call starts: id_field, name_field, input_field
+    tool_result: str = "tool_result"  # it ends: id_field, output_field, is_error_field
+    result: str = "result"  # the final answer: answer_field, usage_field, is_error_field
+    error: str = "error"  # a failure: message_field
+    # Fields.
+    text_field: str = "text"
+    id_field: str = "id"
+    name_field: str = "name"
+    input_field: str = "input"
+    output_field: str = "output"
+    is_error_field: str = "is_error"
+    answer_field: str = "text"
+    usage_field: str = "usage"
+    message_field: str = "message"
+    session_field: str = "session_id"
+
+
+@dataclass(frozen=True)
+class CommandConfig:
+    """The ``command`` runtime: any agent CLI, from its command line and output format.
+
+    ``argv`` runs one headless turn; ``resume_argv`` continues session ``{resume}``
+    (empty: the CLI cannot resume). ``stdin = "prompt"`` pipes the prompt to it. ``env``
+    values may use the placeholders of :data:`ENV_PLACEHOLDERS`.
+    """
+
+    argv: tuple[str, ...]
+    resume_argv: tuple[str, ...] = ()
+    output: CommandOutput = "text"
+    stdin: CommandStdin = "none"
+    env: Mapping[str, str] = field(default_factory=dict)
+    events: EventMapping = field(default_factory=EventMapping)
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     """``[butler.runtime]``: which agent CLI runs the butler, and its limits."""
@@ -53,6 +121,8 @@ class RuntimeConfig:
     timeout_s: float = 900.0
     # Built-in tools of the CLI the agent may use besides the butler's MCP tools.
     tools: tuple[str, ...] = DEFAULT_TOOLS
+    # type = "command": the CLI's command line and output format.
+    command: CommandConfig | None = None
 
 
 SandboxMode = Literal["bwrap", "none"]
@@ -387,7 +457,7 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
     r.check_keys(
         {
             "type", "model", "base_url", "max_turns", "max_concurrent_sessions",
-            "max_queued_sessions", "timeout_s", "tools",
+            "max_queued_sessions", "timeout_s", "tools", *_COMMAND_KEYS,
         }
     )  # fmt: skip
     try:
@@ -403,6 +473,7 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
         max_queued_sessions=r.integer("max_queued_sessions", 100, minimum=0),
         timeout_s=r.number("timeout_s", 900.0),
         tools=r.names("tools", _TOOL_RE) if "tools" in r.data else DEFAULT_TOOLS,
+        command=_command(r, runtime_type),
     )
 
     sandbox = _sandbox(b.table("sandbox"))
@@ -474,6 +545,59 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
         schedules=tuple(schedules),
         agents=MappingProxyType(agents),
         sandbox=sandbox,
+    )
+
+
+_COMMAND_KEYS = ("command", "resume_command", "output", "stdin", "env", "events")
+
+
+def _command(r: _Reader, runtime_type: str) -> CommandConfig | None:
+    """``[butler.runtime]``'s keys of the ``command`` runtime (for it only, and required)."""
+    given = [key for key in _COMMAND_KEYS if key in r.data]
+    if runtime_type != "command":
+        if given:
+            raise r.error(given[0], 'only a runtime of type = "command" takes it')
+        return None
+    if "command" not in r.data:
+        raise r.error("command", 'type = "command" needs a command (an argv list)')
+
+    def argv(name: str, allowed: frozenset[str]) -> tuple[str, ...]:
+        value = r.data.get(name, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise r.error(name, "must be a list of strings")
+        for arg in value:
+            unknown = sorted(placeholders(arg) - allowed)
+            if unknown:
+                known = ", ".join("{" + p + "}" for p in sorted(allowed))
+                raise r.error(name, f"unknown placeholder {{{unknown[0]}}}; use {known}")
+        return tuple(value)
+
+    command = argv("command", COMMAND_PLACEHOLDERS)
+    if not command or not command[0]:
+        raise r.error("command", "must name a program")
+    output = r.string("output", "text")
+    if output not in COMMAND_OUTPUTS:
+        raise r.error("output", f"must be one of {', '.join(COMMAND_OUTPUTS)}, not {output!r}")
+    stdin = r.string("stdin", "none")
+    if stdin not in ("none", "prompt"):
+        raise r.error("stdin", f"must be 'none' or 'prompt', not {stdin!r}")
+    env = r.data.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise r.error("env", "must be a table of strings")
+    for value in env.values():
+        if bad := sorted(placeholders(value) - ENV_PLACEHOLDERS):
+            raise r.error("env", f"unknown placeholder {{{bad[0]}}}")
+    e = r.table("events")
+    known = {f.name for f in fields(EventMapping)}
+    e.check_keys(known)
+    events = EventMapping(**{name: e.string(name) for name in known if name in e.data})
+    return CommandConfig(
+        argv=command,
+        resume_argv=argv("resume_command", COMMAND_PLACEHOLDERS | {"resume"}),
+        output=output,
+        stdin=cast(CommandStdin, stdin),
+        env=MappingProxyType(dict(env)),
+        events=events,
     )
 
 

@@ -145,21 +145,35 @@ def check_available(butler: ButlerConfig) -> None:
         available_bwrap()
 
 
-def plan(butler: ButlerConfig, workspace: Path, cli_paths: Iterable[Path] = ()) -> SandboxPlan:
-    """The sandbox for one run of ``butler`` in ``workspace`` (HOME and working directory)."""
+def plan(
+    butler: ButlerConfig,
+    workspace: Path,
+    cli_paths: Iterable[Path] = (),
+    *,
+    read: Iterable[Path] = (),
+    cwd: Path | None = None,
+) -> SandboxPlan:
+    """The sandbox for one run of ``butler`` in ``workspace`` (HOME and working directory).
+
+    ``read`` adds paths the run sees read-only (the real paths of an ask's sources), bound
+    after the workspace so a source linked into it stays read-only; ``cwd`` is where the
+    CLI starts (default: the butler's workdir, else the workspace).
+    """
     why = _why_none(butler)
     if why is not None:
         logger.warning("butler %s runs without a sandbox (%s)", butler.name, why)
         return NO_SANDBOX
     bwrap = available_bwrap()
-    read = [*_existing(cli_paths), butler.directory, *butler.sandbox.read]
+    readable = [*_existing(cli_paths), butler.directory, *butler.sandbox.read]
     write = [workspace, *butler.sandbox.write]
     args = [str(bwrap), *_base_args(), *_system_view()]
-    for path in dict.fromkeys(read):
+    for path in dict.fromkeys(readable):
         args += ["--ro-bind", str(path), str(path)]
     for path in dict.fromkeys(write):
         args += ["--bind", str(path), str(path)]
-    args += ["--chdir", str(butler.workdir or workspace), "--"]
+    for path in dict.fromkeys(_existing(read)):
+        args += ["--ro-bind", str(path), str(path)]
+    args += ["--chdir", str(cwd or butler.workdir or workspace), "--"]
     return SandboxPlan("bwrap", tuple(args))
 
 

@@ -29,11 +29,11 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from opentelemetry.trace import TracerProvider
 
@@ -76,16 +76,19 @@ from .roster import ButlerConfig
 from .runlog import DEFAULT_CAP_BYTES, RunLog, check_session_id, session_log_dir
 from .runtimes import get_adapter
 from .runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
+from .sources import Source
 from .store import SessionStore
 from .sweep import reap, sweep
 from .system_prompt import append_memory, compose_system_prompt
 from .telemetry import RunSpan, run_span
-from .workspace import files_in, mcp_url, run_workspace
+from .workspace import files_in, link_sources, mcp_url, run_workspace, source_paths
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TRIGGER_SOURCES = ("tick", "external", "trigger", "route")
+# What a run is: a butler's trigger, or a question about sources (spawnkit.ask).
+RunKind = Literal["run", "ask"]
 _SCHEDULE_RE = re.compile(r"^schedule:[A-Za-z0-9_.-]+$")
 _ROLE_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 # How long a cancelled run may take to kill its CLI and record itself.
@@ -194,6 +197,8 @@ class _Run:
     worker: RuntimeAdapter
     runtime_session_id: str | None
     collector: _Collector
+    kind: RunKind = "run"
+    sources: tuple[Source, ...] = ()
     log: RunLog | None = None
     mcp_secret: str | None = None
 
@@ -340,6 +345,8 @@ class Spawner:
         resume: str | None = None,
         session_id: str | None = None,
         role: str | None = None,
+        kind: RunKind = "run",
+        sources: Sequence[Source] = (),
     ) -> SpawnerResult:
         """Run ``prompt`` on this butler's runtime and return its result.
 
@@ -350,6 +357,11 @@ class Spawner:
         runs the prompt as one of the butler's ``[butler.agents.<role>]`` (its
         prompt, tools and model), or, for a role the butler does not define,
         only labels the run (``SPAWNKIT_ROLE``).
+
+        ``kind="ask"`` makes the run a question about ``sources``: the agent works in
+        ``<workspace>/ask/`` with each source linked by its name, reaches no MCP server,
+        is told about the sources' real paths (``RunSpec.add_dirs``) and, in the sandbox,
+        sees them read-only and no other source. The record names them.
 
         Raises for triggers that are refused or wrong before they are accepted
         (bad arguments, closed spawner, full queue, missing CLI or variable);
@@ -371,6 +383,10 @@ class Spawner:
             raise InvalidArgument(f"invalid role name {role!r}")
         if session_id is not None:
             check_session_id(session_id)  # it names the run's log folder
+        if kind not in ("run", "ask"):
+            raise InvalidArgument(f"invalid run kind {kind!r}: use run or ask")
+        if sources and kind != "ask":
+            raise InvalidArgument("sources are given to ask runs only (kind='ask')")
         self.adapter.find_binary()
         sandbox.check_available(self.butler)
         check_required(self.butler, self.credentials)
@@ -399,6 +415,8 @@ class Spawner:
             collector=_Collector(
                 session_id, [*self._listeners, *([on_event] if on_event else [])], redactor
             ),
+            kind=kind,
+            sources=tuple(sources),
         )
         for key in {session_id, run.runtime_session_id, resume} - {None}:
             self._redactors[str(key)] = redactor
@@ -425,11 +443,13 @@ class Spawner:
         on_event: EventSink | None = None,
         max_turns: int | None = None,
         new_session_id: str | None = None,
+        sources: Sequence[Source] = (),
     ) -> SpawnerResult:
         """Continue a finished session on the runtime that ran it, as a new linked session.
 
         The new session's ``parent_session_id`` is ``session_id``; the runtime
-        picks up the conversation from its own transcript.
+        picks up the conversation from its own transcript. An ask goes on as an ask,
+        over ``sources`` (the caller's: they are looked up by their names again).
         """
         record = await asyncio.to_thread(self.store.get_session, session_id)
         if record is None:
@@ -453,6 +473,8 @@ class Spawner:
             parent_session_id=session_id,
             resume=record.runtime_session_id,
             session_id=new_session_id,
+            kind="ask" if record.kind == "ask" else "run",
+            sources=sources,
         )
 
     def _rejected_self_trigger(self) -> SpawnerResult:
@@ -491,6 +513,8 @@ class Spawner:
                     parent_session_id=run.parent_session_id,
                     log_dir=session_log_dir(run.session_id),
                     role=run.role,
+                    kind=run.kind,
+                    sources=[source.name for source in run.sources],
                 )
                 recorded = True
             run.log = RunLog.for_session(run.session_id, self.log_cap_bytes, run.redactor)
@@ -588,6 +612,7 @@ class Spawner:
                 trigger_source=run.trigger_source,
                 provider=self.tracer_provider,
                 redactor=run.redactor,
+                kind=run.kind,
             ) as span,
             run_workspace(butler, self.workspace_root) as workspace,
         ):
@@ -681,16 +706,19 @@ class Spawner:
                 logger.exception("memory: could not fetch context for %s; going on", run.session_id)
                 memory_context = None
             system_prompt = append_memory(system_prompt, memory_context)
-        session_key = run.runtime_session_id or run.resume or run.session_id
-        run.mcp_secret = await self.mcp_access.grant(
-            session_key, ttl_s=butler.runtime.timeout_s + CANCEL_GRACE_S
-        )
-        server = McpServerSpec(
-            name=butler.name,
-            transport=butler.mcp_transport,
-            url=mcp_url(butler, session_key, self.mcp_host, self.mcp_port),
-            secret=run.mcp_secret,
-        )
+        asking = run.kind == "ask"
+        server: McpServerSpec | None = None
+        if not asking:
+            session_key = run.runtime_session_id or run.resume or run.session_id
+            run.mcp_secret = await self.mcp_access.grant(
+                session_key, ttl_s=butler.runtime.timeout_s + CANCEL_GRACE_S
+            )
+            server = McpServerSpec(
+                name=butler.name,
+                transport=butler.mcp_transport,
+                url=mcp_url(butler, session_key, self.mcp_host, self.mcp_port),
+                secret=run.mcp_secret,
+            )
         identity = {
             "SPAWNKIT_SESSION_ID": run.session_id,
             "SPAWNKIT_BUTLER": butler.name,
@@ -708,7 +736,11 @@ class Spawner:
         # since the trigger was accepted).
         names = secret_names(butler, worker.passthrough_env, worker.other_vendor_keys)
         run.redactor.add({name: env[name] for name in names if name in env})
-        cwd = butler.workdir or workspace
+        linked = source_paths(run.sources)
+        if asking:
+            cwd = await asyncio.to_thread(link_sources, workspace, run.sources)
+        else:
+            cwd = butler.workdir or workspace
         tools = (
             agent.tools if agent is not None and agent.tools is not None else butler.runtime.tools
         )
@@ -717,7 +749,7 @@ class Spawner:
         ):
             logger.warning("no kept transcript of %s to resume; the CLI looks for it itself",
                            run.resume)  # fmt: skip
-        plan = sandbox.plan(butler, workspace, worker.install_paths())
+        plan = sandbox.plan(butler, workspace, worker.install_paths(), read=linked, cwd=cwd)
         config_file = worker.build_config_file(workspace, server)
         await asyncio.to_thread(
             self.store.record_setup,
@@ -725,9 +757,10 @@ class Spawner:
             sandbox=plan.kind,
             given={
                 "config_files": files_in(workspace),
-                "mcp_servers": [server.name],
+                "mcp_servers": [server.name] if server is not None else [],
                 "tools": list(tools),
                 "home": "the run's workspace",
+                **({"sources": [str(path) for path in linked]} if asking else {}),
             },
         )  # fmt: skip
         return RunSpec(
@@ -748,8 +781,9 @@ class Spawner:
             resume=run.resume,
             log=run.log,
             # A run acting as one of the roles does not delegate further.
-            agents={} if agent is not None else butler.agents,
+            agents={} if agent is not None or asking else butler.agents,
             sandbox=plan,
+            add_dirs=linked,
         )
 
     def _result(

@@ -27,7 +27,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,7 +43,7 @@ from .sweep import OpenRun, process_start, sweep
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 BUSY_TIMEOUT_MS = 15_000
 
 _SCHEMA = """
@@ -82,7 +82,9 @@ CREATE TABLE IF NOT EXISTS sessions (
     role TEXT,
     sandbox TEXT,
     given TEXT,
-    workspace TEXT
+    workspace TEXT,
+    kind TEXT NOT NULL DEFAULT 'run',
+    sources TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_at);
 CREATE INDEX IF NOT EXISTS sessions_by_butler ON sessions (butler, created_at);
@@ -181,6 +183,11 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("ALTER TABLE sessions ADD COLUMN sandbox TEXT", "ALTER TABLE sessions ADD COLUMN given TEXT"),
     _HISTORY_SCHEMA,
     ("ALTER TABLE sessions ADD COLUMN workspace TEXT",),
+    # What the run was (a butler's "run", or an "ask" about sources) and which sources.
+    (
+        "ALTER TABLE sessions ADD COLUMN kind TEXT NOT NULL DEFAULT 'run'",
+        "ALTER TABLE sessions ADD COLUMN sources TEXT",
+    ),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION - 1
 
@@ -297,6 +304,9 @@ class SessionRecord:
     given: dict[str, Any] | None = None
     # The run's workspace while it ran (removed when it ended, or by the sweep).
     workspace: Path | None = None
+    # "run" (a butler's trigger) or "ask" (a question about sources), and those sources.
+    kind: str = "run"
+    sources: tuple[str, ...] = ()
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> SessionRecord:
@@ -335,6 +345,8 @@ class SessionRecord:
             sandbox=row["sandbox"],
             given=json.loads(row["given"]) if row["given"] else None,
             workspace=Path(row["workspace"]) if row["workspace"] else None,
+            kind=row["kind"] or "run",
+            sources=tuple(json.loads(row["sources"])) if row["sources"] else (),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -370,6 +382,8 @@ class SessionRecord:
             "sandbox": self.sandbox,
             "given": self.given,
             "workspace": str(self.workspace) if self.workspace else None,
+            "kind": self.kind,
+            "sources": list(self.sources),
         }
 
 
@@ -579,18 +593,21 @@ class SessionStore:
         created_at: datetime | None = None,
         log_dir: Path | None = None,
         role: str | None = None,
+        kind: str = "run",
+        sources: Sequence[str] = (),
     ) -> None:
         with self._tx() as conn:
             conn.execute(
                 """INSERT INTO sessions (id, butler, runtime, model, prompt, context,
                        trigger_source, status, runtime_session_id, parent_session_id,
-                       created_at, owner_host, owner_pid, owner_start, log_dir, role)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)""",
+                       created_at, owner_host, owner_pid, owner_start, log_dir, role,
+                       kind, sources)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (
                     session_id, butler, runtime, model, prompt, context, trigger_source,
                     runtime_session_id, parent_session_id, _iso(created_at or utcnow()),
                     self._host, self._pid, self._pid_start, str(log_dir) if log_dir else None,
-                    role,
+                    role, kind, json.dumps(list(sources)) if sources else None,
                 ),
             )  # fmt: skip
 

@@ -129,6 +129,7 @@ def run_span(
     trigger_source: str,
     provider: TracerProvider | None = None,
     redactor: Redactor | None = None,
+    kind: str = "run",
 ) -> Iterator[RunSpan]:
     """Open the run's span and make it current for the block."""
     tracer = trace.get_tracer(TRACER_NAME, tracer_provider=provider)
@@ -140,6 +141,7 @@ def run_span(
         "spawnkit.session_id": session_id,
         "spawnkit.runtime": runtime,
         "spawnkit.trigger_source": trigger_source,
+        "spawnkit.kind": kind,
     }
     if model:
         attributes["gen_ai.request.model"] = model

@@ -13,12 +13,13 @@ offers assertions that raise ``AssertionError`` when they do not hold::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from .events import EventSink
 from .result import SpawnerResult
-from .spawner import validate_trigger_source
+from .sources import Source
+from .spawner import RunKind, validate_trigger_source
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class MockSpawner:
         resume: str | None = None,
         session_id: str | None = None,
         role: str | None = None,
+        kind: RunKind = "run",
+        sources: Sequence[Source] = (),
     ) -> SpawnerResult:
         validate_trigger_source(trigger_source)
         self.invocations.append(

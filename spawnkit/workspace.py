@@ -9,21 +9,28 @@ removed when the run ends, on success, failure, exception and cancellation alike
 Why not the system temp dir: Codex refuses to set up its helper binaries when its home lies
 under a temp dir (it then breaks on machines with bubblewrap), and a per-user 0700 folder
 keeps other local users out of every run's files.
+
+An ask (a question about sources) works in ``<workspace>/ask/``: each source linked by its
+name, and an empty MCP configuration for every CLI that reads one from its working
+directory (:func:`link_sources`), so the agent sees its sources and reaches no MCP server.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from .home import spawnkit_home
 from .roster import ButlerConfig
+from .sources import Source
 
 logger = logging.getLogger(__name__)
 
@@ -73,3 +80,37 @@ def mcp_url(
         f"http://{host}:{port or butler.port}{butler.mcp_path}"
         f"?session_id={quote(session_key, safe='')}"
     )
+
+
+# Where an ask's agent works, inside its run's workspace (which is the CLI's HOME).
+ASK_DIR = "ask"
+# "No MCP servers" for every CLI that reads a config from its working directory.
+EMPTY_MCP_CONFIGS: Mapping[str, Mapping[str, Any]] = {
+    ".mcp.json": {"mcpServers": {}},  # Claude Code (project scope)
+    ".gemini/settings.json": {"mcpServers": {}},  # Gemini CLI (workspace settings)
+    ".cursor/mcp.json": {"mcpServers": {}},  # Cursor
+    "opencode.json": {"mcp": {}},  # opencode
+}
+
+
+def link_sources(workspace: Path, sources: Iterable[Source]) -> Path:
+    """Create ``<workspace>/ask/`` with each source linked by its name; its path.
+
+    The links point at the sources' real paths (:func:`source_paths`), so a sandbox
+    that binds those paths read-only shows exactly these sources.
+    """
+    folder = workspace / ASK_DIR
+    folder.mkdir(mode=0o700)
+    for source in sources:
+        real = source.path.resolve()
+        (folder / source.name).symlink_to(real, target_is_directory=real.is_dir())
+    for relative, content in EMPTY_MCP_CONFIGS.items():
+        target = folder / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+    return folder
+
+
+def source_paths(sources: Iterable[Source]) -> tuple[Path, ...]:
+    """The real paths of ``sources``: what a CLI must be told about and a sandbox bind."""
+    return tuple(dict.fromkeys(source.path.resolve() for source in sources))

@@ -1,10 +1,11 @@
-"""Ask mode: templates, agent command templates, the working directory, and real runs.
+"""Ask mode: templates, agent command templates, and real runs through the Spawner.
 
-The end-to-end tests run the real Claude Code CLI (bundled in claude-agent-sdk), and Codex
-and Gemini when installed, against the replay server: the scripted model calls the CLI's
-own Read/Grep/Bash tools on the linked sources, and the answer must carry what the files
-say. Failing agents are small Python scripts configured as user command templates. The
-terminal chat is driven through a pseudo-terminal (pexpect).
+The end-to-end tests run the real Claude Code CLI (bundled in claude-agent-sdk), Codex and
+Gemini against the replay server: the scripted model calls the CLI's own Read/Grep/Glob/Bash
+tools on the linked sources, and the answer must carry what the files say. Each ask is a
+run of the spawner: its record (kind "ask", the sources), span and history row are checked.
+Failing agents are small Python scripts configured as ``ask.toml`` agents, which become
+``command`` runtimes. The terminal chat is driven through a pseudo-terminal (pexpect).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from typing import Any
 
 import claude_agent_sdk
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from spawnkit.ask import (
     BUILTIN_AGENTS,
@@ -34,15 +38,12 @@ from spawnkit.ask import (
     AskConfigError,
     AskError,
     AskResult,
-    ClaudeStreamParser,
     TemplateError,
-    TextParser,
     ask,
     ask_sync,
     ask_turn,
     ask_workdir,
     build_invocation,
-    detect_output,
     ensure_template,
     load_config,
     load_template,
@@ -54,9 +55,11 @@ from spawnkit.ask import (
     template_path,
 )
 from spawnkit.errors import RuntimeNotFoundError, UnknownRuntimeError
-from spawnkit.events import RunEvent, TextDelta, ToolCallFinished, ToolCallStarted
+from spawnkit.events import Finished, RunEvent, Started, TextDelta, ToolCallStarted
+from spawnkit.history import sessions as history_sessions
 from spawnkit.replay import ReplayServer, Scenario
 from spawnkit.sources import Source, SourcePathError, SourceRegistry, UnknownSourceError
+from spawnkit.store import SessionRecord, SessionStore
 
 REPO = Path(__file__).resolve().parent.parent
 CLAUDE = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
@@ -83,6 +86,45 @@ def tmp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def workdirs(root: Path) -> list[Path]:
     return sorted(root.glob("spawnkit-ask-*"))
+
+
+def workspaces(home: Path) -> list[Path]:
+    """The run workspaces left under ``$SPAWNKIT_HOME`` (an ask's is removed when it ends)."""
+    return sorted((home / "workspaces").glob("*"))
+
+
+def record_of(result: AskResult) -> SessionRecord:
+    assert result.record_id is not None
+    record = SessionStore().get_session(result.record_id)
+    assert record is not None
+    return record
+
+
+@pytest.fixture
+def spans() -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def check_recorded(
+    result: AskResult, sources: list[str], exporter: InMemorySpanExporter | None = None
+) -> None:
+    """One record of kind "ask" naming the sources, its span, its history row."""
+    record = record_of(result)
+    assert (record.kind, record.sources, record.butler) == ("ask", tuple(sources), "ask")
+    assert record.status == "success" and record.output == result.answer
+    assert record.given is not None and record.given["mcp_servers"] == []
+    assert len(record.given["sources"]) == len(sources)
+    assert record.sandbox == "bwrap"
+    frame = history_sessions(SessionStore())
+    assert result.record_id in set(frame["session_id"])
+    if exporter is not None:
+        (span,) = [s for s in exporter.get_finished_spans() if s.name == "invoke_agent ask"]
+        assert span.attributes is not None
+        assert span.attributes["spawnkit.kind"] == "ask"
+        assert span.attributes["spawnkit.session_id"] == result.record_id
 
 
 @pytest.fixture
@@ -470,77 +512,15 @@ def test_prepare_workdir_refuses_unknown_and_vanished_sources(
         remove_workdir(library)
 
 
-# -- reading output ---------------------------------------------------------------------
-
-CLAUDE_LINES = [
-    '{"type":"system","subtype":"init","session_id":"s-1","model":"claude-x","tools":["Read"]}',
-    '{"type":"stream_event","event":{"type":"content_block_delta","index":0,'
-    '"delta":{"type":"text_delta","text":"Look"}},"parent_tool_use_id":null}',
-    '{"type":"assistant","message":{"content":[{"type":"tool_use","id":"t1","name":"Read",'
-    '"input":{"file_path":"notes/todo.txt"}}]},"parent_tool_use_id":null}',
-    '{"type":"user","message":{"content":[{"tool_use_id":"t1","type":"tool_result",'
-    '"content":"1\\tbuy milk"}]}}',
-    '{"type":"assistant","message":{"content":[{"type":"text","text":"Buy milk."}]},'
-    '"parent_tool_use_id":null}',
-    '{"type":"result","subtype":"success","is_error":false,"result":"Buy milk.",'
-    '"session_id":"s-1","num_turns":2,"total_cost_usd":0.01,'
-    '"usage":{"input_tokens":10,"output_tokens":3}}',
-]
-
-
-def test_claude_stream_parser_on_recorded_lines() -> None:
-    parser = ClaudeStreamParser("ask-1")
-    events = [event for line in CLAUDE_LINES for event in parser.feed(line)]
-
-    kinds = [type(event).__name__ for event in events]
-    assert kinds == [
-        "TextDelta", "ToolCallStarted", "ToolCallFinished", "AssistantText", "UsageUpdate",
-    ]  # fmt: skip
-    finished = events[2]
-    assert isinstance(finished, ToolCallFinished)
-    assert (finished.call.name, finished.call.output, finished.call.status) == (
-        "Read", "1\tbuy milk", "ok",
-    )  # fmt: skip
-    outcome = parser.outcome(0, [])
-    assert (outcome.success, outcome.output, outcome.runtime_session_id) == (
-        True, "Buy milk.", "s-1",
-    )  # fmt: skip
-    assert outcome.usage.input_tokens == 10
-
-
-def test_claude_stream_parser_failures() -> None:
-    parser = ClaudeStreamParser("ask-1")
-    parser.feed(
-        '{"type":"result","subtype":"success","is_error":true,"result":"API Error: 400 nope"}'
-    )
-    assert parser.outcome(1, []).error == "API Error: 400 nope"
-    empty = ClaudeStreamParser("ask-2").outcome(1, ["", "Error: something broke", ""])
-    assert (empty.success, empty.error) == (
-        False, "Claude Code ended without a result: Error: something broke",
-    )  # fmt: skip
-
-
-def test_text_parser_and_output_detection() -> None:
-    parser = TextParser("ask-1")
-    for line in ["", "The answer", "is 42.", ""]:
-        parser.feed(line)
-    assert parser.outcome(0, []).output == "The answer\nis 42."
-    assert parser.outcome(2, ["bad", ""]).error == "bad"
-    assert parser.outcome(2, []).error == "exited with code 2"
-    assert detect_output(CLAUDE_LINES[0]) == "claude-stream-json"
-    assert detect_output('{"type":"thread.started","thread_id":"t"}') == "codex-json"
-    assert detect_output('{"type":"init","session_id":"s","model":"m"}') == "gemini-stream-json"
-    assert detect_output('{"answer": 42}') == "text"
-    assert detect_output("# Plain markdown") == "text"
-    assert detect_output("[1, 2]") == "text"
-
-
 # -- end to end: the real Claude Code CLI against the replay server ----------------------
 
 DIRECTORY_SCENARIO = """
 [[turn]]
 tool = "Grep"
 input = { pattern = "milk", path = "notes", output_mode = "content" }
+[[turn]]
+tool = "Glob"
+input = { pattern = "**/*.md", path = "notes" }
 [[turn]]
 tool = "Read"
 input = { file_path = "notes/todo.txt" }
@@ -569,7 +549,12 @@ text = "The repository says: {{ last_tool_result }}"
 @pytest.mark.parametrize(
     ("source", "script", "expected_tools", "expected"),
     [
-        ("notes", DIRECTORY_SCENARIO, ["Grep", "Read"], ["From your notes:", "buy oat milk"]),
+        (
+            "notes",
+            DIRECTORY_SCENARIO,
+            ["Grep", "Glob", "Read"],
+            ["From your notes:", "buy oat milk"],
+        ),
         ("single", FILE_SCENARIO, ["Bash"], ["Thursday 14:00", '"mcpServers": {}', '"mcp": {}']),
         ("repo", GIT_SCENARIO, ["Read"], ["The repository says:", "BLUE HERON"]),
     ],
@@ -577,7 +562,8 @@ text = "The repository says: {{ last_tool_result }}"
 )
 async def test_ask_reads_each_kind_of_source(
     registry: SourceRegistry,
-    tmp_root: Path,
+    isolated_home: Path,
+    spans: tuple[TracerProvider, InMemorySpanExporter],
     source: str,
     script: str,
     expected_tools: list[str],
@@ -585,10 +571,12 @@ async def test_ask_reads_each_kind_of_source(
 ) -> None:
     server = scenario(script)
     events: list[RunEvent] = []
+    provider, exporter = spans
     async with server.serve() as url:
         result = await ask(
             [source], "What do my sources say?", base_url=url, env=KEYS,
             registry=registry, timeout_s=RUN_TIMEOUT_S, on_event=events.append,
+            tracer_provider=provider,
         )  # fmt: skip
 
     assert isinstance(result, AskResult)
@@ -597,12 +585,16 @@ async def test_ask_reads_each_kind_of_source(
     assert result.runtime == "claude-code"
     assert [call.name for call in result.tool_calls] == expected_tools
     assert all(call.status == "ok" for call in result.tool_calls)
+    if source == "notes":  # Glob followed the link: the recipe deep inside was found
+        assert "recipe.md" in result.tool_calls[1].output
     assert result.session_id and result.exit_code == 0 and result.sources == (source,)
     assert result.duration_s < RUN_TIMEOUT_S
     assert not result.workdir.exists()
-    assert workdirs(tmp_root) == []
+    assert workspaces(isolated_home) == []
     assert any(isinstance(e, ToolCallStarted) for e in events)
     assert any(isinstance(e, TextDelta) for e in events)
+    assert isinstance(events[0], Started) and isinstance(events[-1], Finished)
+    check_recorded(result, [source], exporter)
     # The model saw the rendered template: the question and the source list.
     first = json.dumps(server.requests[-1].body["messages"][0])
     assert "What do my sources say?" in first
@@ -612,7 +604,7 @@ async def test_ask_reads_each_kind_of_source(
 @pytest.mark.e2e
 @needs_claude
 async def test_ask_over_several_sources_in_one_run(
-    registry: SourceRegistry, tmp_root: Path
+    registry: SourceRegistry, isolated_home: Path
 ) -> None:
     server = scenario(
         """
@@ -629,17 +621,18 @@ async def test_ask_over_several_sources_in_one_run(
         )  # fmt: skip
 
     cwd, *rest = result.answer.splitlines()
-    assert Path(cwd) == result.workdir and cwd.startswith(str(tmp_root))
-    assert rest[:5] == ["notes", "opencode.json", "prompt.md", "repo", "single"]
+    assert Path(cwd) == result.workdir and cwd.startswith(str(isolated_home / "workspaces"))
+    assert rest[:4] == ["notes", "opencode.json", "repo", "single"]
     for fragment in ("flour, eggs, milk", "Thursday 14:00", "BLUE HERON"):
         assert fragment in result.answer
-    assert workdirs(tmp_root) == []
+    assert workspaces(isolated_home) == []
+    check_recorded(result, ["notes", "single", "repo"])
 
 
 @pytest.mark.e2e
 @needs_claude
 async def test_a_failing_model_raises_and_removes_the_workdir(
-    registry: SourceRegistry, tmp_root: Path
+    registry: SourceRegistry, isolated_home: Path
 ) -> None:
     server = scenario(
         '[[turn]]\nerror = { status = 400, type = "invalid_request_error", '
@@ -654,15 +647,17 @@ async def test_a_failing_model_raises_and_removes_the_workdir(
 
     error = info.value
     assert error.runtime == "claude-code"
-    assert error.exit_code not in (0, None)
     assert "Replayed refusal" in str(error)
     assert error.workdir is not None and not error.workdir.exists()
-    assert workdirs(tmp_root) == []
+    assert workspaces(isolated_home) == []
+    record = SessionStore().get_session(error.record_id or "")
+    assert record is not None and (record.kind, record.status) == ("ask", "failed")
+    assert record.error is not None and "Replayed refusal" in record.error
 
 
 @pytest.mark.e2e
 @needs_claude
-async def test_ask_turn_resumes_the_session(registry: SourceRegistry, tmp_root: Path) -> None:
+async def test_ask_turn_resumes_the_session(registry: SourceRegistry, isolated_home: Path) -> None:
     server = scenario(
         """
         [[turn]]
@@ -674,12 +669,13 @@ async def test_ask_turn_resumes_the_session(registry: SourceRegistry, tmp_root: 
         """.replace("\n        ", "\n")
     )
     async with server.serve() as url:
-        with ask_workdir(["single"], registry=registry) as workdir:
-            first = await ask_turn(workdir, "When is the meeting?", base_url=url, env=KEYS)
-            second = await ask_turn(
-                workdir, "And who comes?", resume=first.session_id, base_url=url, env=KEYS
-            )
-            assert (workdir / "prompt.md").read_text() == "And who comes?"
+        first = await ask_turn(
+            ["single"], "When is the meeting?", base_url=url, env=KEYS, registry=registry
+        )
+        second = await ask_turn(
+            ["single"], "And who comes?", resume=first.record_id, base_url=url, env=KEYS,
+            registry=registry,
+        )  # fmt: skip
 
     assert first.answer == "First: The meeting moved to Thursday 14:00."
     # The third scripted turn played: the model got the first two turns back as history.
@@ -687,14 +683,16 @@ async def test_ask_turn_resumes_the_session(registry: SourceRegistry, tmp_root: 
     last = json.dumps(server.requests[-1].body["messages"])
     assert "And who comes?" in last and "First: The meeting moved" in last
     assert second.session_id == first.session_id
-    assert workdirs(tmp_root) == []
+    assert record_of(second).parent_session_id == first.record_id
+    assert record_of(second).kind == "ask" and record_of(second).sources == ("single",)
+    assert workspaces(isolated_home) == []
 
 
 # -- end to end: user command templates -------------------------------------------------
 
 
 def test_a_plain_text_agent_answers_on_stdout(
-    isolated_home: Path, registry: SourceRegistry, tmp_path: Path, tmp_root: Path
+    isolated_home: Path, registry: SourceRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     agent = write_script(
         tmp_path / "plain_agent.py",
@@ -715,20 +713,28 @@ def test_a_plain_text_agent_answers_on_stdout(
         default="plain",
     )
 
-    result = ask_sync(["notes"], "What is on my list?", registry=registry, env={"X_KEY": "1"})
+    monkeypatch.setenv("HOST_SECRET", "not for agents")
+    with pytest.warns(FutureWarning, match="ask.toml is deprecated"):
+        result = ask_sync(["notes"], "What is on my list?", registry=registry, env={"X_KEY": "1"})
 
     lines = result.answer.splitlines()
     assert lines[:2] == ["You asked: What is on my list?", "Todo says: buy oat milk"]
-    # Nothing of the host leaks: exactly these variables reach the agent.
-    expected = sorted(["PATH", "HOME", "ENABLE_TOOL_SEARCH", "NO_COLOR", "X_KEY"])
+    # Nothing of the host leaks: exactly these variables reach the agent (PWD: bubblewrap
+    # sets it where it starts the agent).
+    expected = sorted(
+        ["PATH", "PWD", "HOME", "TMPDIR", "NO_COLOR", "X_KEY", "SPAWNKIT_SESSION_ID",
+         "SPAWNKIT_BUTLER", "SPAWNKIT_ROLE", "SPAWNKIT_WORKSPACE"]
+    )  # fmt: skip
     assert lines[2] == f"Environment: {expected}"
     assert result.runtime == "plain"
     assert result.tool_calls == ()
-    assert workdirs(tmp_root) == []
+    assert workspaces(isolated_home) == []
+    record = record_of(result)
+    assert (record.kind, record.runtime, record.sources) == ("ask", "command", ("notes",))
 
 
 def test_a_failing_agent_raises_with_its_stderr_and_exit_code(
-    isolated_home: Path, registry: SourceRegistry, tmp_path: Path, tmp_root: Path
+    isolated_home: Path, registry: SourceRegistry, tmp_path: Path
 ) -> None:
     agent = write_script(
         tmp_path / "failing_agent.py",
@@ -752,19 +758,18 @@ def test_a_failing_agent_raises_with_its_stderr_and_exit_code(
     assert error.partial_answer == "partial thoughts"
     assert error.workdir is not None and str(error.workdir) in error.stderr
     assert not error.workdir.exists()
-    assert workdirs(tmp_root) == []
+    assert workspaces(isolated_home) == []
 
 
 async def test_a_hanging_agent_is_stopped_at_the_timeout(
-    isolated_home: Path, registry: SourceRegistry, tmp_path: Path, tmp_root: Path
+    isolated_home: Path, registry: SourceRegistry, tmp_path: Path
 ) -> None:
-    pidfile = tmp_path / "agent.pid"
+    token = f"spawnkit-hanging-{os.getpid()}-{time.monotonic_ns()}"
     agent = write_script(
         tmp_path / "hanging_agent.py",
         f"""
         import os, subprocess, sys, time
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-        open({str(pidfile)!r}, "w").write(f"{{os.getpid()}} {{child.pid}}")
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "{token}"])
         print("thinking...", file=sys.stderr, flush=True)
         time.sleep(60)
         """,
@@ -778,9 +783,22 @@ async def test_a_hanging_agent_is_stopped_at_the_timeout(
     assert time.monotonic() - started < 10
     assert info.value.exit_code is None
     assert "thinking..." in info.value.stderr
-    for pid in map(int, pidfile.read_text().split()):
-        assert not _alive(pid), f"process {pid} survived the timeout"
-    assert workdirs(tmp_root) == []
+    # The sandbox's processes have pids of their own: look for the agent's by what they run.
+    survivors = [pid for pid in _with_token(token) if _alive(pid)]
+    assert survivors == [], f"processes {survivors} survived the timeout"
+    assert workspaces(isolated_home) == []
+    record = SessionStore().get_session(info.value.record_id or "")
+    assert record is not None and record.error_kind == "timeout"
+
+
+def _with_token(token: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if token.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+    return found
 
 
 def _alive(pid: int) -> bool:
@@ -792,25 +810,31 @@ def _alive(pid: int) -> bool:
 
 
 async def test_cancelling_ask_removes_the_workdir(
-    isolated_home: Path, registry: SourceRegistry, tmp_path: Path, tmp_root: Path
+    isolated_home: Path, registry: SourceRegistry, tmp_path: Path
 ) -> None:
     agent = write_script(tmp_path / "sleepy.py", "import time\ntime.sleep(60)\n")
     user_agents(isolated_home, {"slow": {"command": [sys.executable, str(agent)]}}, default="slow")
+    events: list[RunEvent] = []
 
-    task = asyncio.create_task(ask(["notes"], "q", registry=registry, timeout_s=30))
+    task = asyncio.create_task(
+        ask(["notes"], "q", registry=registry, timeout_s=30, on_event=events.append)
+    )
     for _ in range(100):
-        if workdirs(tmp_root):
+        if workspaces(isolated_home):
             break
         await asyncio.sleep(0.05)
-    assert len(workdirs(tmp_root)) == 1
+    assert len(workspaces(isolated_home)) == 1
+    await asyncio.sleep(0.3)  # the agent is running
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, timeout=10)
-    assert workdirs(tmp_root) == []
+    assert workspaces(isolated_home) == []
+    record = SessionStore().get_session(events[0].session_id)
+    assert record is not None and (record.kind, record.status) == ("ask", "cancelled")
 
 
 async def test_an_unknown_source_fails_before_anything_is_spawned(
-    registry: SourceRegistry, tmp_root: Path
+    registry: SourceRegistry, isolated_home: Path
 ) -> None:
     server = scenario('[[turn]]\ntext = "should never be asked"\n')
     async with server.serve() as url:
@@ -822,7 +846,7 @@ async def test_an_unknown_source_fails_before_anything_is_spawned(
     assert info.value.names == ("nope", "also-nope")
     assert "'nope', 'also-nope'" in str(info.value)
     assert server.requests == []
-    assert workdirs(tmp_root) == []
+    assert workspaces(isolated_home) == []
 
 
 def test_ask_sync_refuses_a_running_loop(registry: SourceRegistry) -> None:
@@ -857,20 +881,25 @@ text = "Found: {{ last_tool_result }}"
     ],
 )
 async def test_ask_with_codex_and_gemini(
-    registry: SourceRegistry, tmp_root: Path, runtime: str
+    registry: SourceRegistry,
+    isolated_home: Path,
+    spans: tuple[TracerProvider, InMemorySpanExporter],
+    runtime: str,
 ) -> None:
     server = scenario(SHELL_SCENARIO)
+    provider, exporter = spans
     async with server.serve() as url:
         result = await ask(
             ["notes", "single", "repo"], "What is there?", runtime=runtime, base_url=url,
-            env=KEYS, registry=registry, timeout_s=RUN_TIMEOUT_S,
+            env=KEYS, registry=registry, timeout_s=RUN_TIMEOUT_S, tracer_provider=provider,
         )  # fmt: skip
 
     for fragment in ("Found:", "buy oat milk", "Thursday 14:00", "BLUE HERON"):
         assert fragment in result.answer
     assert len(result.tool_calls) == 1 and result.tool_calls[0].status == "ok"
     assert result.session_id
-    assert workdirs(tmp_root) == []
+    assert workspaces(isolated_home) == []
+    check_recorded(result, ["notes", "single", "repo"], exporter)
     paths = {request.path for request in server.requests}
     assert any(("responses" if runtime == "codex" else "v1beta") in path for path in paths)
 

@@ -316,6 +316,10 @@ def test_ask_through_the_cli(tmp_path: Path) -> None:
         assert (result["answer"], result["runtime"], result["sources"]) == (
             "todo: buy milk", runtime, ["notes"],
         )  # fmt: skip
+        # The question is a recorded run: `spawnkit sessions` lists it as an ask.
+        listed = json.loads(spawnkit("sessions", "--json").stdout)
+        mine = [s for s in listed if s["id"] == result["record_id"]]
+        assert mine and (mine[0]["kind"], mine[0]["sources"]) == ("ask", ["notes"])
     assert_one_line_error(
         spawnkit("ask", "--sources", "notes,nope", "--replay", str(scenario), "q"), "unknown source"
     )

@@ -199,7 +199,12 @@ def test_ask_and_chat_in_a_kernel(tmp_path: Path) -> None:
             "second = await conversation.send('anything else?')\n"
             "print(second.answer.startswith('Nothing else'),\n"
             "      second.session_id == first.session_id)",
-            "workdir = conversation.workdir\nconversation.close()\nprint(workdir.exists())",
+            "conversation.close()\n"
+            "from spawnkit.store import SessionStore\n"
+            "records = [SessionStore().get_session(t.record_id) for t in conversation.turns]\n"
+            "print(first.workdir.exists(), second.workdir.exists(), conversation.closed,\n"
+            "      [(r.kind, r.sources) for r in records],\n"
+            "      records[1].parent_session_id == records[0].id)",
             "%%ask --sources nonexistent\nhello",
         ],
         cwd=tmp_path,
@@ -211,6 +216,8 @@ def test_ask_and_chat_in_a_kernel(tmp_path: Path) -> None:
     assert WIDGET in widget[-1].data
     assert text_of(first).strip() == "Your todo: buy milk"
     assert text_of(second).strip() == "True True", "the second turn resumed the first"
-    assert text_of(closed).strip() == "False"
+    assert text_of(closed).strip() == (
+        "False False True [('ask', ('notes',)), ('ask', ('notes',))] True"
+    ), "each turn a recorded ask, the second resuming the first; nothing left behind"
     # IPython shows a magic's UsageError as one line on stderr (the cell still fails).
     assert text_of(unknown).startswith("UsageError: unknown source 'nonexistent'")

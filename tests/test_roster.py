@@ -255,7 +255,8 @@ def test_get_adapter_unknown_lists_registered_types() -> None:
         spawnkit.get_adapter("nope")
     assert isinstance(info.value, UnknownRuntimeError)
     assert str(info.value) == (
-        "unknown runtime 'nope'; available runtimes: claude-code (or claude), codex, gemini"
+        "unknown runtime 'nope'; available runtimes: claude-code (or claude), codex, command, "
+        "gemini"
     )
 
 
@@ -321,8 +322,9 @@ def test_unknown_key_in_runtime(tmp_path: Path) -> None:
         tmp_path, MINIMAL.format(name="health", port=8201) + "[butler.runtime]\nmax_turn = 3\n"
     )
     assert message == (
-        f"{path}: [butler.runtime.max_turn]: unknown key (allowed: base_url, "
-        "max_concurrent_sessions, max_queued_sessions, max_turns, model, timeout_s, tools, type)"
+        f"{path}: [butler.runtime.max_turn]: unknown key (allowed: base_url, command, env, "
+        "events, max_concurrent_sessions, max_queued_sessions, max_turns, model, output, "
+        "resume_command, stdin, timeout_s, tools, type)"
     )
 
 
@@ -346,7 +348,7 @@ def test_unknown_runtime_type_is_refused_at_load(tmp_path: Path) -> None:
     )
     assert message == (
         f"{path}: [butler.runtime.type]: unknown runtime 'aider'; "
-        "available runtimes: claude-code (or claude), codex, gemini"
+        "available runtimes: claude-code (or claude), codex, command, gemini"
     )
 
 

@@ -26,7 +26,8 @@ def test_the_alias_table_maps_to_registered_runtimes() -> None:
         assert get_adapter(alias) is get_adapter(target)
     for name in available_runtimes():
         assert canonical_runtime(name) == name
-    with pytest.raises(UnknownRuntimeError, match=r"claude-code \(or claude\), codex, gemini"):
+    known = r"claude-code \(or claude\), codex, command, gemini"
+    with pytest.raises(UnknownRuntimeError, match=known):
         canonical_runtime("claude_code")
 
 

@@ -169,6 +169,8 @@ def test_lifecycle_round_trips_every_column(store: SessionStore, tmp_path: Path)
         "sandbox": "bwrap",
         "given": {"mcp_servers": ["health"]},
         "workspace": str(workspace),
+        "kind": "run",
+        "sources": [],
     }
     assert record.tool_calls == tool_calls(), "tool calls round-trip with their datetimes"
     assert record.tool_calls[0].started_at.tzinfo is not None
@@ -522,7 +524,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         old = store.get_session("old")
         create(store, "new", log_dir=tmp_path / "logs", role="researcher")
         new = store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(6,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(7,)]
     assert old is not None and old.log_dir is None and old.status == "queued"
     assert new is not None and new.log_dir == tmp_path / "logs" and new.role == "researcher"
 
@@ -540,7 +542,31 @@ def test_a_version_2_file_is_migrated(tmp_path: Path) -> None:
         assert store.get_session("old").role is None  # type: ignore[union-attr]
 
 
+def _as_schema_6(db: Path) -> None:
+    execute(db, "ALTER TABLE sessions DROP COLUMN kind")
+    execute(db, "ALTER TABLE sessions DROP COLUMN sources")
+    execute(db, "PRAGMA user_version = 6")
+
+
+def test_a_version_6_file_is_migrated(tmp_path: Path) -> None:
+    db = tmp_path / "sessions.db"
+    with SessionStore(db) as store:
+        create(store, "old")
+    _as_schema_6(db)
+    with SessionStore(db) as store:
+        store.create_session(
+            "asked", butler="ask", runtime="codex", model=None, prompt="q", context=None,
+            trigger_source="external", kind="ask", sources=["notes", "repo"],
+        )  # fmt: skip
+        old, asked = store.get_session("old"), store.get_session("asked")
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(7,)]
+    assert old is not None and (old.kind, old.sources) == ("run", ())
+    assert asked is not None and (asked.kind, asked.sources) == ("ask", ("notes", "repo"))
+    assert asked.to_dict()["sources"] == ["notes", "repo"]
+
+
 def _as_schema_5(db: Path) -> None:
+    _as_schema_6(db)
     execute(db, "ALTER TABLE sessions DROP COLUMN workspace")
     execute(db, "PRAGMA user_version = 5")
 

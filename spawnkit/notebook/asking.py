@@ -1,10 +1,11 @@
 """Ask mode in notebooks: ``%%ask`` (one question) and the chat widget (a conversation).
 
-Both run the agent through :mod:`spawnkit.ask` on spawnkit's background loop,
-with the same live view as ``%%spawn``. The chat widget prepares one working
-directory for the whole conversation and continues it turn by turn (the
-runtime's resume); the directory is removed when the widget is closed or the
-kernel exits.
+Both run the agent through :mod:`spawnkit.ask` on spawnkit's background loop, as
+runs of the spawner (``kind="ask"``) shown in the same live view as ``%%spawn``: the
+view gets the run's own events, from ``Started`` to ``Finished``. The chat widget
+continues its conversation turn by turn (:meth:`Spawner.resume`, each turn a session
+of its own linked to the one before); its replay server, if any, stops when the widget
+is closed or the kernel exits.
 """
 
 from __future__ import annotations
@@ -18,21 +19,9 @@ from pathlib import Path
 
 import ipywidgets as w
 
-from ..ask import (
-    AskError,
-    AskResult,
-    ask,
-    ask_turn,
-    load_template,
-    prepare_workdir,
-    remove_workdir,
-    render_prompt,
-    resolve_sources,
-)
+from ..ask import AskError, AskResult, ask, ask_turn, load_template, render_prompt, resolve_sources
 from ..credentials import CredentialStore
-from ..events import Finished, Started
 from ..replay import ReplayServer, Scenario
-from ..result import SpawnerResult
 from ..service import REPLAY_API_KEY, REPLAY_KEYS
 from ..sources import Source
 from ..store import SessionStore
@@ -62,26 +51,6 @@ async def model_endpoint(replay: str | Path | None) -> AsyncIterator[str | None]
         yield url
 
 
-def _finish(view: RunView | None, result: AskResult | None, error: AskError | None) -> None:
-    """Close a view: ask runs have no spawner to send the final event."""
-    if view is None:
-        return
-    sid = view.state.status.session_id or "ask"
-    if result is not None:
-        final = SpawnerResult(
-            output=result.answer, tool_calls=list(result.tool_calls), usage=result.usage,
-            cost_usd=result.cost_usd, runtime=result.runtime, session_id=result.session_id,
-        )  # fmt: skip
-    else:
-        final = SpawnerResult(
-            success=False,
-            status="failed",
-            error=str(error),
-            runtime=error.runtime if error else None,
-        )
-    view.handle(Finished(sid, final))
-
-
 def ask_cell(
     question: str,
     sources: str | Iterable[str | Source],
@@ -94,21 +63,13 @@ def ask_cell(
     resolve_sources(sources)  # an unknown name fails now, before anything runs
     hub = hub or default_hub()
     view = RunView(schedule=hub.schedule) if in_kernel() else None
-    if view is not None:
-        view.handle(Started("ask", "ask", runtime or "ask", None, None))
 
     async def run() -> AskResult:
         async with model_endpoint(replay) as url:
-            try:
-                result = await ask(
-                    sources, question, runtime=runtime, base_url=url,
-                    env=agent_env(replay is not None), on_event=view,
-                )  # fmt: skip
-            except AskError as exc:
-                _finish(view, None, exc)
-                raise
-            _finish(view, result, None)
-            return result
+            return await ask(
+                sources, question, runtime=runtime, base_url=url,
+                env=agent_env(replay is not None), on_event=view, store=hub.store,
+            )  # fmt: skip
 
     if view is not None:
         from IPython.display import display
@@ -132,7 +93,7 @@ class ChatWidget(w.VBox):  # type: ignore[misc]
         self.runtime = runtime
         self.replay = replay
         self.hub = hub or default_hub()
-        self.workdir: Path | None = prepare_workdir(self.sources)
+        self.closed = False
         self.turns: list[AskResult] = []
         self._stack = AsyncExitStack()
         self._url: str | None = None
@@ -148,7 +109,7 @@ class ChatWidget(w.VBox):  # type: ignore[misc]
     def send(self, text: str) -> Job[AskResult] | None:
         """Send one message; returns the running turn (awaitable with ``await job``)."""
         text = text.strip()
-        if not text or self.workdir is None:
+        if not text or self.closed:
             return None
         self.entry.value = ""
         self.button.disabled = True
@@ -162,25 +123,22 @@ class ChatWidget(w.VBox):  # type: ignore[misc]
         )
         first = not self.turns
         prompt = render_prompt(load_template(), text, self.sources) if first else text
-        resume = None if first else self.turns[-1].session_id
+        resume = None if first else self.turns[-1].record_id
 
         async def turn() -> AskResult:
             if self._url is None and self.replay is not None:
                 self._url = await self._stack.enter_async_context(model_endpoint(self.replay))
-            view.handle(Started("chat", "chat", self.runtime or "ask", None, resume))
-            assert self.workdir is not None
             try:
                 result = await ask_turn(
-                    self.workdir, prompt, runtime=self.runtime, resume=resume,
+                    self.sources, prompt, runtime=self.runtime, resume=resume,
                     base_url=self._url, env=agent_env(self.replay is not None), on_event=view,
+                    store=self.hub.store,
                 )  # fmt: skip
             except AskError as exc:
-                _finish(view, None, exc)
                 answer.value = f'<span style="color:#c62828">{html.escape(str(exc))}</span>'
                 raise
             finally:
                 self.button.disabled = False
-            _finish(view, result, None)
             self.turns.append(result)
             answer.value = f'<div style="white-space:pre-wrap">{html.escape(result.answer)}</div>'
             return result
@@ -188,11 +146,9 @@ class ChatWidget(w.VBox):  # type: ignore[misc]
         return self.hub.loop.submit(turn())
 
     def close(self) -> None:
-        """End the conversation: stop its replay server, remove its working directory."""
+        """End the conversation: stop its replay server; no later message is sent."""
         atexit.unregister(self.close)
-        if self.workdir is not None:
-            remove_workdir(self.workdir)
-            self.workdir = None
+        self.closed = True
         with contextlib.suppress(TimeoutError):
             self.hub.loop.submit(self._stack.aclose()).future.result(10)
         super().close()

@@ -27,6 +27,7 @@ _REGISTRY: dict[str, str | type[RuntimeAdapter]] = {
     "claude-code": "spawnkit.runtimes.claude_code:ClaudeCodeAdapter",
     "codex": "spawnkit.runtimes.codex:CodexAdapter",
     "gemini": "spawnkit.runtimes.gemini:GeminiAdapter",
+    "command": "spawnkit.runtimes.command:CommandAdapter",
 }
 
 # Alias -> canonical runtime name. The one table of alternative names.

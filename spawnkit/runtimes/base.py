@@ -71,7 +71,8 @@ class RunSpec:
     system_prompt: str
     workspace: Path
     cwd: Path
-    mcp_server: McpServerSpec
+    # None: the run reaches no MCP server at all (an ask about sources).
+    mcp_server: McpServerSpec | None
     config_file: Path
     # The complete environment the child may see, already isolated; adapters
     # add only what they must set themselves (see RuntimeAdapter.child_env).
@@ -88,6 +89,9 @@ class RunSpec:
     agents: Mapping[str, AgentRole] = field(default_factory=dict)
     # How the CLI is started: inside bubblewrap, or (opted out) as it is.
     sandbox: SandboxPlan = NO_SANDBOX
+    # Folders outside ``cwd`` the CLI's file tools must reach (the real paths of an
+    # ask's linked sources): Claude Code's --add-dir, Gemini's includeDirectories.
+    add_dirs: tuple[Path, ...] = ()
 
 
 @dataclass
@@ -200,6 +204,8 @@ class RuntimeAdapter(ABC):
     # so quickly (see spawnkit.runtimes.version).
     version_args: ClassVar[tuple[str, ...]] = ("--version",)
     version_env: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    # Whether the runtime is only a runtime with a butler's configuration (``command``).
+    needs_configuration: ClassVar[bool] = False
 
     def __init__(self, config: RuntimeConfig | None = None) -> None:
         self.config = config or RuntimeConfig(type=self.type)
@@ -256,8 +262,8 @@ class RuntimeAdapter(ABC):
         return read_prompt_file(path, roster_dir)
 
     @abstractmethod
-    def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:
-        """Write the runtime's MCP configuration (exactly ``server``) into ``workspace``."""
+    def build_config_file(self, workspace: Path, server: McpServerSpec | None) -> Path:
+        """Write the runtime's MCP configuration (``server``, or none) into ``workspace``."""
 
     def child_env(self, spec: RunSpec) -> dict[str, str]:
         """``spec.env`` plus what this runtime must set for itself."""

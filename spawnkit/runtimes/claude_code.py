@@ -20,7 +20,8 @@ import re
 import shutil
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -44,6 +45,8 @@ from claude_agent_sdk import (
     UserMessage,
     query,
 )
+from claude_agent_sdk._errors import MessageParseError
+from claude_agent_sdk._internal.message_parser import parse_message
 from claude_agent_sdk.types import McpHttpServerConfig, McpSSEServerConfig, SystemPromptFile
 
 from .. import _process
@@ -51,6 +54,7 @@ from ..errors import ProtocolError, RuntimeCrashed, RuntimeFailure, RuntimeNotFo
 from ..events import (
     AssistantText,
     EventSink,
+    RunEvent,
     TextDelta,
     ToolCallFinished,
     ToolCallStarted,
@@ -68,7 +72,7 @@ from .base import (
     mcp_unavailable_message,
     write_private,
 )
-from .streaming import STDERR_TAIL_LINES, stderr_summary
+from .streaming import STDERR_TAIL_LINES, LineParser, stderr_summary
 
 logger = logging.getLogger(__name__)
 
@@ -293,8 +297,9 @@ class _RunState:
             self.model = message.data.get("model") or self.model
             if self.model:
                 self.emit(UsageUpdate(sid, self.total_usage, None, None, self.model))
+            butler_server = self.spec.mcp_server
             for server in message.data.get("mcp_servers", []):
-                if server.get("name") == self.spec.mcp_server.name:
+                if butler_server is not None and server.get("name") == butler_server.name:
                     self.mcp_status = server.get("status")
         elif isinstance(message, ResultMessage):
             self.result = message
@@ -326,13 +331,60 @@ class _RunState:
                 )
                 outcome.error_kind = failure.kind
                 outcome.error = str(failure)
-        elif self.mcp_status not in (None, "connected"):
+        elif self.mcp_status not in (None, "connected") and self.spec.mcp_server is not None:
             # It answered without the butler's tools: whatever it said, the run failed.
             outcome.success = False
             outcome.error_kind = MCP_UNAVAILABLE
             outcome.error = mcp_unavailable_message(
                 self.spec.mcp_server, f"Claude Code reports it {self.mcp_status}"
             )
+        return outcome
+
+
+class ClaudeStreamParser(LineParser):
+    """``claude -p --output-format stream-json`` lines read by the adapter's own code.
+
+    Each line is turned into the SDK's message (its own parser) and folded by the same
+    :class:`_RunState` that reads a run through the SDK: one reading of Claude Code's
+    stream, for this runtime and for a ``command`` runtime that prints it.
+    """
+
+    def __init__(self, spec: RunSpec) -> None:
+        super().__init__(spec.session_id, spec.mcp_server.name if spec.mcp_server else "")
+        self._events: list[RunEvent] = []
+        self.state = _RunState(replace(spec, log=None), self._events.append)
+
+    def handle(self, data: dict[str, Any]) -> list[RunEvent]:
+        try:
+            message = parse_message(data)
+        except MessageParseError:
+            self.bad_lines += 1
+            return []
+        if message is None:  # a kind this SDK does not know
+            return []
+        self.state.handle(message)
+        self.tool_calls = len(self.state.calls)
+        events = list(self._events)
+        self._events.clear()  # the state holds this list's append
+        return events
+
+    def stderr_line(self, line: str) -> None:
+        self.state.stderr.append(line)
+
+    def outcome(self, exit_code: int, stderr: Sequence[str]) -> RunOutcome:
+        if self.state.result is None:
+            said = stderr_summary(stderr)
+            detail = f"Claude Code exited with code {exit_code} without a result" + (
+                f": {said}" if said else ""
+            )
+            return RunOutcome(
+                output=self.state.partial_output, success=False, error=detail,
+                error_kind="crash", runtime_session_id=self.state.runtime_session_id,
+            )  # fmt: skip
+        outcome = self.state.outcome()
+        if exit_code != 0 and outcome.success:
+            outcome.success, outcome.error_kind = False, "runtime_error"
+            outcome.error = f"Claude Code exited with code {exit_code}"
         return outcome
 
 
@@ -388,11 +440,10 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         return copy_file(found, home / ".claude" / "projects" / project_dir_name(cwd)
                          / found.name)  # fmt: skip
 
-    def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:
+    def build_config_file(self, workspace: Path, server: McpServerSpec | None) -> Path:
         path = workspace / "mcp.json"
-        write_private(
-            path, json.dumps({"mcpServers": {server.name: self._server_config(server)}}, indent=2)
-        )
+        servers = {server.name: self._server_config(server)} if server is not None else {}
+        write_private(path, json.dumps({"mcpServers": servers}, indent=2))
         return path
 
     @staticmethod
@@ -457,7 +508,12 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             strict_mcp_config=True,
             setting_sources=[],
             tools=[*spec.tools, *delegation],
-            allowed_tools=[*spec.tools, *delegation, f"mcp__{server.name}"],
+            allowed_tools=[
+                *spec.tools,
+                *delegation,
+                *([f"mcp__{server.name}"] if server else []),
+            ],
+            add_dirs=list(spec.add_dirs),
             agents={
                 role.name: AgentDefinition(
                     description=role.description,

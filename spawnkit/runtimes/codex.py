@@ -274,16 +274,19 @@ class CodexAdapter(StreamingCliAdapter):
             "supports_resume": True,
         }
 
-    def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:
+    def build_config_file(self, workspace: Path, server: McpServerSpec | None) -> Path:
         home = workspace / ".codex"
         home.mkdir(exist_ok=True, mode=0o700)
-        entry: dict[str, Any] = {
-            "url": server.url, "required": True, "default_tools_approval_mode": "approve",
-        }  # fmt: skip
-        if server.headers:
-            # In the file, not in an env var: the agent's shell commands inherit the env.
-            entry["http_headers"] = server.headers
-        config = base_config({server.name: entry})
+        servers: dict[str, Any] = {}
+        if server is not None:
+            entry: dict[str, Any] = {
+                "url": server.url, "required": True, "default_tools_approval_mode": "approve",
+            }  # fmt: skip
+            if server.headers:
+                # In the file, not in an env var: the agent's shell commands inherit the env.
+                entry["http_headers"] = server.headers
+            servers[server.name] = entry
+        config = base_config(servers)
         path = home / "config.toml"
         write_private(path, tomli_w.dumps(config))
         return path
@@ -349,4 +352,4 @@ class CodexAdapter(StreamingCliAdapter):
         return copy_file(found, home / ".codex" / "sessions" / found.relative_to(kept))
 
     def parser(self, spec: RunSpec) -> LineParser:
-        return CodexParser(spec.session_id, spec.mcp_server.name)
+        return CodexParser(spec.session_id, spec.mcp_server.name if spec.mcp_server else "")

@@ -260,16 +260,32 @@ class GeminiAdapter(StreamingCliAdapter):
             "supports_resume": True,
         }
 
-    def build_config_file(self, workspace: Path, server: McpServerSpec) -> Path:
+    def build_config_file(self, workspace: Path, server: McpServerSpec | None) -> Path:
         config_dir = workspace / ".gemini"
         config_dir.mkdir(mode=0o700, exist_ok=True)
         path = config_dir / "settings.json"
-        write_private(path, json.dumps(self._settings(server, [], 20), indent=2))
+        write_private(path, json.dumps(self.settings(server, [], 20), indent=2))
         return path
 
     @staticmethod
-    def _settings(server: McpServerSpec, tools: Sequence[str], max_turns: int) -> dict[str, Any]:
+    def settings(
+        server: McpServerSpec | None,
+        tools: Sequence[str],
+        max_turns: int,
+        add_dirs: Sequence[Path] = (),
+    ) -> dict[str, Any]:
         allowed = [name for tool in tools for name in TOOL_NAMES.get(tool, ())]
+        servers: dict[str, Any] = {}
+        if server is not None:
+            servers[server.name] = {
+                "type": server.transport,
+                "url": server.url,
+                "trust": True,
+                **({"headers": server.headers} if server.headers else {}),
+            }
+        # The CLI refuses paths that resolve outside its workspace: the folders an ask's
+        # links lead to (a file source's parent) are added to it.
+        folders = list(dict.fromkeys(str(p if p.is_dir() else p.parent) for p in add_dirs))
         return {
             **base_settings(retries=False),
             "model": {"maxSessionTurns": max_turns},
@@ -277,15 +293,9 @@ class GeminiAdapter(StreamingCliAdapter):
                 "allowed": allowed,
                 "exclude": [tool for tool in BUILTIN_TOOLS if tool not in allowed],
             },
-            "mcp": {"allowed": [server.name]},
-            "mcpServers": {
-                server.name: {
-                    "type": server.transport,
-                    "url": server.url,
-                    "trust": True,
-                    **({"headers": server.headers} if server.headers else {}),
-                }
-            },
+            "mcp": {"allowed": list(servers)},
+            "mcpServers": servers,
+            **({"context": {"includeDirectories": folders}} if folders else {}),
         }
 
     def child_env(self, spec: RunSpec) -> dict[str, str]:
@@ -311,7 +321,10 @@ class GeminiAdapter(StreamingCliAdapter):
     def command(self, spec: RunSpec) -> list[str]:
         write_private(
             spec.config_file,
-            json.dumps(self._settings(spec.mcp_server, spec.tools, spec.max_turns), indent=2),
+            json.dumps(
+                self.settings(spec.mcp_server, spec.tools, spec.max_turns, spec.add_dirs),
+                indent=2,
+            ),
         )
         model = spec.model or DEFAULT_MODEL
         # yolo approves the tools that are left: the butler's MCP server and the
@@ -336,7 +349,7 @@ class GeminiAdapter(StreamingCliAdapter):
         return prompt
 
     def parser(self, spec: RunSpec) -> LineParser:
-        return GeminiParser(spec.session_id, spec.mcp_server.name)
+        return GeminiParser(spec.session_id, spec.mcp_server.name if spec.mcp_server else "")
 
     def stage_resume(self, home: Path, cwd: Path, runtime_session_id: str) -> bool:
         """``--resume`` looks in ``tmp/<the cwd's slug>/chats/`` for the session's file."""

@@ -197,7 +197,7 @@ class StreamingCliAdapter(RuntimeAdapter):
         except OSError as exc:
             raise RuntimeFailure(f"cannot start {self.binary_name}: {exc}", "crash") from exc
         outcome = parser.outcome(code, list(stderr))
-        if parser.mcp_failure is not None and not limited:
+        if parser.mcp_failure is not None and spec.mcp_server is not None and not limited:
             outcome.success = False
             outcome.error_kind = MCP_UNAVAILABLE
             outcome.error = mcp_unavailable_message(spec.mcp_server, parser.mcp_failure)
