@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -38,12 +38,12 @@ from urllib.parse import quote
 from .credential_file import CredentialError, CredentialFile, StoredCredential
 from .errors import HomeNotWritable, StoreDamaged, StoreError
 from .home import default_store_path, is_writable
-from .result import SpawnerResult, ToolCall, Usage
+from .result import BudgetReport, SpawnerResult, ToolCall, Usage
 from .sweep import OpenRun, process_start, sweep
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 BUSY_TIMEOUT_MS = 15_000
 
 _SCHEMA = """
@@ -82,7 +82,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     role TEXT,
     sandbox TEXT,
     given TEXT,
-    workspace TEXT
+    workspace TEXT,
+    budget TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_at);
 CREATE INDEX IF NOT EXISTS sessions_by_butler ON sessions (butler, created_at);
@@ -181,6 +182,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("ALTER TABLE sessions ADD COLUMN sandbox TEXT", "ALTER TABLE sessions ADD COLUMN given TEXT"),
     _HISTORY_SCHEMA,
     ("ALTER TABLE sessions ADD COLUMN workspace TEXT",),
+    # How a run stood against its limits (spawnkit.budget), as JSON.
+    ("ALTER TABLE sessions ADD COLUMN budget TEXT",),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION - 1
 
@@ -297,6 +300,8 @@ class SessionRecord:
     given: dict[str, Any] | None = None
     # The run's workspace while it ran (removed when it ended, or by the sweep).
     workspace: Path | None = None
+    # How the run stood against its limits, when it had any that needed its usage.
+    budget: BudgetReport | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> SessionRecord:
@@ -335,6 +340,7 @@ class SessionRecord:
             sandbox=row["sandbox"],
             given=json.loads(row["given"]) if row["given"] else None,
             workspace=Path(row["workspace"]) if row["workspace"] else None,
+            budget=BudgetReport.from_dict(json.loads(row["budget"])) if row["budget"] else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -370,6 +376,7 @@ class SessionRecord:
             "sandbox": self.sandbox,
             "given": self.given,
             "workspace": str(self.workspace) if self.workspace else None,
+            "budget": asdict(self.budget) if self.budget else None,
         }
 
 
@@ -634,7 +641,7 @@ class SessionStore:
                        cache_write_tokens = ?, cost_usd = ?, num_turns = ?,
                        trace_id = COALESCE(?, trace_id),
                        runtime_session_id = COALESCE(?, runtime_session_id),
-                       model = COALESCE(?, model), completed_at = ?
+                       model = COALESCE(?, model), completed_at = ?, budget = ?
                    WHERE id = ? AND completed_at IS NULL""",
                 (
                     result.status, int(result.success), result.error, result.error_kind,
@@ -643,7 +650,8 @@ class SessionStore:
                     result.usage.cache_read_tokens, result.usage.cache_write_tokens,
                     result.cost_usd, result.num_turns, result.trace_id,
                     result.runtime_session_id, result.model,
-                    _iso(completed_at or utcnow()), session_id,
+                    _iso(completed_at or utcnow()),
+                    json.dumps(asdict(result.budget)) if result.budget else None, session_id,
                 ),
             ).rowcount  # fmt: skip
             if updated:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from .events import EventSink
+from .limits import Limits
 from .result import SpawnerResult
 from .spawner import validate_trigger_source
 
@@ -31,6 +32,7 @@ class Invocation:
     resume: str | None = None
     session_id: str | None = None
     role: str | None = None
+    limits: Limits | None = None
 
 
 class MockSpawner:
@@ -65,6 +67,7 @@ class MockSpawner:
         resume: str | None = None,
         session_id: str | None = None,
         role: str | None = None,
+        limits: Limits | None = None,
     ) -> SpawnerResult:
         validate_trigger_source(trigger_source)
         self.invocations.append(
@@ -77,6 +80,7 @@ class MockSpawner:
                 resume,
                 session_id,
                 role,
+                limits,
             )
         )
         for substring, result in self.responses.items():
