@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from .errors import BudgetRefused
@@ -47,6 +48,11 @@ class LimitHit:
     reached: float
 
     def message(self) -> str:
+        if self.name == "daily_cost_usd":
+            return (
+                f"stopped at ${self.reached:.4f} spent today: the butler reached "
+                f"daily_cost_usd = ${self.limit:g}"
+            )
         if self.name == "max_cost_usd":
             return f"stopped at ${self.reached:.4f}: the run reached max_cost_usd = ${self.limit:g}"
         if self.name == "timeout_s":
@@ -68,6 +74,8 @@ class RunBudget:
     note: str | None = None
     usage: Usage = field(default_factory=Usage)
     hit: LimitHit | None = None
+    # What the butler had spent today when the run started (with daily_cost_usd).
+    spent_today: float | None = None
 
     @property
     def tokens(self) -> int:
@@ -100,7 +108,26 @@ class RunBudget:
             and cost >= limits.max_cost_usd
         ):
             self.hit = LimitHit("max_cost_usd", limits.max_cost_usd, cost)
+        elif (
+            limits.daily_cost_usd is not None
+            and self.spent_today is not None
+            and (cost := self.cost_usd) is not None
+            and self.spent_today + cost >= limits.daily_cost_usd
+        ):
+            self.hit = LimitHit("daily_cost_usd", limits.daily_cost_usd, self.spent_today + cost)
         return self.hit
+
+    def check_daily(self, butler: str, spent: float) -> None:
+        """Take what the butler spent today; BudgetRefused if its daily budget is spent."""
+        daily = self.limits.daily_cost_usd
+        if daily is None:
+            return
+        self.spent_today = spent
+        if spent >= daily:
+            raise BudgetRefused(
+                f"butler {butler!r} has spent ${spent:.4f} today (UTC) of its "
+                f"daily_cost_usd = ${daily:g}; it takes runs again after midnight UTC"
+            )
 
     def timed_out(self, seconds: float, elapsed: float) -> LimitHit:
         self.hit = LimitHit("timeout_s", seconds, round(elapsed, 3))
@@ -112,6 +139,7 @@ class RunBudget:
             "max_tokens": self.limits.max_tokens,
             "max_turns": self.limits.max_turns,
             "timeout_s": self.limits.timeout_s,
+            "daily_cost_usd": self.limits.daily_cost_usd,
         }
         hit = self.hit
         cost = self.cost_usd
@@ -137,28 +165,34 @@ def admit(limits: Limits, model: str | None, *, runtime: str, api_key: bool) -> 
     """
     limits.validate()
     budget = RunBudget(limits, model)
-    if limits.max_cost_usd is None:
+    dollars = limits.dollar_limits
+    if not dollars:
         return budget
+    given = " and ".join(f"{name} = {getattr(limits, name):g}" for name in dollars)
     if not api_key:
         raise BudgetRefused(
-            f"max_cost_usd = {limits.max_cost_usd:g} cannot apply: this {runtime} run uses a "
-            "subscription login (no API key), whose usage has no dollar price; "
-            "set max_tokens instead"
+            f"{given} cannot apply: this {runtime} run uses a subscription login (no API "
+            "key), whose usage has no dollar price; set max_tokens instead"
         )
     price, estimated = _pricing().resolve(model)
     if price is None:
         named = f"model {model!r}" if model else f"the {runtime} CLI's default model"
         if limits.max_tokens is None:
             raise BudgetRefused(
-                f"max_cost_usd = {limits.max_cost_usd:g} cannot be enforced: {named} has no "
-                "price in spawnkit's pricing table; set max_tokens too (a token budget), "
-                "or name a priced model"
+                f"{given} cannot be enforced: {named} has no price in spawnkit's pricing "
+                "table; set max_tokens too (a token budget), or name a priced model"
             )
         budget.note = (
-            f"max_cost_usd is not enforced: {named} has no price; max_tokens applies alone"
+            f"{' and '.join(dollars)} not enforced: {named} has no price; max_tokens applies alone"
         )
         return budget
     budget.price, budget.cost_estimated = price, estimated
     if estimated:
         budget.note = f"{model} is not in the pricing table: priced as a model of its family"
     return budget
+
+
+def day_start(now: datetime | None = None) -> datetime:
+    """Midnight UTC of today: where a daily budget's day begins."""
+    now = now or datetime.now(UTC)
+    return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)

@@ -498,7 +498,10 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
 
 
 def _limits(t: _Reader, runtime: _Reader) -> Limits:
-    t.check_keys({"max_cost_usd", "max_tokens", "count_cache_reads", "max_turns", "timeout_s"})
+    t.check_keys(
+        {"max_cost_usd", "max_tokens", "count_cache_reads", "max_turns", "timeout_s",
+         "daily_cost_usd"}
+    )  # fmt: skip
     for name in ("max_turns", "timeout_s"):
         if name in t.data and name in runtime.data:
             raise t.error(name, f"also set as {runtime.key(name)}: give it in one place")
@@ -511,6 +514,7 @@ def _limits(t: _Reader, runtime: _Reader) -> Limits:
         count_cache_reads=count,
         max_turns=t.integer("max_turns", minimum=1) if "max_turns" in t.data else None,
         timeout_s=t.number("timeout_s", 1.0) if "timeout_s" in t.data else None,
+        daily_cost_usd=t.number("daily_cost_usd", 1.0) if "daily_cost_usd" in t.data else None,
     )
 
 

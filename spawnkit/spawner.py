@@ -39,7 +39,7 @@ from typing import Any, TypeVar, cast
 from opentelemetry.trace import TracerProvider
 
 from . import sandbox
-from .budget import LimitHit, RunBudget, admit
+from .budget import LimitHit, RunBudget, admit, day_start
 from .credentials import (
     CredentialStore,
     check_required,
@@ -48,6 +48,7 @@ from .credentials import (
     secret_names,
 )
 from .errors import (
+    BudgetRefused,
     ConfigError,
     InvalidArgument,
     InvalidTriggerSource,
@@ -272,6 +273,8 @@ class Spawner:
         self._accepting = True
         self._runs: dict[str, asyncio.Task[SpawnerResult]] = {}
         self._redactors: dict[str, Redactor] = {}  # by every key a run's MCP URL may carry
+        # Runs started here whose spend is not in the store yet (for the daily budget).
+        self._spending: dict[str, RunBudget] = {}
         self._listeners: list[EventSink] = []
         # What runs of owners that died left behind is cleaned up before ours start.
         sweep(self.store)
@@ -413,6 +416,9 @@ class Spawner:
             runtime=self.butler.runtime.type,
             api_key=any(name in secrets for name in self.adapter.api_key_env),
         )
+        if run_limits.daily_cost_usd is not None:  # one indexed query, before acceptance
+            spent = self.store.spent_since(self.butler.name, day_start())
+            budget.check_daily(self.butler.name, spent + self._unrecorded_spend())
         redactor = Redactor(secrets)
 
         # Accepted: reserve the place synchronously, before the first await.
@@ -550,7 +556,9 @@ class Spawner:
                 holding_slot = True
                 try:
                     started_at, started_clock = _now(), time.monotonic()
-                    result = await self._execute(run, started_at)
+                    result = await self._daily_budget_spent(run) or await self._execute(
+                        run, started_at
+                    )
                 finally:
                     self._active -= 1
         except asyncio.CancelledError:
@@ -585,11 +593,32 @@ class Spawner:
             logger.debug("cancelled while recording session %s; the write goes on", run.session_id)
         finally:
             self._runs.pop(run.session_id, None)
+            self._spending.pop(run.session_id, None)
             for key, redactor in list(self._redactors.items()):
                 if redactor is run.redactor:
                     del self._redactors[key]
         collector.emit(Finished(run.session_id, result))
         return result
+
+    async def _daily_budget_spent(self, run: _Run) -> SpawnerResult | None:
+        """A refusal, if the butler's daily budget was spent while the run waited its turn.
+
+        From here the run's spend counts towards the day's until its record holds it.
+        """
+        self._spending[run.session_id] = run.budget
+        if run.budget.limits.daily_cost_usd is None:
+            return None
+        spent = await asyncio.to_thread(self.store.spent_since, self.butler.name, day_start())
+        try:
+            run.budget.check_daily(self.butler.name, spent + self._unrecorded_spend(run.budget))
+        except BudgetRefused as refused:
+            result = self._unfinished(run.collector, "budget", str(refused), "daily_budget")
+            return replace(result, budget=run.budget.report())
+        return None
+
+    def _unrecorded_spend(self, but: RunBudget | None = None) -> float:
+        """What this spawner's runs have spent so far that their records do not hold yet."""
+        return sum(b.cost_usd or 0.0 for b in self._spending.values() if b is not but)
 
     async def _withdraw_secret(self, run: _Run) -> None:
         """The run is over: from now on its MCP secret is refused."""

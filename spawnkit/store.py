@@ -670,6 +670,20 @@ class SessionStore:
                 )  # fmt: skip
 
     @_translated
+    def spent_since(self, butler: str, since: datetime) -> float:
+        """Dollars the butler's runs completed since ``since`` cost (their recorded cost)."""
+        row = (
+            self._connect()
+            .execute(
+                "SELECT COALESCE(SUM(cost_usd), 0) FROM sessions WHERE butler = ? "
+                "AND completed_at >= ? AND cost_usd IS NOT NULL",
+                (butler, _iso(since)),
+            )
+            .fetchone()
+        )
+        return float(row[0])
+
+    @_translated
     def get_session(self, session_id: str) -> SessionRecord | None:
         row = (
             self._connect().execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()

@@ -81,7 +81,7 @@ def test_a_model_without_price_needs_a_token_budget_for_a_dollar_one() -> None:
     with pytest.raises(BudgetRefused, match="the codex CLI's default model has no price"):
         admit(Limits(max_cost_usd=1), None, runtime="codex", api_key=True)
     budget = admit(Limits(max_cost_usd=1, max_tokens=50), "mystery", runtime="codex", api_key=True)
-    assert budget.price is None and "max_cost_usd is not enforced" in (budget.note or "")
+    assert budget.price is None and "max_cost_usd not enforced" in (budget.note or "")
     assert budget.observe(Usage(input_tokens=60)) is not None, "the token budget applies"
 
 
