@@ -7,6 +7,7 @@ never play the later turns, and leave nothing running.
 
 from __future__ import annotations
 
+import json
 import time
 import tomllib
 from collections.abc import AsyncIterator
@@ -26,6 +27,7 @@ from spawnkit.spawner import Spawner
 from spawnkit.store import SessionStore
 
 from .conftest import REPO, processes_with_env, workspaces_of
+from .test_cli import spawnkit
 
 RUNTIMES = ["claude-code", "codex", "gemini"]
 # A priced model per runtime. Codex defers MCP tools behind a search tool for the slugs
@@ -172,3 +174,17 @@ async def test_dollar_budgets_that_cannot_be_enforced_are_refused(
     with pytest.raises(BudgetRefused, match=r"'mystery-model' has no price.*set max_tokens too"):
         await priced_nowhere.trigger("hello", limits=Limits(max_cost_usd=1))
     assert store.list_sessions() == [], "refused before anything was recorded"
+
+
+def test_the_command_line_flags_set_the_limits(make_butler, tmp_path) -> None:
+    butler = make_butler()
+    scenario = tmp_path / "steps.toml"
+    scenario.write_text(STEPS)
+    common = ["run", "--roster", str(butler.roster_dir), "--butler", "health", "--json"]
+    done = spawnkit(*common, "--replay", str(scenario), "--max-tokens", "2000", "do the steps")
+    assert done.returncode == 1, done.stderr
+    result = json.loads(done.stdout)
+    assert result["status"] == "budget" and result["budget"]["stopped_by"] == "max_tokens"
+    assert result["budget"]["limits"]["max_tokens"] == 2000
+    refused = spawnkit(*common, "--max-cost-usd", "0", "hello")
+    assert refused.returncode == 2 and "max_cost_usd must be positive" in refused.stderr
