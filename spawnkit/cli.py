@@ -91,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--runtime", help="run on this runtime instead of the butler's (claude-code, codex, gemini)"
     )
     run.add_argument("--max-turns", type=int, default=None, help="override max_turns")
+    run.add_argument("--max-cost-usd", type=float, default=None, help="stop the run at this spend")
+    run.add_argument(
+        "--max-tokens", type=int, default=None, help="stop the run at this many tokens (in + out)"
+    )
+    run.add_argument("--timeout-s", type=float, default=None, help="override timeout_s")
     run.add_argument(
         "--replay", type=Path, metavar="SCENARIO", help="play model turns from a scenario"
     )
@@ -333,13 +338,17 @@ async def _run_once(
 def cmd_run(args: argparse.Namespace) -> int:
 
     from . import signals
+    from .limits import Limits
     from .spawner import validate_request
     from .store import SessionStore
 
     prompt = read_prompt(args.prompt)
     context = read_prompt(args.context) if args.context and args.context != "-" else args.context
     validate_request(prompt, args.max_turns)  # before the store or any server is touched
-    butler = _load_roster(args.roster)[args.butler]
+    limits = Limits(
+        max_cost_usd=args.max_cost_usd, max_tokens=args.max_tokens, timeout_s=args.timeout_s
+    ).validate()
+    butler = _load_roster(args.roster)[args.butler].with_limits(limits)
     if args.runtime:
         butler = butler.with_runtime(args.runtime)
     store = SessionStore()

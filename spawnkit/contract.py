@@ -69,6 +69,8 @@ STATUS = {
     "failed": "failed",
     "cancelled": "failed",
     "crashed": "failed",
+    "budget": "failed",
+    "timeout": "failed",
 }
 
 

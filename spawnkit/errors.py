@@ -15,7 +15,8 @@ caller can catch the family at once and a command line can print one clear line:
     ├── InvalidSessionId            also a ValueError; ids become file names
     ├── TriggerRejected             a trigger was refused before it ran
     │   ├── QueueFullError          every slot and queue place is taken
-    │   └── SpawnerClosedError      stop_accepting() was called
+    │   ├── SpawnerClosedError      stop_accepting() was called
+    │   └── BudgetRefused           its limits cannot be enforced, or the budget is spent
     ├── RuntimeFailure              the runtime ran and failed (carried in results)
     │   ├── AuthenticationFailure   the model API refused the credentials
     │   ├── RateLimited             the model API is rate limiting
@@ -140,6 +141,10 @@ class QueueFullError(TriggerRejected):
 
 class SpawnerClosedError(TriggerRejected):
     """The spawner no longer accepts triggers (``stop_accepting()`` was called)."""
+
+
+class BudgetRefused(TriggerRejected):
+    """A trigger whose limits cannot be enforced, or whose budget is spent, is refused."""
 
 
 class RuntimeFailure(SpawnkitError):

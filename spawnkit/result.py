@@ -17,7 +17,9 @@ TOOL_OUTPUT_LIMIT = 16_384
 # Partial output kept for a failed or endless run.
 OUTPUT_LIMIT = 1_000_000
 
-RunStatus = Literal["queued", "running", "success", "failed", "cancelled", "crashed"]
+RunStatus = Literal[
+    "queued", "running", "success", "failed", "cancelled", "crashed", "budget", "timeout"
+]
 ToolStatus = Literal["running", "ok", "error"]
 
 
@@ -126,6 +128,33 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class BudgetReport:
+    """How a run stood against its limits when it ended (see :mod:`spawnkit.budget`).
+
+    ``limits`` are the ones that applied, by name; ``tokens`` is what counted towards
+    ``max_tokens`` (cache reads apart, in ``cache_read_tokens``). ``cost_estimated`` flags a
+    price taken from another model of the family; ``stopped_by`` names the limit that ended
+    the run, with ``limit`` its value and ``reached`` the figure the run got to.
+    """
+
+    limits: dict[str, float] = field(default_factory=dict)
+    tokens: int = 0
+    cache_read_tokens: int = 0
+    cost_usd: float | None = None
+    priced_model: str | None = None
+    cost_estimated: bool = False
+    stopped_by: str | None = None
+    limit: float | None = None
+    reached: float | None = None
+    note: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BudgetReport:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
 class SpawnerResult:
     """What one trigger produced.
 
@@ -150,6 +179,8 @@ class SpawnerResult:
     status: RunStatus = "success"
     error_kind: str | None = None
     num_turns: int | None = None
+    # Set when the run had limits ([butler.limits], a trigger's or a flag's).
+    budget: BudgetReport | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

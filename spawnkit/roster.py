@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import Any, Literal, cast, get_args
 
 from .errors import ConfigError, RosterError
+from .limits import Limits
 from .runtimes import canonical_runtime
 
 McpTransport = Literal["http", "sse"]
@@ -189,6 +190,8 @@ class ButlerConfig:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     # Where the agent works; None: its run's own workspace (ad-hoc butlers work in a folder).
     workdir: Path | None = None
+    # [butler.limits]; its max_turns and timeout_s are kept in `runtime`.
+    limits: Limits = field(default_factory=Limits)
 
     @property
     def config_file(self) -> Path:
@@ -216,6 +219,16 @@ class ButlerConfig:
         if runtime == self.runtime.type:
             return self
         return replace(self, runtime=replace(self.runtime, type=runtime))
+
+    def with_limits(self, limits: Limits) -> ButlerConfig:
+        """The same butler with ``limits`` laid over its own (a flag, an option)."""
+        runtime = replace(
+            self.runtime,
+            max_turns=limits.max_turns or self.runtime.max_turns,
+            timeout_s=limits.timeout_s or self.runtime.timeout_s,
+        )
+        merged = replace(limits.over(self.limits), max_turns=None, timeout_s=None)
+        return replace(self, runtime=runtime, limits=merged)
 
     def skills(self) -> list[Path]:
         """The skill folders under ``skills/``; RosterError if any of it leads out of the roster."""
@@ -437,7 +450,7 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
     b.check_keys(
         {
             "name", "port", "description", "mcp_transport", "runtime", "env", "schedule",
-            "agents", "sandbox",
+            "agents", "sandbox", "limits",
         }
     )  # fmt: skip
 
@@ -477,6 +490,12 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
     )
 
     sandbox = _sandbox(b.table("sandbox"))
+    limits = _limits(b.table("limits"), r)
+    runtime = replace(
+        runtime,
+        max_turns=limits.max_turns or runtime.max_turns,
+        timeout_s=limits.timeout_s or runtime.timeout_s,
+    )
 
     e = b.table("env")
     e.check_keys({"required", "optional"})
@@ -545,6 +564,28 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
         schedules=tuple(schedules),
         agents=MappingProxyType(agents),
         sandbox=sandbox,
+        limits=replace(limits, max_turns=None, timeout_s=None),
+    )
+
+
+def _limits(t: _Reader, runtime: _Reader) -> Limits:
+    t.check_keys(
+        {"max_cost_usd", "max_tokens", "count_cache_reads", "max_turns", "timeout_s",
+         "daily_cost_usd"}
+    )  # fmt: skip
+    for name in ("max_turns", "timeout_s"):
+        if name in t.data and name in runtime.data:
+            raise t.error(name, f"also set as {runtime.key(name)}: give it in one place")
+    count = t.data.get("count_cache_reads", False)
+    if not isinstance(count, bool):
+        raise t.error("count_cache_reads", "must be true or false")
+    return Limits(
+        max_cost_usd=t.number("max_cost_usd", 1.0) if "max_cost_usd" in t.data else None,
+        max_tokens=t.integer("max_tokens", minimum=1) if "max_tokens" in t.data else None,
+        count_cache_reads=count,
+        max_turns=t.integer("max_turns", minimum=1) if "max_turns" in t.data else None,
+        timeout_s=t.number("timeout_s", 1.0) if "timeout_s" in t.data else None,
+        daily_cost_usd=t.number("daily_cost_usd", 1.0) if "daily_cost_usd" in t.data else None,
     )
 
 

@@ -25,6 +25,7 @@ the run's logs, its span, and the prompt and context written to the record.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -33,11 +34,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from opentelemetry.trace import TracerProvider
 
 from . import sandbox
+from .budget import LimitHit, RunBudget, admit, day_start
 from .credentials import (
     CredentialStore,
     check_required,
@@ -46,6 +48,7 @@ from .credentials import (
     secret_names,
 )
 from .errors import (
+    BudgetRefused,
     ConfigError,
     InvalidArgument,
     InvalidTriggerSource,
@@ -68,6 +71,7 @@ from .events import (
     ToolCallStarted,
     UsageUpdate,
 )
+from .limits import Limits
 from .mcp_access import AccessTable, McpAccess
 from .memory import MemoryProvider, StoreMemory
 from .redaction import Redactor
@@ -148,6 +152,10 @@ class _Collector:
         self.usage = Usage()
         self.cost_usd: float | None = None
         self.trace_id: str | None = None
+        # The run's limits; fed by usage events, or by its relay's meter when it has one.
+        self.budget: RunBudget | None = None
+        self.metered = False
+        self.on_limit: Callable[[LimitHit], None] | None = None
 
     def emit(self, event: RunEvent) -> None:
         # Deltas are redacted as one stream (a secret may span two); whatever the
@@ -170,6 +178,8 @@ class _Collector:
             self.text_chars += len(event.text)
         elif isinstance(event, UsageUpdate):
             self.usage, self.cost_usd = event.usage, event.cost_usd
+            if not self.metered:
+                self._observe(event.usage)
         for sink in self.sinks:
             try:
                 sink(event)
@@ -180,6 +190,16 @@ class _Collector:
     @property
     def partial_output(self) -> str:
         return truncate("\n\n".join(self.texts), OUTPUT_LIMIT)
+
+    def metered_usage(self, usage: Usage) -> None:
+        """The run's total after a model call, as its relay measured it."""
+        self.emit(UsageUpdate(self.session_id, usage, None, None))
+        self._observe(usage)
+
+    def _observe(self, usage: Usage) -> None:
+        hit = self.budget.observe(usage) if self.budget is not None else None
+        if hit is not None and self.on_limit is not None:
+            self.on_limit(hit)
 
 
 @dataclass
@@ -197,6 +217,8 @@ class _Run:
     worker: RuntimeAdapter
     runtime_session_id: str | None
     collector: _Collector
+    budget: RunBudget
+    timeout_s: float
     kind: RunKind = "run"
     sources: tuple[Source, ...] = ()
     log: RunLog | None = None
@@ -226,8 +248,10 @@ class Spawner:
         workspace_root: Path | None = None,
         log_cap_bytes: int = DEFAULT_CAP_BYTES,
         mcp_access: McpAccess | None = None,
+        limits: Limits | None = None,
     ) -> None:
-        self.butler = butler
+        # Limits given here are laid over the butler's [butler.limits].
+        self.butler = butler = butler.with_limits(limits) if limits is not None else butler
         # Where each run's MCP secret is granted: the table the butler's server checks.
         self.mcp_access: McpAccess = mcp_access if mcp_access is not None else AccessTable()
         self.store = store if store is not None else SessionStore()
@@ -254,6 +278,8 @@ class Spawner:
         self._accepting = True
         self._runs: dict[str, asyncio.Task[SpawnerResult]] = {}
         self._redactors: dict[str, Redactor] = {}  # by every key a run's MCP URL may carry
+        # Runs started here whose spend is not in the store yet (for the daily budget).
+        self._spending: dict[str, RunBudget] = {}
         self._listeners: list[EventSink] = []
         # What runs of owners that died left behind is cleaned up before ours start.
         sweep(self.store)
@@ -347,6 +373,7 @@ class Spawner:
         role: str | None = None,
         kind: RunKind = "run",
         sources: Sequence[Source] = (),
+        limits: Limits | None = None,
     ) -> SpawnerResult:
         """Run ``prompt`` on this butler's runtime and return its result.
 
@@ -356,7 +383,10 @@ class Spawner:
         raises :class:`~spawnkit.errors.InvalidSessionId`. ``role``
         runs the prompt as one of the butler's ``[butler.agents.<role>]`` (its
         prompt, tools and model), or, for a role the butler does not define,
-        only labels the run (``SPAWNKIT_ROLE``).
+        only labels the run (``SPAWNKIT_ROLE``). ``limits`` are laid over the butler's
+        for this run (``max_turns``, when given, wins over theirs); a run that reaches
+        one is stopped and recorded ``budget`` (or ``timeout``), and a trigger whose
+        limits cannot be enforced raises :class:`~spawnkit.errors.BudgetRefused`.
 
         ``kind="ask"`` makes the run a question about ``sources``: the agent works in
         ``<workspace>/ask/`` with each source linked by its name, reaches no MCP server,
@@ -390,12 +420,22 @@ class Spawner:
         self.adapter.find_binary()
         sandbox.check_available(self.butler)
         check_required(self.butler, self.credentials)
-        redactor = Redactor(
-            injected_secrets(
-                self.butler, self.credentials, self.adapter.passthrough_env,
-                self.adapter.other_vendor_keys,
-            )
+        secrets = injected_secrets(
+            self.butler, self.credentials, self.adapter.passthrough_env,
+            self.adapter.other_vendor_keys,
         )  # fmt: skip
+        run_limits = self._limits(limits, max_turns)
+        agent = self.butler.agents.get(role) if role else None
+        budget = admit(
+            run_limits,
+            (agent.model if agent is not None and agent.model else None) or self.model,
+            runtime=self.butler.runtime.type,
+            api_key=any(name in secrets for name in self.adapter.api_key_env),
+        )
+        if run_limits.daily_cost_usd is not None:  # one indexed query, before acceptance
+            spent = self.store.spent_since(self.butler.name, day_start())
+            budget.check_daily(self.butler.name, spent + self._unrecorded_spend())
+        redactor = Redactor(secrets)
 
         # Accepted: reserve the place synchronously, before the first await.
         self._pending += 1
@@ -406,7 +446,7 @@ class Spawner:
             prompt=prompt,
             context=context,
             trigger_source=trigger_source,
-            max_turns=max_turns or self.butler.runtime.max_turns,
+            max_turns=run_limits.max_turns or self.butler.runtime.max_turns,
             parent_session_id=parent_session_id,
             resume=resume,
             role=role,
@@ -417,7 +457,10 @@ class Spawner:
             ),
             kind=kind,
             sources=tuple(sources),
+            budget=budget,
+            timeout_s=run_limits.timeout_s or self.butler.runtime.timeout_s,
         )
+        run.collector.budget = budget
         for key in {session_id, run.runtime_session_id, resume} - {None}:
             self._redactors[str(key)] = redactor
         task = asyncio.create_task(
@@ -433,6 +476,17 @@ class Spawner:
             task.cancel()
             await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
             raise
+
+    def _limits(self, given: Limits | None, max_turns: int | None) -> Limits:
+        """A run's limits: ``given`` over the butler's; an explicit ``max_turns`` wins."""
+        runtime = self.butler.runtime
+        base = Limits(max_turns=runtime.max_turns, timeout_s=runtime.timeout_s).over(
+            self.butler.limits
+        )
+        limits = given.over(base) if given is not None else base
+        if max_turns is not None:
+            limits = Limits(max_turns=max_turns).over(limits)
+        return limits
 
     async def resume(
         self,
@@ -526,7 +580,9 @@ class Spawner:
                 holding_slot = True
                 try:
                     started_at, started_clock = _now(), time.monotonic()
-                    result = await self._execute(run, started_at)
+                    result = await self._daily_budget_spent(run) or await self._execute(
+                        run, started_at
+                    )
                 finally:
                     self._active -= 1
         except asyncio.CancelledError:
@@ -561,11 +617,32 @@ class Spawner:
             logger.debug("cancelled while recording session %s; the write goes on", run.session_id)
         finally:
             self._runs.pop(run.session_id, None)
+            self._spending.pop(run.session_id, None)
             for key, redactor in list(self._redactors.items()):
                 if redactor is run.redactor:
                     del self._redactors[key]
         collector.emit(Finished(run.session_id, result))
         return result
+
+    async def _daily_budget_spent(self, run: _Run) -> SpawnerResult | None:
+        """A refusal, if the butler's daily budget was spent while the run waited its turn.
+
+        From here the run's spend counts towards the day's until its record holds it.
+        """
+        self._spending[run.session_id] = run.budget
+        if run.budget.limits.daily_cost_usd is None:
+            return None
+        spent = await asyncio.to_thread(self.store.spent_since, self.butler.name, day_start())
+        try:
+            run.budget.check_daily(self.butler.name, spent + self._unrecorded_spend(run.budget))
+        except BudgetRefused as refused:
+            result = self._unfinished(run.collector, "budget", str(refused), "daily_budget")
+            return replace(result, budget=run.budget.report())
+        return None
+
+    def _unrecorded_spend(self, but: RunBudget | None = None) -> float:
+        """What this spawner's runs have spent so far that their records do not hold yet."""
+        return sum(b.cost_usd or 0.0 for b in self._spending.values() if b is not but)
 
     async def _withdraw_secret(self, run: _Run) -> None:
         """The run is over: from now on its MCP secret is refused."""
@@ -637,16 +714,19 @@ class Spawner:
             error: str | None = None
             error_kind: str | None = None
             try:
-                spec = await self._prepare(run, workspace, span)
-                async with asyncio.timeout(butler.runtime.timeout_s):
-                    outcome = await worker.invoke(spec, collector.emit)
+                async with contextlib.AsyncExitStack() as relay:
+                    base_url = await self._metered_base_url(run, relay)
+                    spec = await self._prepare(run, workspace, span, base_url)
+                    async with asyncio.timeout(run.timeout_s):
+                        outcome = await self._invoke(run, spec)
                 status = "success" if outcome.success else "failed"
                 error, error_kind = outcome.error, outcome.error_kind
+            except _LimitReached as reached:
+                status, error, error_kind = "budget", reached.hit.message(), "budget"
             except TimeoutError:
-                error = (
-                    f"timed out after {butler.runtime.timeout_s:g} s ([butler.runtime] timeout_s)"
-                )
-                error_kind = "timeout"
+                run.budget.timed_out(run.timeout_s, time.monotonic() - clock)
+                status, error_kind = "timeout", "timeout"
+                error = f"timed out after {run.timeout_s:g} s (timeout_s)"
             except (RuntimeFailure, RuntimeNotFoundError, ConfigError) as exc:
                 error = str(exc)
                 error_kind = getattr(
@@ -667,6 +747,7 @@ class Spawner:
             if outcome is not None and not outcome.success:
                 worker.reset()
             result = self._result(collector, outcome, status, error, error_kind, trace_id, clock)
+            result = self._with_budget(run, result)
             span.finish(result)
             # Whatever carries the run's marker now is a leftover: tools a stopped CLI left
             # running, or children the agent backgrounded into sessions of their own (Claude
@@ -683,6 +764,70 @@ class Spawner:
                 )
         return result
 
+    async def _metered_base_url(self, run: _Run, stack: contextlib.AsyncExitStack) -> str | None:
+        """The base URL the run's CLI is given: a relay metering it, when its limits need one.
+
+        A CLI that reports usage only at the end (Codex, Gemini) is metered when the run
+        has a token or dollar limit and a model API to forward to: its base_url, else the
+        CLI's default API when an API key is used (a subscription login goes elsewhere).
+        """
+        worker = run.worker
+        if worker.live_usage or not run.budget.limits.needs_usage:
+            return self.base_url
+        upstream = self.base_url
+        if upstream is None and run.budget.price is not None:
+            upstream = worker.default_api_url  # a dollar budget was admitted: an API key
+        if upstream is None:
+            logger.warning(
+                "run %s: %s reports usage only at its end, and no model API is known to "
+                "meter; its limits are checked on what it reports", run.session_id, worker.type,
+            )  # fmt: skip
+            return self.base_url
+        from .metering import Meter, metered  # starts a web server: only for metered runs
+
+        meter = Meter(run.collector.metered_usage)
+        run.collector.metered = True
+        return await stack.enter_async_context(metered(upstream, meter))
+
+    async def _invoke(self, run: _Run, spec: RunSpec) -> RunOutcome:
+        """The worker's run, stopped (``_LimitReached``) as soon as it reaches a limit."""
+        reached: asyncio.Future[LimitHit] = asyncio.get_running_loop().create_future()
+
+        def on_limit(hit: LimitHit) -> None:
+            if not reached.done():
+                reached.set_result(hit)
+
+        run.collector.on_limit = on_limit
+        invoke = asyncio.ensure_future(run.worker.invoke(spec, run.collector.emit))
+        try:
+            await asyncio.wait(
+                {invoke, cast(asyncio.Future[Any], reached)}, return_when=asyncio.FIRST_COMPLETED
+            )
+            stopped = not invoke.done()
+        finally:
+            run.collector.on_limit = None
+            if not invoke.done():
+                # Stopped by a limit, a timeout or a cancel: the adapter kills its CLI.
+                invoke.cancel()
+                await asyncio.wait({invoke}, timeout=CANCEL_GRACE_S)
+        if stopped:
+            if invoke.done() and not invoke.cancelled() and invoke.exception() is not None:
+                logger.debug("run %s: its CLI ended on %r when stopped", run.session_id,
+                             invoke.exception())  # fmt: skip
+            raise _LimitReached(reached.result())
+        run.budget.hit = None  # reached on its last turn: the run ended by itself
+        return invoke.result()
+
+    def _with_budget(self, run: _Run, result: SpawnerResult) -> SpawnerResult:
+        """The result with the run's budget report, when it had limits that needed one."""
+        budget = run.budget
+        if not budget.limits.needs_usage and budget.hit is None:
+            return result
+        cost = result.cost_usd
+        if cost is None and budget.limits.needs_usage:
+            cost = budget.cost_usd  # Codex and Gemini report no cost: the budget's price
+        return replace(result, budget=budget.report(), cost_usd=cost)
+
     def _keep_transcripts(
         self, worker: RuntimeAdapter, workspace: Path, redactor: Redactor
     ) -> None:
@@ -691,7 +836,9 @@ class Spawner:
         except OSError:
             logger.exception("could not keep the transcripts of the run in %s", workspace)
 
-    async def _prepare(self, run: _Run, workspace: Path, span: RunSpan) -> RunSpec:
+    async def _prepare(
+        self, run: _Run, workspace: Path, span: RunSpan, base_url: str | None
+    ) -> RunSpec:
         butler, worker = self.butler, run.worker
         agent = butler.agents.get(run.role) if run.role else None
         if agent is not None:
@@ -711,7 +858,7 @@ class Spawner:
         if not asking:
             session_key = run.runtime_session_id or run.resume or run.session_id
             run.mcp_secret = await self.mcp_access.grant(
-                session_key, ttl_s=butler.runtime.timeout_s + CANCEL_GRACE_S
+                session_key, ttl_s=run.timeout_s + CANCEL_GRACE_S
             )
             server = McpServerSpec(
                 name=butler.name,
@@ -776,7 +923,7 @@ class Spawner:
             max_turns=run.max_turns,
             tools=tools,
             model=(agent.model if agent is not None and agent.model else None) or self.model,
-            base_url=self.base_url,
+            base_url=base_url,
             runtime_session_id=run.runtime_session_id,
             resume=run.resume,
             log=run.log,
@@ -821,6 +968,14 @@ class Spawner:
         )
         # The outcome's output and error come from the adapter, not through the collector.
         return collector.redactor.result(finished)
+
+
+class _LimitReached(Exception):
+    """Raised inside a run's execution when its budget stops it."""
+
+    def __init__(self, hit: LimitHit) -> None:
+        super().__init__(hit.message())
+        self.hit = hit
 
 
 async def _in_thread(fn: Callable[..., T], *args: Any) -> T:

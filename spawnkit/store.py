@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -38,12 +38,12 @@ from urllib.parse import quote
 from .credential_file import CredentialError, CredentialFile, StoredCredential
 from .errors import HomeNotWritable, StoreDamaged, StoreError
 from .home import default_store_path, is_writable
-from .result import SpawnerResult, ToolCall, Usage
+from .result import BudgetReport, SpawnerResult, ToolCall, Usage
 from .sweep import OpenRun, process_start, sweep
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 BUSY_TIMEOUT_MS = 15_000
 
 _SCHEMA = """
@@ -84,7 +84,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     given TEXT,
     workspace TEXT,
     kind TEXT NOT NULL DEFAULT 'run',
-    sources TEXT
+    sources TEXT,
+    budget TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_at);
 CREATE INDEX IF NOT EXISTS sessions_by_butler ON sessions (butler, created_at);
@@ -188,6 +189,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE sessions ADD COLUMN kind TEXT NOT NULL DEFAULT 'run'",
         "ALTER TABLE sessions ADD COLUMN sources TEXT",
     ),
+    # How a run stood against its limits (spawnkit.budget), as JSON.
+    ("ALTER TABLE sessions ADD COLUMN budget TEXT",),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION - 1
 
@@ -307,6 +310,8 @@ class SessionRecord:
     # "run" (a butler's trigger) or "ask" (a question about sources), and those sources.
     kind: str = "run"
     sources: tuple[str, ...] = ()
+    # How the run stood against its limits, when it had any that needed its usage.
+    budget: BudgetReport | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> SessionRecord:
@@ -347,6 +352,7 @@ class SessionRecord:
             workspace=Path(row["workspace"]) if row["workspace"] else None,
             kind=row["kind"] or "run",
             sources=tuple(json.loads(row["sources"])) if row["sources"] else (),
+            budget=BudgetReport.from_dict(json.loads(row["budget"])) if row["budget"] else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -384,6 +390,7 @@ class SessionRecord:
             "workspace": str(self.workspace) if self.workspace else None,
             "kind": self.kind,
             "sources": list(self.sources),
+            "budget": asdict(self.budget) if self.budget else None,
         }
 
 
@@ -651,7 +658,7 @@ class SessionStore:
                        cache_write_tokens = ?, cost_usd = ?, num_turns = ?,
                        trace_id = COALESCE(?, trace_id),
                        runtime_session_id = COALESCE(?, runtime_session_id),
-                       model = COALESCE(?, model), completed_at = ?
+                       model = COALESCE(?, model), completed_at = ?, budget = ?
                    WHERE id = ? AND completed_at IS NULL""",
                 (
                     result.status, int(result.success), result.error, result.error_kind,
@@ -660,7 +667,8 @@ class SessionStore:
                     result.usage.cache_read_tokens, result.usage.cache_write_tokens,
                     result.cost_usd, result.num_turns, result.trace_id,
                     result.runtime_session_id, result.model,
-                    _iso(completed_at or utcnow()), session_id,
+                    _iso(completed_at or utcnow()),
+                    json.dumps(asdict(result.budget)) if result.budget else None, session_id,
                 ),
             ).rowcount  # fmt: skip
             if updated:
@@ -677,6 +685,20 @@ class SessionStore:
                         for seq, c in enumerate(result.tool_calls)
                     ],
                 )  # fmt: skip
+
+    @_translated
+    def spent_since(self, butler: str, since: datetime) -> float:
+        """Dollars the butler's runs completed since ``since`` cost (their recorded cost)."""
+        row = (
+            self._connect()
+            .execute(
+                "SELECT COALESCE(SUM(cost_usd), 0) FROM sessions WHERE butler = ? "
+                "AND completed_at >= ? AND cost_usd IS NOT NULL",
+                (butler, _iso(since)),
+            )
+            .fetchone()
+        )
+        return float(row[0])
 
     @_translated
     def get_session(self, session_id: str) -> SessionRecord | None:

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from .events import EventSink
+from .limits import Limits
 from .result import SpawnerResult
 from .sources import Source
 from .spawner import RunKind, validate_trigger_source
@@ -32,6 +33,7 @@ class Invocation:
     resume: str | None = None
     session_id: str | None = None
     role: str | None = None
+    limits: Limits | None = None
 
 
 class MockSpawner:
@@ -68,6 +70,7 @@ class MockSpawner:
         role: str | None = None,
         kind: RunKind = "run",
         sources: Sequence[Source] = (),
+        limits: Limits | None = None,
     ) -> SpawnerResult:
         validate_trigger_source(trigger_source)
         self.invocations.append(
@@ -80,6 +83,7 @@ class MockSpawner:
                 resume,
                 session_id,
                 role,
+                limits,
             )
         )
         for substring, result in self.responses.items():

@@ -48,6 +48,8 @@ MARK_COLOURS = {
     "failed": "var(--jp-error-color1, #c62828)",
     "crashed": "var(--jp-error-color1, #c62828)",
     "cancelled": "var(--jp-warn-color1, #e65100)",
+    "budget": "var(--jp-warn-color1, #e65100)",
+    "timeout": "var(--jp-error-color1, #c62828)",
     "running": "var(--jp-brand-color1, #1976d2)",
     "queued": "var(--jp-ui-font-color2, #5f5f5f)",
 }

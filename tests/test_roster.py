@@ -313,7 +313,7 @@ def test_unknown_key_in_butler(tmp_path: Path) -> None:
     )
     assert message == (
         f"{path}: [butler.descripton]: unknown key (allowed: agents, description, env, "
-        "mcp_transport, name, port, runtime, sandbox, schedule)"
+        "limits, mcp_transport, name, port, runtime, sandbox, schedule)"
     )
 
 

@@ -216,7 +216,7 @@ async def test_timeout_fails_the_run(make_butler, store) -> None:
     spawner, adapter = make_spawner(make_butler, store, extra="[butler.runtime]\ntimeout_s = 0.1\n")
     adapter.gate = Gate(open_=False)
     result = await spawner.trigger("slow")
-    assert result.status == "failed" and result.error_kind == "timeout"
+    assert result.status == "timeout" and result.error_kind == "timeout"
     assert "timed out after 0.1 s" in (result.error or "")
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from spawnkit.credential_file import CredentialFile
 from spawnkit.credentials import CredentialStore, check_required, isolated_env
 from spawnkit.errors import MissingEnvError, StoreDamaged, StoreError
 from spawnkit.memory import StoreMemory, render_episodes
-from spawnkit.result import SpawnerResult, ToolCall, Usage
+from spawnkit.result import BudgetReport, SpawnerResult, ToolCall, Usage
 from spawnkit.store import SCHEMA_VERSION, SessionStore
 
 from .conftest import REPO, RosterFactory
@@ -98,6 +99,7 @@ def full_result(**overrides: object) -> SpawnerResult:
         "model": "claude-haiku-4-5",
         "status": "success",
         "num_turns": 4,
+        "budget": BudgetReport(limits={"max_tokens": 5000.0}, tokens=120, cache_read_tokens=3000),
     }
     fields.update(overrides)
     return SpawnerResult(**fields)  # type: ignore[arg-type]
@@ -171,6 +173,9 @@ def test_lifecycle_round_trips_every_column(store: SessionStore, tmp_path: Path)
         "workspace": str(workspace),
         "kind": "run",
         "sources": [],
+        "budget": asdict(
+            BudgetReport(limits={"max_tokens": 5000.0}, tokens=120, cache_read_tokens=3000)
+        ),
     }
     assert record.tool_calls == tool_calls(), "tool calls round-trip with their datetimes"
     assert record.tool_calls[0].started_at.tzinfo is not None
@@ -524,7 +529,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         old = store.get_session("old")
         create(store, "new", log_dir=tmp_path / "logs", role="researcher")
         new = store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(7,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(8,)]
     assert old is not None and old.log_dir is None and old.status == "queued"
     assert new is not None and new.log_dir == tmp_path / "logs" and new.role == "researcher"
 
@@ -543,9 +548,15 @@ def test_a_version_2_file_is_migrated(tmp_path: Path) -> None:
 
 
 def _as_schema_6(db: Path) -> None:
+    _as_schema_7(db)
     execute(db, "ALTER TABLE sessions DROP COLUMN kind")
     execute(db, "ALTER TABLE sessions DROP COLUMN sources")
     execute(db, "PRAGMA user_version = 6")
+
+
+def _as_schema_7(db: Path) -> None:
+    execute(db, "ALTER TABLE sessions DROP COLUMN budget")
+    execute(db, "PRAGMA user_version = 7")
 
 
 def test_a_version_6_file_is_migrated(tmp_path: Path) -> None:
@@ -559,7 +570,7 @@ def test_a_version_6_file_is_migrated(tmp_path: Path) -> None:
             trigger_source="external", kind="ask", sources=["notes", "repo"],
         )  # fmt: skip
         old, asked = store.get_session("old"), store.get_session("asked")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(7,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(8,)]
     assert old is not None and (old.kind, old.sources) == ("run", ())
     assert asked is not None and (asked.kind, asked.sources) == ("ask", ("notes", "repo"))
     assert asked.to_dict()["sources"] == ["notes", "repo"]
@@ -611,6 +622,20 @@ def test_a_version_5_file_is_migrated(tmp_path: Path) -> None:
         new, old = store.get_session("new"), store.get_session("old")
     assert new is not None and new.workspace == tmp_path / "butler_x_1"
     assert old is not None and old.workspace is None
+
+
+def test_a_version_7_file_is_migrated(tmp_path: Path) -> None:
+    db = tmp_path / "sessions.db"
+    with SessionStore(db) as store:
+        create(store, "old")
+    _as_schema_7(db)
+    with SessionStore(db) as store:
+        create(store, "new")
+        store.complete_session("new", full_result())
+        new, old = store.get_session("new"), store.get_session("old")
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(8,)]
+    assert new is not None and new.budget is not None and new.budget.tokens == 120
+    assert old is not None and old.budget is None
 
 
 def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:

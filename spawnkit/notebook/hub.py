@@ -21,6 +21,7 @@ from typing import Any
 
 from ..butler_server import ToolExtension
 from ..events import EventSink, Finished, Queued, RunEvent, Started
+from ..limits import Limits
 from ..result import SpawnerResult
 from ..roster import ButlerConfig
 from ..service import ButlerService
@@ -196,6 +197,7 @@ class Hub:
         listeners: Sequence[EventSink] = (),
         view: Any | None = None,
         extensions: Sequence[ToolExtension] = (),
+        limits: Limits | None = None,
     ) -> RunHandle:
         """Start a run on the background loop; returns at once."""
         handle = RunHandle(self, target, view, prompt)
@@ -209,7 +211,9 @@ class Hub:
 
         async def run() -> SpawnerResult:
             service = await self._service(target, extensions)
-            return await service.trigger(prompt, context, max_turns=max_turns, on_event=fan_out)
+            return await service.trigger(
+                prompt, context, max_turns=max_turns, on_event=fan_out, limits=limits
+            )
 
         handle.job = self.loop.submit(run())
         self.runs.append(handle)

@@ -16,7 +16,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Enum, Integer, Unicode
 
 from ..ask import AskResult
-from ..errors import ConfigError
+from ..errors import ConfigError, InvalidArgument
+from ..limits import Limits
 from ..result import SpawnerResult
 from .asking import ask_cell
 from .failures import RunCancelled, RunFailed, debug_report, remember
@@ -64,6 +65,9 @@ class SpawnMagics(Magics):
     @argument("--butler", help="a butler from the roster (default: the notebook butler)")
     @argument("--roster", help="roster directory (default: SpawnMagics.roster)")
     @argument("--max-turns", type=int, help="maximum agent turns")
+    @argument("--max-cost-usd", type=float, help="stop the run when it has spent this")
+    @argument("--max-tokens", type=int, help="stop the run at this many tokens (in + out)")
+    @argument("--timeout-s", type=float, help="stop the run after this many seconds")
     @argument("--model", help="model name for the runtime")
     @argument("--replay", help="play model turns from this scenario (offline)")
     @argument("--background", action="store_true", help="return a run handle at once")
@@ -96,8 +100,13 @@ class SpawnMagics(Magics):
                 render=self.render,  # type: ignore[arg-type]  # an Enum trait of those values
                 namespace=(lambda: self.ip.user_ns) if args.kernel_tools else None,
                 default_runtime=self.default_runtime,
+                limits=Limits(
+                    max_cost_usd=args.max_cost_usd,
+                    max_tokens=args.max_tokens,
+                    timeout_s=args.timeout_s,
+                ),
             )
-        except ConfigError as exc:
+        except (ConfigError, InvalidArgument) as exc:
             raise UsageError(str(exc)) from None
         except RunCancelled as stopped:
             if args.out:

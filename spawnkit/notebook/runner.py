@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from ..errors import ConfigError
+from ..limits import Limits
 from ..result import SpawnerResult
 from ..roster import adhoc_butler, load_roster
 from ..runtimes import canonical_runtime
@@ -91,11 +92,13 @@ def spawn(
     namespace: Callable[[], Mapping[str, Any]] | None = None,
     hub: Hub | None = None,
     default_runtime: str = "claude-code",
+    limits: Limits | None = None,
 ) -> SpawnerResult | RunHandle:
     """Run ``prompt``; the SpawnerResult, or with ``background`` a RunHandle at once.
 
     ``namespace`` enables the kernel tools: the agent may read summaries of the
-    variables it returns (see :mod:`spawnkit.notebook.kernel_tools`).
+    variables it returns (see :mod:`spawnkit.notebook.kernel_tools`). ``limits`` are laid
+    over the butler's ``[butler.limits]`` for this run.
     """
     if not prompt.strip():
         raise ConfigError("the prompt is empty")
@@ -114,6 +117,7 @@ def spawn(
     handle = hub.start(
         target, prompt, context=context, max_turns=max_turns,
         listeners=listeners, view=view, extensions=extensions,
+        limits=limits.validate() if limits is not None else None,
     )  # fmt: skip
     board = None
     try:

@@ -58,6 +58,8 @@ MARKS = {
     "failed": "✗",
     "crashed": "⚠",
     "cancelled": "■",
+    "budget": "$",
+    "timeout": "⏱",
 }
 LIVE_STATES = frozenset({"starting", "queued", "running"})
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .scenario import ErrorSpec
+from .scenario import ErrorSpec, TurnRequest
 from .sse import SSEEvent
 
 
@@ -44,6 +44,16 @@ class TurnAssembler(Protocol):
     def feed(self, event: SSEEvent) -> None: ...
 
     def turn(self) -> RecordedTurn: ...
+
+
+class TurnSink(Protocol):
+    """What a relay hands each model turn it passed on: a recording, or a run's meter.
+
+    A streamed turn may be handed over twice for one request (at its final event, then
+    again with what arrived after it): ``request`` is then the same object.
+    """
+
+    def add_turn(self, request: TurnRequest, session_id: str, turn: RecordedTurn) -> None: ...
 
 
 def turn_from_error(status: int, body: Any) -> RecordedTurn:

@@ -45,7 +45,7 @@ from .anthropic import (
     sse_frames,
     to_turn_request,
 )
-from .recorded import RecordedTurn, TurnAssembler, turn_from_error
+from .recorded import RecordedTurn, TurnAssembler, TurnSink, turn_from_error
 from .recorder import Recording
 from .scenario import ErrorSpec, Reply, Scenario, TurnRequest
 from .sse import SSEDecoder
@@ -300,7 +300,15 @@ async def _pause(request: Request, seconds: float) -> bool:
     return True
 
 
-def _record_app(upstream: str, recording: Recording, log: _RequestLog) -> Starlette:
+def relay_app(upstream: str, sink: TurnSink) -> Starlette:
+    """A transparent proxy to ``upstream`` (an origin) handing every model turn to ``sink``.
+
+    Record mode's app without its request log: what :mod:`spawnkit.metering` serves.
+    """
+    return _record_app(upstream.rstrip("/"), sink, _RequestLog(0))
+
+
+def _record_app(upstream: str, recording: TurnSink, log: _RequestLog) -> Starlette:
     clients: list[httpx.AsyncClient] = []
 
     @contextlib.asynccontextmanager
@@ -404,7 +412,7 @@ def _recorded_api(method: str, path: str) -> _RecordedApi | None:
 
 @dataclass(frozen=True)
 class _RecordTarget:
-    recording: Recording
+    recording: TurnSink
     api: _RecordedApi
     request: TurnRequest
     session_id: str

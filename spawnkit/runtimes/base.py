@@ -200,6 +200,14 @@ class RuntimeAdapter(ABC):
     transcripts_dir: ClassVar[str | None] = None
     # Core API keys of other vendors, withheld unless the butler declares them.
     other_vendor_keys: ClassVar[tuple[str, ...]] = ()
+    # The variables holding an API key for the CLI; with none set it uses a subscription
+    # login, where usage has no dollar price (see spawnkit.budget).
+    api_key_env: ClassVar[tuple[str, ...]] = ()
+    # Whether the CLI reports token usage after every model call (else only at the end,
+    # and a run with a token or dollar limit is metered through a relay).
+    live_usage: ClassVar[bool] = False
+    # The model API the CLI calls when no base_url is set (what a relay forwards to).
+    default_api_url: ClassVar[str | None] = None
     # How the CLI prints its version, and what else it needs in its environment to do
     # so quickly (see spawnkit.runtimes.version).
     version_args: ClassVar[tuple[str, ...]] = ("--version",)

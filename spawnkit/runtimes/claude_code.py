@@ -398,6 +398,9 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         "Claude Code is not authenticated: set ANTHROPIC_API_KEY or run `claude login`"
     )
     other_vendor_keys: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY",)
+    api_key_env: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY",)
+    live_usage: ClassVar[bool] = True
+    default_api_url: ClassVar[str | None] = "https://api.anthropic.com"
     transcripts_dir: ClassVar[str | None] = ".claude/projects"
 
     version_args: ClassVar[tuple[str, ...]] = ("-v",)

@@ -265,6 +265,9 @@ class CodexAdapter(StreamingCliAdapter):
     install_hint: ClassVar[str] = "npm install -g @openai/codex@0.169.0"
     auth_remedy: ClassVar[str] = "Codex is not logged in: set OPENAI_API_KEY or run `codex login`"
     other_vendor_keys: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY",)
+    api_key_env: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY",)
+    # Without base_url Codex picks its provider by login; only an API key reaches this URL.
+    default_api_url: ClassVar[str | None] = "https://api.openai.com"
     system_prompt_filename: ClassVar[str] = "CLAUDE.md"
     transcripts_dir: ClassVar[str | None] = ".codex/sessions"
 

@@ -250,6 +250,8 @@ class GeminiAdapter(StreamingCliAdapter):
     # (echoed as the stream's first event) the end of the stream, its result, was lost.
     stdout_to_file: ClassVar[bool] = True
     other_vendor_keys: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
+    api_key_env: ClassVar[tuple[str, ...]] = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
+    default_api_url: ClassVar[str | None] = "https://generativelanguage.googleapis.com"
     transcripts_dir: ClassVar[str | None] = ".gemini/tmp"
     # Without it, `gemini --version` relaunches itself first and takes twice as long.
     version_env: ClassVar[Mapping[str, str]] = MappingProxyType({"GEMINI_CLI_NO_RELAUNCH": "true"})
