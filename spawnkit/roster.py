@@ -11,202 +11,44 @@ Nothing a butler is made of may come from outside its roster: a ``CLAUDE.md``, a
 shared snippet or anything under ``skills/`` that is (or sits under) a symlink
 resolving elsewhere is refused, naming the file, when the roster loads and again
 when a run reads it (see :func:`check_inside`).
+
+The types a butler is made of live in :mod:`spawnkit.butler_config`, below everything that
+reads them; they are re-exported here, where users import them.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import tomllib
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, cast
+from typing import Any, cast
 
+from .butler_config import (
+    DEFAULT_TOOLS,
+    MAX_SKILL_ENTRIES,
+    MCP_PATHS,
+    SHARED_DIR,
+    SYSTEM_PROMPT_FILE,
+    AgentRole,
+    ButlerConfig,
+    EnvConfig,
+    McpTransport,
+    Roster,
+    RuntimeConfig,
+    SandboxConfig,
+    SandboxMode,
+    Schedule,
+    check_inside,
+)
 from .errors import ConfigError, RosterError
-from .runtimes import canonical_runtime
-
-McpTransport = Literal["http", "sse"]
-MCP_PATHS: Mapping[str, str] = MappingProxyType({"http": "/mcp", "sse": "/sse"})
-
-SHARED_DIR = "shared"
-SYSTEM_PROMPT_FILE = "CLAUDE.md"
-DEFAULT_TOOLS = ("Bash", "Read", "Glob", "Grep")
+from .runtime_names import canonical_runtime
 
 _NAME_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
-# How many entries of a butler's skills/ are checked for symlinks out; more is an error.
-MAX_SKILL_ENTRIES = 10_000
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-
-@dataclass(frozen=True)
-class RuntimeConfig:
-    """``[butler.runtime]``: which agent CLI runs the butler, and its limits."""
-
-    type: str = "claude-code"
-    model: str | None = None
-    base_url: str | None = None
-    max_turns: int = 20
-    max_concurrent_sessions: int = 1
-    max_queued_sessions: int = 100
-    timeout_s: float = 900.0
-    # Built-in tools of the CLI the agent may use besides the butler's MCP tools.
-    tools: tuple[str, ...] = DEFAULT_TOOLS
-
-
-SandboxMode = Literal["bwrap", "none"]
-
-
-@dataclass(frozen=True)
-class SandboxConfig:
-    """``[butler.sandbox]``: how a run is contained (see :mod:`spawnkit.sandbox`).
-
-    ``mode = "none"`` is an explicit opt-out. ``read``/``write`` are extra absolute paths
-    the run may see read-only / read-write besides its workspace and the butler's folder.
-    """
-
-    mode: SandboxMode = "bwrap"
-    read: tuple[Path, ...] = ()
-    write: tuple[Path, ...] = ()
-
-
-@dataclass(frozen=True)
-class EnvConfig:
-    """``[butler.env]``: variables the runtime must get, or gets when set."""
-
-    required: tuple[str, ...] = ()
-    optional: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """One ``[[butler.schedule]]`` entry, fired as trigger source ``schedule:<name>``."""
-
-    name: str
-    cron: str
-    prompt: str
-
-
-@dataclass(frozen=True)
-class AgentRole:
-    """``[butler.agents.<role>]``: a role the butler's runs can delegate to."""
-
-    name: str
-    description: str
-    prompt: str
-    tools: tuple[str, ...] | None = None
-    model: str | None = None
-
-
-@dataclass(frozen=True)
-class ButlerConfig:
-    """A validated butler definition."""
-
-    name: str
-    port: int
-    description: str
-    directory: Path
-    roster_dir: Path
-    mcp_transport: McpTransport = "http"
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    modules: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    schedules: tuple[Schedule, ...] = ()
-    agents: Mapping[str, AgentRole] = field(default_factory=dict)
-    # A system prompt elsewhere than <directory>/CLAUDE.md (ad-hoc butlers).
-    prompt_file: Path | None = None
-    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
-    # Where the agent works; None: its run's own workspace (ad-hoc butlers work in a folder).
-    workdir: Path | None = None
-
-    @property
-    def config_file(self) -> Path:
-        return self.directory / "butler.toml"
-
-    @property
-    def system_prompt_file(self) -> Path:
-        return self.prompt_file or self.directory / SYSTEM_PROMPT_FILE
-
-    @property
-    def mcp_path(self) -> str:
-        return MCP_PATHS[self.mcp_transport]
-
-    @property
-    def module_credentials(self) -> tuple[str, ...]:
-        """Env var names that enabled modules declare under ``credentials``."""
-        names: list[str] = []
-        for module in self.modules.values():
-            names.extend(module.get("credentials", ()))
-        return tuple(names)
-
-    def with_runtime(self, runtime: str) -> ButlerConfig:
-        """The same butler run by another runtime (``claude-code``, ``codex``, ``gemini``)."""
-        runtime = canonical_runtime(runtime)
-        if runtime == self.runtime.type:
-            return self
-        return replace(self, runtime=replace(self.runtime, type=runtime))
-
-    def skills(self) -> list[Path]:
-        """The skill folders under ``skills/``; RosterError if any of it leads out of the roster."""
-        skills_dir = self.directory / "skills"
-        if not skills_dir.is_dir():
-            return []
-        # An ad-hoc butler has no roster: its own folder is the bound.
-        root = self.roster_dir if self.prompt_file is None else self.directory
-        check_inside(skills_dir, root)
-        entries = 0
-        for folder, dirs, files in os.walk(skills_dir):  # symlinks are checked, not followed
-            entries += len(dirs) + len(files)
-            if entries > MAX_SKILL_ENTRIES:
-                raise RosterError(skills_dir, f"more than {MAX_SKILL_ENTRIES} files and folders")
-            for name in (*dirs, *files):
-                if (path := Path(folder) / name).is_symlink():
-                    check_inside(path, root)
-        return sorted(p for p in skills_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
-@dataclass(frozen=True)
-class Roster:
-    """All butlers of one roster directory, by name."""
-
-    directory: Path
-    butlers: Mapping[str, ButlerConfig]
-
-    def __getitem__(self, name: str) -> ButlerConfig:
-        try:
-            return self.butlers[name]
-        except KeyError:
-            known = ", ".join(sorted(self.butlers)) or "none"
-            raise ConfigError(
-                f"unknown butler {name!r} in roster {self.directory}; available: {known}"
-            ) from None
-
-    def __iter__(self) -> Iterator[ButlerConfig]:
-        return iter(self.butlers.values())
-
-    def __len__(self) -> int:
-        return len(self.butlers)
-
-    @property
-    def shared_dir(self) -> Path:
-        return self.directory / SHARED_DIR
-
-
 DEFAULT_PROMPT = Path(__file__).parent / "prompts" / "adhoc.md"
-
-
-def check_inside(path: Path, root: Path) -> Path:
-    """``path`` resolved, if it stays inside ``root``; else a RosterError naming ``path``.
-
-    ``path`` may itself be a symlink or sit under one: what counts is where it leads.
-    """
-    resolved = path.resolve()
-    if not resolved.is_relative_to(root.resolve()):
-        raise RosterError(
-            path, f"leads outside the roster, to {resolved}: symlinks must stay inside {root}"
-        )
-    return resolved
 
 
 def adhoc_butler(
@@ -498,3 +340,26 @@ def _abs_paths(t: _Reader, name: str) -> tuple[Path, ...]:
             raise t.error(name, f"{item!r} must be an absolute path")
         paths.append(path.resolve())
     return tuple(paths)
+
+
+__all__ = [
+    "DEFAULT_PROMPT",
+    "DEFAULT_TOOLS",
+    "MAX_SKILL_ENTRIES",
+    "MCP_PATHS",
+    "SHARED_DIR",
+    "SYSTEM_PROMPT_FILE",
+    "AgentRole",
+    "ButlerConfig",
+    "EnvConfig",
+    "McpTransport",
+    "Roster",
+    "RuntimeConfig",
+    "SandboxConfig",
+    "SandboxMode",
+    "Schedule",
+    "adhoc_butler",
+    "check_inside",
+    "load_butler",
+    "load_roster",
+]

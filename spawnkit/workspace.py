@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
+from .butler_config import ButlerConfig
 from .home import spawnkit_home
-from .roster import ButlerConfig
 
 logger = logging.getLogger(__name__)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+from ..butler_config import AgentRole, McpTransport, RuntimeConfig
 from ..errors import (
     AuthenticationFailure,
     ModelUnavailable,
@@ -33,7 +34,6 @@ from ..errors import (
 from ..events import EventSink
 from ..home import spawnkit_home
 from ..result import Usage
-from ..roster import AgentRole, McpTransport, RuntimeConfig
 from ..runlog import RunLog
 from ..sandbox import NO_SANDBOX, SandboxPlan
 from ..system_prompt import read_prompt_file
