@@ -628,6 +628,19 @@ class Spawner:
                     exc, "kind", "config" if isinstance(exc, ConfigError) else "not_found"
                 )
                 worker.reset()
+            except StoreError:
+                raise  # the store's own failure, recorded by _run as such
+            except Exception as exc:
+                # Not a RuntimeFailure: a bug or an unforeseen error in the adapter (or in
+                # preparing the run). The run fails with what was raised; the adapter is
+                # reset like after any failure, and the span carries the exception.
+                logger.exception(
+                    "run %s of butler %s raised %s", run.session_id, butler.name,
+                    type(exc).__name__,
+                )  # fmt: skip
+                error, error_kind = f"{type(exc).__name__}: {exc}", "adapter_error"
+                span.record_exception(exc)
+                worker.reset()
             except asyncio.CancelledError:
                 cancelled = self._unfinished(
                     collector, "cancelled", "the run was cancelled", "cancelled"

@@ -1,0 +1,82 @@
+"""Contracts from the specs spawnkit builds on, each checked where it could break.
+
+The runtime-adapter interface and the peer test suites ported from it promise: a run whose
+adapter raises anything is a recorded failure with that exception, not a lost session;
+``capabilities()`` lists the same keys for every runtime; ``trigger`` takes no context by
+position; unknown keys in ``butler.toml`` module tables are errors; missing credentials
+are said before a run rather than discovered inside it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from spawnkit.errors import RuntimeFailure
+from spawnkit.spawner import Spawner
+from spawnkit.store import SessionStore
+
+from .conftest import RosterFactory
+from .fakes import FakeAdapter
+
+
+def traced() -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+class AdapterBug(Exception):
+    """Not spawnkit's: what a third-party adapter might raise."""
+
+
+async def test_an_adapter_exception_fails_the_run_with_its_type_and_message(
+    make_butler: RosterFactory, store: SessionStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    provider, exporter = traced()
+    adapter = FakeAdapter()
+    adapter.fail_with = AdapterBug("the adapter tripped over its own feet")
+    spawner = Spawner(make_butler(), store=store, adapter=adapter, tracer_provider=provider)
+
+    with caplog.at_level(logging.ERROR, logger="spawnkit.spawner"):
+        result = await spawner.trigger("hi")
+
+    message = "AdapterBug: the adapter tripped over its own feet"
+    assert not result.success and result.status == "failed"
+    assert result.error == message and result.error_kind == "adapter_error"
+    assert "internal error" not in (result.error or "")
+    assert result.output == "answer to: hi", "output keeps what came before the exception"
+    record = store.get_session(result.session_id)
+    assert record is not None and (record.status, record.error) == ("failed", message)
+    assert adapter.resets == 1, "reset() is called after the exception"
+    assert not adapter.workspaces[0].exists()
+
+    (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("invoke_agent")]
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.status.description == message
+    (event,) = [e for e in span.events if e.name == "exception"]
+    assert event.attributes is not None
+    assert event.attributes["exception.type"].endswith("AdapterBug")  # type: ignore[union-attr]
+    assert event.attributes["exception.message"] == "the adapter tripped over its own feet"
+    assert "AdapterBug" in str(event.attributes["exception.stacktrace"])
+    assert "raised AdapterBug" in caplog.text, "the traceback is logged for the adapter's author"
+
+
+async def test_spawnkits_own_run_failure_is_no_exception_on_the_span(
+    make_butler: RosterFactory, store: SessionStore
+) -> None:
+    provider, exporter = traced()
+    adapter = FakeAdapter()
+    adapter.fail_with = RuntimeFailure("the CLI crashed", "crash")
+    spawner = Spawner(make_butler(), store=store, adapter=adapter, tracer_provider=provider)
+    result = await spawner.trigger("hi")
+    assert (result.error, result.error_kind) == ("the CLI crashed", "crash")
+    (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("invoke_agent")]
+    assert span.status.status_code is StatusCode.ERROR
+    assert not [e for e in span.events if e.name == "exception"]
