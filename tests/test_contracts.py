@@ -9,7 +9,11 @@ are said before a run rather than discovered inside it.
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -18,6 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from spawnkit.errors import RuntimeFailure
+from spawnkit.runtimes import available_runtimes, get_adapter
 from spawnkit.spawner import Spawner
 from spawnkit.store import SessionStore
 
@@ -80,3 +85,29 @@ async def test_spawnkits_own_run_failure_is_no_exception_on_the_span(
     (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("invoke_agent")]
     assert span.status.status_code is StatusCode.ERROR
     assert not [e for e in span.events if e.name == "exception"]
+
+
+SUPPORTS_KEYS = {
+    "supports_mcp", "supports_system_prompt", "supports_resume", "supports_subagents",
+    "supports_agent_profiles", "supports_handoffs", "supports_max_turns",
+    "supports_parallel_sessions",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("runtime", available_runtimes())
+def test_every_runtime_reports_the_same_capability_keys(runtime: str) -> None:
+    caps = get_adapter(runtime)(None).capabilities()
+    assert {k for k in caps if k.startswith("supports_")} == SUPPORTS_KEYS
+    assert caps["supports_agent_profiles"] is True and caps["supports_handoffs"] is False
+
+
+@pytest.mark.parametrize("runtime", ["claude-code", "codex", "gemini"])
+def test_the_adapter_contract_json_has_every_capability_key(runtime: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "spawnkit", "adapter", runtime, "capabilities"],
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    caps = json.loads(done.stdout)
+    assert caps["runtime"] == runtime and set(caps) >= SUPPORTS_KEYS
+    assert (caps["supports_agent_profiles"], caps["supports_handoffs"]) == (True, False)

@@ -264,12 +264,22 @@ class RuntimeAdapter(ABC):
         return dict(spec.env)
 
     def capabilities(self) -> dict[str, Any]:
+        """What this runtime can do, under the runtime-adapter interface's keys.
+
+        Every runtime reports every ``supports_*`` key. ``supports_agent_profiles``: a run
+        can act as one of a butler's ``[butler.agents.<role>]`` (its prompt, tools and
+        model), which the spawner applies for any runtime. ``supports_handoffs``: an agent
+        can hand its conversation over to another agent mid-run, which none of the CLIs
+        does (Claude Code's sub-agents are delegations: ``supports_subagents``).
+        """
         return {
             "supports_mcp": True,
             "supports_system_prompt": True,
             "supports_resume": False,
             "supports_subagents": False,
             "subagent_style": None,
+            "supports_agent_profiles": True,
+            "supports_handoffs": False,
             "supports_max_turns": True,
             "supports_parallel_sessions": True,
         }
