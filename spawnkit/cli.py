@@ -325,7 +325,9 @@ async def _run_once(
             external_mcp=external_mcp,
             tracer_provider=provider,
         ) as service:
-            return await service.trigger(prompt, context, max_turns=max_turns, on_event=printer)
+            return await service.trigger(
+                prompt, context=context, max_turns=max_turns, on_event=printer
+            )
     finally:
         provider.shutdown()
 

@@ -367,7 +367,9 @@ def run_worker(
                 return await service.spawner.resume(
                     resume_from, prompt, context, new_session_id=session_id
                 )
-            return await service.spawner.trigger(prompt, context, session_id=session_id, role=role)
+            return await service.spawner.trigger(
+                prompt, context=context, session_id=session_id, role=role
+            )
 
     try:
         try:

@@ -97,7 +97,7 @@ def validate_trigger_source(source: str) -> None:
         return
     raise InvalidTriggerSource(
         f"invalid trigger_source {source!r}: use one of {', '.join(TRIGGER_SOURCES)} "
-        "or schedule:<task-name>"
+        "or schedule:<task-name> (a context is passed as context=...)"
     )
 
 
@@ -331,10 +331,10 @@ class Spawner:
     async def trigger(
         self,
         prompt: str,
-        context: str | None = None,
         trigger_source: str = "external",
-        max_turns: int | None = None,
         *,
+        context: str | None = None,
+        max_turns: int | None = None,
         on_event: EventSink | None = None,
         parent_session_id: str | None = None,
         resume: str | None = None,
@@ -343,6 +343,11 @@ class Spawner:
     ) -> SpawnerResult:
         """Run ``prompt`` on this butler's runtime and return its result.
 
+        ``trigger_source`` says who asked: one of :data:`TRIGGER_SOURCES` or
+        ``schedule:<task-name>``; anything else raises
+        :class:`~spawnkit.errors.InvalidTriggerSource` listing them. Every other argument
+        is keyword-only, so ``trigger("hi", "some context")`` cannot pass a context by
+        position. ``context`` is text the agent receives before the prompt.
         ``session_id`` chooses the new session's id (the shell adapter contract
         announces it before the run starts); by default a fresh UUID. It names the
         run's log folder, so anything but a plain name (letters, digits, ``._-``)
@@ -447,7 +452,7 @@ class Spawner:
             raise SpawnkitError(f"the {self.butler.runtime.type} runtime cannot resume sessions")
         return await self.trigger(
             prompt,
-            context,
+            context=context,
             max_turns=max_turns,
             on_event=on_event,
             parent_session_id=session_id,

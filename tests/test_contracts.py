@@ -9,6 +9,7 @@ are said before a run rather than discovered inside it.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import subprocess
@@ -21,9 +22,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from spawnkit.errors import RuntimeFailure
+from spawnkit import MockSpawner
+from spawnkit.errors import InvalidTriggerSource, RuntimeFailure
 from spawnkit.runtimes import available_runtimes, get_adapter
-from spawnkit.spawner import Spawner
+from spawnkit.service import ButlerService
+from spawnkit.spawner import TRIGGER_SOURCES, Spawner
 from spawnkit.store import SessionStore
 
 from .conftest import RosterFactory
@@ -111,3 +114,36 @@ def test_the_adapter_contract_json_has_every_capability_key(runtime: str, tmp_pa
     caps = json.loads(done.stdout)
     assert caps["runtime"] == runtime and set(caps) >= SUPPORTS_KEYS
     assert (caps["supports_agent_profiles"], caps["supports_handoffs"]) == (True, False)
+
+
+async def test_the_second_positional_argument_of_trigger_is_the_trigger_source(
+    make_butler: RosterFactory, store: SessionStore
+) -> None:
+    adapter = FakeAdapter()
+    spawner = Spawner(make_butler(), store=store, adapter=adapter)
+    result = await spawner.trigger("hi", "tick")
+    record = store.get_session(result.session_id)
+    assert record is not None and (record.trigger_source, record.context) == ("tick", None)
+    assert adapter.specs[0].prompt == "hi", "'tick' is not a context"
+
+    with pytest.raises(InvalidTriggerSource) as refused:
+        await spawner.trigger("hi", "the weather is fine")
+    message = str(refused.value)
+    assert "'the weather is fine'" in message
+    for source in (*TRIGGER_SOURCES, "schedule:<task-name>", "context="):
+        assert source in message
+    with pytest.raises(TypeError):
+        await spawner.trigger("hi", "tick", "a context")  # type: ignore[misc]
+    assert store.count_sessions() == 1, "refused triggers leave no record"
+
+
+@pytest.mark.parametrize("frontend", [Spawner, MockSpawner, ButlerService])
+def test_everything_after_prompt_and_trigger_source_is_keyword_only(frontend: type) -> None:
+    parameters = list(inspect.signature(frontend.trigger).parameters.values())[1:]
+    assert [p.name for p in parameters[:2]] == ["prompt", "trigger_source"]
+    assert all(p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD) for p in parameters[2:])
+
+
+async def test_the_mock_spawner_refuses_an_unknown_trigger_source() -> None:
+    with pytest.raises(InvalidTriggerSource, match="tick, external, trigger, route"):
+        await MockSpawner().trigger("hi", "some context")

@@ -209,7 +209,9 @@ class Hub:
 
         async def run() -> SpawnerResult:
             service = await self._service(target, extensions)
-            return await service.trigger(prompt, context, max_turns=max_turns, on_event=fan_out)
+            return await service.trigger(
+                prompt, context=context, max_turns=max_turns, on_event=fan_out
+            )
 
         handle.job = self.loop.submit(run())
         self.runs.append(handle)
