@@ -30,6 +30,14 @@ DEFAULT_TOOLS = ("Bash", "Read", "Glob", "Grep")
 # How many entries of a butler's skills/ are checked for symlinks out; more is an error.
 MAX_SKILL_ENTRIES = 10_000
 
+# The [modules.<name>] tables spawnkit itself reads, with every key their readers take
+# (memory: spawnkit.memory.StoreMemory.from_module_config). Any module may list its
+# `credentials`. Other modules' tables belong to the butler's own code and are kept as
+# written; a key these do not know is an error when the roster loads.
+MODULE_KEYS: Mapping[str, frozenset[str]] = MappingProxyType(
+    {"memory": frozenset({"max_tokens", "max_episodes", "credentials"})}
+)
+
 
 @dataclass(frozen=True)
 class RuntimeConfig:
@@ -201,6 +209,7 @@ __all__ = [
     "DEFAULT_TOOLS",
     "MAX_SKILL_ENTRIES",
     "MCP_PATHS",
+    "MODULE_KEYS",
     "SHARED_DIR",
     "SYSTEM_PROMPT_FILE",
     "AgentRole",

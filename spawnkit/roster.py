@@ -18,6 +18,7 @@ reads them; they are re-exported here, where users import them.
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from .butler_config import (
     DEFAULT_TOOLS,
     MAX_SKILL_ENTRIES,
     MCP_PATHS,
+    MODULE_KEYS,
     SHARED_DIR,
     SYSTEM_PROMPT_FILE,
     AgentRole,
@@ -139,10 +141,13 @@ class _Reader:
     def error(self, name: str, message: str) -> RosterError:
         return RosterError(self.path, message, self.key(name))
 
-    def check_keys(self, allowed: set[str]) -> None:
+    def check_keys(self, allowed: set[str] | frozenset[str]) -> None:
         for name in self.data:
             if name not in allowed:
-                raise self.error(name, f"unknown key (allowed: {', '.join(sorted(allowed))})")
+                known = sorted(allowed)
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise self.error(name, f"unknown key ({hint}allowed: {', '.join(known)})")
 
     def table(self, name: str, required: bool = False) -> _Reader:
         value = self.data.get(name)
@@ -299,6 +304,12 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
     m = doc.table("modules")
     for module_name in m.data:
         module = m.table(module_name)
+        if module_name in MODULE_KEYS:
+            module.check_keys(MODULE_KEYS[module_name])
+        if module_name == "memory":
+            for key in ("max_tokens", "max_episodes"):  # StoreMemory's budgets
+                if key in module.data:
+                    module.integer(key, minimum=1)
         if "credentials" in module.data:
             module.names("credentials")
         modules[module_name] = MappingProxyType(dict(module.data))
@@ -347,6 +358,7 @@ __all__ = [
     "DEFAULT_TOOLS",
     "MAX_SKILL_ENTRIES",
     "MCP_PATHS",
+    "MODULE_KEYS",
     "SHARED_DIR",
     "SYSTEM_PROMPT_FILE",
     "AgentRole",

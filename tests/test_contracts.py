@@ -23,7 +23,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from spawnkit import MockSpawner
-from spawnkit.errors import InvalidTriggerSource, RuntimeFailure
+from spawnkit.butler_config import MODULE_KEYS
+from spawnkit.errors import InvalidTriggerSource, RosterError, RuntimeFailure
+from spawnkit.memory import StoreMemory
 from spawnkit.runtimes import available_runtimes, get_adapter
 from spawnkit.service import ButlerService
 from spawnkit.spawner import TRIGGER_SOURCES, Spawner
@@ -147,3 +149,48 @@ def test_everything_after_prompt_and_trigger_source_is_keyword_only(frontend: ty
 async def test_the_mock_spawner_refuses_an_unknown_trigger_source() -> None:
     with pytest.raises(InvalidTriggerSource, match="tick, external, trigger, route"):
         await MockSpawner().trigger("hi", "some context")
+
+
+def _roster_error(make_butler: RosterFactory, modules: str) -> RosterError:
+    with pytest.raises(RosterError) as info:
+        make_butler(extra=modules)
+    return info.value
+
+
+def test_an_unknown_key_in_a_module_table_names_the_file_and_the_closest_key(
+    make_butler: RosterFactory,
+) -> None:
+    error = _roster_error(make_butler, "[modules.memory]\nmax_token = 1500\n")
+    assert error.path.name == "butler.toml" and error.key == "modules.memory.max_token"
+    assert str(error) == (
+        f"{error.path}: [modules.memory.max_token]: unknown key (did you mean 'max_tokens'? "
+        "allowed: credentials, max_episodes, max_tokens)"
+    )
+    # A budget under a name nothing reads, with no close match: the known keys are listed.
+    error = _roster_error(make_butler, "[modules.memory]\nbudget = 1500\n")
+    assert str(error).endswith(
+        "[modules.memory.budget]: unknown key (allowed: credentials, max_episodes, max_tokens)"
+    )
+    error = _roster_error(make_butler, '[modules.memory]\nmax_tokens = "lots"\n')
+    assert str(error).endswith("[modules.memory.max_tokens]: must be an integer, not str")
+
+
+def test_the_keys_spawnkit_reads_in_module_tables_are_accepted(
+    make_butler: RosterFactory, store: SessionStore
+) -> None:
+    butler = make_butler(
+        extra="""
+        [modules.memory]
+        max_tokens = 10
+        max_episodes = 2
+        credentials = ["MEMORY_TOKEN"]
+        [modules.mail]
+        server = "imap.example.org"
+        """
+    )
+    memory = StoreMemory.from_module_config(store, butler.modules["memory"])
+    assert (memory.max_tokens, memory.max_episodes) == (10, 2)
+    assert butler.modules["mail"]["server"] == "imap.example.org", "other modules' own keys"
+    assert set(MODULE_KEYS["memory"]) == {"credentials"} | {
+        name for name in inspect.signature(StoreMemory).parameters if name != "store"
+    }, "MODULE_KEYS names every key StoreMemory takes"
