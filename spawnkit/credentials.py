@@ -104,6 +104,13 @@ def check_required(butler: ButlerConfig, credentials: CredentialStore) -> None:
         raise MissingEnvError(butler.name, missing)
 
 
+def missing_optional(butler: ButlerConfig, env: Mapping[str, str]) -> list[str]:
+    """The optional variables (``[butler.env] optional``, modules' ``credentials``) a run's
+    ``env`` lacks a value for."""
+    names = dict.fromkeys([*butler.env.optional, *butler.module_credentials])
+    return [name for name in names if not env.get(name)]
+
+
 def isolated_env(
     butler: ButlerConfig,
     credentials: CredentialStore,

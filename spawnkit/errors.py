@@ -9,6 +9,7 @@ caller can catch the family at once and a command line can print one clear line:
     │   ├── UnknownRuntimeError     also a ValueError; lists the registered types
     │   └── ScenarioError           a replay scenario file is malformed
     ├── MissingEnvError             a butler's required variable has no value
+    ├── MissingApiKeyError          a runtime has no API key and no login; says how to add one
     ├── RuntimeNotFoundError        the agent CLI binary is missing; says how to install it
     ├── InvalidTriggerSource        also a ValueError
     ├── InvalidArgument             a call's argument is out of range; also a ValueError
@@ -100,6 +101,22 @@ class MissingEnvError(SpawnkitError):
             f"butler {butler!r} requires {', '.join(names)}: set "
             f"{'it' if len(names) == 1 else 'them'} in the environment or with "
             "`spawnkit credentials set NAME`"
+        )
+
+
+class MissingApiKeyError(SpawnkitError):
+    """A runtime's CLI would start with no API key and no login: nothing could authenticate it."""
+
+    def __init__(self, runtime: str, names: tuple[str, ...], login_command: str | None) -> None:
+        self.runtime = runtime
+        self.names = names
+        self.login_command = login_command
+        first, others = names[0], names[1:]
+        alternatives = f" (or {', '.join(others)})" if others else ""
+        login = f", or log in with `{login_command}`" if login_command else ""
+        super().__init__(
+            f"{runtime} has no API key: set {first}{alternatives} in the environment or with "
+            f"`spawnkit credentials set {first}`{login}"
         )
 
 

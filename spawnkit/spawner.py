@@ -40,9 +40,11 @@ from opentelemetry.trace import TracerProvider
 from . import sandbox
 from .credentials import (
     CredentialStore,
+    allowed_names,
     check_required,
     injected_secrets,
     isolated_env,
+    missing_optional,
     secret_names,
 )
 from .errors import (
@@ -357,7 +359,7 @@ class Spawner:
         only labels the run (``SPAWNKIT_ROLE``).
 
         Raises for triggers that are refused or wrong before they are accepted
-        (bad arguments, closed spawner, full queue, missing CLI or variable);
+        (bad arguments, closed spawner, full queue, missing CLI, variable or API key);
         once accepted, failures come back as ``success=False`` results.
         """
         validate_trigger_source(trigger_source)
@@ -379,6 +381,7 @@ class Spawner:
         self.adapter.find_binary()
         sandbox.check_available(self.butler)
         check_required(self.butler, self.credentials)
+        self._check_authenticated()
         redactor = Redactor(
             injected_secrets(
                 self.butler, self.credentials, self.adapter.passthrough_env,
@@ -458,6 +461,14 @@ class Spawner:
             parent_session_id=session_id,
             resume=record.runtime_session_id,
             session_id=new_session_id,
+        )
+
+    def _check_authenticated(self) -> None:
+        """The runtime's API key, as a run would get it, or a login; else MissingApiKeyError."""
+        adapter = self.adapter
+        passed = set(allowed_names(self.butler, adapter.passthrough_env, adapter.other_vendor_keys))
+        adapter.check_authenticated(
+            lambda name: self.credentials.resolve(name) if name in passed else None
         )
 
     def _rejected_self_trigger(self) -> SpawnerResult:
@@ -722,6 +733,12 @@ class Spawner:
             isolated_env, butler, self.credentials, worker.passthrough_env, identity,
             worker.other_vendor_keys,
         )  # fmt: skip
+        if missing := missing_optional(butler, env):
+            logger.warning(
+                "run %s of butler %s goes on without %s (optional, not set; "
+                "`spawnkit credentials set NAME` sets one)",
+                run.session_id, butler.name, ", ".join(missing),
+            )  # fmt: skip
         # What was really injected is what must be redacted (a value may have changed
         # since the trigger was accepted).
         names = secret_names(butler, worker.passthrough_env, worker.other_vendor_keys)

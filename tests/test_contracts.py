@@ -24,8 +24,14 @@ from opentelemetry.trace import StatusCode
 
 from spawnkit import MockSpawner
 from spawnkit.butler_config import MODULE_KEYS
-from spawnkit.errors import InvalidTriggerSource, RosterError, RuntimeFailure
+from spawnkit.errors import (
+    InvalidTriggerSource,
+    MissingApiKeyError,
+    RosterError,
+    RuntimeFailure,
+)
 from spawnkit.memory import StoreMemory
+from spawnkit.replay import Scenario
 from spawnkit.runtimes import available_runtimes, get_adapter
 from spawnkit.service import ButlerService
 from spawnkit.spawner import TRIGGER_SOURCES, Spawner
@@ -194,3 +200,121 @@ def test_the_keys_spawnkit_reads_in_module_tables_are_accepted(
     assert set(MODULE_KEYS["memory"]) == {"credentials"} | {
         name for name in inspect.signature(StoreMemory).parameters if name != "store"
     }, "MODULE_KEYS names every key StoreMemory takes"
+
+
+API_KEYS = (
+    "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN", "OPENAI_API_KEY",
+    "GEMINI_API_KEY", "GOOGLE_API_KEY",
+)  # fmt: skip
+NEEDS = {
+    "claude-code": ("ANTHROPIC_API_KEY", "`claude login`"),
+    "codex": ("OPENAI_API_KEY", "`codex login`"),
+    "gemini": ("GEMINI_API_KEY", "`gemini`"),
+}
+
+
+@pytest.fixture
+def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No API key anywhere and a home without any CLI's login; returns that home."""
+    for name in API_KEYS:
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+@pytest.mark.parametrize("runtime", list(NEEDS))
+async def test_a_runtime_without_key_or_login_is_refused_before_spawning(
+    runtime: str, make_butler: RosterFactory, store: SessionStore, no_credentials: Path
+) -> None:
+    if runtime == "claude-code" and sys.platform == "darwin":
+        pytest.skip("a Claude Code login on macOS is in the keychain, assumed present")
+    butler = make_butler(extra='[butler.sandbox]\nmode = "none"\n').with_runtime(runtime)
+    spawner = Spawner(butler, store=store)
+    with pytest.raises(MissingApiKeyError) as refused:
+        await spawner.trigger("hi")
+    variable, login = NEEDS[runtime]
+    message = str(refused.value)
+    assert f"{runtime} has no API key: set {variable}" in message and login in message
+    assert f"`spawnkit credentials set {variable}`" in message
+    assert store.count_sessions() == 0, "nothing was spawned or recorded"
+
+
+@pytest.mark.parametrize("runtime", list(NEEDS))
+def test_a_login_or_a_key_the_run_gets_lets_the_run_start(
+    runtime: str, no_credentials: Path
+) -> None:
+    adapter = get_adapter(runtime)(None)
+    variable = NEEDS[runtime][0]
+    adapter.check_authenticated(lambda name: "k" if name == variable else None)
+    for login in adapter.login_files:
+        path = no_credentials / login
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+    adapter.check_authenticated(lambda name: None)
+
+
+async def test_a_key_the_butler_does_not_pass_to_the_run_does_not_count(
+    make_butler: RosterFactory,
+    store: SessionStore,
+    no_credentials: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Claude Code's OAuth token reaches a run only when the butler declares it.
+    monkeypatch.setenv("CLAUDE_CODE_OAUTH_TOKEN", "sk-ant-oat-test")
+    if sys.platform == "darwin":
+        pytest.skip("a Claude Code login on macOS is in the keychain, assumed present")
+    sandbox_off = '[butler.sandbox]\nmode = "none"\n'
+    with pytest.raises(MissingApiKeyError):
+        await Spawner(make_butler(extra=sandbox_off), store=store).trigger("hi")
+    declared = make_butler(
+        "declared", extra=sandbox_off + '[butler.env]\noptional = ["CLAUDE_CODE_OAUTH_TOKEN"]\n'
+    )
+    Spawner(declared, store=store)._check_authenticated()  # passes: the run would get it
+
+
+@pytest.mark.parametrize("runtime", ["codex", "claude-code"])
+async def test_a_replay_run_needs_no_key_and_warns_of_nothing(
+    runtime: str,
+    make_butler: RosterFactory,
+    store: SessionStore,
+    no_credentials: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    scenario = Scenario.from_dict({"turn": [{"text": "replayed"}]}, source="<test>")
+    butler = make_butler().with_runtime(runtime)
+    with caplog.at_level(logging.WARNING, logger="spawnkit"):
+        async with ButlerService(butler, store=store, replay=scenario) as service:
+            result = await service.trigger("hi")
+    assert result.success and result.output == "replayed", result.error
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+async def test_missing_optional_credentials_are_one_warning_per_run(
+    make_butler: RosterFactory,
+    store: SessionStore,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.delenv("ABSENT_ONE", raising=False)
+    monkeypatch.delenv("MAIL_TOKEN", raising=False)
+    monkeypatch.setenv("PRESENT_ONE", "set")
+    butler = make_butler(
+        extra="""
+        [butler.env]
+        optional = ["ABSENT_ONE", "PRESENT_ONE"]
+        [modules.mail]
+        credentials = ["MAIL_TOKEN"]
+        """
+    )
+    spawner = Spawner(butler, store=store, adapter=FakeAdapter())
+    with caplog.at_level(logging.WARNING, logger="spawnkit"):
+        first = await spawner.trigger("one")
+        second = await spawner.trigger("two")
+    assert first.success and second.success, "an optional variable is optional"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    for warning, result in zip(warnings, (first, second), strict=True):
+        assert result.session_id in warning
+        assert "ABSENT_ONE, MAIL_TOKEN" in warning and "PRESENT_ONE" not in warning

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from ..butler_config import AgentRole, McpTransport, RuntimeConfig
 from ..errors import (
     AuthenticationFailure,
+    MissingApiKeyError,
     ModelUnavailable,
     RateLimited,
     RuntimeFailure,
@@ -196,6 +197,12 @@ class RuntimeAdapter(ABC):
     transcripts_dir: ClassVar[str | None] = None
     # Core API keys of other vendors, withheld unless the butler declares them.
     other_vendor_keys: ClassVar[tuple[str, ...]] = ()
+    # Variables any one of which authenticates the CLI with its model API (the first is
+    # the one to suggest); empty: the runtime needs none. Without one, a login may do:
+    # `login_command` makes it, leaving one of `login_files` (relative to the user's home).
+    api_key_env: ClassVar[tuple[str, ...]] = ()
+    login_command: ClassVar[str | None] = None
+    login_files: ClassVar[tuple[str, ...]] = ()
     # How the CLI prints its version, and what else it needs in its environment to do
     # so quickly (see spawnkit.runtimes.version).
     version_args: ClassVar[tuple[str, ...]] = ("--version",)
@@ -210,6 +217,25 @@ class RuntimeAdapter(ABC):
 
     def reset(self) -> None:  # noqa: B027 - a no-op is the right default
         """Forget cached lookups after a failure; the next run re-checks them."""
+
+    def logged_in(self) -> bool:
+        """Whether the user's home holds a login of this CLI (one of :attr:`login_files`)."""
+        home = Path.home()
+        return any((home / name).is_file() for name in self.login_files)
+
+    def check_authenticated(self, resolve: Callable[[str], str | None]) -> None:
+        """Refuse a run that nothing could authenticate, before anything is spawned.
+
+        ``resolve`` gives the value a run would get for a variable (None: not set, or not
+        passed to this run). A run is refused with :class:`MissingApiKeyError` only when
+        none of :attr:`api_key_env` has a value and the user has no login either; a replay
+        or gateway run has the key it was given, so it passes.
+        """
+        if not self.api_key_env or any(resolve(name) for name in self.api_key_env):
+            return
+        if self.logged_in():
+            return
+        raise MissingApiKeyError(self.type, self.api_key_env, self.login_command)
 
     @abstractmethod
     def find_binary(self) -> Path:

@@ -265,6 +265,9 @@ class CodexAdapter(StreamingCliAdapter):
     install_hint: ClassVar[str] = "npm install -g @openai/codex@0.169.0"
     auth_remedy: ClassVar[str] = "Codex is not logged in: set OPENAI_API_KEY or run `codex login`"
     other_vendor_keys: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY",)
+    api_key_env: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY",)
+    login_command: ClassVar[str | None] = "codex login"
+    login_files: ClassVar[tuple[str, ...]] = (".codex/auth.json",)
     system_prompt_filename: ClassVar[str] = "CLAUDE.md"
     transcripts_dir: ClassVar[str | None] = ".codex/sessions"
 

@@ -250,6 +250,10 @@ class GeminiAdapter(StreamingCliAdapter):
     # (echoed as the stream's first event) the end of the stream, its result, was lost.
     stdout_to_file: ClassVar[bool] = True
     other_vendor_keys: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
+    api_key_env: ClassVar[tuple[str, ...]] = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
+    # Gemini logs in interactively: its first start offers "Login with Google".
+    login_command: ClassVar[str | None] = "gemini"
+    login_files: ClassVar[tuple[str, ...]] = (".gemini/oauth_creds.json",)
     transcripts_dir: ClassVar[str | None] = ".gemini/tmp"
     # Without it, `gemini --version` relaunches itself first and takes twice as long.
     version_env: ClassVar[Mapping[str, str]] = MappingProxyType({"GEMINI_CLI_NO_RELAUNCH": "true"})
