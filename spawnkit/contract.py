@@ -9,6 +9,7 @@ calls::
     spawnkit adapter RUNTIME check_status SESSION_ID           -> pending|active|completed|failed
     spawnkit adapter RUNTIME spawn_subagent ROLE BRIEF_FILE STATE_FILE PROMPT -> a session id
     spawnkit adapter RUNTIME --roster R --butler B start_mcp_server -> the server's pid
+    spawnkit adapter RUNTIME start_mcp_server BUTLER_OR_CONFIG     -> the same, positionally
       (clients send the token in $SPAWNKIT_HOME/mcp/<butler>-<port>.token as a bearer)
 
 ``spawn`` and ``resume`` return as soon as the session exists: the run goes on
@@ -395,7 +396,35 @@ def _result_of(record: SessionRecord) -> SpawnerResult:
     )  # fmt: skip
 
 
-def start_mcp_server(options: Options) -> int:
+def mcp_server_butler(options: Options, config: str | None = None) -> ButlerConfig:
+    """The butler ``start_mcp_server`` serves: ``--butler``, or the interface's positional
+    form, a butler's name in the roster or the path of its ``butler.toml`` or folder."""
+    from .roster import load_butler, load_roster
+    from .roster_location import find_roster
+
+    if config is None:
+        if not options.butler:
+            raise ContractError(
+                "start_mcp_server needs --butler (and --roster), or a butler's name or the "
+                "path of its butler.toml"
+            )
+        return load_roster(find_roster(options.roster))[options.butler]
+    path = Path(config).expanduser()
+    is_path = os.sep in config or config.endswith(".toml") or (path / "butler.toml").is_file()
+    if not is_path:
+        butler = load_roster(find_roster(options.roster))[config]
+    elif path.is_file() or (path / "butler.toml").is_file():
+        butler = load_butler(path.parent if path.is_file() else path)
+    else:
+        raise ContractError(f"no butler.toml at {path}")
+    if options.butler and options.butler != butler.name:
+        raise ContractError(
+            f"{config} is butler {butler.name!r}, but --butler says {options.butler!r}"
+        )
+    return butler
+
+
+def start_mcp_server(options: Options, config: str | None = None) -> int:
     """Serve the butler's MCP server in a detached process; returns its pid once it listens.
 
     Clients authenticate with the owner token in :func:`~spawnkit.mcp_access.
@@ -405,12 +434,8 @@ def start_mcp_server(options: Options) -> int:
     import subprocess
 
     from .mcp_access import owner_token, owner_token_path
-    from .roster import load_roster
-    from .roster_location import find_roster
 
-    if not options.butler:
-        raise ContractError("start_mcp_server needs --butler (and --roster)")
-    butler = load_roster(find_roster(options.roster))[options.butler]
+    butler = mcp_server_butler(options, config)
     if _listening(butler.port):
         raise ContractError(f"port {butler.port} of butler {butler.name!r} is already in use")
     owner_token(owner_token_path(butler.name, butler.port), create=True)

@@ -12,6 +12,9 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +33,7 @@ from spawnkit.errors import (
     RosterError,
     RuntimeFailure,
 )
+from spawnkit.home import spawnkit_home
 from spawnkit.memory import StoreMemory
 from spawnkit.replay import Scenario
 from spawnkit.runtimes import available_runtimes, get_adapter
@@ -318,3 +322,59 @@ async def test_missing_optional_credentials_are_one_warning_per_run(
     for warning, result in zip(warnings, (first, second), strict=True):
         assert result.session_id in warning
         assert "ABSENT_ONE, MAIL_TOKEN" in warning and "PRESENT_ONE" not in warning
+
+
+def _adapter(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "spawnkit", "adapter", "claude-code", *args],
+        capture_output=True, text=True, timeout=120, check=False, cwd=cwd,
+    )  # fmt: skip
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        ("desk",),
+        ("roster/desk/butler.toml",),
+        ("roster/desk",),
+        ("--butler", "desk", "desk"),
+    ],
+    ids=["butler name", "butler.toml path", "butler folder", "name and the same --butler"],
+)
+def test_start_mcp_server_takes_the_interfaces_positional_form(
+    form: tuple[str, ...], tmp_path: Path, unused_tcp_port: int
+) -> None:
+    folder = tmp_path / "roster" / "desk"
+    folder.mkdir(parents=True)
+    (folder / "butler.toml").write_text(f'[butler]\nname = "desk"\nport = {unused_tcp_port}\n')
+    (folder / "CLAUDE.md").write_text("You are the desk butler.")
+    flags, positional = (form[:2], form[2:]) if form[0] == "--butler" else ((), form)
+    done = _adapter("--roster", "roster", *flags, "start_mcp_server", *positional, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout.strip())
+    try:
+        assert not _port_free(unused_tcp_port), "the server listens on the butler's port"
+        token = spawnkit_home() / "mcp" / f"desk-{unused_tcp_port}.token"
+        assert token.is_file(), "the owner token is there once the pid is printed"
+    finally:
+        os.kill(pid, signal.SIGINT)
+
+
+def test_start_mcp_server_refuses_a_positional_butler_that_is_not_one(tmp_path: Path) -> None:
+    folder = tmp_path / "roster" / "desk"
+    folder.mkdir(parents=True)
+    (folder / "butler.toml").write_text('[butler]\nname = "desk"\nport = 18931\n')
+    (folder / "CLAUDE.md").write_text("You are the desk butler.")
+    missing = _adapter("start_mcp_server", "nowhere/butler.toml", cwd=tmp_path)
+    assert missing.returncode == 2 and "no butler.toml at nowhere/butler.toml" in missing.stderr
+    unknown = _adapter("--roster", "roster", "start_mcp_server", "attic", cwd=tmp_path)
+    assert unknown.returncode == 2 and "unknown butler 'attic'" in unknown.stderr
+    clash = _adapter("--butler", "attic", "start_mcp_server", "roster/desk", cwd=tmp_path)
+    assert clash.returncode == 2 and "is butler 'desk', but --butler says 'attic'" in clash.stderr
+    for done in (missing, unknown, clash):
+        assert "Traceback" not in done.stderr
