@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from . import signals
-from .errors import RuntimeNotFoundError, SpawnkitError
+from .errors import MissingApiKeyError, RuntimeNotFoundError, SpawnkitError
 from .home import spawnkit_home
 from .result import RunStatus, SpawnerResult
 from .runlog import session_log_dir
@@ -232,11 +232,20 @@ def contract_butler(options: Options, brief: Path, role: str | None = None) -> B
     return butler
 
 
-def preflight(butler: ButlerConfig) -> None:
-    """Fail fast, before a worker is started, when the runtime's CLI is missing."""
+def preflight(butler: ButlerConfig, store: SessionStore, *, replayed: bool = False) -> None:
+    """Fail fast, before a worker is started, when the runtime's CLI is missing or, unless
+    the run is replayed (the replay server gives it a key), nothing could authenticate it."""
+    from .credentials import CredentialStore, run_values
+
+    adapter = get_adapter(butler.runtime.type)(butler.runtime)
     try:
-        get_adapter(butler.runtime.type)(butler.runtime).find_binary()
-    except RuntimeNotFoundError as exc:
+        adapter.find_binary()
+        if not replayed:
+            adapter.check_authenticated(
+                run_values(butler, CredentialStore(store), adapter.passthrough_env,
+                           adapter.other_vendor_keys)
+            )  # fmt: skip
+    except (RuntimeNotFoundError, MissingApiKeyError) as exc:
         raise ContractError(str(exc), EXIT_UNAVAILABLE) from None
 
 
@@ -259,7 +268,7 @@ def spawn(
     brief, state = brief.resolve(), state.resolve()
     read_state(state)  # a broken state file is refused now, not in the worker
     butler = contract_butler(options, brief, role)
-    preflight(butler)
+    preflight(butler, store, replayed=options.replay is not None)
     key = _spawn_key(options, brief, state, role)
     with _spawn_lock():
         active = _active_spawn(key, store)
@@ -288,7 +297,7 @@ def resume(
     read_state(state)
     brief = Path(meta.get("brief", ""))
     butler = contract_butler(options, brief)
-    preflight(butler)
+    preflight(butler, store, replayed=options.replay is not None)
     new_id = str(uuid.uuid4())
     save_meta(new_id, brief=str(brief))
     argv = [*options.argv(), "_worker", "--session-id", new_id, "--brief", str(brief),

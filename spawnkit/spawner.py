@@ -40,11 +40,11 @@ from opentelemetry.trace import TracerProvider
 from . import sandbox
 from .credentials import (
     CredentialStore,
-    allowed_names,
     check_required,
     injected_secrets,
     isolated_env,
     missing_optional,
+    run_values,
     secret_names,
 )
 from .errors import (
@@ -381,7 +381,12 @@ class Spawner:
         self.adapter.find_binary()
         sandbox.check_available(self.butler)
         check_required(self.butler, self.credentials)
-        self._check_authenticated()
+        self.adapter.check_authenticated(
+            run_values(
+                self.butler, self.credentials, self.adapter.passthrough_env,
+                self.adapter.other_vendor_keys,
+            )
+        )  # fmt: skip
         redactor = Redactor(
             injected_secrets(
                 self.butler, self.credentials, self.adapter.passthrough_env,
@@ -461,14 +466,6 @@ class Spawner:
             parent_session_id=session_id,
             resume=record.runtime_session_id,
             session_id=new_session_id,
-        )
-
-    def _check_authenticated(self) -> None:
-        """The runtime's API key, as a run would get it, or a login; else MissingApiKeyError."""
-        adapter = self.adapter
-        passed = set(allowed_names(self.butler, adapter.passthrough_env, adapter.other_vendor_keys))
-        adapter.check_authenticated(
-            lambda name: self.credentials.resolve(name) if name in passed else None
         )
 
     def _rejected_self_trigger(self) -> SpawnerResult:

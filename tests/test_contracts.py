@@ -27,6 +27,7 @@ from opentelemetry.trace import StatusCode
 
 from spawnkit import MockSpawner
 from spawnkit.butler_config import MODULE_KEYS
+from spawnkit.credentials import CredentialStore, run_values
 from spawnkit.errors import (
     InvalidTriggerSource,
     MissingApiKeyError,
@@ -275,7 +276,27 @@ async def test_a_key_the_butler_does_not_pass_to_the_run_does_not_count(
     declared = make_butler(
         "declared", extra=sandbox_off + '[butler.env]\noptional = ["CLAUDE_CODE_OAUTH_TOKEN"]\n'
     )
-    Spawner(declared, store=store)._check_authenticated()  # passes: the run would get it
+    adapter = get_adapter("claude-code")(None)
+    adapter.check_authenticated(  # passes: the run would get it
+        run_values(declared, CredentialStore(store), (), adapter.other_vendor_keys)
+    )
+
+
+def test_the_adapter_contract_refuses_a_runtime_without_key_before_its_worker(
+    tmp_path: Path, no_credentials: Path
+) -> None:
+    (tmp_path / "brief.md").write_text("You are brief.")
+    env = {k: v for k, v in os.environ.items() if k not in API_KEYS}
+    done = subprocess.run(
+        [sys.executable, "-m", "spawnkit", "adapter", "codex", "spawn", "brief.md", "state.json",
+         "hi"],
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+        env={**env, "HOME": str(no_credentials)},
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr  # the contract's "runtime unavailable"
+    assert "codex has no API key: set OPENAI_API_KEY" in done.stderr
+    assert "`codex login`" in done.stderr and "Traceback" not in done.stderr
+    assert SessionStore().count_sessions() == 0
 
 
 @pytest.mark.parametrize("runtime", ["codex", "claude-code"])
