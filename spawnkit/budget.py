@@ -29,12 +29,12 @@ from .limits import Limits
 from .result import BudgetReport, Usage
 
 if TYPE_CHECKING:  # the pricing table imports numpy; loaded only for a dollar budget
-    from .history.pricing import ModelPrice, PricingTable
+    from .pricing import ModelPrice, PricingTable
 
 
 @functools.cache
 def _pricing() -> PricingTable:
-    from .history.pricing import default_pricing
+    from .pricing import default_pricing
 
     return default_pricing()
 

@@ -201,7 +201,7 @@ class ButlerServer:
             if self.spawner is None:
                 return {"success": False, "error": "this server has no spawner to trigger runs"}
             try:
-                result = await self.spawner.trigger(prompt, context, trigger_source="trigger")
+                result = await self.spawner.trigger(prompt, "trigger", context=context)
             except TriggerRejected as exc:
                 return {"success": False, "error": str(exc)}
             return result.to_dict()

@@ -211,7 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     c_sub.add_argument("brief", type=Path)
     c_sub.add_argument("state", type=Path)
     c_sub.add_argument("prompt", help=PROMPT_HELP)
-    contract.add_parser("start_mcp_server", help="serve the butler's MCP server; prints its pid")
+    c_mcp = contract.add_parser(
+        "start_mcp_server", help="serve the butler's MCP server; prints its pid"
+    )
+    c_mcp.add_argument(
+        "config", nargs="?", metavar="BUTLER_OR_CONFIG",
+        help="a butler's name, or the path of its butler.toml or folder (or give --butler)",
+    )  # fmt: skip
     # The detached worker spawn and resume start: internal, so kept out of every help text.
     worker = contract.add_parser("_worker")
     contract._choices_actions = [a for a in contract._choices_actions if a.dest != "_worker"]
@@ -330,7 +336,9 @@ async def _run_once(
             external_mcp=external_mcp,
             tracer_provider=provider,
         ) as service:
-            return await service.trigger(prompt, context, max_turns=max_turns, on_event=printer)
+            return await service.trigger(
+                prompt, context=context, max_turns=max_turns, on_event=printer
+            )
     finally:
         provider.shutdown()
 
@@ -708,7 +716,7 @@ def _adapter(args: argparse.Namespace, contract: Any) -> int:
         return EXIT_OK
     options = contract.Options(args.runtime, args.roster, args.butler, args.replay)
     if command == "start_mcp_server":
-        print(contract.start_mcp_server(options))
+        print(contract.start_mcp_server(options, args.config))
         return EXIT_OK
     store = SessionStore()
     if command == "check_status":

@@ -9,6 +9,7 @@ calls::
     spawnkit adapter RUNTIME check_status SESSION_ID           -> pending|active|completed|failed
     spawnkit adapter RUNTIME spawn_subagent ROLE BRIEF_FILE STATE_FILE PROMPT -> a session id
     spawnkit adapter RUNTIME --roster R --butler B start_mcp_server -> the server's pid
+    spawnkit adapter RUNTIME start_mcp_server BUTLER_OR_CONFIG     -> the same, positionally
       (clients send the token in $SPAWNKIT_HOME/mcp/<butler>-<port>.token as a bearer)
 
 ``spawn`` and ``resume`` return as soon as the session exists: the run goes on
@@ -45,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from . import signals
-from .errors import RuntimeNotFoundError, SpawnkitError
+from .errors import MissingApiKeyError, RuntimeNotFoundError, SpawnkitError
 from .home import spawnkit_home
 from .result import RunStatus, SpawnerResult
 from .runlog import session_log_dir
@@ -233,11 +234,20 @@ def contract_butler(options: Options, brief: Path, role: str | None = None) -> B
     return butler
 
 
-def preflight(butler: ButlerConfig) -> None:
-    """Fail fast, before a worker is started, when the runtime's CLI is missing."""
+def preflight(butler: ButlerConfig, store: SessionStore, *, replayed: bool = False) -> None:
+    """Fail fast, before a worker is started, when the runtime's CLI is missing or, unless
+    the run is replayed (the replay server gives it a key), nothing could authenticate it."""
+    from .credentials import CredentialStore, run_values
+
+    adapter = get_adapter(butler.runtime.type)(butler.runtime)
     try:
-        get_adapter(butler.runtime.type)(butler.runtime).find_binary()
-    except RuntimeNotFoundError as exc:
+        adapter.find_binary()
+        if not replayed:
+            adapter.check_authenticated(
+                run_values(butler, CredentialStore(store), adapter.passthrough_env,
+                           adapter.other_vendor_keys)
+            )  # fmt: skip
+    except (RuntimeNotFoundError, MissingApiKeyError) as exc:
         raise ContractError(str(exc), EXIT_UNAVAILABLE) from None
 
 
@@ -260,7 +270,7 @@ def spawn(
     brief, state = brief.resolve(), state.resolve()
     read_state(state)  # a broken state file is refused now, not in the worker
     butler = contract_butler(options, brief, role)
-    preflight(butler)
+    preflight(butler, store, replayed=options.replay is not None)
     key = _spawn_key(options, brief, state, role)
     with _spawn_lock():
         active = _active_spawn(key, store)
@@ -289,7 +299,7 @@ def resume(
     read_state(state)
     brief = Path(meta.get("brief", ""))
     butler = contract_butler(options, brief)
-    preflight(butler)
+    preflight(butler, store, replayed=options.replay is not None)
     new_id = str(uuid.uuid4())
     save_meta(new_id, brief=str(brief))
     argv = [*options.argv(), "_worker", "--session-id", new_id, "--brief", str(brief),
@@ -369,7 +379,9 @@ def run_worker(
                 return await service.spawner.resume(
                     resume_from, prompt, context, new_session_id=session_id
                 )
-            return await service.spawner.trigger(prompt, context, session_id=session_id, role=role)
+            return await service.spawner.trigger(
+                prompt, context=context, session_id=session_id, role=role
+            )
 
     try:
         try:
@@ -395,7 +407,35 @@ def _result_of(record: SessionRecord) -> SpawnerResult:
     )  # fmt: skip
 
 
-def start_mcp_server(options: Options) -> int:
+def mcp_server_butler(options: Options, config: str | None = None) -> ButlerConfig:
+    """The butler ``start_mcp_server`` serves: ``--butler``, or the interface's positional
+    form, a butler's name in the roster or the path of its ``butler.toml`` or folder."""
+    from .roster import load_butler, load_roster
+    from .roster_location import find_roster
+
+    if config is None:
+        if not options.butler:
+            raise ContractError(
+                "start_mcp_server needs --butler (and --roster), or a butler's name or the "
+                "path of its butler.toml"
+            )
+        return load_roster(find_roster(options.roster))[options.butler]
+    path = Path(config).expanduser()
+    is_path = os.sep in config or config.endswith(".toml") or (path / "butler.toml").is_file()
+    if not is_path:
+        butler = load_roster(find_roster(options.roster))[config]
+    elif path.is_file() or (path / "butler.toml").is_file():
+        butler = load_butler(path.parent if path.is_file() else path)
+    else:
+        raise ContractError(f"no butler.toml at {path}")
+    if options.butler and options.butler != butler.name:
+        raise ContractError(
+            f"{config} is butler {butler.name!r}, but --butler says {options.butler!r}"
+        )
+    return butler
+
+
+def start_mcp_server(options: Options, config: str | None = None) -> int:
     """Serve the butler's MCP server in a detached process; returns its pid once it listens.
 
     Clients authenticate with the owner token in :func:`~spawnkit.mcp_access.
@@ -405,12 +445,8 @@ def start_mcp_server(options: Options) -> int:
     import subprocess
 
     from .mcp_access import owner_token, owner_token_path
-    from .roster import load_roster
-    from .roster_location import find_roster
 
-    if not options.butler:
-        raise ContractError("start_mcp_server needs --butler (and --roster)")
-    butler = load_roster(find_roster(options.roster))[options.butler]
+    butler = mcp_server_butler(options, config)
     if _listening(butler.port):
         raise ContractError(f"port {butler.port} of butler {butler.name!r} is already in use")
     owner_token(owner_token_path(butler.name, butler.port), create=True)

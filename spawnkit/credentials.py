@@ -16,7 +16,7 @@ variables.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from .credential_file import CredentialFile
 from .errors import MissingEnvError
@@ -102,6 +102,26 @@ def check_required(butler: ButlerConfig, credentials: CredentialStore) -> None:
     missing = [name for name in butler.env.required if not credentials.resolve(name)]
     if missing:
         raise MissingEnvError(butler.name, missing)
+
+
+def run_values(
+    butler: ButlerConfig,
+    credentials: CredentialStore,
+    adapter_passthrough: Iterable[str],
+    withheld: Iterable[str] = (),
+) -> Callable[[str], str | None]:
+    """What a run of ``butler`` would get for a variable: its value, or None when it has
+    none or is not passed to runs (see :meth:`RuntimeAdapter.check_authenticated
+    <spawnkit.runtimes.base.RuntimeAdapter.check_authenticated>`)."""
+    passed = set(allowed_names(butler, adapter_passthrough, withheld))
+    return lambda name: credentials.resolve(name) if name in passed else None
+
+
+def missing_optional(butler: ButlerConfig, env: Mapping[str, str]) -> list[str]:
+    """The optional variables (``[butler.env] optional``, modules' ``credentials``) a run's
+    ``env`` lacks a value for."""
+    names = dict.fromkeys([*butler.env.optional, *butler.module_credentials])
+    return [name for name in names if not env.get(name)]
 
 
 def isolated_env(

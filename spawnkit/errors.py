@@ -9,6 +9,7 @@ caller can catch the family at once and a command line can print one clear line:
     │   ├── UnknownRuntimeError     also a ValueError; lists the registered types
     │   └── ScenarioError           a replay scenario file is malformed
     ├── MissingEnvError             a butler's required variable has no value
+    ├── MissingApiKeyError          a runtime has no API key and no login; says how to add one
     ├── RuntimeNotFoundError        the agent CLI binary is missing; says how to install it
     ├── InvalidTriggerSource        also a ValueError
     ├── InvalidArgument             a call's argument is out of range; also a ValueError
@@ -24,6 +25,7 @@ caller can catch the family at once and a command line can print one clear line:
     │   ├── RuntimeCrashed          the CLI died or exited without a result
     │   └── ProtocolError           the CLI's output could not be understood
     ├── SandboxUnavailable          runs need bubblewrap and it is missing or cannot work
+    ├── HistoryError                unreadable history or pricing table (spawnkit.history)
     ├── SpawnError                  a run failed where the caller asked for an exception
     └── StoreError                  the session store cannot be opened or written
         ├── StoreDamaged            the file's pages are damaged; says how to recover
@@ -33,7 +35,7 @@ Modules with errors of their own keep them next to their code, in the same tree:
 ``sources.SourceError`` (a ConfigError: unknown, invalid or duplicate sources),
 ``sources.GitError``, ``ask.TemplateError`` and ``ask.AskConfigError`` (ConfigErrors),
 ``ask.AskError`` (the agent failed; carries its stderr), ``contract.ContractError``
-(carries the exit code), ``history.HistoryError``, ``_asgi.ServerStartError`` and
+(carries the exit code), ``_asgi.ServerStartError`` and
 ``signals.Stopped`` (a stop signal cancelled a command; carries its exit status);
 ``notebook.failures.RunFailed`` and ``RunCancelled`` (SpawnErrors a notebook cell raises,
 shown as one line).
@@ -101,6 +103,22 @@ class MissingEnvError(SpawnkitError):
             f"butler {butler!r} requires {', '.join(names)}: set "
             f"{'it' if len(names) == 1 else 'them'} in the environment or with "
             "`spawnkit credentials set NAME`"
+        )
+
+
+class MissingApiKeyError(SpawnkitError):
+    """A runtime's CLI would start with no API key and no login: nothing could authenticate it."""
+
+    def __init__(self, runtime: str, names: tuple[str, ...], login_command: str | None) -> None:
+        self.runtime = runtime
+        self.names = names
+        self.login_command = login_command
+        first, others = names[0], names[1:]
+        alternatives = f" (or {', '.join(others)})" if others else ""
+        login = f", or log in with `{login_command}`" if login_command else ""
+        super().__init__(
+            f"{runtime} has no API key: set {first}{alternatives} in the environment or with "
+            f"`spawnkit credentials set {first}`{login}"
         )
 
 
@@ -214,6 +232,11 @@ class StoreDamaged(StoreError):
             f"--repair {path}` (it keeps the damaged file as a backup), or move it aside "
             "and spawnkit starts a fresh store"
         )
+
+
+class HistoryError(SpawnkitError):
+    """History that cannot be read: an unknown source, a missing folder or store, or an
+    unreadable pricing table (:mod:`spawnkit.pricing`)."""
 
 
 class HomeNotWritable(StoreError):

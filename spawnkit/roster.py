@@ -11,285 +11,56 @@ Nothing a butler is made of may come from outside its roster: a ``CLAUDE.md``, a
 shared snippet or anything under ``skills/`` that is (or sits under) a symlink
 resolving elsewhere is refused, naming the file, when the roster loads and again
 when a run reads it (see :func:`check_inside`).
+
+The types a butler is made of live in :mod:`spawnkit.butler_config`, below everything that
+reads them; they are re-exported here, where users import them.
 """
 
 from __future__ import annotations
 
-import os
+import difflib
 import re
 import tomllib
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping
+from dataclasses import fields, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, cast, get_args
+from typing import Any, cast
 
+from .butler_config import (
+    COMMAND_OUTPUTS,
+    COMMAND_PLACEHOLDERS,
+    DEFAULT_TOOLS,
+    ENV_PLACEHOLDERS,
+    MAX_SKILL_ENTRIES,
+    MCP_PATHS,
+    MODULE_KEYS,
+    SHARED_DIR,
+    SYSTEM_PROMPT_FILE,
+    AgentRole,
+    ButlerConfig,
+    CommandConfig,
+    CommandOutput,
+    CommandStdin,
+    EnvConfig,
+    EventMapping,
+    McpTransport,
+    Roster,
+    RuntimeConfig,
+    SandboxConfig,
+    SandboxMode,
+    Schedule,
+    check_inside,
+    placeholders,
+)
 from .errors import ConfigError, RosterError
 from .limits import Limits
-from .runtimes import canonical_runtime
-
-McpTransport = Literal["http", "sse"]
-MCP_PATHS: Mapping[str, str] = MappingProxyType({"http": "/mcp", "sse": "/sse"})
-
-SHARED_DIR = "shared"
-SYSTEM_PROMPT_FILE = "CLAUDE.md"
-DEFAULT_TOOLS = ("Bash", "Read", "Glob", "Grep")
+from .runtime_names import canonical_runtime
 
 _NAME_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
-# How many entries of a butler's skills/ are checked for symlinks out; more is an error.
-MAX_SKILL_ENTRIES = 10_000
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-
-CommandOutput = Literal[
-    "text", "json-lines", "auto", "claude-stream-json", "codex-json", "gemini-stream-json"
-]
-COMMAND_OUTPUTS: tuple[CommandOutput, ...] = get_args(CommandOutput)
-CommandStdin = Literal["none", "prompt"]
-# What a `command` runtime's argv may name; `{{` and `}}` are literal braces.
-COMMAND_PLACEHOLDERS = frozenset(
-    {
-        "prompt_file", "prompt", "system_prompt_file", "mcp_config", "workspace", "cwd",
-        "base_url", "model", "sources", "claude", "codex", "gemini",
-    }
-)  # fmt: skip
-ENV_PLACEHOLDERS = frozenset(
-    {"prompt_file", "system_prompt_file", "mcp_config", "workspace", "cwd", "base_url", "model"}
-)
-PLACEHOLDER_RE = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def placeholders(template: str) -> set[str]:
-    """The ``{name}`` placeholders in ``template`` (``{{`` and ``}}`` are not)."""
-    return {m.group(1) for m in PLACEHOLDER_RE.finditer(template) if m.group(1)}
-
-
-@dataclass(frozen=True)
-class EventMapping:
-    """``[butler.runtime.events]``: how a JSON-lines CLI's lines become spawnkit events.
-
-    A line is a JSON object whose ``type_key`` field names its kind; the other keys
-    name the kinds (their ``type`` values) and the fields that carry each value.
-    """
-
-    type_key: str = "type"
-    # Kinds of lines.
-    text: str = "text"  # assistant text: text_field
-    tool_call: str = "tool_call"  # a tool call starts: id_field, name_field, input_field
-    tool_result: str = "tool_result"  # it ends: id_field, output_field, is_error_field
-    result: str = "result"  # the final answer: answer_field, usage_field, is_error_field
-    error: str = "error"  # a failure: message_field
-    # Fields.
-    text_field: str = "text"
-    id_field: str = "id"
-    name_field: str = "name"
-    input_field: str = "input"
-    output_field: str = "output"
-    is_error_field: str = "is_error"
-    answer_field: str = "text"
-    usage_field: str = "usage"
-    message_field: str = "message"
-    session_field: str = "session_id"
-
-
-@dataclass(frozen=True)
-class CommandConfig:
-    """The ``command`` runtime: any agent CLI, from its command line and output format.
-
-    ``argv`` runs one headless turn; ``resume_argv`` continues session ``{resume}``
-    (empty: the CLI cannot resume). ``stdin = "prompt"`` pipes the prompt to it. ``env``
-    values may use the placeholders of :data:`ENV_PLACEHOLDERS`.
-    """
-
-    argv: tuple[str, ...]
-    resume_argv: tuple[str, ...] = ()
-    output: CommandOutput = "text"
-    stdin: CommandStdin = "none"
-    env: Mapping[str, str] = field(default_factory=dict)
-    events: EventMapping = field(default_factory=EventMapping)
-
-
-@dataclass(frozen=True)
-class RuntimeConfig:
-    """``[butler.runtime]``: which agent CLI runs the butler, and its limits."""
-
-    type: str = "claude-code"
-    model: str | None = None
-    base_url: str | None = None
-    max_turns: int = 20
-    max_concurrent_sessions: int = 1
-    max_queued_sessions: int = 100
-    timeout_s: float = 900.0
-    # Built-in tools of the CLI the agent may use besides the butler's MCP tools.
-    tools: tuple[str, ...] = DEFAULT_TOOLS
-    # type = "command": the CLI's command line and output format.
-    command: CommandConfig | None = None
-
-
-SandboxMode = Literal["bwrap", "none"]
-
-
-@dataclass(frozen=True)
-class SandboxConfig:
-    """``[butler.sandbox]``: how a run is contained (see :mod:`spawnkit.sandbox`).
-
-    ``mode = "none"`` is an explicit opt-out. ``read``/``write`` are extra absolute paths
-    the run may see read-only / read-write besides its workspace and the butler's folder.
-    """
-
-    mode: SandboxMode = "bwrap"
-    read: tuple[Path, ...] = ()
-    write: tuple[Path, ...] = ()
-
-
-@dataclass(frozen=True)
-class EnvConfig:
-    """``[butler.env]``: variables the runtime must get, or gets when set."""
-
-    required: tuple[str, ...] = ()
-    optional: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """One ``[[butler.schedule]]`` entry, fired as trigger source ``schedule:<name>``."""
-
-    name: str
-    cron: str
-    prompt: str
-
-
-@dataclass(frozen=True)
-class AgentRole:
-    """``[butler.agents.<role>]``: a role the butler's runs can delegate to."""
-
-    name: str
-    description: str
-    prompt: str
-    tools: tuple[str, ...] | None = None
-    model: str | None = None
-
-
-@dataclass(frozen=True)
-class ButlerConfig:
-    """A validated butler definition."""
-
-    name: str
-    port: int
-    description: str
-    directory: Path
-    roster_dir: Path
-    mcp_transport: McpTransport = "http"
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    modules: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    schedules: tuple[Schedule, ...] = ()
-    agents: Mapping[str, AgentRole] = field(default_factory=dict)
-    # A system prompt elsewhere than <directory>/CLAUDE.md (ad-hoc butlers).
-    prompt_file: Path | None = None
-    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
-    # Where the agent works; None: its run's own workspace (ad-hoc butlers work in a folder).
-    workdir: Path | None = None
-    # [butler.limits]; its max_turns and timeout_s are kept in `runtime`.
-    limits: Limits = field(default_factory=Limits)
-
-    @property
-    def config_file(self) -> Path:
-        return self.directory / "butler.toml"
-
-    @property
-    def system_prompt_file(self) -> Path:
-        return self.prompt_file or self.directory / SYSTEM_PROMPT_FILE
-
-    @property
-    def mcp_path(self) -> str:
-        return MCP_PATHS[self.mcp_transport]
-
-    @property
-    def module_credentials(self) -> tuple[str, ...]:
-        """Env var names that enabled modules declare under ``credentials``."""
-        names: list[str] = []
-        for module in self.modules.values():
-            names.extend(module.get("credentials", ()))
-        return tuple(names)
-
-    def with_runtime(self, runtime: str) -> ButlerConfig:
-        """The same butler run by another runtime (``claude-code``, ``codex``, ``gemini``)."""
-        runtime = canonical_runtime(runtime)
-        if runtime == self.runtime.type:
-            return self
-        return replace(self, runtime=replace(self.runtime, type=runtime))
-
-    def with_limits(self, limits: Limits) -> ButlerConfig:
-        """The same butler with ``limits`` laid over its own (a flag, an option)."""
-        runtime = replace(
-            self.runtime,
-            max_turns=limits.max_turns or self.runtime.max_turns,
-            timeout_s=limits.timeout_s or self.runtime.timeout_s,
-        )
-        merged = replace(limits.over(self.limits), max_turns=None, timeout_s=None)
-        return replace(self, runtime=runtime, limits=merged)
-
-    def skills(self) -> list[Path]:
-        """The skill folders under ``skills/``; RosterError if any of it leads out of the roster."""
-        skills_dir = self.directory / "skills"
-        if not skills_dir.is_dir():
-            return []
-        # An ad-hoc butler has no roster: its own folder is the bound.
-        root = self.roster_dir if self.prompt_file is None else self.directory
-        check_inside(skills_dir, root)
-        entries = 0
-        for folder, dirs, files in os.walk(skills_dir):  # symlinks are checked, not followed
-            entries += len(dirs) + len(files)
-            if entries > MAX_SKILL_ENTRIES:
-                raise RosterError(skills_dir, f"more than {MAX_SKILL_ENTRIES} files and folders")
-            for name in (*dirs, *files):
-                if (path := Path(folder) / name).is_symlink():
-                    check_inside(path, root)
-        return sorted(p for p in skills_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
-@dataclass(frozen=True)
-class Roster:
-    """All butlers of one roster directory, by name."""
-
-    directory: Path
-    butlers: Mapping[str, ButlerConfig]
-
-    def __getitem__(self, name: str) -> ButlerConfig:
-        try:
-            return self.butlers[name]
-        except KeyError:
-            known = ", ".join(sorted(self.butlers)) or "none"
-            raise ConfigError(
-                f"unknown butler {name!r} in roster {self.directory}; available: {known}"
-            ) from None
-
-    def __iter__(self) -> Iterator[ButlerConfig]:
-        return iter(self.butlers.values())
-
-    def __len__(self) -> int:
-        return len(self.butlers)
-
-    @property
-    def shared_dir(self) -> Path:
-        return self.directory / SHARED_DIR
-
-
 DEFAULT_PROMPT = Path(__file__).parent / "prompts" / "adhoc.md"
-
-
-def check_inside(path: Path, root: Path) -> Path:
-    """``path`` resolved, if it stays inside ``root``; else a RosterError naming ``path``.
-
-    ``path`` may itself be a symlink or sit under one: what counts is where it leads.
-    """
-    resolved = path.resolve()
-    if not resolved.is_relative_to(root.resolve()):
-        raise RosterError(
-            path, f"leads outside the roster, to {resolved}: symlinks must stay inside {root}"
-        )
-    return resolved
 
 
 def adhoc_butler(
@@ -380,10 +151,13 @@ class _Reader:
     def error(self, name: str, message: str) -> RosterError:
         return RosterError(self.path, message, self.key(name))
 
-    def check_keys(self, allowed: set[str]) -> None:
+    def check_keys(self, allowed: set[str] | frozenset[str]) -> None:
         for name in self.data:
             if name not in allowed:
-                raise self.error(name, f"unknown key (allowed: {', '.join(sorted(allowed))})")
+                known = sorted(allowed)
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise self.error(name, f"unknown key ({hint}allowed: {', '.join(known)})")
 
     def table(self, name: str, required: bool = False) -> _Reader:
         value = self.data.get(name)
@@ -547,6 +321,12 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
     m = doc.table("modules")
     for module_name in m.data:
         module = m.table(module_name)
+        if module_name in MODULE_KEYS:
+            module.check_keys(MODULE_KEYS[module_name])
+        if module_name == "memory":
+            for key in ("max_tokens", "max_episodes"):  # StoreMemory's budgets
+                if key in module.data:
+                    module.integer(key, minimum=1)
         if "credentials" in module.data:
             module.names("credentials")
         modules[module_name] = MappingProxyType(dict(module.data))
@@ -663,3 +443,35 @@ def _abs_paths(t: _Reader, name: str) -> tuple[Path, ...]:
             raise t.error(name, f"{item!r} must be an absolute path")
         paths.append(path.resolve())
     return tuple(paths)
+
+
+__all__ = [
+    "COMMAND_OUTPUTS",
+    "COMMAND_PLACEHOLDERS",
+    "DEFAULT_PROMPT",
+    "DEFAULT_TOOLS",
+    "ENV_PLACEHOLDERS",
+    "MAX_SKILL_ENTRIES",
+    "MCP_PATHS",
+    "MODULE_KEYS",
+    "SHARED_DIR",
+    "SYSTEM_PROMPT_FILE",
+    "AgentRole",
+    "ButlerConfig",
+    "CommandConfig",
+    "CommandOutput",
+    "CommandStdin",
+    "EnvConfig",
+    "EventMapping",
+    "McpTransport",
+    "Roster",
+    "RuntimeConfig",
+    "SandboxConfig",
+    "SandboxMode",
+    "Schedule",
+    "adhoc_butler",
+    "check_inside",
+    "load_butler",
+    "load_roster",
+    "placeholders",
+]

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from .butler_config import ButlerConfig
 from .errors import SandboxUnavailable
-from .roster import ButlerConfig
 
 logger = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from .butler_config import SHARED_DIR
 from .errors import ConfigError
-from .roster import SHARED_DIR
 from .roster_location import example_roster
 
 STARTER_BUTLER = "general"

@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 
 from croniter import croniter
 
+from .butler_config import Schedule
 from .errors import SpawnkitError
-from .roster import Schedule
 from .spawner import Spawner
 
 logger = logging.getLogger(__name__)

@@ -170,9 +170,10 @@ class ButlerService:
         await spawner.drain(timeout=0)
 
     async def trigger(
-        self, prompt: str, context: str | None = None, **kwargs: Any
+        self, prompt: str, trigger_source: str = "external", **kwargs: Any
     ) -> SpawnerResult:
-        return await self.spawner.trigger(prompt, context, **kwargs)
+        """:meth:`Spawner.trigger <spawnkit.spawner.Spawner.trigger>` on this butler's spawner."""
+        return await self.spawner.trigger(prompt, trigger_source, **kwargs)
 
     async def serve_forever(self) -> None:
         """Block until cancelled (Ctrl-C in ``spawnkit serve``)."""

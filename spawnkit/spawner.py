@@ -45,6 +45,8 @@ from .credentials import (
     check_required,
     injected_secrets,
     isolated_env,
+    missing_optional,
+    run_values,
     secret_names,
 )
 from .errors import (
@@ -104,7 +106,7 @@ def validate_trigger_source(source: str) -> None:
         return
     raise InvalidTriggerSource(
         f"invalid trigger_source {source!r}: use one of {', '.join(TRIGGER_SOURCES)} "
-        "or schedule:<task-name>"
+        "or schedule:<task-name> (a context is passed as context=...)"
     )
 
 
@@ -362,10 +364,10 @@ class Spawner:
     async def trigger(
         self,
         prompt: str,
-        context: str | None = None,
         trigger_source: str = "external",
-        max_turns: int | None = None,
         *,
+        context: str | None = None,
+        max_turns: int | None = None,
         on_event: EventSink | None = None,
         parent_session_id: str | None = None,
         resume: str | None = None,
@@ -377,6 +379,11 @@ class Spawner:
     ) -> SpawnerResult:
         """Run ``prompt`` on this butler's runtime and return its result.
 
+        ``trigger_source`` says who asked: one of :data:`TRIGGER_SOURCES` or
+        ``schedule:<task-name>``; anything else raises
+        :class:`~spawnkit.errors.InvalidTriggerSource` listing them. Every other argument
+        is keyword-only, so ``trigger("hi", "some context")`` cannot pass a context by
+        position. ``context`` is text the agent receives before the prompt.
         ``session_id`` chooses the new session's id (the shell adapter contract
         announces it before the run starts); by default a fresh UUID. It names the
         run's log folder, so anything but a plain name (letters, digits, ``._-``)
@@ -394,7 +401,7 @@ class Spawner:
         sees them read-only and no other source. The record names them.
 
         Raises for triggers that are refused or wrong before they are accepted
-        (bad arguments, closed spawner, full queue, missing CLI or variable);
+        (bad arguments, closed spawner, full queue, missing CLI, variable or API key);
         once accepted, failures come back as ``success=False`` results.
         """
         validate_trigger_source(trigger_source)
@@ -420,6 +427,12 @@ class Spawner:
         self.adapter.find_binary()
         sandbox.check_available(self.butler)
         check_required(self.butler, self.credentials)
+        self.adapter.check_authenticated(
+            run_values(
+                self.butler, self.credentials, self.adapter.passthrough_env,
+                self.adapter.other_vendor_keys,
+            )
+        )  # fmt: skip
         secrets = injected_secrets(
             self.butler, self.credentials, self.adapter.passthrough_env,
             self.adapter.other_vendor_keys,
@@ -430,7 +443,11 @@ class Spawner:
             run_limits,
             (agent.model if agent is not None and agent.model else None) or self.model,
             runtime=self.butler.runtime.type,
-            api_key=any(name in secrets for name in self.adapter.api_key_env),
+            api_key=any(
+                name in secrets
+                for name in self.adapter.api_key_env
+                if name not in self.adapter.subscription_env
+            ),
         )
         if run_limits.daily_cost_usd is not None:  # one indexed query, before acceptance
             spent = self.store.spent_since(self.butler.name, day_start())
@@ -521,7 +538,7 @@ class Spawner:
             raise SpawnkitError(f"the {self.butler.runtime.type} runtime cannot resume sessions")
         return await self.trigger(
             prompt,
-            context,
+            context=context,
             max_turns=max_turns,
             on_event=on_event,
             parent_session_id=session_id,
@@ -733,6 +750,19 @@ class Spawner:
                     exc, "kind", "config" if isinstance(exc, ConfigError) else "not_found"
                 )
                 worker.reset()
+            except StoreError:
+                raise  # the store's own failure, recorded by _run as such
+            except Exception as exc:
+                # Not a RuntimeFailure: a bug or an unforeseen error in the adapter (or in
+                # preparing the run). The run fails with what was raised; the adapter is
+                # reset like after any failure, and the span carries the exception.
+                logger.exception(
+                    "run %s of butler %s raised %s", run.session_id, butler.name,
+                    type(exc).__name__,
+                )  # fmt: skip
+                error, error_kind = f"{type(exc).__name__}: {exc}", "adapter_error"
+                span.record_exception(exc)
+                worker.reset()
             except asyncio.CancelledError:
                 cancelled = self._unfinished(
                     collector, "cancelled", "the run was cancelled", "cancelled"
@@ -879,6 +909,12 @@ class Spawner:
             isolated_env, butler, self.credentials, worker.passthrough_env, identity,
             worker.other_vendor_keys,
         )  # fmt: skip
+        if missing := missing_optional(butler, env):
+            logger.warning(
+                "run %s of butler %s goes on without %s (optional, not set; "
+                "`spawnkit credentials set NAME` sets one)",
+                run.session_id, butler.name, ", ".join(missing),
+            )  # fmt: skip
         # What was really injected is what must be redacted (a value may have changed
         # since the trigger was accepted).
         names = secret_names(butler, worker.passthrough_env, worker.other_vendor_keys)

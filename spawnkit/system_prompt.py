@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .butler_config import SHARED_DIR, ButlerConfig, check_inside
 from .errors import RosterError
-from .roster import SHARED_DIR, ButlerConfig, check_inside
 
 INCLUDE_RE = re.compile(r"<!--\s*@include\s+(?P<path>[^\s>]+)\s*-->")
 SHARED_APPENDICES = ("BUTLER_SKILLS.md", "MCP_LOGGING.md")

@@ -15,6 +15,7 @@ no prefix of a secret survives a cut).
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
@@ -90,6 +91,19 @@ class RunSpan:
         if call.status == "error":
             self._error(child, call.output)
         child.end(end_time=_ns(call.finished_at) if call.finished_at else None)
+
+    def record_exception(self, exc: BaseException) -> None:
+        """Record ``exc`` on the run's span as an ``exception`` event, its text redacted."""
+        if not self.span.is_recording():
+            return
+        trace_text = "".join(traceback.format_exception(exc))
+        self.span.record_exception(
+            exc,
+            attributes={
+                "exception.message": self.redactor.text(str(exc)),
+                "exception.stacktrace": self.redactor.text(trace_text),
+            },
+        )
 
     def finish(self, result: SpawnerResult) -> None:
         span = self.span

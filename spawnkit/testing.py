@@ -59,10 +59,10 @@ class MockSpawner:
     async def trigger(
         self,
         prompt: str,
-        context: str | None = None,
         trigger_source: str = "external",
-        max_turns: int | None = None,
         *,
+        context: str | None = None,
+        max_turns: int | None = None,
         on_event: EventSink | None = None,
         parent_session_id: str | None = None,
         resume: str | None = None,

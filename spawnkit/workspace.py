@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from .butler_config import ButlerConfig
 from .home import spawnkit_home
-from .roster import ButlerConfig
 from .sources import Source
 
 logger = logging.getLogger(__name__)

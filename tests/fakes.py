@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import ClassVar
 
-from spawnkit.errors import RuntimeFailure
 from spawnkit.events import AssistantText, EventSink, ToolCallFinished, ToolCallStarted
 from spawnkit.result import ToolCall, Usage
 from spawnkit.runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
@@ -47,7 +46,7 @@ class FakeAdapter(RuntimeAdapter):
             self.gate = Gate()
             self.running = 0
             self.max_running = 0
-            self.fail_with: RuntimeFailure | None = None
+            self.fail_with: Exception | None = None
             self.resets = 0
             self.workspaces: list[Path] = []
         self.root = root

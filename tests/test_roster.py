@@ -312,8 +312,9 @@ def test_unknown_key_in_butler(tmp_path: Path) -> None:
         tmp_path, MINIMAL.format(name="health", port=8201) + 'descripton = "typo"\n'
     )
     assert message == (
-        f"{path}: [butler.descripton]: unknown key (allowed: agents, description, env, "
-        "limits, mcp_transport, name, port, runtime, sandbox, schedule)"
+        f"{path}: [butler.descripton]: unknown key (did you mean 'description'? allowed: "
+        "agents, description, env, limits, mcp_transport, name, port, runtime, sandbox, "
+        "schedule)"
     )
 
 
@@ -322,9 +323,9 @@ def test_unknown_key_in_runtime(tmp_path: Path) -> None:
         tmp_path, MINIMAL.format(name="health", port=8201) + "[butler.runtime]\nmax_turn = 3\n"
     )
     assert message == (
-        f"{path}: [butler.runtime.max_turn]: unknown key (allowed: base_url, command, env, "
-        "events, max_concurrent_sessions, max_queued_sessions, max_turns, model, output, "
-        "resume_command, stdin, timeout_s, tools, type)"
+        f"{path}: [butler.runtime.max_turn]: unknown key (did you mean 'max_turns'? allowed: "
+        "base_url, command, env, events, max_concurrent_sessions, max_queued_sessions, "
+        "max_turns, model, output, resume_command, stdin, timeout_s, tools, type)"
     )
 
 
@@ -332,7 +333,10 @@ def test_unknown_key_in_env(tmp_path: Path) -> None:
     path, message = load_error(
         tmp_path, MINIMAL.format(name="health", port=8201) + '[butler.env]\nrequire = ["A"]\n'
     )
-    assert message == f"{path}: [butler.env.require]: unknown key (allowed: optional, required)"
+    assert message == (
+        f"{path}: [butler.env.require]: unknown key (did you mean 'required'? allowed: optional, "
+        "required)"
+    )
 
 
 def test_websocket_transport_is_refused(tmp_path: Path) -> None:

@@ -16,48 +16,16 @@ there (``union_by_name``). A frame is written complete, to a temporary name, the
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .errors import HistoryError
+from .parquet import FRAMES, write_frame
+from .store_frames import sessions as store_sessions
+from .store_frames import tool_calls as store_calls
+from .transcript_loader import transcripts
 
-if TYPE_CHECKING:
-    from .transcript_loader import Transcripts
-
-FRAMES = ("sessions", "tool_calls", "usage", "events", "files")
 STORE = "spawnkit"  # the source name of spawnkit's own session store in an export
-
-
-def _table(frame: pd.DataFrame) -> pa.Table:
-    """A frame as Arrow, with all-null object columns typed as text (not Arrow's null type,
-    which other sources' files could not be unioned with)."""
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    for i, field in enumerate(table.schema):
-        if pa.types.is_null(field.type):
-            table = table.set_column(i, field.name, table.column(i).cast(pa.string()))
-    return table
-
-
-def _write(frame: pd.DataFrame, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        pq.write_table(_table(frame), tmp)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_frames(loaded: Transcripts, folder: Path) -> Path:
-    for name in FRAMES:
-        _write(getattr(loaded, name), folder / f"{name}.parquet")
-    return folder
 
 
 def export_sources() -> tuple[str, ...]:
@@ -76,10 +44,6 @@ def export(
     Each transcript source is loaded with its defaults (the CLI's folders, spawnkit's runs
     and what was imported into ``store``).
     """
-    from .store_frames import sessions as store_sessions
-    from .store_frames import tool_calls as store_calls
-    from .transcript_loader import transcripts
-
     out = Path(folder).expanduser()
     written: set[str] = set()
     for source in sources:
@@ -90,7 +54,7 @@ def export(
             frames = {name: getattr(loaded, name) for name in FRAMES}
             source = loaded.source
         for name, frame in frames.items():
-            _write(frame.drop(columns=["source"], errors="ignore"),
+            write_frame(frame.drop(columns=["source"], errors="ignore"),
                    out / name / f"source={source}" / "part-0.parquet")  # fmt: skip
             written.add(name)
     if not written:

@@ -22,10 +22,9 @@ from __future__ import annotations
 import hashlib
 import re
 import sqlite3
-import threading
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import closing, contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,14 +34,11 @@ import pandas as pd
 
 from ..home import default_store_path
 from ..store import BUSY_TIMEOUT_MS, SessionStore
-from .cache import FileStat, RowCache, cache_dir, merge
 from .errors import HistoryError
 from .formats import FORMATS, SOURCES, SourceFormat, canonical, spawnkit_runtime_home
-from .rows import RowTables
-from .store_query import read_only_uri
+from .imported_files import SPAWNKIT_RUNS
+from .transcript_loader import local_machine, transcripts
 
-PREFIX = "imported:"  # the path of an imported file in frames: imported:MACHINE/PATH
-SPAWNKIT_RUNS = "spawnkit-runs"  # files of spawnkit's own run homes, apart from the user's
 _MACHINE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _BATCH = 5000
 
@@ -77,16 +73,6 @@ def _relative(path: Path, root: Path, fmt: SourceFormat) -> str:
     relative = path.relative_to(root).as_posix()
     home = spawnkit_runtime_home(fmt.name)
     return f"{SPAWNKIT_RUNS}/{relative}" if home is not None and root == home else relative
-
-
-def _disk_path(relative: str, roots: Sequence[Path], fmt: SourceFormat) -> Path | None:
-    """Where an imported file of this machine lives on disk under ``roots``, if it does."""
-    if relative.startswith(f"{SPAWNKIT_RUNS}/"):
-        home = spawnkit_runtime_home(fmt.name)
-        candidates = [home / relative.split("/", 1)[1]] if home is not None else []
-    else:
-        candidates = [root / relative for root in roots]
-    return next((p for p in candidates if p.is_file()), None)
 
 
 @contextmanager
@@ -164,8 +150,6 @@ def import_history(
     another machine, with ``machine`` naming it); ``store`` defaults to
     ``$SPAWNKIT_HOME/sessions.db``.
     """
-    from .transcript_loader import local_machine, transcripts
-
     names = list(SOURCES) if source is None else [source] if isinstance(source, str) else source
     fmts = [FORMATS[canonical(n)] for n in names]
     if root is not None and len(fmts) != 1:
@@ -225,70 +209,3 @@ def _usage_rows(source: str, machine: str, usage: pd.DataFrame) -> list[tuple[ob
             int(bool(r["cost_estimated"])), int(bool(r["is_sidechain"])),
         )))  # fmt: skip
     return rows
-
-
-def imported_rows(
-    fmt: SourceFormat,
-    store: str | Path | None,
-    machine: str | None,
-    here: str,
-    roots: Sequence[Path],
-    use_cache: bool,
-    writes: list[threading.Thread],
-) -> tuple[RowTables, tuple[int, int]]:
-    """The rows of the files imported for ``fmt`` (one ``machine``, or all), parsed from the
-    store; a file of this machine that is still on disk under ``roots`` is left to the disk."""
-    from .transcript_loader import load_cached
-
-    path = Path(store) if store is not None else default_store_path()
-    if not path.exists():
-        if store is not None:
-            raise HistoryError(f"no session store at {path}")
-        return RowTables.empty(), (0, 0)
-    with closing(sqlite3.connect(read_only_uri(path), uri=True)) as conn:
-        try:
-            found = conn.execute(
-                "SELECT id, machine, path, bytes, version FROM history_files WHERE source = ?"
-                + (" AND machine = ?" if machine else "")
-                + " ORDER BY machine, path",
-                (fmt.name, machine) if machine else (fmt.name,),
-            ).fetchall()
-        except sqlite3.OperationalError:
-            return RowTables.empty(), (0, 0)  # a store older than the history tables
-    ids: dict[str, int] = {}
-    by_machine: dict[str, list[FileStat]] = {}
-    for file_id, owner, relative, size, version in found:
-        if owner == here and _disk_path(relative, roots, fmt) is not None:
-            continue
-        virtual = f"{PREFIX}{owner}/{relative}"
-        ids[virtual] = file_id
-        by_machine.setdefault(owner, []).append(FileStat(virtual, size, version))
-
-    def read(stat: FileStat) -> bytes:
-        with closing(sqlite3.connect(read_only_uri(path), uri=True)) as conn:
-            lines = conn.execute(
-                "SELECT line, raw FROM history_lines WHERE file_id = ? ORDER BY line",
-                (ids[stat.path],),
-            ).fetchall()
-        out: list[bytes] = []
-        for number, raw in lines:
-            out.extend([b""] * (number - 1 - len(out)))  # blank lines keep line numbers
-            out.append(zlib.decompress(raw))
-        return b"\n".join(out)
-
-    rows = RowTables.empty()
-    parsed = parsed_bytes = 0
-    for owner, stats in by_machine.items():
-        # Each machine's files are read as if under a root of their own.
-        key = Path(f"{path.resolve()}#{owner}")
-        cache = RowCache(cache_dir(f"imported-{fmt.name}", key)) if use_cache else None
-        part, (n, size) = load_cached(fmt, Path(f"{PREFIX}{owner}"), stats, cache, None, writes,
-                                      read)  # fmt: skip
-        rows = merge(rows, part) if rows.files.num_rows else part
-        parsed, parsed_bytes = parsed + n, parsed_bytes + size
-    return rows, (parsed, parsed_bytes)
-
-
-def machine_of(path: str, here: str) -> str:
-    """The machine a file's rows come from: named in an imported path, else this one."""
-    return path[len(PREFIX) :].split("/", 1)[0] if path.startswith(PREFIX) else here

@@ -28,7 +28,7 @@ from .frames import (
     session_cost_source,
     tool_parts,
 )
-from .imported import machine_of
+from .imported_files import machine_of
 from .pricing import PricingTable
 from .rows import BAD_LINES_KEPT, META_FIELDS, Column, RowTables
 

@@ -30,6 +30,8 @@ import pandas as pd
 from .cache import FileStat, RowCache, cache_dir, keep_paths, merge, unchanged
 from .errors import HistoryError
 from .formats import FORMATS, SOURCES, Source, SourceFormat, canonical
+from .imported_files import imported_files
+from .parquet import FRAMES, write_frame
 from .pricing import PricingTable, default_pricing
 from .rows import FileFacts, Rows, RowTables
 from .transcript_frames import (
@@ -100,9 +102,10 @@ class Transcripts:
     def to_parquet(self, folder: str | Path) -> Path:
         """Write every frame as ``FRAME.parquet`` in ``folder`` (see :func:`~spawnkit.history.
         export.export` for a folder of several sources DuckDB reads as tables)."""
-        from .export import write_frames
-
-        return write_frames(self, Path(folder))
+        out = Path(folder)
+        for name in FRAMES:
+            write_frame(getattr(self, name), out / f"{name}.parquet")
+        return out
 
 
 def transcripts(
@@ -149,9 +152,7 @@ def transcripts(
                 parsed, parsed_bytes = parsed + stats[0], parsed_bytes + stats[1]
                 n_files += part.files.num_rows
         if imported if imported is not None else root is None:
-            from .imported import imported_rows
-
-            part, stats = imported_rows(fmt, store, machine, here, roots, cache, writes)
+            part, stats = _load_imported(fmt, store, machine, here, roots, cache, writes)
             if part.files.num_rows:
                 rows = merge(rows, part) if rows.files.num_rows else part
                 parsed, parsed_bytes = parsed + stats[0], parsed_bytes + stats[1]
@@ -183,6 +184,29 @@ def _load_root(
         stats.append(FileStat(str(path), st.st_size, st.st_mtime_ns))
     store = RowCache(cache_dir(fmt.name, root)) if use_cache else None
     return load_cached(fmt, root, stats, store, workers, writes)
+
+
+def _load_imported(
+    fmt: SourceFormat,
+    store: str | Path | None,
+    machine: str | None,
+    here: str,
+    roots: Sequence[Path],
+    use_cache: bool,
+    writes: list[threading.Thread],
+) -> tuple[RowTables, tuple[int, int]]:
+    """The rows of what ``spawnkit history import`` copied into ``store`` for ``fmt``."""
+    rows = RowTables.empty()
+    parsed = parsed_bytes = 0
+    for group in imported_files(fmt, store, machine, here, roots):
+        key = group.cache_key
+        cache = RowCache(cache_dir(f"imported-{fmt.name}", key)) if use_cache else None
+        part, (n, size) = load_cached(
+            fmt, group.root, list(group.stats), cache, None, writes, group.read
+        )
+        rows = merge(rows, part) if rows.files.num_rows else part
+        parsed, parsed_bytes = parsed + n, parsed_bytes + size
+    return rows, (parsed, parsed_bytes)
 
 
 def load_cached(

@@ -212,7 +212,7 @@ class Hub:
         async def run() -> SpawnerResult:
             service = await self._service(target, extensions)
             return await service.trigger(
-                prompt, context, max_turns=max_turns, on_event=fan_out, limits=limits
+                prompt, context=context, max_turns=max_turns, on_event=fan_out, limits=limits
             )
 
         handle.job = self.loop.submit(run())

@@ -32,7 +32,7 @@ from ..events import (
     ToolCallStarted,
     UsageUpdate,
 )
-from ..history.pricing import PricingTable, default_pricing
+from ..pricing import PricingTable, default_pricing
 from ..result import SpawnerResult, ToolCall, Usage, tool_count
 from .markdown import markdown_html
 

@@ -24,8 +24,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+from ..butler_config import AgentRole, McpTransport, RuntimeConfig
 from ..errors import (
     AuthenticationFailure,
+    MissingApiKeyError,
     ModelUnavailable,
     RateLimited,
     RuntimeFailure,
@@ -33,7 +35,6 @@ from ..errors import (
 from ..events import EventSink
 from ..home import spawnkit_home
 from ..result import Usage
-from ..roster import AgentRole, McpTransport, RuntimeConfig
 from ..runlog import RunLog
 from ..sandbox import NO_SANDBOX, SandboxPlan
 from ..system_prompt import read_prompt_file
@@ -200,9 +201,15 @@ class RuntimeAdapter(ABC):
     transcripts_dir: ClassVar[str | None] = None
     # Core API keys of other vendors, withheld unless the butler declares them.
     other_vendor_keys: ClassVar[tuple[str, ...]] = ()
-    # The variables holding an API key for the CLI; with none set it uses a subscription
-    # login, where usage has no dollar price (see spawnkit.budget).
+    # Variables any one of which authenticates the CLI with its model API (the first is
+    # the one to suggest); empty: the runtime needs none. Without one, a login may do:
+    # `login_command` makes it, leaving one of `login_files` (relative to the user's home).
+    # A login is a subscription, where usage has no dollar price (see spawnkit.budget).
     api_key_env: ClassVar[tuple[str, ...]] = ()
+    # Those of `api_key_env` that are a subscription's token, not a priced API key.
+    subscription_env: ClassVar[tuple[str, ...]] = ()
+    login_command: ClassVar[str | None] = None
+    login_files: ClassVar[tuple[str, ...]] = ()
     # Whether the CLI reports token usage after every model call (else only at the end,
     # and a run with a token or dollar limit is metered through a relay).
     live_usage: ClassVar[bool] = False
@@ -224,6 +231,25 @@ class RuntimeAdapter(ABC):
 
     def reset(self) -> None:  # noqa: B027 - a no-op is the right default
         """Forget cached lookups after a failure; the next run re-checks them."""
+
+    def logged_in(self) -> bool:
+        """Whether the user's home holds a login of this CLI (one of :attr:`login_files`)."""
+        home = Path.home()
+        return any((home / name).is_file() for name in self.login_files)
+
+    def check_authenticated(self, resolve: Callable[[str], str | None]) -> None:
+        """Refuse a run that nothing could authenticate, before anything is spawned.
+
+        ``resolve`` gives the value a run would get for a variable (None: not set, or not
+        passed to this run). A run is refused with :class:`MissingApiKeyError` only when
+        none of :attr:`api_key_env` has a value and the user has no login either; a replay
+        or gateway run has the key it was given, so it passes.
+        """
+        if not self.api_key_env or any(resolve(name) for name in self.api_key_env):
+            return
+        if self.logged_in():
+            return
+        raise MissingApiKeyError(self.type, self.api_key_env, self.login_command)
 
     @abstractmethod
     def find_binary(self) -> Path:
@@ -278,12 +304,22 @@ class RuntimeAdapter(ABC):
         return dict(spec.env)
 
     def capabilities(self) -> dict[str, Any]:
+        """What this runtime can do, under the runtime-adapter interface's keys.
+
+        Every runtime reports every ``supports_*`` key. ``supports_agent_profiles``: a run
+        can act as one of a butler's ``[butler.agents.<role>]`` (its prompt, tools and
+        model), which the spawner applies for any runtime. ``supports_handoffs``: an agent
+        can hand its conversation over to another agent mid-run, which none of the CLIs
+        does (Claude Code's sub-agents are delegations: ``supports_subagents``).
+        """
         return {
             "supports_mcp": True,
             "supports_system_prompt": True,
             "supports_resume": False,
             "supports_subagents": False,
             "subagent_style": None,
+            "supports_agent_profiles": True,
+            "supports_handoffs": False,
             "supports_max_turns": True,
             "supports_parallel_sessions": True,
         }

@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -398,10 +399,17 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         "Claude Code is not authenticated: set ANTHROPIC_API_KEY or run `claude login`"
     )
     other_vendor_keys: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY",)
-    api_key_env: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY",)
     live_usage: ClassVar[bool] = True
     default_api_url: ClassVar[str | None] = "https://api.anthropic.com"
     transcripts_dir: ClassVar[str | None] = ".claude/projects"
+    # The last two reach a run only when the butler declares them ([butler.env]).
+    api_key_env: ClassVar[tuple[str, ...]] = (
+        "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN",
+    )  # fmt: skip
+    # A subscription's token: usage under it has no dollar price (spawnkit.budget).
+    subscription_env: ClassVar[tuple[str, ...]] = ("CLAUDE_CODE_OAUTH_TOKEN",)
+    login_command: ClassVar[str | None] = "claude login"
+    login_files: ClassVar[tuple[str, ...]] = (".claude/.credentials.json",)
 
     version_args: ClassVar[tuple[str, ...]] = ("-v",)
 
@@ -411,6 +419,11 @@ class ClaudeCodeAdapter(RuntimeAdapter):
 
     def reset(self) -> None:
         self._binary = None
+
+    def logged_in(self) -> bool:
+        # On macOS the login lives in the keychain, where it cannot be seen without asking
+        # the user: assume there may be one rather than refuse a run that could work.
+        return sys.platform == "darwin" or super().logged_in()
 
     def find_binary(self) -> Path:
         """``$SPAWNKIT_CLAUDE_CLI`` if set, else the CLI bundled in the SDK, else PATH."""

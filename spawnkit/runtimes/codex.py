@@ -268,6 +268,8 @@ class CodexAdapter(StreamingCliAdapter):
     api_key_env: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY",)
     # Without base_url Codex picks its provider by login; only an API key reaches this URL.
     default_api_url: ClassVar[str | None] = "https://api.openai.com"
+    login_command: ClassVar[str | None] = "codex login"
+    login_files: ClassVar[tuple[str, ...]] = (".codex/auth.json",)
     system_prompt_filename: ClassVar[str] = "CLAUDE.md"
     transcripts_dir: ClassVar[str | None] = ".codex/sessions"
 

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..butler_config import PLACEHOLDER_RE, CommandConfig, EventMapping, RuntimeConfig, placeholders
 from ..errors import ConfigError, RuntimeFailure, RuntimeNotFoundError
 from ..events import (
     AssistantText,
@@ -38,7 +39,6 @@ from ..events import (
     UsageUpdate,
 )
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
-from ..roster import PLACEHOLDER_RE, CommandConfig, EventMapping, RuntimeConfig, placeholders
 from ..sandbox import node_install
 from . import get_adapter
 from .base import McpServerSpec, RunOutcome, RunSpec, write_private

@@ -252,6 +252,9 @@ class GeminiAdapter(StreamingCliAdapter):
     other_vendor_keys: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
     api_key_env: ClassVar[tuple[str, ...]] = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
     default_api_url: ClassVar[str | None] = "https://generativelanguage.googleapis.com"
+    # Gemini logs in interactively: its first start offers "Login with Google".
+    login_command: ClassVar[str | None] = "gemini"
+    login_files: ClassVar[tuple[str, ...]] = (".gemini/oauth_creds.json",)
     transcripts_dir: ClassVar[str | None] = ".gemini/tmp"
     # Without it, `gemini --version` relaunches itself first and takes twice as long.
     version_env: ClassVar[Mapping[str, str]] = MappingProxyType({"GEMINI_CLI_NO_RELAUNCH": "true"})
