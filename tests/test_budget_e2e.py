@@ -158,11 +158,15 @@ async def test_timeout_of_a_hanging_cli(make_butler, store, runtime) -> None:
 
 
 async def test_dollar_budgets_that_cannot_be_enforced_are_refused(
-    make_butler, store, monkeypatch
+    make_butler, store, monkeypatch, tmp_path
 ) -> None:
     for name in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     # No API key: a subscription login, where dollars mean nothing; tokens still do.
+    home = tmp_path / "home"
+    (home / ".claude").mkdir(parents=True)
+    (home / ".claude" / ".credentials.json").write_text("{}")
+    monkeypatch.setenv("HOME", str(home))
     spawner = Spawner(make_butler(extra="[butler.limits]\nmax_cost_usd = 1\n"), store=store)
     with pytest.raises(BudgetRefused, match=r"subscription login .* set max_tokens"):
         await spawner.trigger("hello")

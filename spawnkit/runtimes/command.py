@@ -259,12 +259,14 @@ class CommandAdapter(StreamingCliAdapter):
         return self.config.command
 
     def capabilities(self) -> dict[str, Any]:
+        """The base's, with resume and system prompt as the butler's command allows them
+        (neither, for the runtime named without a command)."""
+        command = self.config.command
         return {
             **super().capabilities(),
-            "supports_resume": bool(self.command_config.resume_argv),
-            "supports_system_prompt": any(
-                "system_prompt_file" in arg for arg in self.command_config.argv
-            ),
+            "supports_resume": command is not None and bool(command.resume_argv),
+            "supports_system_prompt": command is not None
+            and any("system_prompt_file" in arg for arg in command.argv),
         }
 
     def _program(self) -> str:
