@@ -922,15 +922,16 @@ async def _run_ask(
     given = {**(agent.env if agent is not None and runtime_cfg.type != "command" else {}),
              **(env or {})}  # fmt: skip
     limit = timeout_s if timeout_s is not None else cfg.timeout_s
-    butler = ask_butler(
-        runtime_cfg, timeout_s=limit,
-        env_names=[*given, *(agent.pass_env if agent is not None else ())],
-    )  # fmt: skip
     sessions = store if store is not None else SessionStore()
+    credentials = _GivenCredentials(sessions, given)
+    # An agent's pass_env is "pass it when set": the unset ones are not the butler's to
+    # miss (declared optional, each would be warned about on every ask).
+    passed = [n for n in (agent.pass_env if agent is not None else ()) if credentials.resolve(n)]
+    butler = ask_butler(runtime_cfg, timeout_s=limit, env_names=[*given, *passed])
     spawner = Spawner(
         butler,
         store=sessions,
-        credentials=_GivenCredentials(sessions, given),
+        credentials=credentials,
         base_url=base_url,
         tracer_provider=tracer_provider,
     )

@@ -150,7 +150,7 @@ async def test_each_run_gets_its_own_secret_withdrawn_however_it_ends(make_butle
     with pytest.raises(asyncio.CancelledError):
         await second
     assert table.authenticate(servers[1].headers["Authorization"]) is None, "cancelled"
-    assert (await first).status == "failed", "timed out"
+    assert (await first).status == "timeout", "timed out"
     assert len(table) == 0
     adapter.gate.open()
     adapter.fail_with = RuntimeFailure("boom")
