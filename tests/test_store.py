@@ -100,6 +100,7 @@ def full_result(**overrides: object) -> SpawnerResult:
         "status": "success",
         "num_turns": 4,
         "budget": BudgetReport(limits={"max_tokens": 5000.0}, tokens=120, cache_read_tokens=3000),
+        "attempts": (Attempt(1, T0 + timedelta(seconds=1), T0 + timedelta(seconds=6), "ok"),),
     }
     fields.update(overrides)
     return SpawnerResult(**fields)  # type: ignore[arg-type]
@@ -176,6 +177,17 @@ def test_lifecycle_round_trips_every_column(store: SessionStore, tmp_path: Path)
         "budget": asdict(
             BudgetReport(limits={"max_tokens": 5000.0}, tokens=120, cache_read_tokens=3000)
         ),
+        "attempts": [
+            {
+                "number": 1,
+                "started_at": (T0 + timedelta(seconds=1)).isoformat(),
+                "ended_at": (T0 + timedelta(seconds=6)).isoformat(),
+                "outcome": "ok",
+                "message": None,
+                "cooldown_s": 0.0,
+                "stagger_s": 0.0,
+            }
+        ],
     }
     assert record.tool_calls == tool_calls(), "tool calls round-trip with their datetimes"
     assert record.tool_calls[0].started_at.tzinfo is not None
