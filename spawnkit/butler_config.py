@@ -20,6 +20,7 @@ from typing import Any, Literal, get_args
 
 from .errors import ConfigError, RosterError
 from .limits import Limits
+from .retry import RetryPolicy
 from .runtime_names import canonical_runtime
 
 McpTransport = Literal["http", "sse"]
@@ -192,6 +193,8 @@ class ButlerConfig:
     workdir: Path | None = None
     # [butler.limits]; its max_turns and timeout_s are kept in `runtime`.
     limits: Limits = field(default_factory=Limits)
+    # [butler.retry]: rate-limited runs started again, and the spacing of run starts.
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     @property
     def config_file(self) -> Path:

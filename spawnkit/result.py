@@ -154,6 +154,45 @@ class BudgetReport:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+# How an attempt of a run ended: what spawnkit retries (a rate limit, an overload) or not.
+AttemptOutcome = Literal["ok", "rate_limit", "overloaded", "auth", "other"]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One start of a run's CLI; a run retried after a rate limit or overload has several.
+
+    ``cooldown_s`` is how long the attempt waited, before it started, on the butler's shared
+    cool-down (set by a rate-limited run), ``stagger_s`` how long on ``stagger_s`` spacing.
+    """
+
+    number: int
+    started_at: datetime
+    ended_at: datetime
+    outcome: AttemptOutcome
+    message: str | None = None
+    cooldown_s: float = 0.0
+    stagger_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["started_at"] = self.started_at.isoformat()
+        data["ended_at"] = self.ended_at.isoformat()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Attempt:
+        return cls(
+            number=int(data["number"]),
+            started_at=datetime.fromisoformat(data["started_at"]),
+            ended_at=datetime.fromisoformat(data["ended_at"]),
+            outcome=data.get("outcome", "other"),
+            message=data.get("message"),
+            cooldown_s=float(data.get("cooldown_s") or 0.0),
+            stagger_s=float(data.get("stagger_s") or 0.0),
+        )
+
+
 @dataclass(frozen=True)
 class SpawnerResult:
     """What one trigger produced.
@@ -181,10 +220,13 @@ class SpawnerResult:
     num_turns: int | None = None
     # Set when the run had limits ([butler.limits], a trigger's or a flag's).
     budget: BudgetReport | None = None
+    # Each start of the run's CLI, in order (more than one when spawnkit retried it).
+    attempts: tuple[Attempt, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["tool_calls"] = [call.to_dict() for call in self.tool_calls]
+        data["attempts"] = [attempt.to_dict() for attempt in self.attempts]
         return data
 
     @property

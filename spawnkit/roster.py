@@ -55,6 +55,7 @@ from .butler_config import (
 )
 from .errors import ConfigError, RosterError
 from .limits import Limits
+from .retry import RetryPolicy
 from .runtime_names import canonical_runtime
 
 _NAME_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
@@ -224,7 +225,7 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
     b.check_keys(
         {
             "name", "port", "description", "mcp_transport", "runtime", "env", "schedule",
-            "agents", "sandbox", "limits",
+            "agents", "sandbox", "limits", "retry",
         }
     )  # fmt: skip
 
@@ -265,6 +266,7 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
 
     sandbox = _sandbox(b.table("sandbox"))
     limits = _limits(b.table("limits"), r)
+    retry = _retry(b.table("retry"))
     runtime = replace(
         runtime,
         max_turns=limits.max_turns or runtime.max_turns,
@@ -345,6 +347,7 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
         agents=MappingProxyType(agents),
         sandbox=sandbox,
         limits=replace(limits, max_turns=None, timeout_s=None),
+        retry=retry,
     )
 
 
@@ -367,6 +370,19 @@ def _limits(t: _Reader, runtime: _Reader) -> Limits:
         timeout_s=t.number("timeout_s", 1.0) if "timeout_s" in t.data else None,
         daily_cost_usd=t.number("daily_cost_usd", 1.0) if "daily_cost_usd" in t.data else None,
     )
+
+
+def _retry(t: _Reader) -> RetryPolicy:
+    t.check_keys({"max_attempts", "backoff_s", "max_backoff_s", "stagger_s"})
+    default = RetryPolicy()
+    policy = RetryPolicy(
+        max_attempts=t.integer("max_attempts", default.max_attempts, minimum=1),
+        backoff_s=t.number("backoff_s", default.backoff_s),
+        max_backoff_s=t.number("max_backoff_s", default.max_backoff_s),
+        # 0 (the default) spaces nothing.
+        stagger_s=t.number("stagger_s", 1.0) if t.data.get("stagger_s", 0) != 0 else 0.0,
+    )
+    return policy
 
 
 _COMMAND_KEYS = ("command", "resume_command", "output", "stdin", "env", "events")

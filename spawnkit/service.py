@@ -68,7 +68,7 @@ class ButlerService:
         butler: ButlerConfig,
         *,
         store: SessionStore | None = None,
-        replay: Scenario | Path | str | None = None,
+        replay: Scenario | ReplayServer | Path | str | None = None,
         external_mcp: bool = False,
         mcp_port: int | None = None,
         mcp_host: str = "127.0.0.1",
@@ -83,6 +83,10 @@ class ButlerService:
         self.store = store if store is not None else SessionStore()
         if isinstance(replay, str | Path):
             replay = Scenario.load(replay)
+        # A ReplayServer of the caller's (one with a Throttle, say) is served as it is.
+        self.replay_server: ReplayServer | None = None
+        if isinstance(replay, ReplayServer):
+            self.replay_server, replay = replay, replay.scenario
         self.scenario = replay
         self.external_mcp = external_mcp
         self.mcp_port = mcp_port
@@ -96,7 +100,6 @@ class ButlerService:
         self.access = access if access is not None else AccessTable()
         # The owner token's file, when this service serves one (owner_token=True).
         self.token_file: Path | None = None
-        self.replay_server: ReplayServer | None = None
         self.replay_url: str | None = None
         self.mcp_url: str | None = None
         self._spawner: Spawner | None = None
@@ -128,7 +131,8 @@ class ButlerService:
     async def _start(self, stack: AsyncExitStack) -> None:
         options = dict(self.spawner_options)
         if self.scenario is not None:
-            self.replay_server = ReplayServer(self.scenario)
+            if self.replay_server is None:
+                self.replay_server = ReplayServer(self.scenario)
             self.replay_url = await stack.enter_async_context(self.replay_server.serve())
             options["base_url"] = self.replay_url
             credentials = options.pop("credentials", None) or CredentialStore(self.store)

@@ -76,8 +76,20 @@ from .events import (
 from .limits import Limits
 from .mcp_access import AccessTable, McpAccess
 from .memory import MemoryProvider, StoreMemory
+from .pacing import Pacer
 from .redaction import Redactor
-from .result import OUTPUT_LIMIT, RunStatus, SpawnerResult, ToolCall, Usage, truncate
+from .result import (
+    OUTPUT_LIMIT,
+    Attempt,
+    AttemptOutcome,
+    RunStatus,
+    SpawnerResult,
+    ToolCall,
+    Usage,
+    tool_count,
+    truncate,
+)
+from .retry import RETRYABLE_KINDS, RetryPolicy, retry_after_hint
 from .roster import ButlerConfig
 from .runlog import DEFAULT_CAP_BYTES, RunLog, check_session_id, session_log_dir
 from .runtimes import get_adapter
@@ -137,6 +149,8 @@ class SpawnerStatus:
     queued: int
     max_queued: int
     accepting: bool
+    # Seconds left of the cool-down a rate-limited run set (0: none in effect).
+    cooldown_s: float = 0.0
 
 
 class _Collector:
@@ -192,6 +206,11 @@ class _Collector:
     @property
     def partial_output(self) -> str:
         return truncate("\n\n".join(self.texts), OUTPUT_LIMIT)
+
+    def restart(self) -> None:
+        """Forget a failed attempt's text and usage: the run starts its CLI again."""
+        self.texts, self.text_chars = [], 0
+        self.usage, self.cost_usd = Usage(), None
 
     def metered_usage(self, usage: Usage) -> None:
         """The run's total after a model call, as its relay measured it."""
@@ -251,9 +270,14 @@ class Spawner:
         log_cap_bytes: int = DEFAULT_CAP_BYTES,
         mcp_access: McpAccess | None = None,
         limits: Limits | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         # Limits given here are laid over the butler's [butler.limits].
         self.butler = butler = butler.with_limits(limits) if limits is not None else butler
+        # Given here, a retry policy replaces the butler's [butler.retry].
+        self.retry = (retry if retry is not None else butler.retry).validate()
+        # The butler's shared cool-down after a rate limit, and the spacing of starts.
+        self.pacer = Pacer(self.retry.stagger_s)
         # Where each run's MCP secret is granted: the table the butler's server checks.
         self.mcp_access: McpAccess = mcp_access if mcp_access is not None else AccessTable()
         self.store = store if store is not None else SessionStore()
@@ -302,6 +326,7 @@ class Spawner:
             queued=self._queued(),
             max_queued=self._max_queued,
             accepting=self._accepting,
+            cooldown_s=round(self.pacer.cooling_for, 3),
         )
 
     def redactor_for(self, session_key: str | None) -> Redactor:
@@ -597,9 +622,7 @@ class Spawner:
                 holding_slot = True
                 try:
                     started_at, started_clock = _now(), time.monotonic()
-                    result = await self._daily_budget_spent(run) or await self._execute(
-                        run, started_at
-                    )
+                    result = await self._daily_budget_spent(run) or await self._attempts(run)
                 finally:
                     self._active -= 1
         except asyncio.CancelledError:
@@ -640,6 +663,55 @@ class Spawner:
                     del self._redactors[key]
         collector.emit(Finished(run.session_id, result))
         return result
+
+    async def _attempts(self, run: _Run) -> SpawnerResult:
+        """The run, started again while it fails on a rate limit or overload before any tool.
+
+        Each start first waits out the butler's cool-down and stagger (:mod:`spawnkit.pacing`).
+        A rate limit or overload sets the cool-down to the backoff of :mod:`spawnkit.retry`,
+        whether or not this run is started again; a run that had called a tool is not (its
+        tools may have had effects) and fails saying so. The result lists every attempt and
+        its duration covers them all.
+        """
+        policy = self.retry
+        attempts: list[Attempt] = []
+        first = time.monotonic()
+        while True:
+            waited = await self.pacer.wait()
+            if not attempts:
+                first = time.monotonic()
+            begun = _now()
+            result = await self._execute(run, begun)
+            outcome = _attempt_outcome(result)
+            attempts.append(
+                Attempt(
+                    number=len(attempts) + 1, started_at=begun, ended_at=_now(), outcome=outcome,
+                    message=None if result.success else result.error,
+                    cooldown_s=waited.cooldown_s, stagger_s=waited.stagger_s,
+                )
+            )  # fmt: skip
+            if outcome not in RETRYABLE_KINDS:
+                break
+            self.pacer.cool_down(policy.backoff(len(attempts), retry_after_hint(result.error)))
+            if result.tool_calls:
+                if policy.max_attempts > 1:
+                    done = tool_count(len(result.tool_calls), result.failed_tool_calls)
+                    reason = f"not retried: the run had already made {done}"
+                    result = replace(result, error=f"{result.error}; {reason}")
+                break
+            if len(attempts) >= policy.max_attempts:
+                if len(attempts) > 1:
+                    result = replace(
+                        result, error=f"{result.error}; gave up after {len(attempts)} attempts"
+                    )
+                break
+            logger.info(
+                "run %s of butler %s: %s on attempt %d; retrying after the cool-down (%.1f s)",
+                run.session_id, self.butler.name, outcome, len(attempts), self.pacer.cooling_for,
+            )  # fmt: skip
+            await self._withdraw_secret(run)
+            run.collector.restart()
+        return replace(result, attempts=tuple(attempts), duration_ms=_ms_since(first))
 
     async def _daily_budget_spent(self, run: _Run) -> SpawnerResult | None:
         """A refusal, if the butler's daily budget was spent while the run waited its turn.
@@ -967,6 +1039,7 @@ class Spawner:
             agents={} if agent is not None or asking else butler.agents,
             sandbox=plan,
             add_dirs=linked,
+            model_retries=0 if self.retry.max_attempts > 1 else None,
         )
 
     def _result(
@@ -1026,6 +1099,18 @@ async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
         if "shutdown" not in str(exc):
             raise
         return fn(*args)
+
+
+def _attempt_outcome(result: SpawnerResult) -> AttemptOutcome:
+    """What an attempt's result was, as far as retrying goes."""
+    if result.success:
+        return "ok"
+    kind = result.error_kind
+    if kind == "rate_limit":
+        return "rate_limit"
+    if kind == "overloaded":
+        return "overloaded"
+    return "auth" if kind == "auth" else "other"
 
 
 def _ms_since(clock: float) -> int:

@@ -38,12 +38,12 @@ from urllib.parse import quote
 from .credential_file import CredentialError, CredentialFile, StoredCredential
 from .errors import HomeNotWritable, StoreDamaged, StoreError
 from .home import default_store_path, is_writable
-from .result import BudgetReport, SpawnerResult, ToolCall, Usage
+from .result import Attempt, BudgetReport, SpawnerResult, ToolCall, Usage
 from .sweep import OpenRun, process_start, sweep
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 BUSY_TIMEOUT_MS = 15_000
 
 _SCHEMA = """
@@ -85,7 +85,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     workspace TEXT,
     kind TEXT NOT NULL DEFAULT 'run',
     sources TEXT,
-    budget TEXT
+    budget TEXT,
+    attempts TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_at);
 CREATE INDEX IF NOT EXISTS sessions_by_butler ON sessions (butler, created_at);
@@ -191,6 +192,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # How a run stood against its limits (spawnkit.budget), as JSON.
     ("ALTER TABLE sessions ADD COLUMN budget TEXT",),
+    # Each start of the run's CLI (spawnkit.retry), as JSON.
+    ("ALTER TABLE sessions ADD COLUMN attempts TEXT",),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION - 1
 
@@ -312,6 +315,8 @@ class SessionRecord:
     sources: tuple[str, ...] = ()
     # How the run stood against its limits, when it had any that needed its usage.
     budget: BudgetReport | None = None
+    # Each start of the run's CLI; several when a rate-limited run was started again.
+    attempts: tuple[Attempt, ...] = ()
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> SessionRecord:
@@ -353,6 +358,7 @@ class SessionRecord:
             kind=row["kind"] or "run",
             sources=tuple(json.loads(row["sources"])) if row["sources"] else (),
             budget=BudgetReport.from_dict(json.loads(row["budget"])) if row["budget"] else None,
+            attempts=tuple(Attempt.from_dict(a) for a in json.loads(row["attempts"] or "[]")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -391,6 +397,7 @@ class SessionRecord:
             "kind": self.kind,
             "sources": list(self.sources),
             "budget": asdict(self.budget) if self.budget else None,
+            "attempts": [attempt.to_dict() for attempt in self.attempts],
         }
 
 
@@ -630,7 +637,8 @@ class SessionStore:
         """The run is running; ``workspace`` is kept so a sweep can remove it if we die."""
         with self._tx() as conn:
             conn.execute(
-                "UPDATE sessions SET status = 'running', started_at = ?, trace_id = ?, "
+                "UPDATE sessions SET status = 'running', started_at = COALESCE(started_at, ?), "
+                "trace_id = ?, "
                 "workspace = ? WHERE id = ? AND completed_at IS NULL",
                 (_iso(started_at), trace_id, str(workspace) if workspace else None, session_id),
             )
@@ -658,7 +666,8 @@ class SessionStore:
                        cache_write_tokens = ?, cost_usd = ?, num_turns = ?,
                        trace_id = COALESCE(?, trace_id),
                        runtime_session_id = COALESCE(?, runtime_session_id),
-                       model = COALESCE(?, model), completed_at = ?, budget = ?
+                       model = COALESCE(?, model), completed_at = ?, budget = ?,
+                       attempts = ?
                    WHERE id = ? AND completed_at IS NULL""",
                 (
                     result.status, int(result.success), result.error, result.error_kind,
@@ -668,7 +677,9 @@ class SessionStore:
                     result.cost_usd, result.num_turns, result.trace_id,
                     result.runtime_session_id, result.model,
                     _iso(completed_at or utcnow()),
-                    json.dumps(asdict(result.budget)) if result.budget else None, session_id,
+                    json.dumps(asdict(result.budget)) if result.budget else None,
+                    json.dumps([a.to_dict() for a in result.attempts]) if result.attempts else None,
+                    session_id,
                 ),
             ).rowcount  # fmt: skip
             if updated:

@@ -29,6 +29,7 @@ from .notebook.session_table import SessionTable
 from .notebook.static_view import static_html
 from .notebook.view import RunView
 from .notebook.view_state import MARKS, ViewState, format_duration
+from .queue_report import QueueReport
 from .result import SpawnerResult
 from .roster import ButlerConfig, Roster, load_roster
 from .service import ButlerService
@@ -122,14 +123,32 @@ class _Card:
         self.start = w.Button(description="Start server", icon="play", layout={"width": "auto"})
         self.start.on_click(lambda _: dashboard.start_server(butler))
         self.runs = w.HTML()
+        # Queue waits, a cool-down in effect, and today's spend against the daily budget.
+        self.pacing = w.HTML()
+        self.pacing.add_class("sk-pacing")
         self.box = w.VBox(
-            [self.title, self.info, w.HBox([self.server, self.start]), self.runs],
+            [self.title, self.info, self.pacing, w.HBox([self.server, self.start]), self.runs],
             layout={"border": BORDER, "padding": "6px", "margin": "4px", "width": "280px"},
         )
         self.box.add_class("sk-card")
 
-    def update(self, running: int, queued: int, up: bool, recent: list[SessionRecord]) -> None:
+    def update(
+        self,
+        running: int,
+        queued: int,
+        up: bool,
+        recent: list[SessionRecord],
+        report: QueueReport | None = None,
+    ) -> None:
         b = self.butler
+        if report is not None:
+            parts = [report.wait_text]
+            if report.cooldown_s > 0:
+                parts.append(f"<b>cool-down {report.cooldown_s:.1f} s</b> (rate limited)")
+            elif report.cooldown_waits:
+                parts.append(f"{report.cooldown_waits} starts waited on a cool-down")
+            parts.append(html.escape(report.budget_text))
+            self.pacing.value = "<small>" + " · ".join(parts) + "</small>"
         self.info.value = (
             f"{html.escape(b.runtime.type)} · port {b.port} · "
             f"slots {running}/{b.runtime.max_concurrent_sessions} · queue {queued}"
@@ -297,11 +316,13 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
         for name, card in self.cards.items():
             s = statuses.get(name)
             up = await asyncio.to_thread(_port_open, card.butler.port)
+            report = await asyncio.to_thread(self.hub.queue_report, card.butler)
             card.update(
                 s.active if s else 0,
                 s.queued if s else 0,
                 up,
                 [r for r in records if r.butler == name],
+                report,
             )
         self.sessions.show(records[:RECENT_ROWS])
         for row in self._rows:

@@ -223,7 +223,7 @@ async def test_model_error_fails_fast_and_cleans_up(make_butler, store) -> None:
     async with service(make_butler(), store, script) as svc:
         result = await svc.trigger("hello")
     assert not result.success and result.status == "failed"
-    assert result.error_kind == "model_unavailable"
+    assert result.error_kind == "overloaded"
     assert "Overloaded" in (result.error or "") or "529" in (result.error or "")
     record = store.get_session(result.session_id)
     assert record is not None and record.status == "failed" and record.error == result.error

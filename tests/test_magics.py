@@ -166,3 +166,49 @@ def test_terminal_shell_runs_and_prints_text(ip: Any, capsys: pytest.CaptureFixt
 
 def test_render_mode_follows_the_frontend() -> None:
     assert runner.in_kernel() is False, "the test shell is a terminal shell"
+
+
+PACED = """
+[[script]]
+match = "refuse"
+  [[script.turn]]
+  error = { status = 429, type = "rate_limit_error", message = "Too many requests" }
+
+[[script]]
+  [[script.turn]]
+  text = "Done."
+  usage = { input_tokens = 100000, output_tokens = 1000 }
+"""
+
+
+@pytest.mark.e2e
+def test_spawn_status_shows_queue_waits_cool_downs_and_the_daily_budget(
+    ip: Any, make_butler: Any, tmp_path: Any
+) -> None:
+    butler = make_butler(
+        name="paced",
+        extra='[butler.runtime]\nmodel = "claude-sonnet-4-5"\n'
+        "[butler.limits]\ndaily_cost_usd = 5\n"
+        "[butler.retry]\nmax_attempts = 2\nbackoff_s = 1\nmax_backoff_s = 4\n",
+    )
+    scenario = tmp_path / "paced.toml"
+    scenario.write_text(PACED)
+    ip.run_line_magic("load_ext", "spawnkit")
+    flags = f"--butler paced --roster {butler.roster_dir} --replay {scenario}"
+    done = ip.run_cell_magic("spawn", flags, "do it")
+    assert done.success and done.cost_usd, done.error
+    refused = ip.run_cell_magic("spawn", f"{flags} --allow-failure", "refuse it")
+    assert refused.error_kind == "rate_limit" and "gave up after 2 attempts" in refused.error
+    status = ip.run_line_magic("spawn_status", "")
+    row = status[status["butler"] == "paced"].iloc[0]
+    # The second refusal set a cool-down of 2 to 3 s, still in effect.
+    assert 0.5 < row["cooldown_s"] <= 3.0
+    assert row["cooldown_waits"] == 1, "the retry waited on the first refusal's cool-down"
+    assert row["daily_cost_usd"] == 5.0
+    assert row["spent_today_usd"] == pytest.approx(done.cost_usd)
+    # Two runs started: one at once, one after no wait beyond its slot.
+    assert 0 <= row["wait_p50_s"] <= row["wait_p90_s"] < 5
+    assert list(status.columns)[-6:] == [
+        "wait_p50_s", "wait_p90_s", "cooldown_s", "cooldown_waits", "spent_today_usd",
+        "daily_cost_usd",
+    ]  # fmt: skip

@@ -87,7 +87,7 @@ def test_codex_failed_turn() -> None:
     feed(parser, lines("codex_error.jsonl"))
     outcome = parser.outcome(1, ["Reading additional input from stdin..."])
     assert not outcome.success
-    assert outcome.error_kind == "model_unavailable"
+    assert outcome.error_kind == "overloaded"
     error = outcome.error or ""
     assert "529" in error and "retry in a minute" in error, "an overload is waited out"
     assert "base_url" not in error and "127.0.0.1" not in error, "no wrong hint, no address"
@@ -116,7 +116,7 @@ def test_gemini_model_error_and_exit_codes() -> None:
     parser = GeminiParser("s1", "health")
     feed(parser, lines("gemini_error.jsonl"))
     outcome = parser.outcome(17, [])
-    assert not outcome.success and outcome.error_kind == "model_unavailable"
+    assert not outcome.success and outcome.error_kind == "overloaded"
     assert "Overloaded" in (outcome.error or "")
     limited = GeminiParser("s1", "health")
     assert limited.outcome(53, []).error_kind == "max_turns"
@@ -168,13 +168,13 @@ def test_garbage_truncated_and_interleaved_lines(name: str) -> None:
             529,
             "API Error: 529 Overloaded. This is a server-side issue, usually temporary — try "
             "again in a moment. If it persists, check your inference gateway (127.0.0.1:40455).",
-            "model_unavailable",
+            "overloaded",
             "overloaded: this is temporary",
         ),
         (
             None,
             "unexpected status 529: Overloaded, url: http://127.0.0.1:1/v1",
-            "model_unavailable",
+            "overloaded",
             "overloaded",
         ),
         (None, "API Error: 500 Internal server error", "model_unavailable", "failed on its side"),
@@ -184,6 +184,7 @@ def test_garbage_truncated_and_interleaved_lines(name: str) -> None:
             "model_unavailable",
             "check [butler.runtime] base_url",
         ),
+        (None, "unexpected status 503 Service Unavailable: busy", "overloaded", "temporary"),
         (429, "Too many requests", "rate_limit", "rate limiting"),
         (401, "Invalid API key", "auth", "LOG IN"),
     ],

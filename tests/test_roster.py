@@ -313,8 +313,8 @@ def test_unknown_key_in_butler(tmp_path: Path) -> None:
     )
     assert message == (
         f"{path}: [butler.descripton]: unknown key (did you mean 'description'? allowed: "
-        "agents, description, env, limits, mcp_transport, name, port, runtime, sandbox, "
-        "schedule)"
+        "agents, description, env, limits, mcp_transport, name, port, retry, runtime, "
+        "sandbox, schedule)"
     )
 
 

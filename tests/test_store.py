@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from spawnkit.credential_file import CredentialFile
 from spawnkit.credentials import CredentialStore, check_required, isolated_env
 from spawnkit.errors import MissingEnvError, StoreDamaged, StoreError
 from spawnkit.memory import StoreMemory, render_episodes
-from spawnkit.result import BudgetReport, SpawnerResult, ToolCall, Usage
+from spawnkit.result import Attempt, BudgetReport, SpawnerResult, ToolCall, Usage
 from spawnkit.store import SCHEMA_VERSION, SessionStore
 
 from .conftest import REPO, RosterFactory
@@ -100,6 +100,7 @@ def full_result(**overrides: object) -> SpawnerResult:
         "status": "success",
         "num_turns": 4,
         "budget": BudgetReport(limits={"max_tokens": 5000.0}, tokens=120, cache_read_tokens=3000),
+        "attempts": (Attempt(1, T0 + timedelta(seconds=1), T0 + timedelta(seconds=6), "ok"),),
     }
     fields.update(overrides)
     return SpawnerResult(**fields)  # type: ignore[arg-type]
@@ -176,6 +177,17 @@ def test_lifecycle_round_trips_every_column(store: SessionStore, tmp_path: Path)
         "budget": asdict(
             BudgetReport(limits={"max_tokens": 5000.0}, tokens=120, cache_read_tokens=3000)
         ),
+        "attempts": [
+            {
+                "number": 1,
+                "started_at": (T0 + timedelta(seconds=1)).isoformat(),
+                "ended_at": (T0 + timedelta(seconds=6)).isoformat(),
+                "outcome": "ok",
+                "message": None,
+                "cooldown_s": 0.0,
+                "stagger_s": 0.0,
+            }
+        ],
     }
     assert record.tool_calls == tool_calls(), "tool calls round-trip with their datetimes"
     assert record.tool_calls[0].started_at.tzinfo is not None
@@ -529,7 +541,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         old = store.get_session("old")
         create(store, "new", log_dir=tmp_path / "logs", role="researcher")
         new = store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(8,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(9,)]
     assert old is not None and old.log_dir is None and old.status == "queued"
     assert new is not None and new.log_dir == tmp_path / "logs" and new.role == "researcher"
 
@@ -555,6 +567,7 @@ def _as_schema_6(db: Path) -> None:
 
 
 def _as_schema_7(db: Path) -> None:
+    _as_schema_8(db)
     execute(db, "ALTER TABLE sessions DROP COLUMN budget")
     execute(db, "PRAGMA user_version = 7")
 
@@ -570,7 +583,7 @@ def test_a_version_6_file_is_migrated(tmp_path: Path) -> None:
             trigger_source="external", kind="ask", sources=["notes", "repo"],
         )  # fmt: skip
         old, asked = store.get_session("old"), store.get_session("asked")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(8,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(9,)]
     assert old is not None and (old.kind, old.sources) == ("run", ())
     assert asked is not None and (asked.kind, asked.sources) == ("ask", ("notes", "repo"))
     assert asked.to_dict()["sources"] == ["notes", "repo"]
@@ -633,7 +646,7 @@ def test_a_version_7_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         store.complete_session("new", full_result())
         new, old = store.get_session("new"), store.get_session("old")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(8,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(9,)]
     assert new is not None and new.budget is not None and new.budget.tokens == 120
     assert old is not None and old.budget is None
 
@@ -871,3 +884,28 @@ def test_store_memory_from_module_config(store: SessionStore) -> None:
     assert (memory.max_tokens, memory.max_episodes) == (1500, 20)
     memory = StoreMemory.from_module_config(store, {"max_episodes": 3})
     assert (memory.max_tokens, memory.max_episodes) == (2000, 3)
+
+
+def _as_schema_8(db: Path) -> None:
+    execute(db, "ALTER TABLE sessions DROP COLUMN attempts")
+    execute(db, "PRAGMA user_version = 8")
+
+
+def test_a_version_8_file_is_migrated(tmp_path: Path) -> None:
+    db = tmp_path / "sessions.db"
+    with SessionStore(db) as store:
+        create(store, "old")
+        store.complete_session("old", full_result())
+    _as_schema_8(db)
+    limited = Attempt(1, T0, T0 + timedelta(seconds=1), "rate_limit", "429", cooldown_s=0.0)
+    retried = Attempt(2, T0 + timedelta(seconds=3), T0 + timedelta(seconds=5), "ok",
+                      cooldown_s=2.0)  # fmt: skip
+    with SessionStore(db) as store:
+        create(store, "new")
+        store.complete_session("new", replace(full_result(), attempts=(limited, retried)))
+        new, old = store.get_session("new"), store.get_session("old")
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(9,)]
+    assert new is not None and new.attempts == (limited, retried)
+    assert new.to_dict()["attempts"][1]["cooldown_s"] == 2.0
+    assert new.to_dict()["attempts"][0]["started_at"] == T0.isoformat()
+    assert old is not None and old.attempts == () and old.budget is not None

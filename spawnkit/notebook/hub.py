@@ -22,6 +22,7 @@ from typing import Any
 from ..butler_server import ToolExtension
 from ..events import EventSink, Finished, Queued, RunEvent, Started
 from ..limits import Limits
+from ..queue_report import QueueReport, queue_report
 from ..result import SpawnerResult
 from ..roster import ButlerConfig
 from ..service import ButlerService
@@ -236,6 +237,22 @@ class Hub:
 
     def statuses(self) -> list[SpawnerStatus]:
         return [service.spawner.status for service in self._services.values()]
+
+    def butlers(self) -> dict[str, ButlerConfig]:
+        """The butlers this kernel has run, by name."""
+        return {service.butler.name: service.butler for service in list(self._services.values())}
+
+    def queue_report(self, butler: ButlerConfig) -> QueueReport:
+        """``butler``'s waits, cool-downs and spend (reads the store: call it off the loop).
+
+        The cool-down in effect is the longest among this kernel's spawners of the butler.
+        """
+        cooling = [
+            service.spawner.pacer.cooling_for
+            for service in list(self._services.values())
+            if service.butler.name == butler.name
+        ]
+        return queue_report(self.store, butler, cooldown_s=max(cooling, default=0.0))
 
     def in_flight(self) -> list[RunHandle]:
         return [h for h in self.runs if not h.done()]

@@ -24,6 +24,11 @@ from .failures import RunCancelled, RunFailed, debug_report, remember
 from .hub import Hub, RunHandle, close_default_hub, default_hub
 from .runner import spawn
 
+STATUS_COLUMNS = [
+    "butler", "running", "slots", "queued", "max_queued", "accepting", "wait_p50_s",
+    "wait_p90_s", "cooldown_s", "cooldown_waits", "spent_today_usd", "daily_cost_usd",
+]  # fmt: skip
+
 
 @magics_class
 class SpawnMagics(Magics):
@@ -177,17 +182,24 @@ class SpawnMagics(Magics):
 
     @line_magic
     def spawn_status(self, line: str) -> Any:
-        """Slots in use and queue depth per butler this kernel has run."""
+        """Per butler this kernel has run: slots in use, queue depth, queue wait times
+        (p50/p90 over its recent runs), the cool-down in effect after a rate limit, and
+        today's spend against its daily budget."""
         import pandas as pd
 
-        rows = [
-            {"butler": s.butler, "running": s.active, "slots": s.capacity, "queued": s.queued,
-             "max_queued": s.max_queued, "accepting": s.accepting}
-            for s in self.hub.statuses()
-        ]  # fmt: skip
-        return pd.DataFrame(
-            rows, columns=["butler", "running", "slots", "queued", "max_queued", "accepting"]
-        )
+        rows = []
+        butlers = self.hub.butlers()
+        for s in self.hub.statuses():
+            report = self.hub.queue_report(butlers[s.butler])
+            rows.append(
+                {"butler": s.butler, "running": s.active, "slots": s.capacity,
+                 "queued": s.queued, "max_queued": s.max_queued, "accepting": s.accepting,
+                 "wait_p50_s": report.wait_p50_s, "wait_p90_s": report.wait_p90_s,
+                 "cooldown_s": report.cooldown_s, "cooldown_waits": report.cooldown_waits,
+                 "spent_today_usd": report.spent_today_usd,
+                 "daily_cost_usd": report.daily_cost_usd}
+            )  # fmt: skip
+        return pd.DataFrame(rows, columns=STATUS_COLUMNS)
 
     @line_magic
     def spawn_cancel(self, line: str) -> list[str]:

@@ -9,13 +9,14 @@ included, from one scenario. ``ReplayServer.recorder(upstream, out)`` proxies a 
 
 from ..errors import ScenarioError
 from .scenario import Scenario
-from .server import LoggedRequest, ReplayServer, record_forever, serve_forever
+from .server import LoggedRequest, ReplayServer, Throttle, record_forever, serve_forever
 
 __all__ = [
     "LoggedRequest",
     "ReplayServer",
     "Scenario",
     "ScenarioError",
+    "Throttle",
     "record_forever",
     "serve_forever",
 ]

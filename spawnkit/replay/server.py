@@ -7,9 +7,11 @@ Responses API (``POST /v1/responses``, for Codex) and the Gemini API (``POST
 CLI), streamed or not, plus the side endpoints Claude Code calls (``HEAD /api/hello``,
 ``/v1/messages/count_tokens``). Requests are routed by path; the wire modules do the
 translating. The server keeps a bounded log of every request so tests can assert what the
-CLI sent. :meth:`ReplayServer.recorder` builds the same server in record mode: a
-transparent proxy to a real upstream API that rebuilds each turn, of any of the three APIs,
-from the bytes it relays and writes them as a scenario. Serving goes through
+CLI sent. A :class:`Throttle` makes it play a rate-limited API: it answers HTTP 429 (or
+another status) to the first model requests, or to a request beyond a number in flight at
+once, before the scenario is asked. :meth:`ReplayServer.recorder` builds the same server
+in record mode: a transparent proxy to a real upstream API that rebuilds each turn, of any
+of the three APIs, from the bytes it relays and writes them as a scenario. Serving goes through
 ``spawnkit._asgi`` (on the caller's loop or on a thread); :func:`serve_forever` and
 :func:`record_forever` are the blocking entry points behind ``spawnkit replay``.
 """
@@ -22,7 +24,7 @@ import json
 import re
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -63,6 +65,61 @@ _RESPONSE_HEADERS_DROPPED = frozenset(
     {"content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive"}
 )
 _DISCONNECT_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Throttle:
+    """Model requests the server refuses, as a rate-limited (or overloaded) API would.
+
+    ``refuse_first`` requests are refused outright; after that, a request arriving while
+    ``max_concurrent`` are in flight is. The refusal has ``status`` (429, or 529/503 for
+    an overload) and, with ``retry_after_s``, a ``Retry-After`` header and a message that
+    names the wait (the CLIs pass the message on, not the header).
+    """
+
+    refuse_first: int = 0
+    max_concurrent: int | None = None
+    status: int = 429
+    retry_after_s: float | None = None
+
+    def refusal(self) -> ErrorSpec:
+        kind = "rate_limit_error" if self.status == 429 else "overloaded_error"
+        message = "rate limited by the replay server"
+        if self.retry_after_s is not None:
+            message += f": try again in {self.retry_after_s:g}s"
+        return ErrorSpec(self.status, kind, message)
+
+
+class _Gate:
+    """A throttle's counts: model requests seen, in flight, and refused."""
+
+    def __init__(self, throttle: Throttle | None) -> None:
+        self.throttle = throttle
+        self.seen = self.in_flight = self.refused = 0
+        self.most_in_flight = 0
+
+    def enter(self) -> ErrorSpec | None:
+        """A refusal for this request, or None once it counts as in flight (then leave())."""
+        throttle = self.throttle
+        self.seen += 1
+        if throttle is not None and (
+            self.seen <= throttle.refuse_first
+            or (throttle.max_concurrent is not None and self.in_flight >= throttle.max_concurrent)
+        ):
+            self.refused += 1
+            return throttle.refusal()
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        return None
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+
+    def refuse(self, error: ErrorSpec, encode_error: Callable[[ErrorSpec], Any]) -> Response:
+        headers = {}
+        if self.throttle is not None and self.throttle.retry_after_s is not None:
+            headers["retry-after"] = f"{self.throttle.retry_after_s:g}"
+        return JSONResponse(encode_error(error), status_code=error.status, headers=headers)
 
 
 @dataclass(frozen=True)
@@ -117,11 +174,28 @@ class ReplayServer:
     recording: Recording | None
     app: Starlette
 
-    def __init__(self, scenario: Scenario, *, max_requests: int = MAX_LOGGED_REQUESTS) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        *,
+        max_requests: int = MAX_LOGGED_REQUESTS,
+        throttle: Throttle | None = None,
+    ) -> None:
         self.scenario = scenario
         self.recording = None
         self._log = _RequestLog(max_requests)
-        self.app = _replay_app(scenario, self._log)
+        self._gate = _Gate(throttle)
+        self.app = _replay_app(scenario, self._log, self._gate)
+
+    @property
+    def refused(self) -> int:
+        """How many model requests the throttle refused."""
+        return self._gate.refused
+
+    @property
+    def most_in_flight(self) -> int:
+        """The most model requests the server was answering at once."""
+        return self._gate.most_in_flight
 
     @classmethod
     def recorder(
@@ -132,6 +206,7 @@ class ReplayServer:
         server.scenario = None
         server.recording = Recording(Path(out), upstream)
         server._log = _RequestLog(max_requests)
+        server._gate = _Gate(None)
         server.app = _record_app(upstream.rstrip("/"), server.recording, server._log)
         return server
 
@@ -162,7 +237,28 @@ def _api_error(status: int, kind: str, message: str) -> JSONResponse:
     return JSONResponse(error_body(ErrorSpec(status, kind, message)), status_code=status)
 
 
-def _replay_app(scenario: Scenario, log: _RequestLog) -> Starlette:
+def _replay_app(scenario: Scenario, log: _RequestLog, gate: _Gate) -> Starlette:
+    Endpoint = Callable[[Request], Awaitable[Response]]
+
+    def model_call(encode_error: Callable[[ErrorSpec], Any]) -> Callable[[Endpoint], Endpoint]:
+        """A model endpoint behind the throttle: refused, or counted in flight while it runs."""
+
+        def wrap(endpoint: Endpoint) -> Endpoint:
+            async def throttled(request: Request) -> Response:
+                refusal = gate.enter()
+                if refusal is not None:
+                    log.add(request, await request.body())
+                    return gate.refuse(refusal, encode_error)
+                try:
+                    return await endpoint(request)
+                finally:
+                    gate.leave()
+
+            return throttled
+
+        return wrap
+
+    @model_call(error_body)
     async def messages(request: Request) -> Response:
         body = log.add(request, await request.body())
         if not isinstance(body, dict):
@@ -179,6 +275,7 @@ def _replay_app(scenario: Scenario, log: _RequestLog) -> Starlette:
             return JSONResponse(message_body(turn_request, reply, model=model, usage=usage))
         return _event_stream(sse_frames(turn_request, reply, model=model, usage=usage))
 
+    @model_call(openai.error_body)
     async def responses(request: Request) -> Response:
         body = log.add(request, await request.body())
         if not isinstance(body, dict):
@@ -198,6 +295,7 @@ def _replay_app(scenario: Scenario, log: _RequestLog) -> Starlette:
             )
         return _event_stream(openai.sse_frames(wire, turn_request, reply, model=model, usage=usage))
 
+    @model_call(gemini.error_body)
     async def generate(request: Request) -> Response:
         body = log.add(request, await request.body())
         # The model is in the path: /v1beta/models/gemini-2.5-flash:streamGenerateContent

@@ -93,6 +93,11 @@ class RunSpec:
     # Folders outside ``cwd`` the CLI's file tools must reach (the real paths of an
     # ask's linked sources): Claude Code's --add-dir, Gemini's includeDirectories.
     add_dirs: tuple[Path, ...] = ()
+    # How often the CLI itself may retry a failed model call; None: the adapter's own choice.
+    # 0 when spawnkit retries rate-limited runs ([butler.retry]), so its retry is the one
+    # that acts. Only Claude Code needs telling: spawnkit starts Codex (with a base_url)
+    # and Gemini with no retries of their own already.
+    model_retries: int | None = None
 
 
 @dataclass
@@ -142,6 +147,10 @@ _DOWN_WORDS = (
 
 _OVERLOADED_REMEDY = "the model is overloaded: this is temporary, retry in a minute"
 _SERVER_ERROR_REMEDY = "the model API failed on its side: retry later"
+_UNAVAILABLE_REMEDY = "the model API is unavailable for now: this is temporary, retry in a minute"
+# The kind of a failure on an overloaded or briefly unavailable model API (529, 503): like a
+# rate limit, it is waited out and retried (spawnkit.retry); other 5xx are not.
+OVERLOADED = "overloaded"
 # "status 529", "API Error: 529", '"code":529': the HTTP status inside a CLI's message.
 _STATUS_IN_TEXT = re.compile(r"(?:status|api error:?|\"code\":)\s*([1-5]\d\d)\b", re.IGNORECASE)
 _ADDRESS = re.compile(
@@ -165,8 +174,9 @@ def failure_detail(text: str) -> str:
 def classify_failure(status: int | None, text: str, *, auth_remedy: str) -> RuntimeFailure:
     """Turn a failed model call (HTTP status and/or message) into a typed failure.
 
-    The remedy fits the cause: an overload (529, "overloaded") is waited out,
-    a server error retried, only an unreachable server is a matter of base_url.
+    The remedy fits the cause: an overload (529, "overloaded") or a 503 is waited out
+    (kind ``overloaded``, which spawnkit may retry like a ``rate_limit``), a server error
+    retried, only an unreachable server is a matter of base_url.
     """
     lowered = text.lower()
     if status is None and (found := _STATUS_IN_TEXT.search(text)):
@@ -177,7 +187,9 @@ def classify_failure(status: int | None, text: str, *, auth_remedy: str) -> Runt
     if status == 429 or any(word in lowered for word in _RATE_WORDS):
         return RateLimited(detail)
     if status == 529 or "overloaded" in lowered:
-        return ModelUnavailable(detail, remedy=_OVERLOADED_REMEDY)
+        return ModelUnavailable(detail, kind=OVERLOADED, remedy=_OVERLOADED_REMEDY)
+    if status == 503:
+        return ModelUnavailable(detail, kind=OVERLOADED, remedy=_UNAVAILABLE_REMEDY)
     if status is not None and status >= 500:
         return ModelUnavailable(detail, remedy=_SERVER_ERROR_REMEDY)
     if any(word in lowered for word in _DOWN_WORDS):

@@ -484,6 +484,9 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         env["ENABLE_TOOL_SEARCH"] = "false"
         env.setdefault("DISABLE_AUTOUPDATER", "1")
         env.setdefault("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        if spec.model_retries is not None:
+            # spawnkit retries the run itself: the CLI must not wait out a rate limit first.
+            env["CLAUDE_CODE_MAX_RETRIES"] = str(spec.model_retries)
         if spec.base_url:
             env["ANTHROPIC_BASE_URL"] = spec.base_url
             # A local gateway or replay server failing should fail the run in
