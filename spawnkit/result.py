@@ -181,6 +181,9 @@ class SpawnerResult:
     num_turns: int | None = None
     # Set when the run had limits ([butler.limits], a trigger's or a flag's).
     budget: BudgetReport | None = None
+    # The CLI's exit code when it exited by itself (None: stopped by spawnkit, or unknown).
+    # Not kept in the session record.
+    exit_code: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

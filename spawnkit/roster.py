@@ -369,7 +369,9 @@ def _limits(t: _Reader, runtime: _Reader) -> Limits:
     )
 
 
-_COMMAND_KEYS = ("command", "resume_command", "output", "stdin", "env", "events")
+_COMMAND_KEYS = (
+    "command", "resume_command", "chat_command", "output", "stdin", "env", "events",
+)  # fmt: skip
 
 
 def _command(r: _Reader, runtime_type: str) -> CommandConfig | None:
@@ -415,6 +417,7 @@ def _command(r: _Reader, runtime_type: str) -> CommandConfig | None:
     return CommandConfig(
         argv=command,
         resume_argv=argv("resume_command", COMMAND_PLACEHOLDERS | {"resume"}),
+        chat_argv=argv("chat_command", COMMAND_PLACEHOLDERS | {"resume"}),
         output=output,
         stdin=cast(CommandStdin, stdin),
         env=MappingProxyType(dict(env)),

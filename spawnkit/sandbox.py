@@ -152,12 +152,16 @@ def plan(
     *,
     read: Iterable[Path] = (),
     cwd: Path | None = None,
+    interactive: bool = False,
 ) -> SandboxPlan:
     """The sandbox for one run of ``butler`` in ``workspace`` (HOME and working directory).
 
     ``read`` adds paths the run sees read-only (the real paths of an ask's sources), bound
     after the workspace so a source linked into it stays read-only; ``cwd`` is where the
     CLI starts (default: the butler's workdir, else the workspace).
+
+    ``interactive`` is a CLI on the user's terminal (a chat): bubblewrap's new session
+    would take the terminal from it, so it keeps the terminal (see :func:`_interactive`).
     """
     why = _why_none(butler)
     if why is not None:
@@ -166,7 +170,8 @@ def plan(
     bwrap = available_bwrap()
     readable = [*_existing(cli_paths), butler.directory, *butler.sandbox.read]
     write = [workspace, *butler.sandbox.write]
-    args = [str(bwrap), *_base_args(), *_system_view()]
+    base = [arg for arg in _base_args() if not (interactive and arg == "--new-session")]
+    args = [str(bwrap), *base, *_system_view()]
     for path in dict.fromkeys(readable):
         args += ["--ro-bind", str(path), str(path)]
     for path in dict.fromkeys(write):
@@ -174,7 +179,19 @@ def plan(
     for path in dict.fromkeys(_existing(read)):
         args += ["--ro-bind", str(path), str(path)]
     args += ["--chdir", str(cwd or butler.workdir or workspace), "--"]
-    return SandboxPlan("bwrap", tuple(args))
+    return SandboxPlan("bwrap", tuple(_interactive(args) if interactive else args))
+
+
+def _interactive(args: list[str]) -> list[str]:
+    """bwrap's command line for a CLI that keeps the terminal.
+
+    Without ``--new-session`` bwrap itself is in the terminal's foreground group, and a
+    Ctrl-C that a line-mode CLI handles (TUIs read it as a key) would kill bwrap and, by
+    ``--die-with-parent``, the session. So bwrap starts with SIGINT and SIGQUIT ignored
+    and the CLI with them at their defaults again (coreutils' ``env``).
+    """
+    env = shutil.which("env", path="/usr/bin:/bin") or "/usr/bin/env"
+    return [env, "--ignore-signal=INT,QUIT", *args, env, "--default-signal=INT,QUIT"]
 
 
 def _base_args() -> list[str]:
