@@ -125,19 +125,20 @@ _HOME_SEED = {
 }
 
 
-def seed_home(home: Path, *, trust: Path | None = None, api_key: str | None = None) -> None:
+def seed_home(home: Path, *, trust: Sequence[Path] = (), api_key: str | None = None) -> None:
     """Write the CLI's first-start record into a fresh home (never over an existing one).
 
-    For an interactive session, ``trust`` is a folder whose trust question is answered
-    and ``api_key`` a key whose approval question is (the TUI asks both, once).
+    For an interactive session, ``trust`` are the folders whose trust question is answered
+    (the working directory and each ``--add-dir``) and ``api_key`` a key whose approval
+    question is: the TUI asks both before its prompt.
     """
     config = home / ".claude.json"
     if config.exists():
         return
     seed: dict[str, Any] = {"firstStartTime": datetime.now(UTC).isoformat(), **_HOME_SEED}
-    if trust is not None:
+    if trust:
         seed["hasCompletedOnboarding"] = True
-        seed["projects"] = {str(trust): {"hasTrustDialogAccepted": True}}
+        seed["projects"] = {str(folder): {"hasTrustDialogAccepted": True} for folder in trust}
         # The TUI remembers a key by its last 20 characters.
         approved = [api_key[-20:]] if api_key else []
         seed["customApiKeyResponses"] = {"approved": approved, "rejected": []}
@@ -522,7 +523,10 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         (its first-run screens would try to reach api.anthropic.com, and ask).
         """
         server = spec.mcp_server
-        seed_home(spec.workspace, trust=spec.cwd, api_key=spec.env.get("ANTHROPIC_API_KEY"))
+        seed_home(
+            spec.workspace, trust=(spec.cwd, *spec.add_dirs),
+            api_key=spec.env.get("ANTHROPIC_API_KEY"),
+        )  # fmt: skip
         system_file = spec.workspace / "system-prompt.md"
         write_private(system_file, spec.system_prompt)
         tools = ",".join(spec.tools)
