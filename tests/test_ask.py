@@ -762,6 +762,12 @@ try:
     open("notes/new.txt", "w")
 except OSError as exc:
     print("[fake] write refused:", type(exc).__name__, flush=True)
+try:
+    import fcntl, termios
+    fcntl.ioctl(0, termios.TIOCSTI, b"#")
+    print("[fake] TIOCSTI allowed", flush=True)
+except OSError:
+    print("[fake] TIOCSTI refused", flush=True)
 line = input("you> ")
 print("[fake] echo:", line, "/", open("notes/todo.txt").readline().strip(), flush=True)
 line = input("you> ")
@@ -805,6 +811,7 @@ def test_chat_is_a_sandboxed_recorded_run_on_the_terminal(
         child.expect_exact("[fake] mcp: ['{', '\"mcpServers\":', '{}', '}']")
         child.expect_exact("[fake] sources: - ./notes/ | - ./single")
         child.expect_exact("[fake] write refused: OSError")
+        child.expect_exact("[fake] TIOCSTI refused")  # it cannot type into this terminal
         child.expect_exact("you> ")
         child.sendline("hello there")
         child.expect_exact("[fake] echo: hello there / buy oat milk")
