@@ -259,12 +259,12 @@ class CommandAdapter(StreamingCliAdapter):
         return self.config.command
 
     def capabilities(self) -> dict[str, Any]:
+        # Unconfigured (the adapter contract asks every runtime): nothing to resume or say.
+        config = self.config.command or CommandConfig(argv=())
         return {
             **super().capabilities(),
-            "supports_resume": bool(self.command_config.resume_argv),
-            "supports_system_prompt": any(
-                "system_prompt_file" in arg for arg in self.command_config.argv
-            ),
+            "supports_resume": bool(config.resume_argv),
+            "supports_system_prompt": any("system_prompt_file" in arg for arg in config.argv),
         }
 
     def _find(self, program: str) -> Path:
