@@ -430,9 +430,10 @@ class Spawner:
             raise InvalidArgument(f"invalid run kind {kind!r}: use run, ask or chat")
         if sources and kind not in _SOURCE_KINDS:
             raise InvalidArgument("sources are given to ask and chat runs only")
-        self.adapter.find_binary()
         if kind == "chat":
-            self.adapter.check_interactive()
+            self.adapter.check_interactive()  # its interactive CLI, which may be another
+        else:
+            self.adapter.find_binary()
         sandbox.check_available(self.butler)
         check_required(self.butler, self.credentials)
         self.adapter.check_authenticated(

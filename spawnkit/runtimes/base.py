@@ -333,7 +333,8 @@ class RuntimeAdapter(ABC):
         }
 
     def check_interactive(self) -> None:
-        """Raise :class:`~spawnkit.errors.ConfigError` unless this runtime can chat."""
+        """Raise unless this runtime can chat here: :class:`~spawnkit.errors.ConfigError`
+        when it has no interactive mode, ``RuntimeNotFoundError`` when its CLI is missing."""
         raise ConfigError(f"the {self.type} runtime has no interactive mode: it cannot chat")
 
     def interactive_command(self, spec: RunSpec) -> list[str]:

@@ -514,6 +514,7 @@ class ClaudeCodeAdapter(RuntimeAdapter):
 
     def check_interactive(self) -> None:
         """Claude Code's TUI is its interactive mode."""
+        self.find_binary()
 
     def interactive_command(self, spec: RunSpec) -> list[str]:
         """``claude`` with the flags :meth:`options` gives the SDK, but no ``-p``: its TUI.

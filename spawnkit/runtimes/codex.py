@@ -339,6 +339,7 @@ class CodexAdapter(StreamingCliAdapter):
 
     def check_interactive(self) -> None:
         """Codex's TUI is its interactive mode."""
+        self.find_binary()
 
     def interactive_command(self, spec: RunSpec) -> list[str]:
         """``codex`` (its TUI) with the run's configuration; ``codex resume ID`` goes on."""

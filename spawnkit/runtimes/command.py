@@ -295,7 +295,10 @@ class CommandAdapter(StreamingCliAdapter):
         for argv in (config.argv, config.chat_argv):
             if not argv:
                 continue
-            binary = self.find_binary() if argv is config.argv else self._find(argv[0])
+            try:
+                binary = self.find_binary() if argv is config.argv else self._find(argv[0])
+            except RuntimeNotFoundError:
+                continue  # the other mode's program: checked before a run of its mode
             real = binary.resolve()
             if "node_modules" in real.parts:
                 paths += node_install(real)
@@ -383,6 +386,7 @@ class CommandAdapter(StreamingCliAdapter):
                 "this command runtime cannot chat: it has no chat_command "
                 "(the command line of an interactive session)"
             )
+        self._find(self.command_config.chat_argv[0])
 
     def interactive_command(self, spec: RunSpec) -> list[str]:
         """``chat_command``, expanded like ``command`` (``{resume}``: the session it continues)."""

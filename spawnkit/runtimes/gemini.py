@@ -325,6 +325,7 @@ class GeminiAdapter(StreamingCliAdapter):
 
     def check_interactive(self) -> None:
         """Gemini's TUI is its interactive mode."""
+        self.find_binary()
 
     def interactive_command(self, spec: RunSpec) -> list[str]:
         """``gemini -m MODEL`` (its TUI) with the run's settings; ``--resume ID`` goes on."""
