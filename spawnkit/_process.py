@@ -357,14 +357,15 @@ async def _run_lines(
 
 
 async def run_interactive(
-    argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_s: float
+    argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_s: float | None = None
 ) -> int:
     """Run a CLI on this terminal (inherited stdio) in its own process group; its exit code.
 
     When stdin is the terminal and this process is in its foreground, the CLI's
     group is made the terminal's foreground group (so Ctrl-C reaches the CLI, not
     us) and the terminal is taken back afterwards. Leftover processes of the
-    group are terminated. Raises TimeoutError after ``timeout_s``.
+    group are terminated, on cancellation too. Raises TimeoutError after ``timeout_s``
+    (None: the caller bounds the wait).
     """
     tty = _foreground_tty()
     proc = await asyncio.create_subprocess_exec(*argv, env=dict(env), cwd=cwd, process_group=0)

@@ -6,9 +6,10 @@ starts), renders the user's prompt template and hands the prompt to the
 workspace, sandbox, session record, spans, events and cleanup as every run, with the
 sources linked into ``<workspace>/ask/``, an empty MCP configuration for every CLI and
 the sources' real paths handed to the CLI (and bound read-only in the sandbox).
-:func:`ask_turn` continues a conversation through :meth:`Spawner.resume`. Frontends
-(the command line, ``%%ask``, the chat widget) are thin layers over them. :func:`chat`
-runs an agent's interactive TUI on the user's terminal in a directory of linked sources.
+:func:`ask_turn` continues a conversation through :meth:`Spawner.resume`, and
+:func:`chat` is the same run (``kind="chat"``) with the agent's interactive TUI on the
+user's terminal. Frontends (the command line, ``%%ask``, the chat widget) are thin layers
+over them.
 
 Which runtime answers is a runtime name (``claude-code``, ``codex``, ``gemini``) or a
 :class:`~spawnkit.roster.RuntimeConfig`, e.g. ``type = "command"`` for any CLI. The
@@ -28,17 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 import tomllib
 import uuid
 import warnings
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -46,19 +44,25 @@ from typing import Any, Literal, get_args
 import tomli_w
 from opentelemetry.trace import TracerProvider
 
-from . import _process
+from . import signals
 from .credentials import CredentialStore
 from .errors import ConfigError, SpawnkitError, UnknownRuntimeError
 from .events import EventSink
 from .home import spawnkit_home
-from .result import ToolCall, Usage
+from .result import SpawnerResult, ToolCall, Usage
 from .roster import ButlerConfig, CommandConfig, EnvConfig, RuntimeConfig
-from .runtimes import ALIASES, codex
-from .runtimes.gemini import GeminiAdapter
-from .sources import Source, SourceError, SourcePathError, SourceRegistry, validate_name
-from .spawner import Spawner
+from .runtimes import ALIASES
+from .sources import (
+    Source,
+    SourceError,
+    SourcePathError,
+    SourceRegistry,
+    sources_list,
+    validate_name,
+)
+from .spawner import RunKind, Spawner
 from .store import SessionRecord, SessionStore
-from .workspace import ASK_DIR, EMPTY_MCP_CONFIGS
+from .workspace import ASK_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -113,18 +117,6 @@ def load_template(path: Path | None = None) -> str:
     text = target.read_text(encoding="utf-8")
     validate_template(text, target)
     return text
-
-
-def sources_list(sources: Iterable[Source | str]) -> str:
-    """One ``- ./name/`` line per source (``- ./name`` for a file source)."""
-    lines = []
-    for source in sources:
-        if isinstance(source, Source):
-            suffix = "" if source.kind == "file" else "/"
-            lines.append(f"- ./{source.name}{suffix}")
-        else:
-            lines.append(f"- ./{source}/")
-    return "\n".join(lines)
 
 
 def render_prompt(template_text: str, question: str, sources: Iterable[Source | str]) -> str:
@@ -219,11 +211,6 @@ _CLAUDE_HEADLESS = (
     "{claude}", "-p", "--output-format", "stream-json", "--verbose",
     "--include-partial-messages", *_CLAUDE_LOCKDOWN,
 )  # fmt: skip
-CHAT_INSTRUCTIONS = (
-    "You answer questions about the sources linked into the current directory:\n{sources}\n"
-    "Search inside each source by its path (a search started at `.` does not follow the "
-    "links), read the relevant files, cite them as ./name/path, and do not change any file."
-)
 GEMINI_MODEL = "gemini-2.5-flash"
 _GEMINI_HEADLESS = ("{gemini}", "-m", GEMINI_MODEL, "--output-format", "stream-json", "-p", "")
 _CODEX_EXEC = ("{codex}", "exec", "--json", "--skip-git-repo-check")
@@ -237,7 +224,6 @@ BUILTIN_AGENTS: Mapping[str, AgentCommand] = {
         name="claude-code",
         command=_CLAUDE_HEADLESS,
         resume_command=(*_CLAUDE_HEADLESS, "--resume", "{resume}"),
-        chat_command=("{claude}", *_CLAUDE_LOCKDOWN, "--append-system-prompt", CHAT_INSTRUCTIONS),
         output="claude-stream-json",
         stdin="prompt",
         setup="claude-code",
@@ -247,7 +233,6 @@ BUILTIN_AGENTS: Mapping[str, AgentCommand] = {
         name="codex",
         command=(*_CODEX_EXEC, "-"),
         resume_command=(*_CODEX_EXEC[:2], "resume", *_CODEX_EXEC[2:], "{resume}", "-"),
-        chat_command=("{codex}",),
         output="codex-json",
         stdin="prompt",
         setup="codex",
@@ -257,7 +242,6 @@ BUILTIN_AGENTS: Mapping[str, AgentCommand] = {
         name="gemini",
         command=_GEMINI_HEADLESS,
         resume_command=(*_GEMINI_HEADLESS, "--resume", "{resume}"),
-        chat_command=("{gemini}", "-m", GEMINI_MODEL),
         output="gemini-stream-json",
         stdin="prompt",
         setup="gemini",
@@ -433,42 +417,7 @@ def _placeholders(template: str) -> set[str]:
     return {m.group(1) for m in _ARG_PLACEHOLDER.finditer(template) if m.group(1)}
 
 
-def expand(template: str, values: Mapping[str, str]) -> str:
-    """Replace each ``{name}`` by ``values[name]``; ``{{`` and ``}}`` are literal braces."""
-
-    def one(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name is None:
-            return match.group(0)[0]
-        return values[name]
-
-    return _ARG_PLACEHOLDER.sub(one, template)
-
-
-def find_binaries(templates: Iterable[str]) -> dict[str, str]:
-    """Resolve the ``{claude}``/``{codex}``/``{gemini}`` CLIs the templates use.
-
-    Raises :class:`~spawnkit.errors.RuntimeNotFoundError` (with how to install
-    it) for a missing one, so a missing CLI fails before any directory exists.
-    """
-    from .runtimes import get_adapter
-
-    wanted = {name for template in templates for name in _placeholders(template)}
-    adapters = {"claude": "claude-code", "codex": "codex", "gemini": "gemini"}
-    return {
-        name: str(get_adapter(adapters[name])().find_binary())
-        for name in _BINARIES
-        if name in wanted
-    }
-
-
-# -- the working directory -----------------------------------------------------------
-
-WORKDIR_PREFIX = "spawnkit-ask-"
-PROMPT_FILE = "prompt.md"
-MCP_CONFIG_FILE = ".mcp.json"
-# Where a built-in CLI's private home lives (hidden: agents' searches skip dot folders).
-PRIVATE_DIR = ".spawnkit"
+# -- sources ---------------------------------------------------------------------------
 
 
 def resolve_sources(
@@ -495,241 +444,6 @@ def resolve_sources(
     return list(resolved.values())
 
 
-def prepare_workdir(
-    sources: str | Iterable[str | Source],
-    *,
-    registry: SourceRegistry | None = None,
-    root: Path | None = None,
-) -> Path:
-    """Create ``<root or tempdir>/spawnkit-ask-<uuid>/`` with the sources linked by name.
-
-    The directory also holds an empty MCP configuration for each CLI that reads
-    one from its working directory, so an agent started there reaches no MCP
-    server. The caller owns the directory: remove it with :func:`remove_workdir`
-    (or use :func:`ask_workdir`). Nothing is created when a source is unknown or
-    its path is gone.
-    """
-    resolved = resolve_sources(sources, registry)
-    for source in resolved:
-        if not source.path.exists():
-            hint = " (run `spawnkit sources update`)" if source.kind == "git" else ""
-            raise SourcePathError(source.path, f"source {source.name!r} does not exist{hint}")
-    base = root if root is not None else Path(tempfile.gettempdir())
-    workdir = base / f"{WORKDIR_PREFIX}{uuid.uuid4().hex}"
-    workdir.mkdir(mode=0o700)
-    try:
-        for source in resolved:
-            (workdir / source.name).symlink_to(
-                source.path, target_is_directory=source.path.is_dir()
-            )
-        for relative, content in EMPTY_MCP_CONFIGS.items():
-            target = workdir / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-    except BaseException:
-        remove_workdir(workdir)
-        raise
-    return workdir
-
-
-def remove_workdir(workdir: Path) -> None:
-    """Delete a directory made by :func:`prepare_workdir`; links are removed, never followed."""
-    if not workdir.name.startswith(WORKDIR_PREFIX):
-        raise ValueError(f"{workdir} is not an ask working directory")
-    shutil.rmtree(workdir, ignore_errors=True)
-    if workdir.exists():
-        logger.warning("could not remove the ask working directory %s", workdir)
-
-
-@contextlib.contextmanager
-def ask_workdir(
-    sources: str | Iterable[str | Source],
-    *,
-    registry: SourceRegistry | None = None,
-    root: Path | None = None,
-) -> Iterator[Path]:
-    """:func:`prepare_workdir`, removed however the block ends."""
-    workdir = prepare_workdir(sources, registry=registry, root=root)
-    try:
-        yield workdir
-    finally:
-        remove_workdir(workdir)
-
-
-def linked_sources(workdir: Path) -> list[tuple[str, Path]]:
-    """The sources linked in ``workdir``: (name, resolved target), sorted by name."""
-    return sorted(
-        (entry.name, entry.resolve())
-        for entry in workdir.iterdir()
-        if entry.is_symlink() and not entry.name.startswith(".")
-    )
-
-
-def _workdir_sources_list(workdir: Path) -> str:
-    return "\n".join(
-        f"- ./{name}{'/' if target.is_dir() else ''}" for name, target in linked_sources(workdir)
-    )
-
-
-# -- building one invocation (pure, apart from reading the links) ---------------------
-
-TERMINAL_ENV = ("TERM", "COLORTERM", "LANG", "LC_ALL", "LC_CTYPE", "COLUMNS", "LINES")
-Mode = Literal["headless", "resume", "chat"]
-
-
-@dataclass(frozen=True)
-class Invocation:
-    """A CLI run, fully decided: what to start, where, with which variables and stdin."""
-
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
-    cwd: Path
-    stdin: bytes | None
-
-
-def private_home(agent: AgentCommand, workdir: Path) -> Path | None:
-    """The private HOME a built-in CLI gets inside ``workdir`` (None: the user's HOME)."""
-    if agent.setup in ("codex", "gemini"):
-        return workdir / PRIVATE_DIR / f"{agent.setup}-home"
-    return None
-
-
-def build_invocation(
-    agent: AgentCommand,
-    workdir: Path,
-    *,
-    mode: Mode = "headless",
-    prompt: str | None = None,
-    resume: str | None = None,
-    base_url: str | None = None,
-    env: Mapping[str, str] | None = None,
-    binaries: Mapping[str, str] | None = None,
-    environ: Mapping[str, str] | None = None,
-) -> Invocation:
-    """The argv, environment and stdin for one run of ``agent`` in ``workdir``.
-
-    ``environ`` is the host environment (default ``os.environ``): only ``PATH``,
-    ``HOME``, the agent's ``pass_env`` names and, for ``mode="chat"``, the
-    terminal's variables are taken from it. ``env`` (the caller's) is applied last.
-    """
-    host = os.environ if environ is None else environ
-    if mode == "chat":
-        template = agent.chat_command
-        if not template:
-            raise ConfigError(f"agent {agent.name!r} has no chat_command: it cannot chat")
-    elif mode == "resume":
-        template = agent.resume_command
-        if not template:
-            raise ConfigError(f"agent {agent.name!r} has no resume_command: it cannot resume")
-        if not resume:
-            raise ValueError("mode='resume' needs the session id to resume")
-    else:
-        template = agent.command
-    values = {
-        "workdir": str(workdir),
-        "mcp_config": str(workdir / MCP_CONFIG_FILE),
-        "prompt_file": str(workdir / PROMPT_FILE),
-        "prompt": prompt or "",
-        "base_url": base_url or "",
-        "resume": resume or "",
-    }
-    if any("sources" in _placeholders(arg) for arg in template):
-        values["sources"] = _workdir_sources_list(workdir)
-    values.update(binaries if binaries is not None else find_binaries(template))
-    argv = tuple(expand(arg, values) for arg in template)
-
-    child = {"PATH": host.get("PATH") or os.defpath}
-    home = host.get("HOME")
-    if home:
-        child["HOME"] = home
-    child["ENABLE_TOOL_SEARCH"] = "false"
-    if mode != "chat":
-        child["NO_COLOR"] = "1"
-    for name in (*agent.pass_env, *(TERMINAL_ENV if mode == "chat" else ())):
-        if name in host:
-            child[name] = host[name]
-    child.update(_setup_env(agent, workdir, base_url))
-    child.update({name: expand(value, values) for name, value in agent.env.items()})
-    child.update(env or {})
-    stdin = (prompt or "").encode() if agent.stdin == "prompt" and mode != "chat" else None
-    return Invocation(argv=argv, env=child, cwd=workdir, stdin=stdin)
-
-
-def claude_config_dir(workdir: Path) -> Path:
-    """The private Claude Code configuration a run against a local model server gets."""
-    return workdir / PRIVATE_DIR / "claude-config"
-
-
-def _setup_env(agent: AgentCommand, workdir: Path, base_url: str | None) -> dict[str, str]:
-    home = private_home(agent, workdir)
-    if agent.setup == "claude-code":
-        env = {"DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-        if base_url:
-            # A local gateway failing should fail the run in seconds, not minutes.
-            env.update({"ANTHROPIC_BASE_URL": base_url, "CLAUDE_CODE_MAX_RETRIES": "1"})
-            # Its own configuration (see write_runtime_config): the user's has neither
-            # this folder's trust nor the gateway's key, and its first-run checks would
-            # try to reach api.anthropic.com.
-            env["CLAUDE_CONFIG_DIR"] = str(claude_config_dir(workdir))
-        return env
-    if agent.setup == "codex" and home is not None:
-        return {"CODEX_HOME": str(home), "HOME": str(home), "TMPDIR": str(home)}
-    if agent.setup == "gemini" and home is not None:
-        env = {
-            "GEMINI_CLI_HOME": str(home),
-            "HOME": str(home),
-            "TMPDIR": str(home),
-            "GEMINI_CLI_TRUST_WORKSPACE": "true",
-        }
-        if base_url:
-            env["GOOGLE_GEMINI_BASE_URL"] = base_url.rstrip("/")
-        return env
-    return {}
-
-
-def write_runtime_config(
-    agent: AgentCommand,
-    workdir: Path,
-    base_url: str | None,
-    env: Mapping[str, str] | None = None,
-) -> None:
-    """Write the private configuration a built-in CLI reads; idempotent.
-
-    Codex and Gemini always get one. Claude Code gets one when it talks to a local
-    model server (``base_url``): first-run set-up done, ``workdir`` trusted and the
-    API key in ``env`` approved, so an interactive session starts at its prompt
-    instead of checking that api.anthropic.com is reachable.
-    """
-    if agent.setup == "claude-code" and base_url:
-        key = (env or {}).get("ANTHROPIC_API_KEY", "")
-        config = {
-            "hasCompletedOnboarding": True,
-            "customApiKeyResponses": {"approved": [key[-20:]] if key else [], "rejected": []},
-            "projects": {str(workdir): {"hasTrustDialogAccepted": True}},
-        }
-        folder = claude_config_dir(workdir)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / ".claude.json").write_text(json.dumps(config, indent=2), "utf-8")
-        return
-    home = private_home(agent, workdir)
-    if home is None:
-        return
-    # The runtimes' own builders: the settings every run of theirs gets, with no MCP server.
-    if agent.setup == "codex":
-        home.mkdir(parents=True, exist_ok=True)
-        config = {
-            **codex.base_config({}),
-            **codex.provider_config(base_url or "https://api.openai.com", retries=not base_url),
-            **({"model": codex.REPLAY_MODEL} if base_url else {}),
-        }
-        (home / "config.toml").write_text(tomli_w.dumps(config), "utf-8")
-    elif agent.setup == "gemini":
-        (home / ".gemini").mkdir(parents=True, exist_ok=True)
-        targets = tuple(target for _, target in linked_sources(workdir))
-        settings = GeminiAdapter.settings(None, ASK_TOOLS, ASK_MAX_TURNS, targets)
-        (home / ".gemini" / "settings.json").write_text(json.dumps(settings, indent=2), "utf-8")
-
-
 # -- running: one question is one run of the Spawner ----------------------------------
 
 STDERR_TAIL_LINES = 50
@@ -741,7 +455,6 @@ ASK_TOOLS = ("Read", "Glob", "Grep", "Bash")
 ASK_MAX_TURNS = 50
 # Questions asked at once by one process (each ask() admits through its own spawner).
 ASK_CONCURRENCY = 4
-_EXIT_CODE = re.compile(r"exited with code (-?\d+)")
 
 
 @dataclass(frozen=True)
@@ -775,8 +488,9 @@ class AskResult:
 class AskError(SpawnkitError):
     """The agent ran and failed (or timed out): ``stderr`` holds the end of what it printed.
 
-    ``exit_code`` is the CLI's when it said one, None when spawnkit stopped the agent (a
-    timeout); the working directory in ``workdir`` is already gone when this is raised.
+    ``exit_code`` is the CLI's (:attr:`SpawnerResult.exit_code`), None when spawnkit stopped
+    the agent (a timeout) or it never started; the working directory in ``workdir`` is
+    already gone when this is raised.
     ``record_id`` names the failed run's session record.
     """
 
@@ -821,7 +535,7 @@ def runtime_config(agent: AgentCommand) -> RuntimeConfig:
 
     An unchanged built-in (or one whose only changes are ``env``/``pass_env``) is that
     runtime; any other agent becomes a ``command`` runtime with its argv, stdin, output
-    and env (``{workdir}`` is now ``{cwd}``). ``chat_command`` is kept for :func:`chat`.
+    and env (``{workdir}`` is now ``{cwd}``), whose ``chat_command`` is its chat.
     """
     builtin = BUILTIN_AGENTS.get(agent.name)
     unchanged = replace(agent, env=builtin.env, pass_env=builtin.pass_env) if builtin else None
@@ -838,6 +552,7 @@ def runtime_config(agent: AgentCommand) -> RuntimeConfig:
         command=CommandConfig(
             argv=tuple(convert(arg) for arg in agent.command),
             resume_argv=tuple(convert(arg) for arg in agent.resume_command),
+            chat_argv=tuple(convert(arg) for arg in agent.chat_command),
             output=agent.output,
             stdin=agent.stdin,
             env={name: convert(value) for name, value in agent.env.items()},
@@ -902,10 +617,11 @@ def _stderr_tail(record: SessionRecord | None) -> str:
         return ""
 
 
-async def _run_ask(
+async def _spawn(
     sources: Sequence[Source],
     prompt: str,
     *,
+    kind: RunKind,
     runtime: str | RuntimeConfig | None,
     resume: str | None,
     base_url: str | None,
@@ -916,7 +632,9 @@ async def _run_ask(
     store: SessionStore | None,
     session_id: str | None = None,
     tracer_provider: TracerProvider | None = None,
-) -> AskResult:
+) -> tuple[SpawnerResult, SessionStore, str, float]:
+    """One ask or chat run of the ask butler: (its result, the store, the runtime's name,
+    its time limit). ``resume`` is the record id of the run it continues."""
     cfg = config if config is not None else load_config()
     name, runtime_cfg, agent = _runtime(runtime, cfg)
     given = {**(agent.env if agent is not None and runtime_cfg.type != "command" else {}),
@@ -937,31 +655,44 @@ async def _run_ask(
     )
     if resume is not None:
         result = await spawner.resume(
-            resume, prompt, on_event=on_event, new_session_id=session_id, sources=sources
-        )
+            resume, prompt, on_event=on_event, new_session_id=session_id, sources=sources,
+            kind=kind,
+        )  # fmt: skip
     else:
         result = await spawner.trigger(
             prompt, trigger_source="external", on_event=on_event, session_id=session_id,
-            kind="ask", sources=sources,
+            kind=kind, sources=sources,
         )  # fmt: skip
+    return result, sessions, name, limit
+
+
+async def _run_ask(
+    sources: Sequence[Source],
+    prompt: str,
+    *,
+    runtime: str | RuntimeConfig | None,
+    resume: str | None,
+    base_url: str | None,
+    env: Mapping[str, str] | None,
+    timeout_s: float | None,
+    on_event: EventSink | None,
+    config: AskConfig | None,
+    store: SessionStore | None,
+    session_id: str | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> AskResult:
+    result, sessions, name, limit = await _spawn(
+        sources, prompt, kind="ask", runtime=runtime, resume=resume, base_url=base_url,
+        env=env, timeout_s=timeout_s, on_event=on_event, config=config, store=store,
+        session_id=session_id, tracer_provider=tracer_provider,
+    )  # fmt: skip
     record = await asyncio.to_thread(sessions.get_session, result.session_id or "")
     workdir = (
         record.workspace / ASK_DIR if record is not None and record.workspace else Path(ASK_DIR)
     )
     stderr = await asyncio.to_thread(_stderr_tail, record)
     if not result.success:
-        if result.error_kind == "timeout":
-            message, code = f"no answer within {limit:g} s; the agent was stopped", None
-        else:
-            message = result.error or "the run failed"
-            found = _EXIT_CODE.search(message)
-            code = int(found.group(1)) if found else None
-            if found and found.start() == 0:  # "exited with code 3: why" -> "why"
-                message = message[found.end() :].lstrip(": ") or message
-        raise AskError(
-            name, message, exit_code=code, stderr=stderr, workdir=workdir,
-            partial_answer=result.output, record_id=result.session_id,
-        )  # fmt: skip
+        raise _failure(name, limit, result, stderr, workdir)
     return AskResult(
         answer=result.output,
         runtime=name,
@@ -971,10 +702,27 @@ async def _run_ask(
         tool_calls=tuple(result.tool_calls),
         usage=result.usage,
         cost_usd=result.cost_usd,
+        exit_code=result.exit_code or 0,
         stderr_tail=stderr,
         sources=tuple(source.name for source in sources),
         record_id=result.session_id,
     )
+
+
+def _failure(
+    name: str, limit: float, result: SpawnerResult, stderr: str, workdir: Path | None
+) -> AskError:
+    if result.error_kind == "timeout":
+        message = f"no answer within {limit:g} s; the agent was stopped"
+    else:
+        message = result.error or "the run failed"
+        said = f"exited with code {result.exit_code}"
+        if result.exit_code is not None and message.startswith(said):
+            message = message[len(said) :].lstrip(": ") or message  # the code is shown apart
+    return AskError(
+        name, message, exit_code=result.exit_code, stderr=stderr, workdir=workdir,
+        partial_answer=result.output, record_id=result.session_id,
+    )  # fmt: skip
 
 
 async def ask_turn(
@@ -1068,20 +816,25 @@ def ask_sync(
 def chat(
     sources: str | Iterable[str | Source],
     *,
-    runtime: str | None = None,
+    runtime: str | RuntimeConfig | None = None,
+    resume: str | None = None,
     base_url: str | None = None,
     env: Mapping[str, str] | None = None,
     registry: SourceRegistry | None = None,
     config: AskConfig | None = None,
     timeout_s: float = CHAT_TIMEOUT_S,
+    store: SessionStore | None = None,
+    session_id: str | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> int:
     """An interactive session of the agent over ``sources`` on this terminal; its exit code.
 
-    The CLI runs in a prepared working directory (without ``prompt.md``) with
-    this process's stdin, stdout and stderr, in a process group of its own that
-    owns the terminal while it runs (so Ctrl-C reaches the CLI, not spawnkit).
-    When it exits, whatever it left running is terminated and the directory is
-    removed.
+    A run of the :class:`~spawnkit.spawner.Spawner` (``kind="chat"``) like an ask: admission,
+    the workspace with the sources linked read-only, the sandbox, one session record naming
+    the sources, a span and the same cleanup; only the CLI's stdio is this terminal, and
+    nothing it prints is parsed. ``resume`` (an ask's or a chat's ``record_id``) continues
+    that conversation. A CLI that ends with a non-zero code returns it; one that cannot
+    start, or runs past ``timeout_s``, raises :class:`AskError`.
     """
     try:
         asyncio.get_running_loop()
@@ -1095,17 +848,17 @@ def chat(
             "or a pipe, use `spawnkit ask` (or ask())"
         )
     resolved = resolve_sources(sources, registry)
-    cfg = config if config is not None else load_config()
-    agent = cfg.agent(runtime)
-    if not agent.chat_command:
-        raise ConfigError(f"agent {agent.name!r} has no chat_command: it cannot chat")
-    binaries = find_binaries(agent.chat_command)
-    with ask_workdir(resolved) as workdir:
-        invocation = build_invocation(
-            agent, workdir, mode="chat", base_url=base_url, env=env, binaries=binaries
-        )
-        write_runtime_config(agent, workdir, base_url, invocation.env)
-        return asyncio.run(run_interactive(invocation, runtime=agent.name, timeout_s=timeout_s))
+    _check_paths(resolved)
+    run = _spawn(
+        resolved, "", kind="chat", runtime=runtime, resume=resume, base_url=base_url, env=env,
+        timeout_s=timeout_s, on_event=None, config=config, store=store, session_id=session_id,
+        tracer_provider=tracer_provider,
+    )  # fmt: skip
+    result, sessions, name, limit = signals.run(run)
+    if result.exit_code is not None and result.error_kind != "timeout":
+        return result.exit_code
+    record = sessions.get_session(result.session_id or "")
+    raise _failure(name, limit, result, _stderr_tail(record), None)
 
 
 def _stdin_is_terminal() -> bool:
@@ -1115,21 +868,6 @@ def _stdin_is_terminal() -> bool:
         return False
 
 
-async def run_interactive(
-    invocation: Invocation, *, runtime: str, timeout_s: float = CHAT_TIMEOUT_S
-) -> int:
-    """Run a CLI on this terminal (see :func:`spawnkit._process.run_interactive`)."""
-    try:
-        return await _process.run_interactive(
-            invocation.argv, env=invocation.env, cwd=invocation.cwd, timeout_s=timeout_s
-        )
-    except TimeoutError:
-        raise AskError(
-            runtime, f"the session passed its {timeout_s:g} s limit",
-            exit_code=None, stderr="", workdir=invocation.cwd,
-        ) from None  # fmt: skip
-
-
 __all__ = [
     "BUILTIN_AGENTS",
     "AgentCommand",
@@ -1137,30 +875,21 @@ __all__ = [
     "AskConfigError",
     "AskError",
     "AskResult",
-    "Invocation",
     "TemplateError",
     "ask",
     "ask_butler",
     "ask_sync",
     "ask_turn",
-    "ask_workdir",
-    "build_invocation",
     "chat",
     "config_path",
     "ensure_template",
-    "find_binaries",
-    "linked_sources",
     "load_config",
     "load_template",
-    "prepare_workdir",
-    "remove_workdir",
     "render_prompt",
     "resolve_sources",
-    "run_interactive",
     "runtime_config",
     "save_config",
     "sources_list",
     "template_path",
     "validate_template",
-    "write_runtime_config",
 ]

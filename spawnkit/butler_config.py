@@ -98,12 +98,15 @@ class CommandConfig:
     """The ``command`` runtime: any agent CLI, from its command line and output format.
 
     ``argv`` runs one headless turn; ``resume_argv`` continues session ``{resume}``
-    (empty: the CLI cannot resume). ``stdin = "prompt"`` pipes the prompt to it. ``env``
-    values may use the placeholders of :data:`ENV_PLACEHOLDERS`.
+    (empty: the CLI cannot resume); ``chat_argv`` starts an interactive session on the
+    user's terminal (empty: the CLI cannot chat; ``{resume}`` is the session a chat
+    continues, or empty). ``stdin = "prompt"`` pipes the prompt to it. ``env`` values may
+    use the placeholders of :data:`ENV_PLACEHOLDERS`.
     """
 
     argv: tuple[str, ...]
     resume_argv: tuple[str, ...] = ()
+    chat_argv: tuple[str, ...] = ()
     output: CommandOutput = "text"
     stdin: CommandStdin = "none"
     env: Mapping[str, str] = field(default_factory=dict)

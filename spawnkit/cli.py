@@ -172,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "ask":
             p.add_argument("--json", action="store_true", help="print the result as JSON")
             p.add_argument("question")
+        else:
+            p.add_argument(
+                "--resume", metavar="SESSION", help="continue an ask's or a chat's session"
+            )
 
     doctor = commands.add_parser(
         "doctor", help="check each runtime's CLI and that each butler's MCP server answers"
@@ -638,10 +642,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from .replay import ReplayServer, Scenario
 
     if args.replay is None:
-        return chat(args.sources, runtime=args.runtime, env=_agent_env(False))
+        return chat(args.sources, runtime=args.runtime, resume=args.resume, env=_agent_env(False))
     scenario = Scenario.load(args.replay)  # a bad scenario fails before anything starts
     with ReplayServer(scenario).serve_in_thread() as url:
-        return chat(args.sources, runtime=args.runtime, base_url=url, env=_agent_env(True))
+        return chat(
+            args.sources, runtime=args.runtime, resume=args.resume, base_url=url,
+            env=_agent_env(True),
+        )  # fmt: skip
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -162,12 +162,20 @@ class EventPrinter:
             print(text, file=self.stream, flush=True)
 
 
+def _kind(record: SessionRecord) -> str:
+    """``ask notes,plan``: what a session other than a butler's run was, and about what."""
+    return " ".join([record.kind, ",".join(record.sources)]).strip()
+
+
 def render_sessions_table(records: list[SessionRecord]) -> str:
+    """One line a session; a ``kind`` column when some session is an ask or a chat."""
     if not records:
         return "no sessions recorded yet"
+    kinds = any(r.kind != "run" for r in records)
     header = (
         "started (UTC)",
         "butler",
+        *(("kind",) if kinds else ()),
         "status",
         "source",
         "tools",
@@ -182,6 +190,7 @@ def render_sessions_table(records: list[SessionRecord]) -> str:
             (
                 r.created_at.strftime("%Y-%m-%d %H:%M:%S"),
                 r.butler,
+                *((_kind(r),) if kinds else ()),
                 r.status,
                 r.trigger_source,
                 str(len(r.tool_calls)),

@@ -174,6 +174,8 @@ class RuntimeFailure(SpawnkitError):
 
     kind_default = "runtime_error"
     remedy = ""
+    # The CLI's exit code, when it exited by itself and said one.
+    exit_code: int | None = None
 
     def __init__(self, message: str, kind: str | None = None, remedy: str | None = None) -> None:
         self.kind = kind or self.kind_default

@@ -222,6 +222,9 @@ class SpawnerResult:
     budget: BudgetReport | None = None
     # Each start of the run's CLI, in order (more than one when spawnkit retried it).
     attempts: tuple[Attempt, ...] = ()
+    # The CLI's exit code when it exited by itself (None: stopped by spawnkit, or unknown).
+    # Not kept in the session record.
+    exit_code: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -385,7 +385,9 @@ def _retry(t: _Reader) -> RetryPolicy:
     return policy
 
 
-_COMMAND_KEYS = ("command", "resume_command", "output", "stdin", "env", "events")
+_COMMAND_KEYS = (
+    "command", "resume_command", "chat_command", "output", "stdin", "env", "events",
+)  # fmt: skip
 
 
 def _command(r: _Reader, runtime_type: str) -> CommandConfig | None:
@@ -431,6 +433,7 @@ def _command(r: _Reader, runtime_type: str) -> CommandConfig | None:
     return CommandConfig(
         argv=command,
         resume_argv=argv("resume_command", COMMAND_PLACEHOLDERS | {"resume"}),
+        chat_argv=argv("chat_command", COMMAND_PLACEHOLDERS | {"resume"}),
         output=output,
         stdin=cast(CommandStdin, stdin),
         env=MappingProxyType(dict(env)),

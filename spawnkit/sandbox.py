@@ -32,10 +32,13 @@ run that goes without, and every record says which sandbox its run had.
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
+import platform
 import shutil
+import struct
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
@@ -152,21 +155,32 @@ def plan(
     *,
     read: Iterable[Path] = (),
     cwd: Path | None = None,
+    interactive: bool = False,
 ) -> SandboxPlan:
     """The sandbox for one run of ``butler`` in ``workspace`` (HOME and working directory).
 
     ``read`` adds paths the run sees read-only (the real paths of an ask's sources), bound
     after the workspace so a source linked into it stays read-only; ``cwd`` is where the
     CLI starts (default: the butler's workdir, else the workspace).
+
+    ``interactive`` is a CLI on the user's terminal (a chat): bubblewrap's new session
+    would take the terminal from it, so it keeps the terminal (see :func:`_interactive`).
     """
     why = _why_none(butler)
     if why is not None:
         logger.warning("butler %s runs without a sandbox (%s)", butler.name, why)
+        if interactive and legacy_tiocsti():
+            logger.warning(
+                "this kernel lets a program type into the terminal it runs on (TIOCSTI, "
+                "/proc/sys/dev/tty/legacy_tiocsti = 1): the agent could put commands into "
+                "your shell's input; only the sandbox blocks that"
+            )
         return NO_SANDBOX
     bwrap = available_bwrap()
     readable = [*_existing(cli_paths), butler.directory, *butler.sandbox.read]
     write = [workspace, *butler.sandbox.write]
-    args = [str(bwrap), *_base_args(), *_system_view()]
+    base = [arg for arg in _base_args() if not (interactive and arg == "--new-session")]
+    args = [str(bwrap), *base, *_system_view()]
     for path in dict.fromkeys(readable):
         args += ["--ro-bind", str(path), str(path)]
     for path in dict.fromkeys(write):
@@ -174,7 +188,77 @@ def plan(
     for path in dict.fromkeys(_existing(read)):
         args += ["--ro-bind", str(path), str(path)]
     args += ["--chdir", str(cwd or butler.workdir or workspace), "--"]
-    return SandboxPlan("bwrap", tuple(args))
+    return SandboxPlan("bwrap", tuple(_interactive(args, workspace) if interactive else args))
+
+
+def _interactive(args: list[str], workspace: Path) -> list[str]:
+    """bwrap's command line for a CLI that keeps the terminal (no ``--new-session``).
+
+    * A process on the terminal can push input into it (TIOCSTI), which the user's shell
+      reads once the CLI exits. A seccomp filter refuses that ioctl inside the sandbox
+      (:func:`tty_filter`); bwrap reads it from fd 9, which ``bash -p`` opens.
+    * bwrap is in the terminal's foreground group, and a Ctrl-C that a line-mode CLI
+      handles (TUIs read it as a key) would kill bwrap and, by ``--die-with-parent``, the
+      session. So bwrap starts with SIGINT and SIGQUIT ignored and the CLI with them at
+      their defaults again (coreutils' ``env``).
+    """
+    env = shutil.which("env", path="/usr/bin:/bin") or "/usr/bin/env"
+    prefix = [env, "--ignore-signal=INT,QUIT"]
+    program = tty_filter()
+    if program is None:
+        logger.warning("no TIOCSTI filter for %s: the chat's CLI can type into the terminal",
+                       platform.machine())  # fmt: skip
+        return [*prefix, *args, env, "--default-signal=INT,QUIT"]
+    bpf = workspace / "tty-filter.bpf"
+    bpf.write_bytes(program)
+    bash = shutil.which("bash") or "/bin/bash"
+    opener = [bash, "-p", "-c", 'exec 9<"$0" && exec "$@"', str(bpf)]
+    bwrap, rest = args[0], args[1:]
+    return [*opener, *prefix, bwrap, "--seccomp", "9", *rest, env, "--default-signal=INT,QUIT"]
+
+
+def legacy_tiocsti() -> bool:
+    """Whether this kernel lets an unprivileged process push input into its terminal."""
+    try:
+        return Path("/proc/sys/dev/tty/legacy_tiocsti").read_text().strip() != "0"
+    except OSError:
+        return sys.platform.startswith("linux")  # before 6.2 there is no switch: allowed
+
+
+# ioctl requests that push input into a terminal (TIOCSTI) or a virtual console (TIOCLINUX).
+_TTY_INJECTION = (0x5412, 0x541C)
+# (AUDIT_ARCH_*, the ioctl syscall's number) of the architectures the filter is written for.
+_ARCHES = {"x86_64": (0xC000003E, 16), "aarch64": (0xC00000B7, 29)}
+_X32_BIT = 0x40000000
+
+
+def tty_filter() -> bytes | None:
+    """A seccomp program (classic BPF, as bwrap's ``--seccomp`` reads it) against TIOCSTI.
+
+    ``ioctl(fd, TIOCSTI or TIOCLINUX, ...)`` fails with EPERM; the request is compared on its
+    low 32 bits, as the kernel reads it. Syscalls of another ABI (32-bit, x32), through which
+    the comparison could be dodged, fail too. None on architectures it is not written for.
+    """
+    found = _ARCHES.get(platform.machine())
+    if found is None or sys.byteorder != "little":
+        return None
+    audit_arch, ioctl = found
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, ..|JGE|K, BPF_RET|K
+    allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, RET_ERRNO(EPERM)
+    program = [
+        (ld, 0, 0, 4),  # 0: seccomp_data.arch
+        (jeq, 1, 0, audit_arch),  # 1: native -> 3
+        (ret, 0, 0, deny),  # 2
+        (ld, 0, 0, 0),  # 3: seccomp_data.nr
+        (jge, 5, 0, _X32_BIT),  # 4: x32 -> 10
+        (jeq, 0, 3, ioctl),  # 5: not ioctl -> 9
+        (ld, 0, 0, 24),  # 6: the low half of args[1], the request
+        (jeq, 2, 0, _TTY_INJECTION[0]),  # 7: -> 10
+        (jeq, 1, 0, _TTY_INJECTION[1]),  # 8: -> 10
+        (ret, 0, 0, allow),  # 9
+        (ret, 0, 0, deny),  # 10
+    ]
+    return b"".join(struct.pack("<HBBI", *instruction) for instruction in program)
 
 
 def _base_args() -> list[str]:

@@ -528,6 +528,18 @@ class SourceRegistry:
             raise
 
 
+def sources_list(sources: Iterable[Source | str]) -> str:
+    """One ``- ./name/`` line per source (``- ./name`` for a file source)."""
+    lines = []
+    for source in sources:
+        if isinstance(source, Source):
+            suffix = "" if source.kind == "file" else "/"
+            lines.append(f"- ./{source.name}{suffix}")
+        else:
+            lines.append(f"- ./{source}/")
+    return "\n".join(lines)
+
+
 __all__ = [
     "GitError",
     "InvalidSourceNameError",
@@ -541,5 +553,6 @@ __all__ = [
     "UnknownSourceError",
     "is_git_url",
     "run_git",
+    "sources_list",
     "validate_name",
 ]

@@ -94,7 +94,7 @@ from .roster import ButlerConfig
 from .runlog import DEFAULT_CAP_BYTES, RunLog, check_session_id, session_log_dir
 from .runtimes import get_adapter
 from .runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
-from .sources import Source
+from .sources import Source, sources_list
 from .store import SessionStore
 from .sweep import reap, sweep
 from .system_prompt import append_memory, compose_system_prompt
@@ -105,8 +105,10 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TRIGGER_SOURCES = ("tick", "external", "trigger", "route")
-# What a run is: a butler's trigger, or a question about sources (spawnkit.ask).
-RunKind = Literal["run", "ask"]
+# What a run is: a butler's trigger, a question about sources, or an interactive session
+# about them on the user's terminal (spawnkit.ask).
+RunKind = Literal["run", "ask", "chat"]
+_SOURCE_KINDS = ("ask", "chat")
 _SCHEDULE_RE = re.compile(r"^schedule:[A-Za-z0-9_.-]+$")
 _ROLE_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 # How long a cancelled run may take to kill its CLI and record itself.
@@ -424,13 +426,17 @@ class Spawner:
         ``<workspace>/ask/`` with each source linked by its name, reaches no MCP server,
         is told about the sources' real paths (``RunSpec.add_dirs``) and, in the sandbox,
         sees them read-only and no other source. The record names them.
+        ``kind="chat"`` is the same over an interactive session: the CLI runs on this
+        process's terminal until the user ends it (nothing is parsed, so no events but
+        ``Started`` and ``Finished``); ``prompt`` may be empty and is only recorded.
 
         Raises for triggers that are refused or wrong before they are accepted
         (bad arguments, closed spawner, full queue, missing CLI, variable or API key);
         once accepted, failures come back as ``success=False`` results.
         """
         validate_trigger_source(trigger_source)
-        validate_request(prompt, max_turns)
+        # A chat's prompt is only recorded: the user types at the CLI's own prompt.
+        validate_request(prompt if kind != "chat" else "(chat)", max_turns)
         if not self._accepting:
             raise SpawnerClosedError(f"butler {self.butler.name!r} is not accepting triggers")
         if not self._has_free_slot():
@@ -445,11 +451,14 @@ class Spawner:
             raise InvalidArgument(f"invalid role name {role!r}")
         if session_id is not None:
             check_session_id(session_id)  # it names the run's log folder
-        if kind not in ("run", "ask"):
-            raise InvalidArgument(f"invalid run kind {kind!r}: use run or ask")
-        if sources and kind != "ask":
-            raise InvalidArgument("sources are given to ask runs only (kind='ask')")
-        self.adapter.find_binary()
+        if kind not in ("run", *_SOURCE_KINDS):
+            raise InvalidArgument(f"invalid run kind {kind!r}: use run, ask or chat")
+        if sources and kind not in _SOURCE_KINDS:
+            raise InvalidArgument("sources are given to ask and chat runs only")
+        if kind == "chat":
+            self.adapter.check_interactive()  # its interactive CLI, which may be another
+        else:
+            self.adapter.find_binary()
         sandbox.check_available(self.butler)
         check_required(self.butler, self.credentials)
         self.adapter.check_authenticated(
@@ -540,12 +549,14 @@ class Spawner:
         max_turns: int | None = None,
         new_session_id: str | None = None,
         sources: Sequence[Source] = (),
+        kind: RunKind | None = None,
     ) -> SpawnerResult:
         """Continue a finished session on the runtime that ran it, as a new linked session.
 
         The new session's ``parent_session_id`` is ``session_id``; the runtime
-        picks up the conversation from its own transcript. An ask goes on as an ask,
-        over ``sources`` (the caller's: they are looked up by their names again).
+        picks up the conversation from its own transcript. An ask or a chat goes on as an
+        ask over ``sources`` (the caller's: they are looked up by their names again), or
+        as the ``kind`` given (``"chat"``: an interactive session continues it).
         """
         record = await asyncio.to_thread(self.store.get_session, session_id)
         if record is None:
@@ -569,7 +580,7 @@ class Spawner:
             parent_session_id=session_id,
             resume=record.runtime_session_id,
             session_id=new_session_id,
-            kind="ask" if record.kind == "ask" else "run",
+            kind=kind or ("ask" if record.kind in _SOURCE_KINDS else "run"),
             sources=sources,
         )
 
@@ -802,6 +813,7 @@ class Spawner:
             status: RunStatus = "failed"
             error: str | None = None
             error_kind: str | None = None
+            exit_code: int | None = None
             try:
                 async with contextlib.AsyncExitStack() as relay:
                     base_url = await self._metered_base_url(run, relay)
@@ -817,7 +829,7 @@ class Spawner:
                 status, error_kind = "timeout", "timeout"
                 error = f"timed out after {run.timeout_s:g} s (timeout_s)"
             except (RuntimeFailure, RuntimeNotFoundError, ConfigError) as exc:
-                error = str(exc)
+                error, exit_code = str(exc), getattr(exc, "exit_code", None)
                 error_kind = getattr(
                     exc, "kind", "config" if isinstance(exc, ConfigError) else "not_found"
                 )
@@ -849,6 +861,8 @@ class Spawner:
             if outcome is not None and not outcome.success:
                 worker.reset()
             result = self._result(collector, outcome, status, error, error_kind, trace_id, clock)
+            if outcome is None and exit_code is not None:
+                result = replace(result, exit_code=exit_code)
             result = self._with_budget(run, result)
             span.finish(result)
             # Whatever carries the run's marker now is a leftover: tools a stopped CLI left
@@ -900,7 +914,11 @@ class Spawner:
                 reached.set_result(hit)
 
         run.collector.on_limit = on_limit
-        invoke = asyncio.ensure_future(run.worker.invoke(spec, run.collector.emit))
+        invoke = asyncio.ensure_future(
+            run.worker.interact(spec)
+            if run.kind == "chat"
+            else run.worker.invoke(spec, run.collector.emit)
+        )
         try:
             await asyncio.wait(
                 {invoke, cast(asyncio.Future[Any], reached)}, return_when=asyncio.FIRST_COMPLETED
@@ -955,7 +973,10 @@ class Spawner:
                 logger.exception("memory: could not fetch context for %s; going on", run.session_id)
                 memory_context = None
             system_prompt = append_memory(system_prompt, memory_context)
-        asking = run.kind == "ask"
+        asking = run.kind in _SOURCE_KINDS
+        if run.sources:
+            system_prompt += "\n\nThe sources, as linked in your working directory:\n"
+            system_prompt += sources_list(run.sources)
         server: McpServerSpec | None = None
         if not asking:
             session_key = run.runtime_session_id or run.resume or run.session_id
@@ -1004,7 +1025,10 @@ class Spawner:
         ):
             logger.warning("no kept transcript of %s to resume; the CLI looks for it itself",
                            run.resume)  # fmt: skip
-        plan = sandbox.plan(butler, workspace, worker.install_paths(), read=linked, cwd=cwd)
+        plan = sandbox.plan(
+            butler, workspace, worker.install_paths(), read=linked, cwd=cwd,
+            interactive=run.kind == "chat",
+        )  # fmt: skip
         config_file = worker.build_config_file(workspace, server)
         await asyncio.to_thread(
             self.store.record_setup,
@@ -1074,6 +1098,7 @@ class Spawner:
             trace_id=trace_id,
             model=outcome.model or self.model,
             num_turns=outcome.num_turns,
+            exit_code=outcome.exit_code,
         )
         # The outcome's output and error come from the adapter, not through the collector.
         return collector.redactor.result(finished)

@@ -42,13 +42,9 @@ from spawnkit.ask import (
     ask,
     ask_sync,
     ask_turn,
-    ask_workdir,
-    build_invocation,
     ensure_template,
     load_config,
     load_template,
-    prepare_workdir,
-    remove_workdir,
     render_prompt,
     save_config,
     sources_list,
@@ -60,6 +56,8 @@ from spawnkit.history import sessions as history_sessions
 from spawnkit.replay import ReplayServer, Scenario
 from spawnkit.sources import Source, SourcePathError, SourceRegistry, UnknownSourceError
 from spawnkit.store import SessionRecord, SessionStore
+
+from .conftest import processes_with_env
 
 REPO = Path(__file__).resolve().parent.parent
 CLAUDE = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
@@ -344,172 +342,17 @@ def test_save_config_round_trip(isolated_home: Path) -> None:
     assert "claude-code" not in tomllib.loads(path.read_text())["ask"].get("agents", {})
 
 
-def test_claude_invocation_is_locked_down(tmp_path: Path) -> None:
-    workdir = tmp_path / "spawnkit-ask-x"
-    workdir.mkdir()
-    host = {
-        "PATH": "/usr/bin",
-        "HOME": "/home/u",
-        "ANTHROPIC_API_KEY": "sk-ant",
-        "OPENAI_API_KEY": "sk-openai",
-        "AWS_SECRET_ACCESS_KEY": "aws",
-        "TERM": "xterm",
-    }
-
-    run = build_invocation(
-        BUILTIN_AGENTS["claude-code"], workdir, prompt="the prompt", base_url="http://h:1",
-        binaries={"claude": "/bin/claude"}, environ=host,
-    )  # fmt: skip
-
-    argv = list(run.argv)
-    assert argv[:2] == ["/bin/claude", "-p"]
-    assert argv[argv.index("--mcp-config") + 1] == str(workdir / ".mcp.json")
-    assert "--strict-mcp-config" in argv
-    assert argv[argv.index("--setting-sources") + 1] == ""
-    assert argv[argv.index("--allowedTools") + 1] == "Read,Glob,Grep,Bash"
-    assert argv[argv.index("--output-format") + 1] == "stream-json"
-    assert "--resume" not in argv
-    assert run.stdin == b"the prompt"
-    assert run.cwd == workdir
-    assert dict(run.env) == {
-        "PATH": "/usr/bin",
-        "HOME": "/home/u",
-        "ANTHROPIC_API_KEY": "sk-ant",
-        "ANTHROPIC_BASE_URL": "http://h:1",
-        "CLAUDE_CODE_MAX_RETRIES": "1",
-        "ENABLE_TOOL_SEARCH": "false",
-        "DISABLE_AUTOUPDATER": "1",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "NO_COLOR": "1",
-        # A private configuration (first run done, folder trusted, key approved): the
-        # user's would send an interactive session to api.anthropic.com first.
-        "CLAUDE_CONFIG_DIR": str(workdir / ".spawnkit" / "claude-config"),
-    }
-
-
-def test_resume_and_chat_invocations(tmp_path: Path, library: Path) -> None:
-    workdir = tmp_path / "spawnkit-ask-y"
-    workdir.mkdir()
-    (workdir / "notes").symlink_to(library / "notes")
-    (workdir / "single").symlink_to(library / "single.md")
-    agent = BUILTIN_AGENTS["claude-code"]
-    host = {"PATH": "/bin", "HOME": "/h", "TERM": "xterm-256color", "LANG": "C.UTF-8"}
-
-    resumed = build_invocation(
-        agent, workdir, mode="resume", prompt="next", resume="sess-1",
-        binaries={"claude": "claude"}, environ=host,
-    )  # fmt: skip
-    chat = build_invocation(
-        agent, workdir, mode="chat", binaries={"claude": "claude"}, environ=host,
-        env={"EXTRA": "1"},
-    )  # fmt: skip
-
-    assert list(resumed.argv[-2:]) == ["--resume", "sess-1"]
-    assert "TERM" not in resumed.env
-    assert "-p" not in chat.argv
-    assert chat.stdin is None
-    instructions = chat.argv[chat.argv.index("--append-system-prompt") + 1]
-    assert "- ./notes/\n- ./single\n" in instructions
-    assert (chat.env["TERM"], chat.env["LANG"], chat.env["EXTRA"]) == (
-        "xterm-256color",
-        "C.UTF-8",
-        "1",
-    )
-    assert "NO_COLOR" not in chat.env
-
-
-def test_user_placeholders_and_env(tmp_path: Path) -> None:
-    agent = AgentCommand(
-        name="mine",
-        command=("mine", "--prompt={prompt}", "{prompt_file}", "{{json}}", "{workdir}"),
-        env={"MINE_URL": "{base_url}/v2", "FIXED": "yes"},
-        pass_env=("MINE_KEY",),
-    )
-    run = build_invocation(
-        agent, tmp_path, prompt="hi", base_url="http://b", binaries={},
-        environ={"PATH": "/p", "MINE_KEY": "k", "OTHER": "o"},
-    )  # fmt: skip
-    assert run.argv == ("mine", "--prompt=hi", str(tmp_path / "prompt.md"), "{json}", str(tmp_path))
-    assert run.stdin is None
-    assert run.env == {
-        "PATH": "/p", "MINE_KEY": "k", "MINE_URL": "http://b/v2", "FIXED": "yes",
-        "ENABLE_TOOL_SEARCH": "false", "NO_COLOR": "1",
-    }  # fmt: skip
-
-
 def test_a_missing_cli_fails_before_a_directory_exists(
-    registry: SourceRegistry, tmp_root: Path, monkeypatch: pytest.MonkeyPatch
+    registry: SourceRegistry,
+    tmp_root: Path,
+    isolated_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("SPAWNKIT_CODEX_CLI", str(tmp_root / "no-codex"))
     with pytest.raises(RuntimeNotFoundError, match="codex"):
         ask_sync(["notes"], "q", runtime="codex", registry=registry)
-    assert workdirs(tmp_root) == []
-
-
-# -- the working directory --------------------------------------------------------------
-
-
-def test_prepare_workdir_links_sources_and_blocks_mcp(
-    registry: SourceRegistry, library: Path, tmp_root: Path, isolated_home: Path
-) -> None:
-    workdir = prepare_workdir("notes, single,repo", registry=registry)
-    try:
-        assert workdir.parent == tmp_root
-        assert workdir.name.startswith("spawnkit-ask-") and len(workdir.name) == 13 + 32
-        assert oct(workdir.stat().st_mode & 0o777) == "0o700"
-        assert (workdir / "notes").readlink() == (library / "notes").resolve()
-        assert (workdir / "single").readlink() == (library / "single.md").resolve()
-        assert (workdir / "repo").readlink() == isolated_home / "sources" / "git" / "repo"
-        assert (workdir / "notes" / "todo.txt").read_text().startswith("buy oat milk")
-        assert (workdir / "repo" / "README.md").read_text() == "Release codename: BLUE HERON\n"
-        configs = {
-            name: json.loads((workdir / name).read_text())
-            for name in (".mcp.json", ".gemini/settings.json", ".cursor/mcp.json", "opencode.json")
-        }
-        assert configs == {
-            ".mcp.json": {"mcpServers": {}},
-            ".gemini/settings.json": {"mcpServers": {}},
-            ".cursor/mcp.json": {"mcpServers": {}},
-            "opencode.json": {"mcp": {}},
-        }
-        assert not (workdir / "prompt.md").exists()
-    finally:
-        remove_workdir(workdir)
-    assert not workdir.exists()
-    # Removing the directory removed the links, never what they point at.
-    assert (library / "notes" / "deep" / "recipe.md").exists()
-    assert (library / "single.md").exists()
-    assert (isolated_home / "sources" / "git" / "repo" / "README.md").exists()
-
-
-def test_ask_workdir_is_removed_when_the_block_raises(
-    registry: SourceRegistry, tmp_root: Path
-) -> None:
-    seen: list[Path] = []
-
-    def fail_inside() -> None:
-        with ask_workdir(["notes"], registry=registry) as workdir:
-            seen.append(workdir)
-            raise KeyError("boom")
-
-    with pytest.raises(KeyError):
-        fail_inside()
-    assert seen and seen[0].parent == tmp_root
-    assert workdirs(tmp_root) == []
-
-
-def test_prepare_workdir_refuses_unknown_and_vanished_sources(
-    registry: SourceRegistry, library: Path, tmp_root: Path
-) -> None:
-    with pytest.raises(UnknownSourceError) as info:
-        prepare_workdir(["notes", "wiki", "blog"], registry=registry)
-    assert info.value.names == ("wiki", "blog")
-    (library / "single.md").unlink()
-    with pytest.raises(SourcePathError, match="source 'single' does not exist"):
-        prepare_workdir(["notes", "single"], registry=registry)
-    assert workdirs(tmp_root) == []
-    with pytest.raises(ValueError, match="not an ask working directory"):
-        remove_workdir(library)
+    assert workspaces(isolated_home) == []
+    assert SessionStore().list_sessions() == []
 
 
 # -- end to end: the real Claude Code CLI against the replay server ----------------------
@@ -904,17 +747,27 @@ async def test_ask_with_codex_and_gemini(
     assert any(("responses" if runtime == "codex" else "v1beta") in path for path in paths)
 
 
-# -- chat on a terminal -----------------------------------------------------------------
+# -- chat on a terminal: a run of kind "chat" -------------------------------------------
 
 FAKE_CHAT = """
 import os, signal, sys
 signal.signal(signal.SIGINT, lambda *_: print("[fake] got SIGINT", flush=True))
 print("[fake] ready in", os.getcwd(), flush=True)
 print("[fake] links:", sorted(n for n in os.listdir(".") if os.path.islink(n)), flush=True)
-print("[fake] foreground:", os.tcgetpgrp(0) == os.getpgrp(), flush=True)
+print("[fake] tty:", os.isatty(0) and os.isatty(1), flush=True)
+print("[fake] pid namespace:", os.getpid() < 10, flush=True)
 print("[fake] mcp:", open(".mcp.json").read().split(), flush=True)
-print("[fake] prompt.md:", os.path.exists("prompt.md"), flush=True)
 print("[fake] sources:", sys.argv[1].replace(chr(10), " | "), flush=True)
+try:
+    open("notes/new.txt", "w")
+except OSError as exc:
+    print("[fake] write refused:", type(exc).__name__, flush=True)
+try:
+    import fcntl, termios
+    fcntl.ioctl(0, termios.TIOCSTI, b"#")
+    print("[fake] TIOCSTI allowed", flush=True)
+except OSError:
+    print("[fake] TIOCSTI refused", flush=True)
 line = input("you> ")
 print("[fake] echo:", line, "/", open("notes/todo.txt").readline().strip(), flush=True)
 line = input("you> ")
@@ -928,41 +781,42 @@ def pexpect_mod() -> Any:
     return pytest.importorskip("pexpect")
 
 
-def test_chat_in_a_terminal(
-    pexpect_mod: Any,
-    isolated_home: Path,
-    registry: SourceRegistry,
-    tmp_path: Path,
-    tmp_root: Path,
-) -> None:
+def chat_records() -> list[SessionRecord]:
+    return [r for r in SessionStore().list_sessions() if r.kind == "chat"]
+
+
+def test_chat_is_a_sandboxed_recorded_run_on_the_terminal(
+    pexpect_mod: Any, isolated_home: Path, registry: SourceRegistry, tmp_path: Path,
+    library: Path,
+) -> None:  # fmt: skip
     fake = write_script(tmp_path / "fake_chat.py", FAKE_CHAT)
-    user_agents(
-        isolated_home,
-        {"fake": {"command": ["unused"], "chat_command": [sys.executable, str(fake), "{sources}"]}},
-        default="fake",
-    )
+    argv = [sys.executable, str(fake), "{sources}"]
+    user_agents(isolated_home, {"fake": {"command": argv, "chat_command": argv}}, default="fake")
     child = pexpect_mod.spawn(
         sys.executable,
         ["-c", "import sys; from spawnkit.ask import chat; sys.exit(chat('notes,single'))"],
-        env={**os.environ, "TMPDIR": str(tmp_root)},
-        cwd=str(tmp_path),
-        encoding="utf-8",
-        timeout=20,
-    )
+        env=dict(os.environ), cwd=str(tmp_path), encoding="utf-8", timeout=30,
+    )  # fmt: skip
     try:
         child.expect(r"\[fake\] ready in (\S+)\r\n")
-        workdir = Path(child.match.group(1))
-        assert workdir.parent == tmp_root and workdir.name.startswith("spawnkit-ask-")
+        cwd = Path(child.match.group(1))
+        # The run's workspace under $SPAWNKIT_HOME, its ask/ folder the working directory.
+        assert cwd.name == "ask" and cwd.parent.parent == isolated_home / "workspaces"
+        assert workspaces(isolated_home) == [cwd.parent]
+        (record,) = chat_records()
+        assert record.status == "running" and record.completed_at is None
         child.expect_exact("[fake] links: ['notes', 'single']")
-        child.expect_exact("[fake] foreground: True")
+        child.expect_exact("[fake] tty: True")
+        child.expect_exact("[fake] pid namespace: True")
         child.expect_exact("[fake] mcp: ['{', '\"mcpServers\":', '{}', '}']")
-        child.expect_exact("[fake] prompt.md: False")
         child.expect_exact("[fake] sources: - ./notes/ | - ./single")
+        child.expect_exact("[fake] write refused: OSError")
+        child.expect_exact("[fake] TIOCSTI refused")  # it cannot type into this terminal
         child.expect_exact("you> ")
         child.sendline("hello there")
         child.expect_exact("[fake] echo: hello there / buy oat milk")
         child.expect_exact("you> ")
-        # Ctrl-C goes to the CLI (which owns the terminal), not to spawnkit.
+        # Ctrl-C goes to the CLI (it owns the terminal), not to spawnkit nor to bwrap.
         child.sendintr()
         child.expect_exact("[fake] got SIGINT")
         child.sendline("ok")
@@ -970,20 +824,56 @@ def test_chat_in_a_terminal(
         child.expect(pexpect_mod.EOF)
     finally:
         child.close()
-    assert child.exitstatus == 7
-    assert not workdir.exists()
-    assert workdirs(tmp_root) == []
+    assert child.exitstatus == 7  # the CLI's exit code is chat()'s
+    (record,) = chat_records()
+    assert (record.butler, record.sources, record.sandbox) == ("ask", ("notes", "single"), "bwrap")
+    assert (record.status, record.error) == ("failed", "command exited with code 7")
+    assert record.given is not None and record.given["mcp_servers"] == []
+    assert workspaces(isolated_home) == []
+    assert processes_with_env("SPAWNKIT_SESSION_ID", record.id) == []
+    assert not (library / "notes" / "new.txt").exists()
+    frame = history_sessions(SessionStore(), kind="chat")
+    assert list(frame["session_id"]) == [record.id]
 
 
-def test_chat_needs_a_chat_command(
+def test_a_runtime_without_an_interactive_mode_cannot_chat(
     isolated_home: Path, registry: SourceRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from spawnkit.ask import chat
+    from spawnkit.errors import ConfigError
 
-    user_agents(isolated_home, {"mute": {"command": ["x"]}}, default="mute")
+    user_agents(isolated_home, {"mute": {"command": [sys.executable]}}, default="mute")
     monkeypatch.setattr("spawnkit.ask._stdin_is_terminal", lambda: True)
-    with pytest.raises(Exception, match="has no chat_command"):
+    with pytest.raises(ConfigError, match="has no chat_command"):
         chat(["notes"], registry=registry)
+    assert SessionStore().list_sessions() == [] and workspaces(isolated_home) == []
+
+
+def test_chat_refuses_unknown_and_vanished_sources_before_anything_runs(
+    isolated_home: Path, registry: SourceRegistry, library: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from spawnkit.ask import chat
+
+    monkeypatch.setattr("spawnkit.ask._stdin_is_terminal", lambda: True)
+    with pytest.raises(UnknownSourceError) as info:
+        chat(["notes", "wiki", "blog"], registry=registry)
+    assert info.value.names == ("wiki", "blog")
+    (library / "single.md").unlink()
+    with pytest.raises(SourcePathError, match="source 'single' does not exist"):
+        chat(["notes", "single"], registry=registry)
+    assert SessionStore().list_sessions() == [] and workspaces(isolated_home) == []
+
+
+def test_chat_needs_a_terminal(registry: SourceRegistry) -> None:
+    from spawnkit.ask import chat
+
+    done = subprocess.run(
+        [sys.executable, "-c", "from spawnkit.ask import chat; chat('notes')"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0 and "chat needs a terminal" in done.stderr
+    assert chat is not None
 
 
 # Escape sequences and whitespace: a TUI moves the cursor instead of printing spaces.
@@ -1005,54 +895,57 @@ def _screen_text(child: Any, pexpect_mod: Any, wanted: str, timeout_s: float) ->
 
 @pytest.mark.e2e
 @needs_claude
-def test_chat_with_the_real_claude_cli_in_a_terminal(
-    pexpect_mod: Any, registry: SourceRegistry, tmp_path: Path, tmp_root: Path
+def test_chat_with_the_real_claude_cli_resumes_an_ask(
+    pexpect_mod: Any, registry: SourceRegistry, isolated_home: Path
 ) -> None:
-    # A HOME where Claude Code's first-run screens are done and the temp dir is trusted
-    # (trust is inherited by sub-folders, so the fresh working directory needs no dialog).
-    home = tmp_path / "claude-home"
-    home.mkdir()
-    (home / ".claude.json").write_text(
-        json.dumps(
-            {
-                "hasCompletedOnboarding": True,
-                "theme": "dark",
-                "projects": {str(tmp_root): {"hasTrustDialogAccepted": True}},
-            }
-        )
-    )
     server = scenario(
         '[[turn]]\nshell = "cat ./notes/todo.txt"\n'
+        '[[turn]]\ntext = "ASK ANSWER: {{ last_tool_result }}"\n'
+        '[[turn]]\nshell = "cat ./single"\n'
         '[[turn]]\ntext = "CHAT ANSWER: {{ last_tool_result }}"\n'
     )
     with server.serve_in_thread() as url:
+        first = ask_sync(
+            "notes,single", "What is in my notes?", base_url=url, env=KEYS, registry=registry
+        )
+        assert first.answer.startswith("ASK ANSWER: buy oat milk")
         code = (
             "import sys; from spawnkit.ask import chat; "
-            f"sys.exit(chat('notes', base_url={url!r}, "
-            f"env={{'HOME': {str(home)!r}, 'ANTHROPIC_AUTH_TOKEN': 'replay'}}))"
+            f"sys.exit(chat('notes,single', resume={first.record_id!r}, base_url={url!r}, "
+            "env={'ANTHROPIC_API_KEY': 'replay'}))"
         )
         child = pexpect_mod.spawn(
-            sys.executable, ["-c", code],
-            env={**os.environ, "TMPDIR": str(tmp_root), "TERM": "xterm-256color"},
+            sys.executable, ["-c", code], env={**os.environ, "TERM": "xterm-256color"},
             encoding="utf-8", timeout=30, dimensions=(40, 120),
         )  # fmt: skip
         try:
-            _screen_text(child, pexpect_mod, "don't ask on", 30)  # the prompt box is up
-            assert len(workdirs(tmp_root)) == 1
-            child.send("What is in my notes?")
+            _screen_text(child, pexpect_mod, "don't ask on", 60)  # the prompt box is up
+            (record,) = chat_records()
+            assert record.status == "running"
+            child.send("And the meeting?")
             time.sleep(0.3)
             child.send("\r")
-            _screen_text(child, pexpect_mod, "CHAT ANSWER: buy oat milk", 30)
+            _screen_text(child, pexpect_mod, "CHAT ANSWER: The meeting moved to Thursday", 60)
             child.send("/exit")
             time.sleep(0.3)
             child.send("\r")
-            child.expect(pexpect_mod.EOF, timeout=20)
+            child.expect(pexpect_mod.EOF, timeout=30)
         finally:
             child.close(force=True)
 
     assert child.exitstatus == 0
-    assert workdirs(tmp_root) == []
-    prompts = [json.dumps(r.body["messages"]) for r in server.requests if r.path == "/v1/messages"]
-    assert prompts and "What is in my notes?" in prompts[0]
+    (record,) = chat_records()
+    assert (record.status, record.sources, record.sandbox) == (
+        "success",
+        ("notes", "single"),
+        "bwrap",
+    )
+    # The chat continued the ask's conversation: the model got the ask's turns back.
+    assert record.parent_session_id == first.record_id
+    assert record.runtime_session_id == first.session_id
+    chat_request = json.dumps(server.requests[-1].body["messages"])
+    assert "And the meeting?" in chat_request and "ASK ANSWER: buy oat milk" in chat_request
     system = json.dumps(server.requests[-1].body.get("system"))
-    assert "- ./notes/" in system  # the chat instructions list the sources
+    assert "- ./notes/" in system and "- ./single" in system  # the sources are listed
+    assert workspaces(isolated_home) == []
+    assert processes_with_env("SPAWNKIT_SESSION_ID", record.id) == []

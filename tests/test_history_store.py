@@ -28,10 +28,12 @@ def record(
     cost: float | None = None,
     calls: int = 2,
     role: str | None = None,
+    kind: str = "run",
+    sources: tuple[str, ...] = (),
 ) -> None:
     store.create_session(sid, butler=butler, runtime=runtime, model=model, prompt="p",
                          context=None, trigger_source="external", created_at=at,
-                         role=role)  # fmt: skip
+                         role=role, kind=kind, sources=sources)  # fmt: skip
     store.mark_started(sid, started_at=at + timedelta(seconds=1), trace_id=f"trace-{sid}")
     tool_calls = [
         ToolCall.start(
@@ -56,9 +58,10 @@ def filled(store: SessionStore) -> SessionStore:
     record(store, "a", butler="health", cost=0.5, role="researcher")
     record(store, "b", butler="health", at=T0 + timedelta(days=1), success=False, calls=3)
     record(store, "c", butler="general", runtime="codex", model="gpt-5",
-           at=T0 + timedelta(days=1, hours=15, minutes=30))  # fmt: skip
+           at=T0 + timedelta(days=1, hours=15, minutes=30), kind="ask",
+           sources=("notes", "plan"))  # fmt: skip
     record(store, "d", butler="general", model="no-such-model", at=T0 + timedelta(days=3),
-           calls=0)  # fmt: skip
+           calls=0, kind="chat", sources=("notes",))  # fmt: skip
     return store
 
 
@@ -86,15 +89,38 @@ def test_sessions_frame_has_real_dtypes_and_shared_names(filled: SessionStore) -
     assert frame["role"].isna().sum() == 3
 
 
+def test_asks_and_chats_carry_their_kind_and_sources(filled: SessionStore) -> None:
+    frame = history.sessions(filled)
+    assert frame["kind"].dtype == "category"
+    assert list(frame["kind"]) == ["run", "run", "ask", "chat"]
+    assert list(frame["sources"].fillna("-")) == ["-", "-", "notes,plan", "notes"]
+
+    def ids(**filters: object) -> list[str]:
+        return list(history.sessions(filled, **filters)["session_id"])  # type: ignore[arg-type]
+
+    assert ids(kind="ask") == ["c"] and ids(kind=["ask", "chat"]) == ["c", "d"]
+    assert (
+        ids(kind="run", butler="health") == ["a", "b"] and ids(kind="chat", runtime="codex") == []
+    )
+    calls = history.tool_calls(filled, kind="ask")
+    assert set(calls["session_id"]) == {"c"} and len(calls) == 2
+    assert list(history.usage(filled, kind="run", by=("kind",))["sessions"]) == [1, 1]
+
+
 def test_a_store_older_than_roles_reads_with_an_empty_role(filled: SessionStore) -> None:
     filled.close()
     conn = sqlite3.connect(filled.path)
-    conn.execute("ALTER TABLE sessions DROP COLUMN role")
+    for column in ("role", "kind", "sources"):
+        conn.execute(f"ALTER TABLE sessions DROP COLUMN {column}")
     conn.execute("PRAGMA user_version = 2")
     conn.commit()
     conn.close()
     frame = history.sessions(filled.path)
     assert len(frame) == 4 and frame["role"].isna().all()
+    # Before kinds existed every session was a butler's run.
+    assert set(frame["kind"]) == {"run"} and frame["sources"].isna().all()
+    assert len(history.sessions(filled.path, kind="run")) == 4
+    assert history.tool_calls(filled.path, kind="ask").empty
 
 
 def test_costs_reported_computed_or_unpriced(filled: SessionStore) -> None:
@@ -193,7 +219,7 @@ def _frames(store: SessionStore, **filters: object) -> tuple[pd.DataFrame, pd.Da
 @pytest.mark.parametrize(
     "filters",
     [{}, {"butler": "health"}, {"status": ["success"], "since": T0 + timedelta(days=1)},
-     {"runtime": "codex", "until": "2026-10-03"}, {"success": False}],
+     {"runtime": "codex", "until": "2026-10-03"}, {"success": False}, {"kind": ["ask", "chat"]}],
 )  # fmt: skip
 def test_the_columnar_cache_gives_the_frames_of_the_database(
     filled: SessionStore, filters: dict[str, object]

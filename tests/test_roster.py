@@ -324,7 +324,8 @@ def test_unknown_key_in_runtime(tmp_path: Path) -> None:
     )
     assert message == (
         f"{path}: [butler.runtime.max_turn]: unknown key (did you mean 'max_turns'? allowed: "
-        "base_url, command, env, events, max_concurrent_sessions, max_queued_sessions, "
+        "base_url, chat_command, command, env, events, max_concurrent_sessions, "
+        "max_queued_sessions, "
         "max_turns, model, output, resume_command, stdin, timeout_s, tools, type)"
     )
 

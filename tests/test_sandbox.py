@@ -401,3 +401,57 @@ def test_restarting_the_kernel_at_once_kills_its_runs(tmp_path) -> None:
     finally:
         client.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+TTY_PROBE = """
+import errno, fcntl, os, signal, termios
+signal.signal(signal.SIGINT, lambda *_: print("probe: SIGINT handled", flush=True))
+print("probe: pid", os.getpid(), flush=True)
+try:
+    fcntl.ioctl(0, termios.TIOCSTI, b"#")
+    print("probe: TIOCSTI allowed", flush=True)
+except OSError as exc:
+    print("probe: TIOCSTI refused", errno.errorcode[exc.errno], flush=True)
+input("probe> ")
+print("probe: done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_an_interactive_sandbox_keeps_the_terminal_but_refuses_typing_into_it(
+    make_butler, tmp_path: Path, inside: bool
+) -> None:
+    """A chat's CLI keeps the terminal (no --new-session), yet cannot inject input (TIOCSTI)
+    and a Ctrl-C it handles does not end the sandbox; the pid namespace and
+    --die-with-parent stay."""
+    pexpect = pytest.importorskip("pexpect")
+    butler = make_butler()
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    python = Path(sys.executable).resolve()  # the interpreter itself, not a venv's link
+    plan = sandbox.plan(butler, workspace, [python.parent], interactive=True)
+    assert "--new-session" not in plan.argv
+    assert {"--die-with-parent", "--unshare-pid", "--seccomp"} <= set(plan.argv)
+    command = [str(python), "-I", "-c", TTY_PROBE]
+    argv = plan.wrap(command) if inside else command
+    child = pexpect.spawn(argv[0], argv[1:], encoding="utf-8", timeout=20)
+    try:
+        child.expect(r"probe: pid (\d+)")
+        pid = int(child.match.group(1))
+        child.expect(r"probe: TIOCSTI (allowed|refused)")
+        verdict = child.match.group(1)
+        child.expect_exact("probe> ")
+        child.sendintr()
+        child.expect_exact("probe: SIGINT handled")
+        child.sendline("bye")
+        child.expect_exact("probe: done")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    if inside:
+        assert pid < 10  # the sandbox's own pid namespace
+        assert verdict == "refused"
+        assert child.exitstatus == 0
+    else:
+        # The control: on this kernel a process outside may type into its terminal or not.
+        assert verdict == ("allowed" if sandbox.legacy_tiocsti() else "refused")

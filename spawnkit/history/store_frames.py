@@ -3,8 +3,8 @@
 The store is read as Arrow tables by :mod:`spawnkit.history.store_query` (large stores through
 ADBC's SQLite driver in a child process; never a second SQLite library in this process) and
 typed column-wise: ISO-8601 text becomes UTC timestamps, names become ``category`` columns,
-counts nullable integers. Filters (butler, runtime, status, since/until, success) run in the
-database. A large store is read through :mod:`spawnkit.history.store_cache`: its completed
+counts nullable integers. Filters (butler, runtime, status, kind, since/until, success) run in
+the database. A large store is read through :mod:`spawnkit.history.store_cache`: its completed
 history comes memory-mapped from a columnar cache, already typed, and only the rows after
 the cache's watermark come from SQLite (filters then run on the cached columns and in the
 query of the new rows). ``columns`` converts only the columns asked for. Reads are read-only
@@ -49,7 +49,9 @@ REWRITE_ROWS = 10_000
 # (frame column, SQL expression, kind), in frame order.
 SESSION_FIELDS: tuple[tuple[str, str, Kind], ...] = (
     ("session_id", "id", "str"), ("butler", "butler", "cat"), ("runtime", "runtime", "cat"),
-    ("model", "model", "cat"), ("role", "role", "cat"), ("status", "status", "cat"),
+    ("model", "model", "cat"), ("role", "role", "cat"), ("kind", "kind", "cat"),
+    ("sources", "(SELECT group_concat(value, ',') FROM json_each(sessions.sources))", "str"),
+    ("status", "status", "cat"),
     ("success", "success", "bool"), ("error_kind", "error_kind", "cat"), ("error", "error", "str"),
     ("trigger_source", "trigger_source", "cat"), ("prompt", "prompt", "str"),
     ("duration_ms", "duration_ms", "int"), ("input_tokens", "input_tokens", "int"),
@@ -61,6 +63,8 @@ SESSION_FIELDS: tuple[tuple[str, str, Kind], ...] = (
     ("started_at", "started_at", "time"), ("ended_at", "completed_at", "time"),
     ("log_dir", "log_dir", "str"),
 )  # fmt: skip
+# What a store written before a column existed holds in its place (read-only: no migration).
+_SESSION_DEFAULTS = {"role": "NULL", "kind": "'run'", "sources": "NULL"}
 CALL_FIELDS: tuple[tuple[str, str, Kind], ...] = (
     ("session_id", "session_id", "str"), ("seq", "seq", "int"), ("call_id", "call_id", "str"),
     ("name", "name", "cat"), ("server", "server", "cat"), ("tool", "tool", "cat"),
@@ -114,9 +118,9 @@ class Filters:
     """Session filters, as SQL for the database and as an Arrow mask for cached columns."""
 
     def __init__(self, butler: Names, runtime: Names, status: Names, since: TimeLike,
-                 until: TimeLike, success: bool | None) -> None:  # fmt: skip
+                 until: TimeLike, success: bool | None, kind: Names = None) -> None:  # fmt: skip
         self.names = {"butler": _names(butler), "runtime": _names(runtime),
-                      "status": _names(status)}  # fmt: skip
+                      "status": _names(status), "kind": _names(kind)}  # fmt: skip
         self.since, self.until, self.success = _utc(since), _utc(until), success
 
     def __bool__(self) -> bool:
@@ -177,16 +181,24 @@ def _typed(table: pa.Table, fields: Sequence[tuple[str, str, Kind]]) -> pa.Table
     return pa.Table.from_arrays(columns, schema=_schema(fields))
 
 
-def _select(fields: Sequence[tuple[str, str, Kind]], role: bool = True) -> str:
-    exprs = [f"{sql if role or name != 'role' else 'NULL'} AS {name}" for name, sql, _ in fields]
+def _select(fields: Sequence[tuple[str, str, Kind]]) -> str:
+    exprs = [f"{sql} AS {name}" for name, sql, _ in fields]
     return ", ".join([f"rowid AS {ROWID}", *exprs])
+
+
+def _sessions_from(path: Path | None) -> str:
+    """``sessions``, or for an older store a view of it with the columns it lacks."""
+    missing = set(_SESSION_DEFAULTS) - set(table_columns(path, "sessions"))
+    if not missing:
+        return "sessions"
+    added = ", ".join(f"{_SESSION_DEFAULTS[name]} AS {name}" for name in sorted(missing))
+    return f"(SELECT rowid AS rowid, *, {added} FROM sessions) AS sessions"
 
 
 def _read(path: Path | None, fields: Sequence[tuple[str, str, Kind]], table: str, where: str,
           params: Sequence[object], order: str) -> pa.Table:  # fmt: skip
-    # Stores written before schema 3 have no role column (read-only here: no migration).
-    role = table != "sessions" or "role" in table_columns(path, "sessions")
-    sql = f"SELECT {_select(fields, role)} FROM {table}{where} ORDER BY {order}"
+    source = _sessions_from(path) if table == "sessions" else table
+    sql = f"SELECT {_select(fields)} FROM {source}{where} ORDER BY {order}"
     return _typed(query(path, sql, params), fields)
 
 
@@ -272,6 +284,7 @@ def sessions(
     butler: Names = None,
     runtime: Names = None,
     status: Names = None,
+    kind: Names = None,
     since: TimeLike = None,
     until: TimeLike = None,
     success: bool | None = None,
@@ -281,16 +294,28 @@ def sessions(
 ) -> pd.DataFrame:
     """One row per recorded session, oldest first; filters combine with AND.
 
+    ``kind`` is what the session was: ``run`` (a butler's trigger), ``ask`` (a question
+    about sources) or ``chat`` (an interactive session about them); ``sources`` names an
+    ask's or a chat's sources, comma-separated (None for a run).
+
     ``since``/``until`` bound ``created_at`` (naive values are UTC; ``until`` is exclusive).
     ``cost_source`` is "reported" where the runtime reported a cost, "computed" where
     ``cost_usd`` was filled in from the pricing table, "unpriced" where neither was possible.
     ``columns`` keeps only those columns (``source`` and ``cost_source`` included when asked).
     ``cache`` forces the columnar cache on or off (default: on for stores from 24 MB).
     """
-    known = ["session_id", "source", *SESSION_COLUMNS[1:17], "cost_source", *SESSION_COLUMNS[17:]]
+    cost = SESSION_COLUMNS.index("cost_usd") + 1
+    known = [
+        "session_id",
+        "source",
+        *SESSION_COLUMNS[1:cost],
+        "cost_source",
+        *SESSION_COLUMNS[cost:],
+    ]
     wanted = _columns(columns, known)
     path = _path(store)
-    table = _sessions_table(path, Filters(butler, runtime, status, since, until, success), cache)
+    filters = Filters(butler, runtime, status, since, until, success, kind)
+    table = _sessions_table(path, filters, cache)
     costs = "cost_usd" in wanted or "cost_source" in wanted
     fields = [c for c in SESSION_COLUMNS if c in wanted or (costs and c in _COST_INPUTS)]
     frame = _frame(table, fields)
@@ -331,6 +356,7 @@ def tool_calls(
     butler: Names = None,
     runtime: Names = None,
     status: Names = None,
+    kind: Names = None,
     since: TimeLike = None,
     until: TimeLike = None,
     success: bool | None = None,
@@ -346,14 +372,14 @@ def tool_calls(
     """
     known = [name for name, _, _ in CALL_FIELDS] + (["output"] if output else [])
     wanted = _columns(columns, known)
-    filters = Filters(butler, runtime, status, since, until, success)
+    filters = Filters(butler, runtime, status, since, until, success, kind)
     path = _path(store)
     state = None if output else _use_cache(path, cache)
     if state is None or path is None:
         where, params = filters.sql()
         fields = CALL_FIELDS + ((("output", "output", "str"),) if output else ())
         if where:
-            where = f" WHERE session_id IN (SELECT id FROM sessions{where})"
+            where = f" WHERE session_id IN (SELECT id FROM {_sessions_from(path)}{where})"
         return _frame(_read(path, fields, "tool_calls", where, params, "rowid"), wanted)
     table = _cached(path, state, "tool_calls", CALL_FIELDS, CALL_SCHEMA, None)
     if filters:
@@ -368,6 +394,7 @@ def usage(
     butler: Names = None,
     runtime: Names = None,
     status: Names = None,
+    kind: Names = None,
     since: TimeLike = None,
     until: TimeLike = None,
     success: bool | None = None,
@@ -377,7 +404,7 @@ def usage(
 ) -> pd.DataFrame:
     """Sessions, tokens and cost per day (in ``tz``) and per ``by`` columns."""
     needed = ["created_at", "success", *_TOKENS, "cost_usd", *by]
-    frame = sessions(store, butler=butler, runtime=runtime, status=status, since=since,
+    frame = sessions(store, butler=butler, runtime=runtime, status=status, kind=kind, since=since,
                      until=until, success=success, pricing=pricing,
                      columns=list(dict.fromkeys(needed)))  # fmt: skip
     day = frame["created_at"].dt.tz_convert(tz).dt.strftime("%Y-%m-%d").rename("date")

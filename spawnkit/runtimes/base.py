@@ -24,13 +24,16 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+from .. import _process
 from ..butler_config import AgentRole, McpTransport, RuntimeConfig
 from ..errors import (
     AuthenticationFailure,
+    ConfigError,
     MissingApiKeyError,
     ModelUnavailable,
     RateLimited,
     RuntimeFailure,
+    RuntimeNotFoundError,
 )
 from ..events import EventSink
 from ..home import spawnkit_home
@@ -113,7 +116,12 @@ class RunOutcome:
     cost_usd: float | None = None
     num_turns: int | None = None
     model: str | None = None
+    # The CLI's exit code, when it exited by itself (None: stopped, or not known).
+    exit_code: int | None = None
 
+
+# What an interactive session takes from the user's terminal besides the run's environment.
+TERMINAL_ENV = ("TERM", "COLORTERM", "LANG", "LC_ALL", "LC_CTYPE", "COLUMNS", "LINES")
 
 # The error kind of a run whose butler MCP server never connected (on every runtime).
 MCP_UNAVAILABLE = "mcp_unavailable"
@@ -335,6 +343,45 @@ class RuntimeAdapter(ABC):
             "supports_max_turns": True,
             "supports_parallel_sessions": True,
         }
+
+    def check_interactive(self) -> None:
+        """Raise unless this runtime can chat here: :class:`~spawnkit.errors.ConfigError`
+        when it has no interactive mode, ``RuntimeNotFoundError`` when its CLI is missing."""
+        raise ConfigError(f"the {self.type} runtime has no interactive mode: it cannot chat")
+
+    def interactive_command(self, spec: RunSpec) -> list[str]:
+        """The CLI's argv for an interactive session on the user's terminal (a ``chat``).
+
+        The same lockdown as :meth:`invoke`'s run (tools, MCP configuration, settings,
+        system prompt) without a prompt: the user types at the CLI's own prompt.
+        """
+        self.check_interactive()
+        raise NotImplementedError(f"{type(self).__name__}.interactive_command")
+
+    async def interact(self, spec: RunSpec) -> RunOutcome:
+        """Run the CLI on this process's terminal until the user ends it; its exit code.
+
+        Its stdio is the terminal (nothing is parsed: there are no events), it gets the
+        run's environment plus the terminal's variables, and it owns the terminal while it
+        runs (see :func:`spawnkit._process.run_interactive`). The spawner bounds the wait.
+        """
+        argv = spec.sandbox.wrap(self.interactive_command(spec))
+        env = self.child_env(spec)
+        env.pop("NO_COLOR", None)  # set for headless runs, whose output is parsed
+        env.update({name: os.environ[name] for name in TERMINAL_ENV if name in os.environ})
+        try:
+            code = await _process.run_interactive(argv, env=env, cwd=spec.cwd)
+        except FileNotFoundError as exc:
+            raise RuntimeNotFoundError(self.type, self.binary_name, self.install_hint) from exc
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot start {self.binary_name}: {exc}", "crash") from exc
+        outcome = RunOutcome(
+            runtime_session_id=spec.runtime_session_id or spec.resume, exit_code=code
+        )
+        if code != 0:
+            outcome.success, outcome.error_kind = False, "runtime_error"
+            outcome.error = f"{self.binary_name} exited with code {code}"
+        return outcome
 
     @abstractmethod
     async def invoke(self, spec: RunSpec, emit: EventSink) -> RunOutcome:

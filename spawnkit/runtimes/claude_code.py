@@ -125,12 +125,23 @@ _HOME_SEED = {
 }
 
 
-def seed_home(home: Path) -> None:
-    """Write the CLI's first-start record into a fresh home (never over an existing one)."""
+def seed_home(home: Path, *, trust: Sequence[Path] = (), api_key: str | None = None) -> None:
+    """Write the CLI's first-start record into a fresh home (never over an existing one).
+
+    For an interactive session, ``trust`` are the folders whose trust question is answered
+    (the working directory and each ``--add-dir``) and ``api_key`` a key whose approval
+    question is: the TUI asks both before its prompt.
+    """
     config = home / ".claude.json"
     if config.exists():
         return
-    seed = {"firstStartTime": datetime.now(UTC).isoformat(), **_HOME_SEED}
+    seed: dict[str, Any] = {"firstStartTime": datetime.now(UTC).isoformat(), **_HOME_SEED}
+    if trust:
+        seed["hasCompletedOnboarding"] = True
+        seed["projects"] = {str(folder): {"hasTrustDialogAccepted": True} for folder in trust}
+        # The TUI remembers a key by its last 20 characters.
+        approved = [api_key[-20:]] if api_key else []
+        seed["customApiKeyResponses"] = {"approved": approved, "rejected": []}
     write_private(config, json.dumps(seed, indent=2))
 
 
@@ -224,6 +235,7 @@ class _RunState:
         self.mcp_status: str | None = None
         # The end of the CLI's stderr: what it said when it exits before a result.
         self.stderr: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self.exit_code: int | None = None
 
     @property
     def partial_output(self) -> str:
@@ -318,6 +330,7 @@ class _RunState:
             cost_usd=result.total_cost_usd,
             num_turns=result.num_turns,
             model=self.model,
+            exit_code=self.exit_code,
         )
         if result.is_error:
             outcome.success = False
@@ -502,6 +515,42 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             "subagent_style": "claude-agents",
         }
 
+    def check_interactive(self) -> None:
+        """Claude Code's TUI is its interactive mode."""
+        self.find_binary()
+
+    def interactive_command(self, spec: RunSpec) -> list[str]:
+        """``claude`` with the flags :meth:`options` gives the SDK, but no ``-p``: its TUI.
+
+        The fresh home gets the record of a finished first start that also trusts the
+        working directory and approves the run's API key, so the TUI opens at its prompt
+        (its first-run screens would try to reach api.anthropic.com, and ask).
+        """
+        server = spec.mcp_server
+        seed_home(
+            spec.workspace, trust=(spec.cwd, *spec.add_dirs),
+            api_key=spec.env.get("ANTHROPIC_API_KEY"),
+        )  # fmt: skip
+        system_file = spec.workspace / "system-prompt.md"
+        write_private(system_file, spec.system_prompt)
+        tools = ",".join(spec.tools)
+        allowed = ",".join([*spec.tools, *([f"mcp__{server.name}"] if server else [])])
+        argv = [
+            str(self.find_binary().resolve()),
+            "--mcp-config", str(spec.config_file), "--strict-mcp-config",
+            "--setting-sources", "", "--system-prompt-file", str(system_file),
+            "--tools", tools, "--allowedTools", allowed, "--permission-mode", "dontAsk",
+        ]  # fmt: skip
+        for folder in spec.add_dirs:
+            argv += ["--add-dir", str(folder)]
+        if spec.model:
+            argv += ["--model", spec.model]
+        if spec.resume:
+            argv += ["--resume", spec.resume]
+        elif spec.runtime_session_id:
+            argv += ["--session-id", spec.runtime_session_id]
+        return argv
+
     def options(
         self, spec: RunSpec, wrapper: Path, pidfile: Path, state: _RunState | None = None
     ) -> ClaudeAgentOptions:
@@ -594,7 +643,9 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         try:
             async for message in messages:
                 state.handle(message)
+            state.exit_code = 0  # the SDK raises ProcessError for any other
         except ProcessError as exc:
+            state.exit_code = exc.exit_code
             # The CLI exits non-zero after a failed result; the result message,
             # when it came, says more than the exit code does.
             if state.result is None:
@@ -641,6 +692,10 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         said = stderr_summary(state.stderr)
         code = "" if exit_code is None else f" with code {exit_code}"
         detail = f"Claude Code exited{code}" + (f": {said}" if said else " and said nothing")
-        if said is None:
-            return RuntimeCrashed(detail)
-        return classify_failure(None, detail, auth_remedy=ClaudeCodeAdapter.auth_remedy)
+        failure = (
+            RuntimeCrashed(detail)
+            if said is None
+            else classify_failure(None, detail, auth_remedy=ClaudeCodeAdapter.auth_remedy)
+        )
+        failure.exit_code = exit_code
+        return failure

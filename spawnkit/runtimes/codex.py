@@ -337,6 +337,22 @@ class CodexAdapter(StreamingCliAdapter):
             return [binary, "exec", "resume", "--json", "--skip-git-repo-check", spec.resume, "-"]
         return [binary, "exec", "--json", "--skip-git-repo-check", "-"]
 
+    def check_interactive(self) -> None:
+        """Codex's TUI is its interactive mode."""
+        self.find_binary()
+
+    def interactive_command(self, spec: RunSpec) -> list[str]:
+        """``codex`` (its TUI) with the run's configuration; ``codex resume ID`` goes on."""
+        self._write_run_config(spec)
+        with open(spec.config_file, "rb") as fh:
+            config: dict[str, Any] = tomllib.load(fh)
+        # Its trust question, answered for the run's own folder.
+        config["projects"] = {str(spec.cwd): {"trust_level": "trusted"}}
+        write_private(spec.config_file, tomli_w.dumps(config))
+        if spec.resume:
+            return [self.cli(), "resume", spec.resume]
+        return [self.cli()]
+
     def stdin(self, spec: RunSpec) -> bytes | None:
         if len(spec.prompt) > MAX_PROMPT_CHARS:
             raise RuntimeFailure(

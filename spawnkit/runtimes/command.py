@@ -259,52 +259,62 @@ class CommandAdapter(StreamingCliAdapter):
         return self.config.command
 
     def capabilities(self) -> dict[str, Any]:
-        """The base's, with resume and system prompt as the butler's command allows them
-        (neither, for the runtime named without a command)."""
-        command = self.config.command
+        # Unconfigured (the adapter contract asks every runtime): nothing to resume or say.
+        config = self.config.command or CommandConfig(argv=())
         return {
             **super().capabilities(),
-            "supports_resume": command is not None and bool(command.resume_argv),
-            "supports_system_prompt": command is not None
-            and any("system_prompt_file" in arg for arg in command.argv),
+            "supports_resume": bool(config.resume_argv),
+            "supports_system_prompt": any("system_prompt_file" in arg for arg in config.argv),
         }
 
-    def _program(self) -> str:
-        return self.command_config.argv[0]
+    def _find(self, program: str) -> Path:
+        """A command line's program: a built-in CLI's placeholder, a path, or a name on PATH."""
+        builtin = BINARIES.get(program.strip("{}")) if program.startswith("{") else None
+        if builtin is not None:
+            return get_adapter(builtin)().find_binary()
+        found = shutil.which(str(Path(program).expanduser()))
+        if found is None:
+            raise RuntimeNotFoundError(self.type, program, self.install_hint)
+        return Path(found)
 
     def find_binary(self) -> Path:
         if self._binary is None:
-            program = self._program()
-            builtin = BINARIES.get(program.strip("{}")) if program.startswith("{") else None
-            if builtin is not None:
-                self._binary = get_adapter(builtin)().find_binary()
-            else:
-                found = shutil.which(str(Path(program).expanduser()))
-                if found is None:
-                    raise RuntimeNotFoundError(self.type, program, self.install_hint)
-                self._binary = Path(found)
+            self._binary = self._find(self.command_config.argv[0])
         return self._binary
 
     async def binary_version(self) -> str | None:
         return None  # an arbitrary CLI has no known way to print its version
 
     def install_paths(self) -> list[Path]:
-        """The program's folder (a node CLI's whole tree) and the files its argv names."""
-        binary = self.find_binary()
-        real = binary.resolve()
-        if "node_modules" in real.parts:
-            paths = node_install(real)
-        else:
-            # <prefix>/bin/program: the whole prefix (an interpreter's library, a venv).
-            paths = [
-                folder.parent if folder.name == "bin" and folder.parent != Path("/usr") else folder
-                for folder in dict.fromkeys((binary.parent, real.parent))
-            ]
-        for arg in self.command_config.argv[1:]:
-            named = Path(arg)
-            if not PLACEHOLDER_RE.search(arg) and named.is_absolute() and named.exists():
-                paths.append(named.resolve())
-        return paths
+        """The programs' folders (a node CLI's whole tree) and the files their argv name.
+
+        Those of ``command`` and, when it has one, of ``chat_command``.
+        """
+        config = self.command_config
+        paths: list[Path] = []
+        for argv in (config.argv, config.chat_argv):
+            if not argv:
+                continue
+            try:
+                binary = self.find_binary() if argv is config.argv else self._find(argv[0])
+            except RuntimeNotFoundError:
+                continue  # the other mode's program: checked before a run of its mode
+            real = binary.resolve()
+            if "node_modules" in real.parts:
+                paths += node_install(real)
+            else:
+                # <prefix>/bin/program: the whole prefix (an interpreter's library, a venv).
+                paths += [
+                    folder.parent
+                    if folder.name == "bin" and folder.parent != Path("/usr")
+                    else folder
+                    for folder in dict.fromkeys((binary.parent, real.parent))
+                ]
+            for arg in argv[1:]:
+                named = Path(arg)
+                if not PLACEHOLDER_RE.search(arg) and named.is_absolute() and named.exists():
+                    paths.append(named.resolve())
+        return list(dict.fromkeys(paths))
 
     def build_config_file(self, workspace: Path, server: McpServerSpec | None) -> Path:
         """``{mcp_config}``: ``{"mcpServers": {...}}``, the shape most agent CLIs read."""
@@ -333,7 +343,11 @@ class CommandAdapter(StreamingCliAdapter):
             "sources": "\n".join(f"- ./{p.name}{'/' if p.is_dir() else ''}" for p in sources),
         }
         config = self.command_config
-        wanted = {name for arg in (*config.argv, *config.resume_argv) for name in placeholders(arg)}
+        wanted = {
+            name
+            for arg in (*config.argv, *config.resume_argv, *config.chat_argv)
+            for name in placeholders(arg)
+        }
         for placeholder, runtime in BINARIES.items():
             if placeholder in wanted:
                 values[placeholder] = str(get_adapter(runtime)().find_binary().resolve())
@@ -364,6 +378,24 @@ class CommandAdapter(StreamingCliAdapter):
         argv = [expand(arg, values) for arg in template]
         if not PLACEHOLDER_RE.search(template[0]):
             argv[0] = str(self.find_binary())
+        return argv
+
+    def check_interactive(self) -> None:
+        if not self.command_config.chat_argv:
+            raise ConfigError(
+                "this command runtime cannot chat: it has no chat_command "
+                "(the command line of an interactive session)"
+            )
+        self._find(self.command_config.chat_argv[0])
+
+    def interactive_command(self, spec: RunSpec) -> list[str]:
+        """``chat_command``, expanded like ``command`` (``{resume}``: the session it continues)."""
+        self.check_interactive()
+        write_private(spec.workspace / SYSTEM_PROMPT_FILE, spec.system_prompt)
+        template = self.command_config.chat_argv
+        argv = [expand(arg, self._values(spec)) for arg in template]
+        if not PLACEHOLDER_RE.search(template[0]):
+            argv[0] = str(self._find(template[0]))
         return argv
 
     def stdin(self, spec: RunSpec) -> bytes | None:

@@ -323,7 +323,17 @@ class GeminiAdapter(StreamingCliAdapter):
             env["GOOGLE_GEMINI_BASE_URL"] = spec.base_url.rstrip("/")
         return env
 
-    def command(self, spec: RunSpec) -> list[str]:
+    def check_interactive(self) -> None:
+        """Gemini's TUI is its interactive mode."""
+        self.find_binary()
+
+    def interactive_command(self, spec: RunSpec) -> list[str]:
+        """``gemini -m MODEL`` (its TUI) with the run's settings; ``--resume ID`` goes on."""
+        self._write_settings(spec)
+        command = [self.cli(), "-m", spec.model or DEFAULT_MODEL]
+        return [*command, "--resume", spec.resume] if spec.resume else command
+
+    def _write_settings(self, spec: RunSpec) -> None:
         write_private(
             spec.config_file,
             json.dumps(
@@ -331,6 +341,9 @@ class GeminiAdapter(StreamingCliAdapter):
                 indent=2,
             ),
         )
+
+    def command(self, spec: RunSpec) -> list[str]:
+        self._write_settings(spec)
         model = spec.model or DEFAULT_MODEL
         # yolo approves the tools that are left: the butler's MCP server and the
         # built-ins it lists (the rest are excluded in the settings). Without it,

@@ -197,6 +197,7 @@ class StreamingCliAdapter(RuntimeAdapter):
         except OSError as exc:
             raise RuntimeFailure(f"cannot start {self.binary_name}: {exc}", "crash") from exc
         outcome = parser.outcome(code, list(stderr))
+        outcome.exit_code = None if limited else code
         if parser.mcp_failure is not None and spec.mcp_server is not None and not limited:
             outcome.success = False
             outcome.error_kind = MCP_UNAVAILABLE
