@@ -104,7 +104,7 @@ def test_spawn_cells_in_a_kernel(tmp_path: Path) -> None:
     (error,) = [out for out in fail if out.output_type == "error"]
     assert len(error.traceback) == 1 and "%spawn_debug" in error.traceback[0], "one line"
     assert errors_of(allowed) == []
-    assert text_of(allowed_print).strip() == "failed model_unavailable"
+    assert text_of(allowed_print).strip() == "failed overloaded"
     assert [out.output_type for out in background] == ["display_data"]
     assert WIDGET in background[0].data, "a background cell shows its run live, once"
     assert text_of(awaited).strip() == "echo: in the background success"

@@ -108,7 +108,7 @@ def test_a_stop_and_an_overload_in_terminal_ipython(shell: pexpect.spawn, tmp_pa
     shell.sendline("%spawn_debug")
     shell.expect(PROMPT)
     debug = screen(shell.before)
-    assert "error_kind model_unavailable" in debug and "Python traceback:" in debug
+    assert "error_kind overloaded" in debug and "Python traceback:" in debug
     records = SessionStore().list_sessions()
     assert sorted(r.status for r in records) == ["cancelled", "failed"]
     for record in records:
