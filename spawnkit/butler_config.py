@@ -198,6 +198,9 @@ class ButlerConfig:
     limits: Limits = field(default_factory=Limits)
     # [butler.retry]: rate-limited runs started again, and the spacing of run starts.
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # [butler.telemetry] cli: the agent CLI exports its own spans to the run's
+    # receiver (spawnkit.otlp), joined to the run's trace.
+    cli_telemetry: bool = False
 
     @property
     def config_file(self) -> Path:

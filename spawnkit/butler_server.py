@@ -3,7 +3,10 @@
 Core tools every butler has: ``state_get``, ``state_set``, ``state_list`` (a
 key-value store per butler), ``schedule_list``, ``sessions_list`` and
 ``trigger`` (start a new run of this same butler; such a run has trigger source
-``trigger`` and is refused at once, not queued, when no slot is free).
+``trigger`` and is refused at once, not queued, when no slot is free). A caller
+that sends ``trigger`` a progress token gets one MCP progress notification per
+tool call, text chunk and usage update of the run while it happens, in order,
+before the result (:func:`progress_message` says what each carries).
 
 Only callers with a live secret get in (:mod:`spawnkit.mcp_guard` checks Host,
 Origin and ``Authorization: Bearer`` before any MCP code runs): each run's own
@@ -19,6 +22,7 @@ refused.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -28,12 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 from croniter import croniter
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import BaseModel
 
 from . import _asgi
 from .errors import TriggerRejected
+from .events import AssistantText, RunEvent, ToolCallFinished, ToolCallStarted, UsageUpdate
 from .mcp_access import AccessTable, Caller
 from .mcp_guard import CALLER_SCOPE_KEY, MCP_PATH, MESSAGE_PATH, SSE_PATH, McpGuard, host_names
 from .redaction import Redactor
@@ -47,6 +52,90 @@ logger = logging.getLogger(__name__)
 
 # Adds tools to a butler's server (for example the notebook's kernel tools).
 ToolExtension = Callable[[MCPServer[Any]], None]
+
+# Progress notifications a run may have waiting for a slow MCP client; past this
+# the oldest text chunks are not sent (tool calls and usage always are).
+PROGRESS_QUEUE_LIMIT = 1000
+PROGRESS_TEXT_LIMIT = 2000
+
+
+def progress_message(event: RunEvent) -> str | None:
+    """The JSON message of the progress notification for ``event``, or None (not reported).
+
+    ``{"event": "tool_call", "id", "tool", "server", "status", "input"}`` when a tool
+    call starts (status ``running``) and again when it ends (``ok`` or ``error``);
+    ``{"event": "text", "text"}`` for each chunk of the agent's text (at most
+    :data:`PROGRESS_TEXT_LIMIT` characters); ``{"event": "usage", "input_tokens",
+    "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_usd"}`` with the
+    running totals. Events reach here already redacted by the spawner.
+    """
+    body: dict[str, Any]
+    if isinstance(event, ToolCallStarted | ToolCallFinished):
+        call = event.call
+        body = {
+            "event": "tool_call",
+            "id": call.id,
+            "tool": call.tool or call.name,
+            "server": call.server,
+            "status": call.status,
+            "input": call.input,
+        }
+    elif isinstance(event, AssistantText):
+        body = {"event": "text", "text": event.text[:PROGRESS_TEXT_LIMIT]}
+    elif isinstance(event, UsageUpdate):
+        u = event.usage
+        body = {
+            "event": "usage",
+            "input_tokens": u.input_tokens,
+            "output_tokens": u.output_tokens,
+            "cache_read_tokens": u.cache_read_tokens,
+            "cache_write_tokens": u.cache_write_tokens,
+            "cost_usd": event.cost_usd,
+        }
+    else:
+        return None
+    return json.dumps(body, default=str)
+
+
+class _ProgressRelay:
+    """Sends a run's events to one MCP caller as progress notifications, in order.
+
+    The spawner calls :meth:`__call__` synchronously from the run; a task drains a
+    bounded queue into ``ctx.report_progress`` so a slow client never stalls the run.
+    """
+
+    def __init__(self, ctx: Context[Any, Any]) -> None:
+        self._ctx = ctx
+        self._queue: asyncio.Queue[str | None] = asyncio.Queue(PROGRESS_QUEUE_LIMIT)
+        self._sent = 0
+        self._dropped = 0
+        self._task = asyncio.create_task(self._pump())
+
+    def __call__(self, event: RunEvent) -> None:
+        message = progress_message(event)
+        if message is None:
+            return
+        try:
+            self._queue.put_nowait(message)
+        except asyncio.QueueFull:
+            self._dropped += 1
+
+    async def _pump(self) -> None:
+        while (message := await self._queue.get()) is not None:
+            self._sent += 1
+            await self._ctx.report_progress(self._sent, None, message)
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Send what is queued (bounded by ``timeout_s``), then stop."""
+        await self._queue.put(None)
+        try:
+            await asyncio.wait_for(self._task, timeout_s)
+        except TimeoutError:
+            logger.warning("gave up sending progress to a slow MCP client")
+        except Exception:
+            logger.exception("could not send progress to the MCP client")
+        if self._dropped:
+            logger.warning("a slow MCP client missed %d progress notifications", self._dropped)
 
 
 class ButlerServer:
@@ -196,14 +285,26 @@ class ButlerServer:
             ]
 
         @mcp.tool()
-        async def trigger(prompt: str, context: str | None = None) -> dict[str, Any]:
-            """Start a new run of this butler with ``prompt`` and wait for its result."""
+        async def trigger(
+            prompt: str, ctx: Context[Any, Any], context: str | None = None
+        ) -> dict[str, Any]:
+            """Start a new run of this butler with ``prompt`` and wait for its result.
+
+            With a progress token, each tool call, text chunk and usage update of
+            the run arrives first as a progress notification (a JSON message).
+            """
             if self.spawner is None:
                 return {"success": False, "error": "this server has no spawner to trigger runs"}
+            relay = _ProgressRelay(ctx) if _progress_token(ctx) is not None else None
             try:
-                result = await self.spawner.trigger(prompt, "trigger", context=context)
+                result = await self.spawner.trigger(
+                    prompt, "trigger", context=context, on_event=relay
+                )
             except TriggerRejected as exc:
                 return {"success": False, "error": str(exc)}
+            finally:
+                if relay is not None:
+                    await relay.close()
             return result.to_dict()
 
         return mcp
@@ -240,6 +341,12 @@ class ButlerServer:
             self.app(host), host, self.butler.port if port is None else port
         ) as address:
             yield address
+
+
+def _progress_token(ctx: Context[Any, Any]) -> str | int | None:
+    """The caller's progress token for this request, if it sent one."""
+    meta = ctx.request_context.meta
+    return meta.get("progress_token") if meta is not None else None
 
 
 class _quiet_mcp_logging:

@@ -225,7 +225,7 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
     b.check_keys(
         {
             "name", "port", "description", "mcp_transport", "runtime", "env", "schedule",
-            "agents", "sandbox", "limits", "retry",
+            "agents", "sandbox", "limits", "retry", "telemetry",
         }
     )  # fmt: skip
 
@@ -267,6 +267,11 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
     sandbox = _sandbox(b.table("sandbox"))
     limits = _limits(b.table("limits"), r)
     retry = _retry(b.table("retry"))
+    telemetry = b.table("telemetry")
+    telemetry.check_keys({"cli"})
+    cli_telemetry = telemetry.data.get("cli", False)
+    if not isinstance(cli_telemetry, bool):
+        raise telemetry.error("cli", "must be true or false")
     runtime = replace(
         runtime,
         max_turns=limits.max_turns or runtime.max_turns,
@@ -348,6 +353,7 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
         sandbox=sandbox,
         limits=replace(limits, max_turns=None, timeout_s=None),
         retry=retry,
+        cli_telemetry=cli_telemetry,
     )
 
 

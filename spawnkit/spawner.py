@@ -31,11 +31,13 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.trace import TracerProvider
 
 from . import sandbox
@@ -76,6 +78,7 @@ from .events import (
 from .limits import Limits
 from .mcp_access import AccessTable, McpAccess
 from .memory import MemoryProvider, StoreMemory
+from .otlp import CliTelemetry, OtlpReceiver
 from .pacing import Pacer
 from .redaction import Redactor
 from .result import (
@@ -273,6 +276,7 @@ class Spawner:
         mcp_access: McpAccess | None = None,
         limits: Limits | None = None,
         retry: RetryPolicy | None = None,
+        cli_telemetry: bool | None = None,
     ) -> None:
         # Limits given here are laid over the butler's [butler.limits].
         self.butler = butler = butler.with_limits(limits) if limits is not None else butler
@@ -288,6 +292,12 @@ class Spawner:
         if memory is None and "memory" in butler.modules:
             memory = StoreMemory.from_module_config(self.store, butler.modules["memory"])
         self.memory = memory
+        # The CLI's own spans, to a receiver per run (spawnkit.otlp); None: [butler.telemetry].
+        self.cli_telemetry = butler.cli_telemetry if cli_telemetry is None else cli_telemetry
+        if tracer_provider is None and self.cli_telemetry:
+            # The CLIs' spans need a run span to join (TRACEPARENT) even when the
+            # application configured no tracing: a provider of our own, exporting nowhere.
+            tracer_provider = SdkTracerProvider()
         self.tracer_provider = tracer_provider
         self.mcp_host = mcp_host
         self.mcp_port = mcp_port
@@ -817,7 +827,9 @@ class Spawner:
             try:
                 async with contextlib.AsyncExitStack() as relay:
                     base_url = await self._metered_base_url(run, relay)
+                    telemetry = await self._cli_receiver(run, span, relay)
                     spec = await self._prepare(run, workspace, span, base_url)
+                    spec = replace(spec, telemetry=telemetry)
                     async with asyncio.timeout(run.timeout_s):
                         outcome = await self._invoke(run, spec)
                 status = "success" if outcome.success else "failed"
@@ -904,6 +916,39 @@ class Spawner:
         meter = Meter(run.collector.metered_usage)
         run.collector.metered = True
         return await stack.enter_async_context(metered(upstream, meter))
+
+    async def _cli_receiver(
+        self, run: _Run, span: RunSpan, stack: contextlib.AsyncExitStack
+    ) -> CliTelemetry | None:
+        """Start the run's OTLP receiver (CLI telemetry on); its spans are stored when it stops.
+
+        It lives in ``stack``, which closes after the CLI has exited: the CLIs flush
+        their spans before they exit.
+        """
+        if not self.cli_telemetry:
+            return None
+        context = span.span.get_span_context()
+        receiver = OtlpReceiver(
+            run.session_id,
+            run.redactor,
+            prompt=run.prompt,
+            run_trace=(
+                (trace.format_trace_id(context.trace_id), trace.format_span_id(context.span_id))
+                if context.is_valid
+                else None
+            ),
+        )
+
+        async def store() -> None:
+            try:
+                await asyncio.to_thread(
+                    self.store.record_cli_spans, [asdict(s) for s in receiver.finished()]
+                )
+            except StoreError:
+                logger.exception("could not store the CLI spans of run %s", run.session_id)
+
+        stack.push_async_callback(store)
+        return await stack.enter_async_context(receiver.serve())
 
     async def _invoke(self, run: _Run, spec: RunSpec) -> RunOutcome:
         """The worker's run, stopped (``_LimitReached``) as soon as it reaches a limit."""

@@ -924,3 +924,63 @@ class SessionStore:
             .fetchall()
         )
         return [dict(r) for r in rows]
+
+    # -- the CLIs' own spans (spawnkit.otlp) ----------------------------------------
+
+    # A table of its own, created on first use: no schema step for a store that never
+    # ran with CLI telemetry. Attributes arrive redacted (spawnkit.otlp).
+    _CLI_SPANS_SCHEMA = (
+        """CREATE TABLE IF NOT EXISTS cli_spans (
+            id INTEGER PRIMARY KEY, session_id TEXT NOT NULL, trace_id TEXT NOT NULL,
+            span_id TEXT NOT NULL, parent_span_id TEXT, name TEXT NOT NULL, service TEXT,
+            start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, status TEXT NOT NULL,
+            attributes TEXT NOT NULL, reparented INTEGER NOT NULL DEFAULT 0)""",
+        "CREATE INDEX IF NOT EXISTS cli_spans_by_session ON cli_spans (session_id, start_ns)",
+    )
+
+    def _ensure_cli_spans(self, conn: sqlite3.Connection) -> None:
+        if not _has_table(conn, "cli_spans"):
+            for statement in self._CLI_SPANS_SCHEMA:
+                conn.execute(statement)
+
+    @_translated
+    def record_cli_spans(self, spans: Sequence[dict[str, Any]]) -> int:
+        """Store spans a run's CLI exported (``spawnkit.otlp.CliSpan`` fields); returns how many."""
+        if not spans:
+            return 0
+        with self._tx() as conn:
+            self._ensure_cli_spans(conn)
+            conn.executemany(
+                """INSERT INTO cli_spans (session_id, trace_id, span_id, parent_span_id, name,
+                       service, start_ns, end_ns, status, attributes, reparented)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                [
+                    (
+                        s["session_id"], s["trace_id"], s["span_id"], s["parent_span_id"],
+                        s["name"], s["service"], s["start_ns"], s["end_ns"], s["status"],
+                        json.dumps(s["attributes"], ensure_ascii=False, default=str),
+                        int(s["reparented"]),
+                    )
+                    for s in spans
+                ],
+            )  # fmt: skip
+        return len(spans)
+
+    @_translated
+    def cli_spans(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """The stored CLI spans (of one session, or all), in order of start."""
+        conn = self._connect()
+        if not _has_table(conn, "cli_spans"):
+            return []
+        where, args = ("WHERE session_id = ?", (session_id,)) if session_id else ("", ())
+        rows = conn.execute(
+            f"SELECT * FROM cli_spans {where} ORDER BY session_id, start_ns, id", args
+        ).fetchall()
+        found = []
+        for r in rows:
+            span = dict(r)
+            del span["id"]
+            span["attributes"] = json.loads(r["attributes"])
+            span["reparented"] = bool(r["reparented"])
+            found.append(span)
+        return found

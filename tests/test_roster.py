@@ -314,7 +314,7 @@ def test_unknown_key_in_butler(tmp_path: Path) -> None:
     assert message == (
         f"{path}: [butler.descripton]: unknown key (did you mean 'description'? allowed: "
         "agents, description, env, limits, mcp_transport, name, port, retry, runtime, "
-        "sandbox, schedule)"
+        "sandbox, schedule, telemetry)"
     )
 
 
@@ -578,3 +578,10 @@ def test_agent_roles(tmp_path: Path) -> None:
 def test_agent_role_errors(tmp_path: Path, table: str, key: str, error: str) -> None:
     path, message = load_error(tmp_path, MINIMAL.format(name="health", port=8201) + table)
     assert message.startswith(f"{path}: [{key}]: {error}"), message
+
+
+def test_telemetry_cli_is_a_bool(tmp_path: Path) -> None:
+    path, message = load_error(
+        tmp_path, MINIMAL.format(name="health", port=8201) + '[butler.telemetry]\ncli = "yes"\n'
+    )
+    assert message == f"{path}: [butler.telemetry.cli]: must be true or false"

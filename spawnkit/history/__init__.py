@@ -13,6 +13,7 @@ from .errors import HistoryError, UnpricedModelWarning
 from .export import export, export_sources
 from .imported import ImportReport, import_history
 from .pricing import ModelPrice, PricingTable, default_pricing
+from .span_frames import SPAN_COLUMNS, spans
 from .store_frames import sessions, tool_calls, usage
 from .transcript_loader import (
     EVENT_COLUMNS,
@@ -28,6 +29,7 @@ __all__ = [
     "EVENT_COLUMNS",
     "SESSION_COLUMNS",
     "SOURCES",
+    "SPAN_COLUMNS",
     "TOOL_CALL_COLUMNS",
     "HistoryError",
     "ImportReport",
@@ -42,6 +44,7 @@ __all__ = [
     "import_history",
     "report",
     "sessions",
+    "spans",
     "tool_calls",
     "transcripts",
     "usage",

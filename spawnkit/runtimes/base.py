@@ -37,6 +37,7 @@ from ..errors import (
 )
 from ..events import EventSink
 from ..home import spawnkit_home
+from ..otlp import CliTelemetry
 from ..result import Usage
 from ..runlog import RunLog
 from ..sandbox import NO_SANDBOX, SandboxPlan
@@ -101,6 +102,8 @@ class RunSpec:
     # that acts. Only Claude Code needs telling: spawnkit starts Codex (with a base_url)
     # and Gemini with no retries of their own already.
     model_retries: int | None = None
+    # Where the CLI exports its own spans (CLI telemetry on), or None: it exports nothing.
+    telemetry: CliTelemetry | None = None
 
 
 @dataclass

@@ -61,6 +61,7 @@ from ..events import (
     ToolCallStarted,
     UsageUpdate,
 )
+from ..otlp import CliTelemetry
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
 from ..transcripts import copy_file
 from .base import (
@@ -95,6 +96,26 @@ BINARY_ENV = "SPAWNKIT_CLAUDE_CLI"
 _SYNTHETIC = "<synthetic>"
 # How long the SDK may take to wind down after we stop reading.
 _CLOSE_TIMEOUT_S = 10.0
+
+
+def telemetry_env(telemetry: CliTelemetry) -> dict[str, str]:
+    """Claude Code's own OpenTelemetry settings: spans (a beta) to the run's receiver.
+
+    Its spans join the run's trace through ``TRACEPARENT`` (set by the spawner);
+    prompts stay out (``OTEL_LOG_USER_PROMPTS`` off); metrics and logs are not sent.
+    """
+    return {
+        "CLAUDE_CODE_ENABLE_TELEMETRY": "1",
+        "CLAUDE_CODE_ENHANCED_TELEMETRY_BETA": "1",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": telemetry.endpoint,
+        "OTEL_EXPORTER_OTLP_HEADERS": ",".join(f"{k}={v}" for k, v in telemetry.headers.items()),
+        "OTEL_RESOURCE_ATTRIBUTES": telemetry.resource_attributes,
+        "OTEL_LOG_USER_PROMPTS": "0",
+    }
 
 
 def _bundled_cli() -> Path | None:
@@ -505,6 +526,8 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             # A local gateway or replay server failing should fail the run in
             # seconds, not after minutes of retries.
             env.setdefault("CLAUDE_CODE_MAX_RETRIES", "1")
+        if spec.telemetry is not None:
+            env.update(telemetry_env(spec.telemetry))
         return env
 
     def capabilities(self) -> dict[str, Any]:

@@ -41,6 +41,7 @@ import tomli_w
 
 from ..errors import RuntimeCrashed, RuntimeFailure
 from ..events import AssistantText, RunEvent, ToolCallFinished, ToolCallStarted, UsageUpdate
+from ..otlp import CliTelemetry
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
 from ..transcripts import copy_file
 from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure, write_private
@@ -91,6 +92,22 @@ def provider_config(base_url: str, *, retries: bool = False) -> dict[str, Any]:
     if not retries:
         provider.update({"request_max_retries": 0, "stream_max_retries": 0})
     return {"model_provider": PROVIDER, "model_providers": {PROVIDER: provider}}
+
+
+def otel_config(telemetry: CliTelemetry) -> dict[str, Any]:
+    """Codex's ``[otel]``: traces to the run's receiver (it honours ``TRACEPARENT``), no prompts."""
+    return {
+        "log_user_prompt": False,
+        "exporter": "none",
+        "metrics_exporter": "none",
+        "trace_exporter": {
+            "otlp-http": {
+                "endpoint": telemetry.traces_url,
+                "protocol": "binary",
+                "headers": telemetry.headers,
+            }
+        },
+    }
 
 
 def _mcp_result_text(result: Any) -> str:
@@ -312,6 +329,8 @@ class CodexAdapter(StreamingCliAdapter):
             config["model"] = model
         if spec.base_url:
             config.update(provider_config(spec.base_url))
+        if spec.telemetry is not None:
+            config["otel"] = otel_config(spec.telemetry)
         write_private(spec.config_file, tomli_w.dumps(config))
 
     def child_env(self, spec: RunSpec) -> dict[str, str]:
@@ -326,6 +345,10 @@ class CodexAdapter(StreamingCliAdapter):
             }
         )
         env.setdefault("NO_COLOR", "1")
+        if spec.telemetry is not None:
+            # Its spans carry the run's session id: the receiver moves any that did not
+            # join the run's trace under the run's span.
+            env["OTEL_RESOURCE_ATTRIBUTES"] = spec.telemetry.resource_attributes
         return env
 
     def command(self, spec: RunSpec) -> list[str]:

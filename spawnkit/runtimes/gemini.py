@@ -35,6 +35,7 @@ from ..events import (
     ToolCallStarted,
     UsageUpdate,
 )
+from ..otlp import CliTelemetry
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
 from ..transcripts import copy_file
 from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure, write_private
@@ -199,6 +200,25 @@ class GeminiParser(LineParser):
         return outcome
 
 
+def telemetry_env(telemetry: CliTelemetry) -> dict[str, str]:
+    """Gemini's own telemetry to the run's receiver, prompts off.
+
+    Gemini ignores ``TRACEPARENT``: its spans carry the run's session id as a resource
+    attribute, and the receiver moves them into the run's trace. It costs about 3 s
+    per run (the flush at exit).
+    """
+    return {
+        "GEMINI_TELEMETRY_ENABLED": "true",
+        "GEMINI_TELEMETRY_TARGET": "local",
+        "GEMINI_TELEMETRY_OTLP_ENDPOINT": telemetry.endpoint,
+        "GEMINI_TELEMETRY_OTLP_PROTOCOL": "http",
+        "GEMINI_TELEMETRY_TRACES_ENABLED": "true",
+        "GEMINI_TELEMETRY_LOG_PROMPTS": "false",
+        "OTEL_EXPORTER_OTLP_HEADERS": ",".join(f"{k}={v}" for k, v in telemetry.headers.items()),
+        "OTEL_RESOURCE_ATTRIBUTES": telemetry.resource_attributes,
+    }
+
+
 def base_settings(*, retries: bool) -> dict[str, Any]:
     """What every Gemini run spawnkit starts shares: API-key auth (headless mode needs it to
     accept a local endpoint), no telemetry, no auto-update, and without ``retries`` no
@@ -321,6 +341,8 @@ class GeminiAdapter(StreamingCliAdapter):
         )
         if spec.base_url:
             env["GOOGLE_GEMINI_BASE_URL"] = spec.base_url.rstrip("/")
+        if spec.telemetry is not None:
+            env.update(telemetry_env(spec.telemetry))
         return env
 
     def check_interactive(self) -> None:

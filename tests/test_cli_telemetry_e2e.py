@@ -1,0 +1,119 @@
+"""End to end: each real CLI's own spans reach the run's receiver and join the run's trace.
+
+Claude Code, Codex and Gemini run for real against the replay model server with
+``[butler.telemetry] cli = true``. The run's span (spawnkit's, exported to an in-memory
+exporter) is the reference: every stored span must carry its trace id and have it as an
+ancestor. Claude Code gets there by honouring ``TRACEPARENT``; Gemini (which ignores it)
+and Codex (whose ``exec`` spans did not join it with 0.169) are moved under it by their
+``spawnkit.session_id`` resource attribute. A canary credential the run
+really uses and the prompt's text must be in no stored attribute, and
+``spawnkit.history.spans()`` must show the spans.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from spawnkit import history
+from spawnkit.replay import Scenario
+from spawnkit.service import ButlerService
+from spawnkit.store import SessionStore
+
+from .conftest import REPO
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+CANARY = "canary-7Hq2Xv9Lp4Rt"
+PROMPT = "please check the weight log zebra-quokka"
+SCRIPT = """
+[[turn]]
+shell = "echo \\"canary says: $CANARY_TOKEN\\""
+[[turn]]
+tool = "mcp__*__state_get"
+input = { key = "weight" }
+[[turn]]
+text = "Done."
+"""
+NODE_CLIS = (REPO / "node_modules" / ".bin" / "codex").exists()
+
+
+@pytest.fixture(
+    params=[
+        "claude-code",
+        pytest.param("codex", marks=pytest.mark.skipif(not NODE_CLIS, reason="npm ci")),
+        pytest.param("gemini", marks=pytest.mark.skipif(not NODE_CLIS, reason="npm ci")),
+    ]
+)
+def runtime(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def ancestors(span_id: str | None, parents: dict[str, str | None]) -> list[str]:
+    found: list[str] = []
+    while span_id is not None and span_id not in found:
+        found.append(span_id)
+        span_id = parents.get(span_id)
+    return found
+
+
+async def test_cli_spans_join_the_runs_trace(
+    make_butler, runtime: str, isolated_home: Path
+) -> None:
+    done = subprocess.run(  # noqa: ASYNC221 - before the run, as the CLI user would
+        [sys.executable, "-m", "spawnkit", "credentials", "set", "CANARY_TOKEN"],
+        input=CANARY + "\n", capture_output=True, text=True, timeout=60, check=False, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    butler = make_butler(
+        extra='[butler.env]\nrequired = ["CANARY_TOKEN"]\n[butler.telemetry]\ncli = true\n'
+    ).with_runtime(runtime)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    store = SessionStore()
+    scenario = Scenario.from_dict(tomllib.loads(SCRIPT), source="<telemetry>")
+    async with ButlerService(butler, store=store, replay=scenario, tracer_provider=provider) as svc:
+        result = await svc.trigger(PROMPT)
+        wire = json.dumps([r.body for r in svc.replay_server.requests])
+    assert result.success, result.error
+    assert f"canary says: {CANARY}" in wire  # the run really used the canary
+
+    (run_span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("invoke_agent")]
+    trace_id = f"{run_span.context.trace_id:032x}"
+    run_span_id = f"{run_span.context.span_id:016x}"
+    assert result.trace_id == trace_id
+
+    spans = store.cli_spans(result.session_id)
+    assert spans, f"{runtime} exported no span to the run's receiver"
+    assert {s["trace_id"] for s in spans} == {trace_id}
+    parents = {s["span_id"]: s["parent_span_id"] for s in spans}
+    for span in spans:
+        assert run_span_id in ancestors(span["span_id"], parents), span["name"]
+    moved = [s for s in spans if s["reparented"]]
+    if runtime == "claude-code":
+        assert not moved, "Claude Code honours TRACEPARENT; nothing needed moving"
+    else:
+        # Gemini ignores TRACEPARENT, and Codex 0.169's exec spans did not join it here:
+        # every span came in a trace of its own and was moved by its session attribute.
+        assert len(moved) == len(spans)
+        assert all(s["attributes"]["spawnkit.original_trace_id"] != trace_id for s in moved)
+
+    stored = json.dumps(spans)
+    assert CANARY not in stored
+    assert "zebra-quokka" not in stored
+
+    frame = history.spans(store=store, session_id=result.session_id)
+    assert len(frame) == len(spans)
+    assert {"session", "span", "parent", "start", "duration_ms", "model", "input_tokens",
+            "output_tokens", "tool", "status"} <= set(frame.columns)  # fmt: skip
+    assert (frame["session"] == result.session_id).all()
+    assert (frame["duration_ms"] >= 0).all()
