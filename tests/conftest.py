@@ -52,7 +52,7 @@ def isolated_home(
     monkeypatch.setenv("HOME", str(cli_home))
     for name in (
         "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "TRACEPARENT", "SPAWNKIT_ROSTER",
-        "SPAWNKIT_SANDBOX",
+        "SPAWNKIT_SANDBOX", "SPAWNKIT_STORE",
     ):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
     yield spawnkit_home
