@@ -74,6 +74,10 @@ def _load_roster(explicit: Path | None) -> Any:
 
 
 ROSTER_HELP = "roster directory (default: $SPAWNKIT_ROSTER, ./roster, then $SPAWNKIT_HOME/roster)"
+STORE_HELP = (
+    "the session store: a SQLite file or postgresql://user@host/db (default: $SPAWNKIT_STORE, "
+    "[store] url in $SPAWNKIT_HOME/config.toml, then $SPAWNKIT_HOME/sessions.db)"
+)
 PROMPT_HELP = "the prompt; - reads it from stdin, @FILE from a file"
 
 
@@ -83,13 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Spawn agent CLIs as ephemeral, locked-down butler runs, and log every one.",
     )
     parser.add_argument("--version", action="version", version=f"spawnkit {__version__}")
-    parser.add_argument(
-        "--store",
-        metavar="PATH_OR_URL",
-        help="the session store: a SQLite file or postgresql://user@host/db "
-        "(default: $SPAWNKIT_STORE, [store] url in $SPAWNKIT_HOME/config.toml, "
-        "then $SPAWNKIT_HOME/sessions.db)",
-    )
+    parser.add_argument("--store", metavar="PATH_OR_URL", help=STORE_HELP)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run one prompt on a butler and stream its tool calls")
@@ -300,6 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["spawnkit", *history_sources[1:]],
         help="spawnkit (the store) or a CLI (repeatable; default: all)",
     )  # fmt: skip
+    # `--store` is a global option, also accepted after the command (`spawnkit sessions
+    # --store URL`); there it is kept only when given, so it never hides the global one.
+    for command in commands.choices.values():
+        command.add_argument("--store", metavar="PATH_OR_URL", default=argparse.SUPPRESS,
+                             help=STORE_HELP)  # fmt: skip
     return parser
 
 

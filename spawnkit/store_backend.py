@@ -36,11 +36,13 @@ def is_postgres_url(target: str | Path) -> bool:
 def redact_url(url: str) -> str:
     """``url`` without its password (in the user part or a ``password=`` parameter)."""
     parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        user, _, host = netloc.rpartition("@")
-        netloc = f"{user.split(':', 1)[0]}@{host}" if user else host
-    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k.lower() != "password"])
+    user, at, host = parts.netloc.rpartition("@")
+    netloc = f"{user.split(':', 1)[0]}@{host}" if at and ":" in user else parts.netloc
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    kept = [(k, v) for k, v in pairs if k.lower() != "password"]
+    query = urlencode(kept) if len(kept) < len(pairs) else parts.query
+    if (netloc, query) == (parts.netloc, parts.query):
+        return url
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 

@@ -1,16 +1,15 @@
 """A real, throw-away PostgreSQL server for the tests: never a mock.
 
 Debian's binaries (``/usr/lib/postgresql/<version>/bin``, the newest version);
-``./scripts/test`` installs them on a machine without. ``initdb`` and ``postgres`` refuse to run as root, so as
-root they run as the ``postgres`` user (``runuser``), in a private directory that user
-owns. TCP connections need a password (scram), so a wrong one is refused as on a real
-server; the socket trusts local users, which is how the tests' admin connection works.
+``./scripts/test`` installs them on a machine without. ``initdb`` and ``postgres`` refuse
+to run as root, so as root they run as the ``postgres`` user (``runuser``), in a private
+directory that user owns. TCP connections need a password (scram), so a wrong one is
+refused as on a real server; the socket trusts local users (the tests' admin connection).
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import itertools
 import os
 import pwd
@@ -73,11 +72,11 @@ class PostgresServer:
 
 
 def _bin_dir() -> Path | None:
-    found = sorted(
-        glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
-        key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0,
-    )
-    return Path(found[-1]).parent if found else None
+    versions = [
+        p for p in Path("/usr/lib/postgresql").glob("*/bin/pg_ctl") if p.parts[-3].isdigit()
+    ]
+    found = sorted(versions, key=lambda p: int(p.parts[-3]))
+    return found[-1].parent if found else None
 
 
 def _free_port() -> int:
@@ -118,4 +117,3 @@ def postgres_server() -> Iterator[PostgresServer]:
     finally:
         server.stop()
         shutil.rmtree(base, ignore_errors=True)
-
