@@ -173,3 +173,19 @@ def test_a_replay_run_is_recorded_in_postgresql_and_listed(
     assert calls == (4,)
     assert state_rows is not None and state_rows[0] >= 1, "the MCP server's state_set"
     assert not (isolated_home / "sessions.db").exists(), "nothing was written to SQLite"
+
+
+def test_the_store_is_chosen_by_variable_then_config_file(
+    isolated_home: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (isolated_home / "config.toml").write_text(f'[store]\nurl = "{postgres_url}"\n')
+    with SessionStore() as store:
+        assert (store.path, store.location) == (None, redact_url(postgres_url))
+        store.state_set("b", "k", "from config")
+    monkeypatch.setenv("SPAWNKIT_STORE", str(isolated_home / "local.db"))
+    with SessionStore() as store:
+        assert store.path == isolated_home / "local.db"
+        assert store.state_get("b", "k") is None, "the variable wins over the file"
+    monkeypatch.delenv("SPAWNKIT_STORE")
+    with SessionStore() as store:
+        assert store.state_get("b", "k") == "from config"
