@@ -22,12 +22,13 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .errors import SpawnkitError
+from .home import STORE_VAR
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -73,6 +74,10 @@ def _load_roster(explicit: Path | None) -> Any:
 
 
 ROSTER_HELP = "roster directory (default: $SPAWNKIT_ROSTER, ./roster, then $SPAWNKIT_HOME/roster)"
+STORE_HELP = (
+    "the session store: a SQLite file or postgresql://user@host/db (default: $SPAWNKIT_STORE, "
+    "[store] url in $SPAWNKIT_HOME/config.toml, then $SPAWNKIT_HOME/sessions.db)"
+)
 PROMPT_HELP = "the prompt; - reads it from stdin, @FILE from a file"
 
 
@@ -82,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Spawn agent CLIs as ephemeral, locked-down butler runs, and log every one.",
     )
     parser.add_argument("--version", action="version", version=f"spawnkit {__version__}")
+    parser.add_argument("--store", metavar="PATH_OR_URL", help=STORE_HELP)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run one prompt on a butler and stream its tool calls")
@@ -292,6 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["spawnkit", *history_sources[1:]],
         help="spawnkit (the store) or a CLI (repeatable; default: all)",
     )  # fmt: skip
+    # `--store` is a global option, also accepted after the command (`spawnkit sessions
+    # --store URL`); there it is kept only when given, so it never hides the global one.
+    for command in commands.choices.values():
+        command.add_argument("--store", metavar="PATH_OR_URL", default=argparse.SUPPRESS,
+                             help=STORE_HELP)  # fmt: skip
     return parser
 
 
@@ -407,7 +418,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(record.to_dict() if record else result.to_dict(), default=str))
     elif record is not None:
-        print(f"\nThe session record in {store.path}:\n", file=out)
+        print(f"\nThe session record in {store.location}:\n", file=out)
         print(render_session(record, style), file=out)
     return EXIT_OK if result.success else EXIT_FAILED
 
@@ -847,7 +858,8 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        with _store_chosen(args.store):
+            return COMMANDS[args.command](args)
     except SpawnkitError as exc:
         from .signals import Stopped  # imported here: it loads asyncio
 
@@ -859,6 +871,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _say("spawnkit: interrupted; the run was cancelled and recorded")
         return EXIT_INTERRUPTED
+
+
+@contextlib.contextmanager
+def _store_chosen(store: str | None) -> Iterator[None]:
+    """``--store`` as ``$SPAWNKIT_STORE`` while the command runs: every store it opens, and
+    the workers it starts, use it."""
+    if store is None:
+        yield
+        return
+    previous = os.environ.get(STORE_VAR)
+    os.environ[STORE_VAR] = store
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(STORE_VAR, None)
+        else:
+            os.environ[STORE_VAR] = previous
 
 
 def one_line(message: str) -> str:

@@ -105,7 +105,12 @@ class CredentialFile:
     @classmethod
     def beside(cls, store_path: Path) -> CredentialFile:
         """The file that belongs to the session store at ``store_path``."""
-        return cls(store_path.parent / FILE_NAME)
+        return cls.beside_dir(store_path.parent)
+
+    @classmethod
+    def beside_dir(cls, directory: Path) -> CredentialFile:
+        """The file in ``directory``: a store's local folder (a server's store has one too)."""
+        return cls(directory / FILE_NAME)
 
     # -- reading -------------------------------------------------------------------
 

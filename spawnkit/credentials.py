@@ -52,7 +52,9 @@ class CredentialStore:
         file: CredentialFile | None = None,
     ) -> None:
         self.store = store
-        self.file = file or (CredentialFile.beside(store.path) if store is not None else None)
+        self.file = file or (
+            CredentialFile.beside_dir(store.local_dir) if store is not None else None
+        )
         self.environ = environ if environ is not None else os.environ
 
     def resolve(self, name: str) -> str | None:

@@ -29,6 +29,8 @@ caller can catch the family at once and a command line can print one clear line:
     ├── SpawnError                  a run failed where the caller asked for an exception
     └── StoreError                  the session store cannot be opened or written
         ├── StoreDamaged            the file's pages are damaged; says how to recover
+        ├── StoreUnreachable        a PostgreSQL store refused or cannot be reached
+        ├── StoreTooNew             written by a newer spawnkit; names both schema versions
         └── HomeNotWritable         $SPAWNKIT_HOME cannot be created or written
 
 Modules with errors of their own keep them next to their code, in the same tree:
@@ -233,6 +235,31 @@ class StoreDamaged(StoreError):
             f"the session store {path} is damaged ({detail}): run `spawnkit store check "
             f"--repair {path}` (it keeps the damaged file as a backup), or move it aside "
             "and spawnkit starts a fresh store"
+        )
+
+
+class StoreUnreachable(StoreError):
+    """A PostgreSQL store cannot be reached or refused us (down, wrong URL or password).
+
+    ``location`` is the store's URL without its password: messages never carry it.
+    """
+
+    def __init__(self, location: str, detail: str) -> None:
+        self.location = location
+        self.detail = detail
+        super().__init__(f"the session store {location} cannot be reached: {detail}")
+
+
+class StoreTooNew(StoreError):
+    """The store was written by a newer spawnkit than this one: its schema is refused."""
+
+    def __init__(self, location: str, found: int, supported: int) -> None:
+        self.location = location
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            f"the session store {location} has schema {found}, newer than the schema "
+            f"{supported} this spawnkit reads: upgrade spawnkit"
         )
 
 

@@ -2,7 +2,9 @@
 
 The session store, credentials, memory episodes and per-session logs all live
 under this one directory, so a user (or a test) moves everything by setting one
-variable. A home that cannot be created or written is a
+variable. Which store they use can also be a shared PostgreSQL database:
+:func:`store_setting` reads ``$SPAWNKIT_STORE``, then ``[store] url`` in
+``$SPAWNKIT_HOME/config.toml``. A home that cannot be created or written is a
 :class:`~spawnkit.errors.HomeNotWritable` naming the folder, never an ``OSError``
 from deep inside a run.
 """
@@ -10,11 +12,14 @@ from deep inside a run.
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 
-from .errors import HomeNotWritable
+from .errors import ConfigError, HomeNotWritable
 
 ENV_VAR = "SPAWNKIT_HOME"
+STORE_VAR = "SPAWNKIT_STORE"
+CONFIG_FILE = "config.toml"
 
 
 def home_path() -> Path:
@@ -40,3 +45,29 @@ def is_writable(directory: Path) -> bool:
 
 def default_store_path() -> Path:
     return spawnkit_home() / "sessions.db"
+
+
+def store_setting() -> str | None:
+    """The store the user chose: ``$SPAWNKIT_STORE``, else ``[store] url`` in
+    ``$SPAWNKIT_HOME/config.toml``, else None (the SQLite file of :func:`default_store_path`).
+
+    A path or a ``postgresql://`` URL; the CLI's ``--store`` sets the variable.
+    """
+    raw = os.environ.get(STORE_VAR, "").strip()
+    if raw:
+        return raw
+    config = home_path() / CONFIG_FILE
+    try:
+        text = config.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"{config}: {exc.strerror or exc}") from exc
+    try:
+        table = tomllib.loads(text).get("store", {})
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{config}: {exc}") from exc
+    url = table.get("url") if isinstance(table, dict) else None
+    if url is not None and (not isinstance(url, str) or not url.strip()):
+        raise ConfigError(f"{config}: [store] url must be a non-empty string")
+    return url.strip() if url else None

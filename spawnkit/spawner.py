@@ -570,7 +570,7 @@ class Spawner:
         """
         record = await asyncio.to_thread(self.store.get_session, session_id)
         if record is None:
-            raise SpawnkitError(f"no session {session_id!r} in {self.store.path}")
+            raise SpawnkitError(f"no session {session_id!r} in {self.store.location}")
         if record.butler != self.butler.name or record.runtime != self.butler.runtime.type:
             raise SpawnkitError(
                 f"session {session_id} ran on butler {record.butler!r} ({record.runtime}); "

@@ -1,4 +1,9 @@
-"""The session store: every accepted run, its tool calls, and butler state, in SQLite.
+"""The session store: every accepted run, its tool calls, and butler state.
+
+:class:`SessionStore` writes each query once against a small
+:class:`~spawnkit.store_backend.Backend`: SQLite here (the default, :class:`SqliteBackend`)
+or PostgreSQL, a store a team shares (:mod:`spawnkit.store_postgres`, chosen by URL).
+What follows describes the SQLite file; the server keeps the same tables and semantics.
 
 One database file (``$SPAWNKIT_HOME/sessions.db`` by default) in WAL mode with a
 busy timeout, so several processes (a notebook, ``spawnkit serve``, a CLI run)
@@ -36,14 +41,15 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote
 
 from .credential_file import CredentialError, CredentialFile, StoredCredential
-from .errors import HomeNotWritable, StoreDamaged, StoreError
-from .home import default_store_path, is_writable
+from .errors import HomeNotWritable, StoreDamaged, StoreError, StoreTooNew
+from .home import default_store_path, is_writable, store_setting
 from .result import Attempt, BudgetReport, SpawnerResult, ToolCall, Usage
+from .store_backend import Backend, Params, Row, is_postgres_url, statements
 from .sweep import OpenRun, process_start, sweep
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 BUSY_TIMEOUT_MS = 15_000
 
 _SCHEMA = """
@@ -178,6 +184,16 @@ _HISTORY_SCHEMA = (
         PRIMARY KEY (source, machine, row_key)) WITHOUT ROWID""",
 )
 
+# The spans a run's CLI exported (spawnkit.otlp), attributes redacted, as JSON.
+_CLI_SPANS_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS cli_spans (
+        session_id TEXT NOT NULL, trace_id TEXT NOT NULL, span_id TEXT NOT NULL,
+        parent_span_id TEXT, name TEXT NOT NULL, service TEXT, start_ns BIGINT NOT NULL,
+        end_ns BIGINT NOT NULL, status TEXT NOT NULL, attributes TEXT NOT NULL,
+        reparented INTEGER NOT NULL DEFAULT 0)""",
+    "CREATE INDEX IF NOT EXISTS cli_spans_by_session ON cli_spans (session_id, start_ns)",
+)
+
 # _MIGRATIONS[v - 1] takes a store from schema v to v + 1.
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("ALTER TABLE sessions ADD COLUMN log_dir TEXT",),
@@ -194,6 +210,7 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("ALTER TABLE sessions ADD COLUMN budget TEXT",),
     # Each start of the run's CLI (spawnkit.retry), as JSON.
     ("ALTER TABLE sessions ADD COLUMN attempts TEXT",),
+    _CLI_SPANS_SCHEMA,
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION - 1
 
@@ -238,14 +255,14 @@ _T = TypeVar("_T")
 def _translated(
     method: Callable[Concatenate[SessionStore, _P], _T],
 ) -> Callable[Concatenate[SessionStore, _P], _T]:
-    """Turn a SQLite failure inside a store method into :func:`store_error`'s typed error."""
+    """Turn a database failure inside a store method into its backend's typed error."""
 
     @functools.wraps(method)
     def wrapper(self: SessionStore, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
         try:
             return method(self, *args, **kwargs)
-        except sqlite3.Error as exc:
-            raise store_error(self.path, exc) from exc
+        except self._db.errors as exc:
+            raise self._db.error(exc) from exc
 
     return wrapper
 
@@ -319,7 +336,7 @@ class SessionRecord:
     attempts: tuple[Attempt, ...] = ()
 
     @classmethod
-    def from_row(cls, row: sqlite3.Row) -> SessionRecord:
+    def from_row(cls, row: Row) -> SessionRecord:
         calls = [ToolCall.from_dict(c) for c in json.loads(row["tool_calls"] or "[]")]
         return cls(
             id=row["id"],
@@ -444,40 +461,61 @@ def check_store(path: Path) -> StoreHealth:
     return StoreHealth(path, problems, version, sessions)
 
 
-class SessionStore:
-    """SQLite-backed store; safe to share between threads and processes."""
+class _SqliteTransaction:
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
 
-    def __init__(self, path: str | Path | None = None) -> None:
-        self.path = Path(path) if path is not None else default_store_path()
+    def execute(self, sql: str, params: Params = ()) -> int:
+        return self._conn.execute(sql, params).rowcount
+
+    def executemany(self, sql: str, rows: Sequence[Params]) -> None:
+        self._conn.executemany(sql, rows)
+
+    def query(self, sql: str, params: Params = ()) -> Sequence[Row]:
+        return self._conn.execute(sql, params).fetchall()
+
+
+class SqliteBackend:
+    """The embedded :class:`~spawnkit.store_backend.Backend`: one SQLite file in WAL mode.
+
+    Connections are per thread. Opening it moves the credentials an older spawnkit kept in
+    the file out to the credentials file, then migrates the schema (``PRAGMA user_version``).
+    """
+
+    errors: tuple[type[Exception], ...] = (sqlite3.Error,)
+
+    def __init__(self, path: Path) -> None:
+        self.path: Path | None = path
+        self.file = path
+        self.location = str(path)
+        self.local_dir = path.parent
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
-        self._host = os.uname().nodename  # socket.gethostname(), without importing socket
-        self._pid = os.getpid()
-        self._pid_start = process_start(self._pid)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise HomeNotWritable(self.path.parent, exc.strerror or str(exc)) from exc
+            raise HomeNotWritable(path.parent, exc.strerror or str(exc)) from exc
         try:
             self._move_credentials_out()
             self._migrate()
         except sqlite3.Error as exc:
-            raise store_error(self.path, exc) from exc
-        self.recover_orphans()
+            raise store_error(path, exc) from exc
 
-    # -- connections -----------------------------------------------------------
+    def error(self, exc: Exception) -> StoreError:
+        assert isinstance(exc, sqlite3.Error)
+        return store_error(self.file, exc)
 
     def _connect(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            created = not self.path.exists()
+            created = not self.file.exists()
             conn = sqlite3.connect(
-                self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                self.file, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
                 check_same_thread=False,
             )  # fmt: skip
             if created:
-                self.path.chmod(0o600)  # prompts and outputs are private too
+                self.file.chmod(0o600)  # prompts and outputs are private too
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             _enable_wal(conn)
@@ -486,6 +524,14 @@ class SessionStore:
             with self._lock:
                 self._connections.append(conn)
         return conn
+
+    def query(self, sql: str, params: Params = ()) -> Sequence[Row]:
+        return self._connect().execute(sql, params).fetchall()
+
+    @contextmanager
+    def transaction(self) -> Iterator[_SqliteTransaction]:
+        with self._tx() as conn:
+            yield _SqliteTransaction(conn)
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -504,14 +550,11 @@ class SessionStore:
         with self._tx() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path} was written by a newer spawnkit (schema {version}); upgrade"
-                )
+                raise StoreTooNew(self.location, version, SCHEMA_VERSION)
             if version == 0:
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                for statement in _HISTORY_SCHEMA:
+                for statement in statements(_SCHEMA):
+                    conn.execute(statement)
+                for statement in (*_HISTORY_SCHEMA, *_CLI_SPANS_SCHEMA):
                     conn.execute(statement)
             else:
                 for step in _MIGRATIONS[version - 1 :]:
@@ -531,7 +574,7 @@ class SessionStore:
         the rows and says so: nothing is deleted that was not written first.
         """
         conn = self._connect()
-        target = CredentialFile.beside(self.path)
+        target = CredentialFile.beside(self.file)
         moved: list[StoredCredential] | None = None
         lost: list[str] = []
         secure = 1
@@ -554,27 +597,27 @@ class SessionStore:
                     "could not move the credentials in %s to %s (%s); they stay in the store, "
                     "where runs do not see them, until this succeeds "
                     "(`spawnkit store check` checks the store)",
-                    self.path, target.path, exc,
+                    self.file, target.path, exc,
                 )  # fmt: skip
             else:
                 logger.warning(
                     "copied %d credential(s) from %s to %s but could not delete them from the "
                     "store (%s); the next open tries again",
-                    len(moved), self.path, target.path, exc,
+                    len(moved), self.file, target.path, exc,
                 )  # fmt: skip
             return
         try:
             conn.execute(f"PRAGMA secure_delete = {int(secure)}")
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.Error as exc:
-            logger.warning("%s: the dropped credentials may linger in the WAL (%s)", self.path, exc)
+            logger.warning("%s: the dropped credentials may linger in the WAL (%s)", self.file, exc)
         if lost:
             logger.warning(
                 "credentials %s: the value in %s is newer than the one %s held; kept it",
-                ", ".join(lost), target.path, self.path,
+                ", ".join(lost), target.path, self.file,
             )  # fmt: skip
         if moved:
-            logger.info("moved %d credential(s) out of %s", len(moved), self.path)
+            logger.info("moved %d credential(s) out of %s", len(moved), self.file)
 
     def close(self) -> None:
         with self._lock:
@@ -582,6 +625,41 @@ class SessionStore:
                 conn.close()
             self._connections.clear()
         self._local = threading.local()
+
+
+class SessionStore:
+    """The session store, on SQLite (a path, the default) or PostgreSQL (a URL).
+
+    ``SessionStore()`` opens the store the user chose (:func:`~spawnkit.home.store_setting`),
+    else ``$SPAWNKIT_HOME/sessions.db``; ``SessionStore(path_or_url)`` opens that one. Every
+    method is written once, against the :class:`~spawnkit.store_backend.Backend` it opened;
+    safe to share between threads and processes, and between hosts on PostgreSQL.
+    """
+
+    def __init__(self, target: str | Path | None = None) -> None:
+        if target is None:
+            target = store_setting() or default_store_path()
+        if is_postgres_url(target):
+            from .store_postgres import PostgresBackend  # psycopg loads only when it is used
+
+            self._db: Backend = PostgresBackend(str(target))
+        else:
+            self._db = SqliteBackend(Path(target))
+        # The SQLite file (None on a server); its name, or the URL without password.
+        self.path = self._db.path
+        self.location = self._db.location
+        self._host = os.uname().nodename  # socket.gethostname(), without importing socket
+        self._pid = os.getpid()
+        self._pid_start = process_start(self._pid)
+        self.recover_orphans()
+
+    @property
+    def local_dir(self) -> Path:
+        """This machine's folder for what stays local: the credentials file."""
+        return self._db.local_dir
+
+    def close(self) -> None:
+        self._db.close()
 
     def __enter__(self) -> SessionStore:
         return self
@@ -610,8 +688,8 @@ class SessionStore:
         kind: str = "run",
         sources: Sequence[str] = (),
     ) -> None:
-        with self._tx() as conn:
-            conn.execute(
+        with self._db.transaction() as tx:
+            tx.execute(
                 """INSERT INTO sessions (id, butler, runtime, model, prompt, context,
                        trigger_source, status, runtime_session_id, parent_session_id,
                        created_at, owner_host, owner_pid, owner_start, log_dir, role,
@@ -635,8 +713,8 @@ class SessionStore:
         workspace: Path | None = None,
     ) -> None:
         """The run is running; ``workspace`` is kept so a sweep can remove it if we die."""
-        with self._tx() as conn:
-            conn.execute(
+        with self._db.transaction() as tx:
+            tx.execute(
                 "UPDATE sessions SET status = 'running', started_at = COALESCE(started_at, ?), "
                 "trace_id = ?, "
                 "workspace = ? WHERE id = ? AND completed_at IS NULL",
@@ -646,8 +724,8 @@ class SessionStore:
     @_translated
     def record_setup(self, session_id: str, *, sandbox: str, given: dict[str, Any]) -> None:
         """Record how a run was contained and what its CLI was given (config, servers, tools)."""
-        with self._tx() as conn:
-            conn.execute(
+        with self._db.transaction() as tx:
+            tx.execute(
                 "UPDATE sessions SET sandbox = ?, given = ? WHERE id = ?",
                 (sandbox, json.dumps(given, ensure_ascii=False), session_id),
             )
@@ -658,8 +736,8 @@ class SessionStore:
     ) -> None:
         """Close the record with the run's result; a record is completed only once."""
         calls_json = json.dumps([c.to_dict() for c in result.tool_calls], ensure_ascii=False)
-        with self._tx() as conn:
-            updated = conn.execute(
+        with self._db.transaction() as tx:
+            updated = tx.execute(
                 """UPDATE sessions SET status = ?, success = ?, error = ?, error_kind = ?,
                        output = ?, tool_calls = ?, num_tool_calls = ?, duration_ms = ?,
                        input_tokens = ?, output_tokens = ?, cache_read_tokens = ?,
@@ -681,10 +759,11 @@ class SessionStore:
                     json.dumps([a.to_dict() for a in result.attempts]) if result.attempts else None,
                     session_id,
                 ),
-            ).rowcount  # fmt: skip
+            )  # fmt: skip
             if updated:
-                conn.executemany(
-                    """INSERT OR REPLACE INTO tool_calls (session_id, seq, call_id, name, server,
+                tx.execute("DELETE FROM tool_calls WHERE session_id = ?", (session_id,))
+                tx.executemany(
+                    """INSERT INTO tool_calls (session_id, seq, call_id, name, server,
                            tool, input, output, status, started_at, finished_at, duration_ms)
                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                     [
@@ -700,23 +779,17 @@ class SessionStore:
     @_translated
     def spent_since(self, butler: str, since: datetime) -> float:
         """Dollars the butler's runs completed since ``since`` cost (their recorded cost)."""
-        row = (
-            self._connect()
-            .execute(
-                "SELECT COALESCE(SUM(cost_usd), 0) FROM sessions WHERE butler = ? "
-                "AND completed_at >= ? AND cost_usd IS NOT NULL",
-                (butler, _iso(since)),
-            )
-            .fetchone()
+        rows = self._db.query(
+            "SELECT COALESCE(SUM(cost_usd), 0) AS spent FROM sessions WHERE butler = ? "
+            "AND completed_at >= ? AND cost_usd IS NOT NULL",
+            (butler, _iso(since)),
         )
-        return float(row[0])
+        return float(rows[0]["spent"])
 
     @_translated
     def get_session(self, session_id: str) -> SessionRecord | None:
-        row = (
-            self._connect().execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
-        )
-        return SessionRecord.from_row(row) if row else None
+        rows = self._db.query("SELECT * FROM sessions WHERE id = ?", (session_id,))
+        return SessionRecord.from_row(rows[0]) if rows else None
 
     @_translated
     def list_sessions(
@@ -734,13 +807,8 @@ class SessionStore:
             clauses.append("status = ?")
             params.append(status)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = (
-            self._connect()
-            .execute(
-                f"SELECT * FROM sessions {where} ORDER BY created_at DESC LIMIT ?",
-                (*params, limit),
-            )
-            .fetchall()
+        rows = self._db.query(
+            f"SELECT * FROM sessions {where} ORDER BY created_at DESC LIMIT ?", (*params, limit)
         )
         return [SessionRecord.from_row(r) for r in rows]
 
@@ -757,26 +825,22 @@ class SessionStore:
         upper = prefix[:-1] + chr(last + 1) if last < 0x10FFFF else None
         sql = "SELECT * FROM sessions WHERE id >= ?" + (" AND id < ?" if upper else "")
         params: tuple[object, ...] = (prefix, upper) if upper else (prefix,)
-        rows = self._connect().execute(f"{sql} ORDER BY id LIMIT ?", (*params, limit)).fetchall()
+        rows = self._db.query(f"{sql} ORDER BY id LIMIT ?", (*params, limit))
         return [SessionRecord.from_row(r) for r in rows]
 
     @_translated
     def count_sessions(self) -> int:
-        return int(self._connect().execute("SELECT count(*) FROM sessions").fetchone()[0])
+        return int(self._db.query("SELECT count(*) AS n FROM sessions")[0]["n"])
 
     @_translated
     def resolve_session(self, key: str) -> str | None:
         """spawnkit's session id for a runtime session id (or for itself)."""
-        row = (
-            self._connect()
-            .execute(
-                "SELECT id FROM sessions WHERE runtime_session_id = ? OR id = ? "
-                "ORDER BY created_at DESC LIMIT 1",
-                (key, key),
-            )
-            .fetchone()
+        rows = self._db.query(
+            "SELECT id FROM sessions WHERE runtime_session_id = ? OR id = ? "
+            "ORDER BY created_at DESC LIMIT 1",
+            (key, key),
         )
-        return row["id"] if row else None
+        return str(rows[0]["id"]) if rows else None
 
     @_translated
     def recover_orphans(self) -> int:
@@ -786,14 +850,10 @@ class SessionStore:
     @_translated
     def open_runs_here(self) -> list[OpenRun]:
         """This host's records that have not completed, with their owner and workspace."""
-        rows = (
-            self._connect()
-            .execute(
-                "SELECT id, owner_pid, owner_start, workspace FROM sessions "
-                "WHERE completed_at IS NULL AND owner_host = ?",
-                (self._host,),
-            )
-            .fetchall()
+        rows = self._db.query(
+            "SELECT id, owner_pid, owner_start, workspace FROM sessions "
+            "WHERE completed_at IS NULL AND owner_host = ?",
+            (self._host,),
         )
         return [
             OpenRun(r["id"], r["owner_pid"], r["owner_start"],
@@ -805,13 +865,13 @@ class SessionStore:
     @_translated
     def mark_crashed(self, session_id: str, reason: str) -> bool:
         """Close an open record as ``crashed`` because of ``reason``; False if already closed."""
-        with self._tx() as tx:
+        with self._db.transaction() as tx:
             return (
                 tx.execute(
                     "UPDATE sessions SET status = 'crashed', success = 0, error_kind = 'crash', "
                     "error = ?, completed_at = ? WHERE id = ? AND completed_at IS NULL",
                     (reason, _iso(utcnow()), session_id),
-                ).rowcount
+                )
                 > 0
             )
 
@@ -831,8 +891,8 @@ class SessionStore:
         duration_ms: int,
     ) -> str | None:
         session_id = self.resolve_session(session_key) if session_key else None
-        with self._tx() as conn:
-            conn.execute(
+        with self._db.transaction() as tx:
+            tx.execute(
                 """INSERT INTO mcp_calls (butler, session_key, session_id, tool, arguments,
                        result, is_error, called_at, duration_ms)
                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
@@ -846,10 +906,8 @@ class SessionStore:
 
     @_translated
     def mcp_calls(self, session_id: str) -> list[dict[str, Any]]:
-        rows = (
-            self._connect()
-            .execute("SELECT * FROM mcp_calls WHERE session_id = ? ORDER BY id", (session_id,))
-            .fetchall()
+        rows = self._db.query(
+            "SELECT * FROM mcp_calls WHERE session_id = ? ORDER BY id", (session_id,)
         )
         return [
             {
@@ -869,17 +927,13 @@ class SessionStore:
     @_translated
     def state_lookup(self, butler: str, key: str) -> tuple[bool, Any]:
         """``(found, value)``: tells a stored null from an absent key."""
-        row = (
-            self._connect()
-            .execute("SELECT value FROM state WHERE butler = ? AND key = ?", (butler, key))
-            .fetchone()
-        )
-        return (True, json.loads(row["value"])) if row else (False, None)
+        rows = self._db.query("SELECT value FROM state WHERE butler = ? AND key = ?", (butler, key))
+        return (True, json.loads(rows[0]["value"])) if rows else (False, None)
 
     @_translated
     def state_set(self, butler: str, key: str, value: Any) -> None:
-        with self._tx() as conn:
-            conn.execute(
+        with self._db.transaction() as tx:
+            tx.execute(
                 "INSERT INTO state (butler, key, value, updated_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (butler, key) DO UPDATE SET value = excluded.value, "
                 "updated_at = excluded.updated_at",
@@ -889,14 +943,9 @@ class SessionStore:
     @_translated
     def state_list(self, butler: str, prefix: str = "") -> dict[str, Any]:
         # substr, not LIKE: LIKE ignores ASCII case and treats % and _ as wildcards.
-        rows = (
-            self._connect()
-            .execute(
-                "SELECT key, value FROM state WHERE butler = ? AND substr(key, 1, ?) = ? "
-                "ORDER BY key",
-                (butler, len(prefix), prefix),
-            )
-            .fetchall()
+        rows = self._db.query(
+            "SELECT key, value FROM state WHERE butler = ? AND substr(key, 1, ?) = ? ORDER BY key",
+            (butler, len(prefix), prefix),
         )
         return {r["key"]: json.loads(r["value"]) for r in rows}
 
@@ -904,8 +953,8 @@ class SessionStore:
 
     @_translated
     def add_episode(self, butler: str, session_id: str | None, prompt: str, output: str) -> None:
-        with self._tx() as conn:
-            conn.execute(
+        with self._db.transaction() as tx:
+            tx.execute(
                 "INSERT INTO episodes (butler, session_id, prompt, output, created_at) "
                 "VALUES (?, ?, ?, ?, ?)",
                 (butler, session_id, prompt, output, _iso(utcnow())),
@@ -914,43 +963,22 @@ class SessionStore:
     @_translated
     def recent_episodes(self, butler: str, limit: int) -> list[dict[str, Any]]:
         """The latest ``limit`` episodes of ``butler``, newest first."""
-        rows = (
-            self._connect()
-            .execute(
-                "SELECT session_id, prompt, output, created_at FROM episodes "
-                "WHERE butler = ? ORDER BY id DESC LIMIT ?",
-                (butler, limit),
-            )
-            .fetchall()
+        rows = self._db.query(
+            "SELECT session_id, prompt, output, created_at FROM episodes "
+            "WHERE butler = ? ORDER BY id DESC LIMIT ?",
+            (butler, limit),
         )
         return [dict(r) for r in rows]
 
     # -- the CLIs' own spans (spawnkit.otlp) ----------------------------------------
-
-    # A table of its own, created on first use: no schema step for a store that never
-    # ran with CLI telemetry. Attributes arrive redacted (spawnkit.otlp).
-    _CLI_SPANS_SCHEMA = (
-        """CREATE TABLE IF NOT EXISTS cli_spans (
-            id INTEGER PRIMARY KEY, session_id TEXT NOT NULL, trace_id TEXT NOT NULL,
-            span_id TEXT NOT NULL, parent_span_id TEXT, name TEXT NOT NULL, service TEXT,
-            start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, status TEXT NOT NULL,
-            attributes TEXT NOT NULL, reparented INTEGER NOT NULL DEFAULT 0)""",
-        "CREATE INDEX IF NOT EXISTS cli_spans_by_session ON cli_spans (session_id, start_ns)",
-    )
-
-    def _ensure_cli_spans(self, conn: sqlite3.Connection) -> None:
-        if not _has_table(conn, "cli_spans"):
-            for statement in self._CLI_SPANS_SCHEMA:
-                conn.execute(statement)
 
     @_translated
     def record_cli_spans(self, spans: Sequence[dict[str, Any]]) -> int:
         """Store spans a run's CLI exported (``spawnkit.otlp.CliSpan`` fields); returns how many."""
         if not spans:
             return 0
-        with self._tx() as conn:
-            self._ensure_cli_spans(conn)
-            conn.executemany(
+        with self._db.transaction() as tx:
+            tx.executemany(
                 """INSERT INTO cli_spans (session_id, trace_id, span_id, parent_span_id, name,
                        service, start_ns, end_ns, status, attributes, reparented)
                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
@@ -969,17 +997,13 @@ class SessionStore:
     @_translated
     def cli_spans(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """The stored CLI spans (of one session, or all), in order of start."""
-        conn = self._connect()
-        if not _has_table(conn, "cli_spans"):
-            return []
         where, args = ("WHERE session_id = ?", (session_id,)) if session_id else ("", ())
-        rows = conn.execute(
-            f"SELECT * FROM cli_spans {where} ORDER BY session_id, start_ns, id", args
-        ).fetchall()
+        rows = self._db.query(
+            f"SELECT * FROM cli_spans {where} ORDER BY session_id, start_ns, span_id", args
+        )
         found = []
         for r in rows:
             span = dict(r)
-            del span["id"]
             span["attributes"] = json.loads(r["attributes"])
             span["reparented"] = bool(r["reparented"])
             found.append(span)

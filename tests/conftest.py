@@ -18,6 +18,8 @@ import pytest
 from spawnkit.roster import ButlerConfig, load_roster
 from spawnkit.store import SessionStore
 
+from .postgres import PostgresServer, postgres_server
+
 REPO = Path(__file__).resolve().parent.parent
 
 # The whole test process (and the notebook kernels nbval starts, which inherit its
@@ -50,10 +52,25 @@ def isolated_home(
     monkeypatch.setenv("HOME", str(cli_home))
     for name in (
         "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "TRACEPARENT", "SPAWNKIT_ROSTER",
-        "SPAWNKIT_SANDBOX",
+        "SPAWNKIT_SANDBOX", "SPAWNKIT_STORE",
     ):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
     yield spawnkit_home
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One real PostgreSQL server for the whole test session (tests/postgres.py)."""
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_url(postgres: PostgresServer) -> Iterator[str]:
+    """The URL (with its password) of a fresh, empty database on that server."""
+    name = postgres.create_database()
+    yield postgres.url(name)
+    postgres.drop_database(name)
 
 
 @pytest.fixture

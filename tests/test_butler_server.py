@@ -86,7 +86,7 @@ async def test_sse_calls_are_tied_to_their_own_connection(make_butler, store) ->
                 assert not result.is_error
 
         await asyncio.gather(call("first", 1), call("second", 2), call("third", 3))
-    rows = store._connect().execute("SELECT session_key, arguments FROM mcp_calls").fetchall()
+    rows = store._db.query("SELECT session_key, arguments FROM mcp_calls")
     assert sorted((r["session_key"], r["arguments"]) for r in rows) == [
         ("first", '{"key": "first", "value": 1}'),
         ("second", '{"key": "second", "value": 2}'),

@@ -47,8 +47,8 @@ def bearer(secret: str) -> dict[str, str]:
 
 
 def mcp_call_rows(store: SessionStore) -> list[tuple[Any, ...]]:
-    rows = store._connect().execute("SELECT session_key, session_id, tool FROM mcp_calls")
-    return [tuple(r) for r in rows.fetchall()]
+    rows = store._db.query("SELECT session_key, session_id, tool FROM mcp_calls")
+    return [(r["session_key"], r["session_id"], r["tool"]) for r in rows]
 
 
 def assert_untouched(store: SessionStore, adapter: FakeAdapter) -> None:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
 from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -56,17 +57,40 @@ def run_python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def rows(path: Path, sql: str) -> list[tuple[object, ...]]:
-    """Read the file directly with sqlite3, not through the store."""
-    conn = sqlite3.connect(path)
+@pytest.fixture(params=["sqlite", "postgresql"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where a store lives, once per backend: a SQLite file, a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "sessions.db")
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def store(target: str) -> Iterator[SessionStore]:
+    with SessionStore(target) as s:
+        yield s
+
+
+sqlite_only = pytest.mark.sqlite_only
+
+
+def rows(where: SessionStore | Path, sql: str) -> list[tuple[object, ...]]:
+    """Read the database directly (SQL both engines speak), not through the store's methods."""
+    if isinstance(where, SessionStore):
+        return [tuple(r[k] for k in r.keys()) for r in where._db.query(sql)]  # noqa: SIM118
+    conn = sqlite3.connect(where)
     try:
         return conn.execute(sql).fetchall()
     finally:
         conn.close()
 
 
-def execute(path: Path, sql: str) -> None:
-    conn = sqlite3.connect(path, isolation_level=None)
+def execute(where: SessionStore | Path, sql: str) -> None:
+    if isinstance(where, SessionStore):
+        with where._db.transaction() as tx:
+            tx.execute(sql)
+        return
+    conn = sqlite3.connect(where, isolation_level=None)
     try:
         conn.execute(sql)
     finally:
@@ -235,7 +259,7 @@ def test_a_session_is_completed_only_once(store: SessionStore) -> None:
     )
     store.mark_started("s-1", started_at=T0 + timedelta(hours=2), trace_id="late")
     assert store.get_session("s-1") == first
-    calls = rows(store.path, "SELECT call_id FROM tool_calls WHERE session_id = 's-1'")
+    calls = rows(store, "SELECT call_id FROM tool_calls WHERE session_id = 's-1'")
     assert calls == [("call-1",), ("call-2",)]
 
 
@@ -243,7 +267,7 @@ def test_tool_calls_table_rows(store: SessionStore) -> None:
     create(store, "s-1")
     store.complete_session("s-1", full_result())
     found = rows(
-        store.path,
+        store,
         "SELECT session_id, seq, call_id, name, server, tool, input, output, status, "
         "started_at, finished_at, duration_ms FROM tool_calls ORDER BY seq",
     )
@@ -259,14 +283,14 @@ def test_tool_calls_table_rows(store: SessionStore) -> None:
             3000,
         ),
     ]  # fmt: skip
-    assert rows(store.path, "SELECT num_tool_calls FROM sessions") == [(2,)]
+    assert rows(store, "SELECT num_tool_calls FROM sessions") == [(2,)]
 
 
 def test_unknown_session(store: SessionStore) -> None:
     assert store.get_session("nope") is None
     store.complete_session("nope", full_result())
     assert store.count_sessions() == 0
-    assert rows(store.path, "SELECT count(*) FROM tool_calls") == [(0,)]
+    assert rows(store, "SELECT count(*) FROM tool_calls") == [(0,)]
 
 
 def test_list_sessions_filters_newest_first(store: SessionStore) -> None:
@@ -340,7 +364,7 @@ def test_record_mcp_call_with_an_unknown_key(store: SessionStore) -> None:
             result="{}", is_error=False, called_at=T0, duration_ms=1,
         )  # fmt: skip
         assert resolved is None
-    assert rows(store.path, "SELECT session_key, session_id, tool FROM mcp_calls ORDER BY id") == [
+    assert rows(store, "SELECT session_key, session_id, tool FROM mcp_calls ORDER BY id") == [
         ("not-a-session", None, "state_get"),
         (None, None, "state_get"),
     ]
@@ -365,14 +389,14 @@ os._exit(0)  # dies without completing or closing anything
 """
 
 
-def test_a_new_store_marks_sessions_of_a_dead_process_crashed(tmp_path: Path) -> None:
-    db = tmp_path / "sessions.db"
+def test_a_new_store_marks_sessions_of_a_dead_process_crashed(target: str) -> None:
+    db = target
     with SessionStore(db) as live:
         create(live, "mine")
-        proc = run_python(CRASHING_OWNER, str(db), "dead-1")
+        proc = run_python(CRASHING_OWNER, db, "dead-1")
         assert (proc.returncode, proc.stderr) == (0, "")
         dead_pid = int(proc.stdout)
-        assert rows(db, "SELECT owner_pid, status FROM sessions WHERE id = 'dead-1'") == [
+        assert rows(live, "SELECT owner_pid, status FROM sessions WHERE id = 'dead-1'") == [
             (dead_pid, "running")
         ]
         before = datetime.now(UTC)
@@ -390,11 +414,10 @@ def test_a_new_store_marks_sessions_of_a_dead_process_crashed(tmp_path: Path) ->
         assert (mine.status, mine.completed_at) == ("queued", None), "a live owner's run stays"
 
 
-def test_recover_orphans_returns_the_count(tmp_path: Path) -> None:
-    db = tmp_path / "sessions.db"
-    with SessionStore(db) as store:
+def test_recover_orphans_returns_the_count(target: str) -> None:
+    with SessionStore(target) as store:
         create(store, "mine")
-        proc = run_python(CRASHING_OWNER, str(db), "dead-1", "dead-2")
+        proc = run_python(CRASHING_OWNER, target, "dead-1", "dead-2")
         assert (proc.returncode, proc.stderr) == (0, "")
         assert store.recover_orphans() == 2
         assert store.recover_orphans() == 0, "a crashed session is marked once"
@@ -405,17 +428,16 @@ def test_recover_orphans_returns_the_count(tmp_path: Path) -> None:
 def test_a_reused_pid_does_not_keep_a_session_open(store: SessionStore) -> None:
     create(store, "s-1")
     # Same live pid, different start time: the pid was reused by another process.
-    execute(store.path, "UPDATE sessions SET owner_start = '1' WHERE id = 's-1'")
+    execute(store, "UPDATE sessions SET owner_start = '1' WHERE id = 's-1'")
     assert store.recover_orphans() == 1
     assert store.get_session("s-1").status == "crashed"  # type: ignore[union-attr]
 
 
-def test_sessions_of_another_host_are_left_alone(tmp_path: Path) -> None:
-    db = tmp_path / "sessions.db"
-    with SessionStore(db) as store:
-        proc = run_python(CRASHING_OWNER, str(db), "remote")
+def test_sessions_of_another_host_are_left_alone(target: str) -> None:
+    with SessionStore(target) as store:
+        proc = run_python(CRASHING_OWNER, target, "remote")
         assert proc.returncode == 0
-        execute(db, "UPDATE sessions SET owner_host = 'elsewhere.example'")
+        execute(store, "UPDATE sessions SET owner_host = 'elsewhere.example'")
         assert store.recover_orphans() == 0
         assert store.get_session("remote").status == "running"  # type: ignore[union-attr]
 
@@ -445,13 +467,13 @@ print("done", flush=True)
 """
 
 
-def test_four_processes_write_at_once(tmp_path: Path) -> None:
-    db = tmp_path / "sessions.db"
+def test_four_processes_write_at_once(target: str) -> None:
+    db = target
     # The file exists, as after the first use (a brand-new file is tested below).
     SessionStore(db).close()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(WRITER), str(db), str(n)],
+            [sys.executable, "-c", textwrap.dedent(WRITER), db, str(n)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -481,12 +503,13 @@ def test_four_processes_write_at_once(tmp_path: Path) -> None:
     with SessionStore(db) as store:
         assert store.count_sessions() == 200
         records = store.list_sessions(limit=1000)
+        assert rows(store, "SELECT count(*) AS n FROM tool_calls") == [(200,)]
     assert {(r.status, r.success) for r in records} == {("success", True)}
     assert all(r.completed_at and r.output == r.id for r in records)
     assert sorted(r.id for r in records) == sorted(f"{w}-{i}" for w in range(4) for i in range(50))
-    assert rows(db, "SELECT count(*) FROM tool_calls") == [(200,)]
 
 
+@sqlite_only
 def test_opening_a_new_file_waits_for_another_writer(tmp_path: Path) -> None:
     # Models the window in which another process has created the file and is writing
     # to it before its own switch to WAL is done.
@@ -508,12 +531,16 @@ def test_opening_a_new_file_waits_for_another_writer(tmp_path: Path) -> None:
 # -- the file ----------------------------------------------------------------------------------
 
 
-def test_wal_mode_and_owner_only_file(store: SessionStore) -> None:
-    assert rows(store.path, "PRAGMA journal_mode") == [("wal",)]
-    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
-    assert rows(store.path, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
+@sqlite_only
+def test_wal_mode_and_owner_only_file(tmp_path: Path) -> None:
+    db = tmp_path / "sessions.db"
+    SessionStore(db).close()
+    assert rows(db, "PRAGMA journal_mode") == [("wal",)]
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
 
 
+@sqlite_only
 def test_default_path_is_under_spawnkit_home(isolated_home: Path) -> None:
     with SessionStore() as store:
         assert store.path == isolated_home / "sessions.db"
@@ -521,14 +548,19 @@ def test_default_path_is_under_spawnkit_home(isolated_home: Path) -> None:
     assert rows(isolated_home / "sessions.db", "SELECT id FROM sessions") == [("s-1",)]
 
 
+@sqlite_only
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     execute(db, "PRAGMA user_version = 99")
     with pytest.raises(StoreError) as info:
         SessionStore(db)
-    assert str(info.value) == f"{db} was written by a newer spawnkit (schema 99); upgrade"
+    assert str(info.value) == (
+        f"the session store {db} has schema 99, newer than the schema {SCHEMA_VERSION} "
+        "this spawnkit reads: upgrade spawnkit"
+    )
 
 
+@sqlite_only
 def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     with SessionStore(db) as store:
@@ -541,11 +573,12 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         old = store.get_session("old")
         create(store, "new", log_dir=tmp_path / "logs", role="researcher")
         new = store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(9,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(10,)]
     assert old is not None and old.log_dir is None and old.status == "queued"
     assert new is not None and new.log_dir == tmp_path / "logs" and new.role == "researcher"
 
 
+@sqlite_only
 def test_a_version_2_file_is_migrated(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     with SessionStore(db) as store:
@@ -572,6 +605,7 @@ def _as_schema_7(db: Path) -> None:
     execute(db, "PRAGMA user_version = 7")
 
 
+@sqlite_only
 def test_a_version_6_file_is_migrated(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     with SessionStore(db) as store:
@@ -583,7 +617,7 @@ def test_a_version_6_file_is_migrated(tmp_path: Path) -> None:
             trigger_source="external", kind="ask", sources=["notes", "repo"],
         )  # fmt: skip
         old, asked = store.get_session("old"), store.get_session("asked")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(9,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(10,)]
     assert old is not None and (old.kind, old.sources) == ("run", ())
     assert asked is not None and (asked.kind, asked.sources) == ("ask", ("notes", "repo"))
     assert asked.to_dict()["sources"] == ["notes", "repo"]
@@ -611,6 +645,7 @@ def _as_schema_3(db: Path) -> None:
     execute(db, "PRAGMA user_version = 3")
 
 
+@sqlite_only
 def test_a_version_3_file_is_migrated(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     with SessionStore(db) as store:
@@ -624,6 +659,7 @@ def test_a_version_3_file_is_migrated(tmp_path: Path) -> None:
     assert old is not None and old.sandbox is None and old.given is None
 
 
+@sqlite_only
 def test_a_version_5_file_is_migrated(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     with SessionStore(db) as store:
@@ -637,6 +673,7 @@ def test_a_version_5_file_is_migrated(tmp_path: Path) -> None:
     assert old is not None and old.workspace is None
 
 
+@sqlite_only
 def test_a_version_7_file_is_migrated(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     with SessionStore(db) as store:
@@ -646,11 +683,12 @@ def test_a_version_7_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         store.complete_session("new", full_result())
         new, old = store.get_session("new"), store.get_session("old")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(9,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(10,)]
     assert new is not None and new.budget is not None and new.budget.tokens == 120
     assert old is not None and old.budget is None
 
 
+@sqlite_only
 def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     db.write_bytes(b"this is not sqlite" * 100)
@@ -660,8 +698,8 @@ def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:
     assert isinstance(info.value, StoreError)
 
 
-def test_reopening_keeps_the_data(tmp_path: Path) -> None:
-    db = tmp_path / "sessions.db"
+def test_reopening_keeps_the_data(target: str) -> None:
+    db = target
     with SessionStore(db) as store:
         create(store, "s-1")
         store.complete_session("s-1", full_result())
@@ -730,14 +768,14 @@ def test_state_list_prefix_is_case_sensitive(store: SessionStore) -> None:
 
 
 def test_resolve_prefers_the_credentials_file_over_the_environment(store: SessionStore) -> None:
-    CredentialFile.beside(store.path).set("TOKEN", "from-file")
+    CredentialFile.beside_dir(store.local_dir).set("TOKEN", "from-file")
     creds = CredentialStore(store, environ={"TOKEN": "from-env", "ONLY_ENV": "env"})
-    assert creds.file is not None and creds.file.path == store.path.parent / "credentials.json"
+    assert creds.file is not None and creds.file.path == store.local_dir / "credentials.json"
     assert creds.resolve("TOKEN") == "from-file"
     assert creds.resolve("ONLY_ENV") == "env"
     assert creds.resolve("NOWHERE") is None
     assert CredentialStore(None, environ={"TOKEN": "e"}).resolve("TOKEN") == "e"
-    other = CredentialFile(store.path.parent / "elsewhere.json")
+    other = CredentialFile(store.local_dir / "elsewhere.json")
     other.set("TOKEN", "from-other")
     assert CredentialStore(store, {}, file=other).resolve("TOKEN") == "from-other"
 
@@ -763,7 +801,7 @@ def test_isolated_env_has_only_the_allowed_names(
     make_butler: RosterFactory, store: SessionStore
 ) -> None:
     butler = make_butler(extra=ENV_BUTLER)
-    CredentialFile.beside(store.path).set("MAIL_PASSWORD", "p@ss word")
+    CredentialFile.beside_dir(store.local_dir).set("MAIL_PASSWORD", "p@ss word")
     environ = {
         "PATH": "/usr/bin:/bin",
         "ANTHROPIC_API_KEY": "sk-ant",
@@ -802,11 +840,11 @@ def test_check_required_lists_every_missing_name(
     )
     with pytest.raises(MissingEnvError, match="requires ONE, THREE: set them"):
         isolated_env(butler, creds, ())
-    CredentialFile.beside(store.path).set("ONE", "1")
+    CredentialFile.beside_dir(store.local_dir).set("ONE", "1")
     with pytest.raises(MissingEnvError) as one:
         check_required(butler, creds)
     assert str(one.value).startswith("butler 'health' requires THREE: set it in")
-    CredentialFile.beside(store.path).set("THREE", "3")
+    CredentialFile.beside_dir(store.local_dir).set("THREE", "3")
     check_required(butler, creds)
 
 
@@ -886,11 +924,35 @@ def test_store_memory_from_module_config(store: SessionStore) -> None:
     assert (memory.max_tokens, memory.max_episodes) == (2000, 3)
 
 
+def _as_schema_9(db: Path) -> None:
+    execute(db, "DROP TABLE cli_spans")
+    execute(db, "PRAGMA user_version = 9")
+
+
+@sqlite_only
+def test_a_version_9_file_is_migrated(tmp_path: Path) -> None:
+    db = tmp_path / "sessions.db"
+    with SessionStore(db) as store:
+        create(store, "old")
+    _as_schema_9(db)
+    span = {
+        "session_id": "old", "trace_id": "t" * 32, "span_id": "s" * 16, "parent_span_id": None,
+        "name": "claude_code.llm_request", "service": "claude-code", "start_ns": 1,
+        "end_ns": 2, "status": "ok", "attributes": {"model": "m"}, "reparented": False,
+    }  # fmt: skip
+    with SessionStore(db) as store:
+        assert store.record_cli_spans([span]) == 1
+        assert store.cli_spans("old") == [span]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(10,)]
+
+
 def _as_schema_8(db: Path) -> None:
+    _as_schema_9(db)
     execute(db, "ALTER TABLE sessions DROP COLUMN attempts")
     execute(db, "PRAGMA user_version = 8")
 
 
+@sqlite_only
 def test_a_version_8_file_is_migrated(tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     with SessionStore(db) as store:
@@ -904,7 +966,7 @@ def test_a_version_8_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         store.complete_session("new", replace(full_result(), attempts=(limited, retried)))
         new, old = store.get_session("new"), store.get_session("old")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(9,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(10,)]
     assert new is not None and new.attempts == (limited, retried)
     assert new.to_dict()["attempts"][1]["cooldown_s"] == 2.0
     assert new.to_dict()["attempts"][0]["started_at"] == T0.isoformat()

@@ -173,9 +173,8 @@ def test_a_reused_owner_pid_is_dead_and_never_signalled(owner: Owner, tmp_path: 
     db = tmp_path / "sessions.db"
     with SessionStore(db) as store:
         # The owner's pid now names another process: same pid, another start time.
-        store._connect().execute(
-            "UPDATE sessions SET owner_start = '1' WHERE id = ?", (owner.session_id,)
-        )
+        with store._db.transaction() as tx:
+            tx.execute("UPDATE sessions SET owner_start = '1' WHERE id = ?", (owner.session_id,))
         (swept,) = sweep(store)
         record = store.get_session(owner.session_id)
     assert record is not None and record.status == "crashed"

@@ -27,8 +27,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..home import default_store_path
+from ..home import default_store_path, store_setting
 from ..store import SessionStore
+from ..store_backend import is_postgres_url, redact_url
 from .errors import HistoryError
 from .frames import COST_SOURCES
 from .pricing import PricingTable, default_pricing
@@ -88,12 +89,23 @@ SESSION_SCHEMA = _schema(SESSION_FIELDS)
 CALL_SCHEMA = _schema(CALL_FIELDS)
 
 
+_NOT_ON_SERVER = (
+    "history DataFrames are read from a SQLite store; {} is a PostgreSQL store, "
+    "which they do not read yet"
+)
+
+
 def _path(store: StoreLike) -> Path | None:
     """The store's file; None when the default store was never created (no history yet)."""
     if isinstance(store, SessionStore):
+        if store.path is None:
+            raise HistoryError(_NOT_ON_SERVER.format(store.location))
         return store.path
     if store is None:
-        default = default_store_path()
+        chosen = store_setting()
+        if chosen is not None and is_postgres_url(chosen):
+            raise HistoryError(_NOT_ON_SERVER.format(redact_url(chosen)))
+        default = Path(chosen) if chosen is not None else default_store_path()
         return default if default.exists() else None
     path = Path(store)
     if not path.exists():

@@ -1,0 +1,90 @@
+"""The small interface a session store's database sits behind, and what picks one.
+
+:class:`~spawnkit.store.SessionStore` writes every query once, in the SQL both engines
+speak (``?`` placeholders, ``ON CONFLICT``, ``COALESCE``), against a :class:`Backend`:
+run a read, run a write transaction, turn the engine's errors into the store's typed
+ones, close. Two backends implement it: SQLite, the embedded default (one file under
+``$SPAWNKIT_HOME``, :mod:`spawnkit.store`), and PostgreSQL, a store a team shares
+(:mod:`spawnkit.store_postgres`). Each one creates and migrates its own schema when it
+opens; nothing else differs, so one test suite runs on both.
+
+A store is named by a path or a ``postgresql://`` URL. URLs carry passwords, and no
+message, log line or record ever shows one: :func:`redact_url` is what they print.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from .errors import StoreError
+
+Row = Mapping[str, Any]
+Params = Sequence[object]
+
+URL_SCHEMES = ("postgresql", "postgres")
+
+
+def is_postgres_url(target: str | Path) -> bool:
+    """Whether ``target`` names a PostgreSQL store rather than a SQLite file."""
+    return isinstance(target, str) and target.split(":", 1)[0].lower() in URL_SCHEMES
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password (in the user part or a ``password=`` parameter)."""
+    parts = urlsplit(url)
+    user, at, host = parts.netloc.rpartition("@")
+    netloc = f"{user.split(':', 1)[0]}@{host}" if at and ":" in user else parts.netloc
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    kept = [(k, v) for k, v in pairs if k.lower() != "password"]
+    query = urlencode(kept) if len(kept) < len(pairs) else parts.query
+    if (netloc, query) == (parts.netloc, parts.query):
+        return url
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+class Transaction(Protocol):
+    """One write transaction: committed when its block ends, rolled back on an exception."""
+
+    def execute(self, sql: str, params: Params = ()) -> int:
+        """Run one statement; how many rows it changed."""
+        ...
+
+    def executemany(self, sql: str, rows: Sequence[Params]) -> None: ...
+
+    def query(self, sql: str, params: Params = ()) -> Sequence[Row]: ...
+
+
+class Backend(Protocol):
+    """A database a :class:`~spawnkit.store.SessionStore` reads and writes.
+
+    Its schema is created and migrated when it is constructed. ``location`` names it in
+    messages (a path, or a URL without password); ``path`` is the SQLite file, None for
+    a server. ``local_dir`` is this machine's folder for what never goes to a shared
+    database: the credentials file (:mod:`spawnkit.credential_file`).
+    """
+
+    location: str
+    path: Path | None
+    local_dir: Path
+    errors: tuple[type[Exception], ...]
+
+    def query(self, sql: str, params: Params = ()) -> Sequence[Row]:
+        """Run one read; its rows, as mappings from column name to value."""
+        ...
+
+    def transaction(self) -> AbstractContextManager[Transaction]: ...
+
+    def error(self, exc: Exception) -> StoreError:
+        """The typed error for one of :attr:`errors` raised by this database."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def statements(script: str) -> Iterator[str]:
+    """The statements of a ``;``-separated script (no statement of ours holds a ``;``)."""
+    return (part for part in script.split(";") if part.strip())

@@ -1,0 +1,250 @@
+"""The session store on PostgreSQL: one database a team's hosts and notebooks share.
+
+Chosen by URL (``SPAWNKIT_STORE=postgresql://…``, ``[store] url`` in
+``$SPAWNKIT_HOME/config.toml``, or ``spawnkit --store``). Everything lives in its own
+schema, ``spawnkit``, so the store can share a database with other applications. The
+tables and columns are those of the SQLite store, with timestamps kept as the same ISO
+text, so a record reads back identically from either engine.
+
+Connections come from a psycopg 3 pool (the store's methods are synchronous and short;
+async callers run them in a thread). Opening the store first connects once, directly, so
+a server that is down or a wrong URL or password fails at once with one line naming the
+URL without its password, rather than after a pool's wait.
+
+Migrations are versioned (``spawnkit.schema_version`` holds one row per applied step) and
+run under a transaction-scoped advisory lock: when several processes or hosts open the
+store at once, one migrates and the others wait, then find nothing left to do. A schema
+newer than this code is refused with both versions named. Credentials never come here:
+they stay in the local, owner-only credentials file.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import psycopg_pool
+from psycopg.rows import dict_row
+
+from .errors import StoreError, StoreTooNew, StoreUnreachable
+from .home import spawnkit_home
+from .store_backend import Params, Row, redact_url, statements
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = "spawnkit"
+# pg_advisory_xact_lock key that serialises migrations ("spawnkit" as 8 ASCII bytes).
+MIGRATION_LOCK = int.from_bytes(b"spawnkit", "big") & 0x7FFF_FFFF_FFFF_FFFF
+CONNECT_TIMEOUT_S = 10
+POOL_MAX = 8
+POOL_TIMEOUT_S = 30.0
+
+# _MIGRATIONS[v] takes the schema from version v to v + 1; version 1 is the SQLite
+# store's schema 9 (sessions, tool calls, MCP calls, state, episodes), without the
+# transcripts `spawnkit history import` keeps (still SQLite only).
+_MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        butler TEXT NOT NULL,
+        runtime TEXT NOT NULL,
+        model TEXT,
+        prompt TEXT NOT NULL,
+        context TEXT,
+        trigger_source TEXT NOT NULL,
+        status TEXT NOT NULL,
+        success INTEGER,
+        error TEXT,
+        error_kind TEXT,
+        output TEXT,
+        tool_calls TEXT,
+        num_tool_calls INTEGER,
+        duration_ms BIGINT,
+        input_tokens BIGINT,
+        output_tokens BIGINT,
+        cache_read_tokens BIGINT,
+        cache_write_tokens BIGINT,
+        cost_usd DOUBLE PRECISION,
+        num_turns INTEGER,
+        trace_id TEXT,
+        runtime_session_id TEXT,
+        parent_session_id TEXT,
+        created_at TEXT NOT NULL,
+        started_at TEXT,
+        completed_at TEXT,
+        owner_host TEXT,
+        owner_pid INTEGER,
+        owner_start TEXT,
+        log_dir TEXT,
+        role TEXT,
+        sandbox TEXT,
+        given TEXT,
+        workspace TEXT,
+        kind TEXT NOT NULL DEFAULT 'run',
+        sources TEXT,
+        budget TEXT,
+        attempts TEXT
+    );
+    CREATE INDEX sessions_by_created ON sessions (created_at);
+    CREATE INDEX sessions_by_butler ON sessions (butler, created_at);
+    CREATE INDEX sessions_by_runtime_id ON sessions (runtime_session_id);
+    CREATE INDEX sessions_open ON sessions (owner_host) WHERE completed_at IS NULL;
+
+    CREATE TABLE tool_calls (
+        session_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        call_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        server TEXT,
+        tool TEXT NOT NULL,
+        input TEXT,
+        output TEXT,
+        status TEXT NOT NULL,
+        started_at TEXT NOT NULL,
+        finished_at TEXT,
+        duration_ms BIGINT,
+        PRIMARY KEY (session_id, seq)
+    );
+
+    CREATE TABLE mcp_calls (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        butler TEXT NOT NULL,
+        session_key TEXT,
+        session_id TEXT,
+        tool TEXT NOT NULL,
+        arguments TEXT,
+        result TEXT,
+        is_error INTEGER NOT NULL DEFAULT 0,
+        called_at TEXT NOT NULL,
+        duration_ms BIGINT
+    );
+    CREATE INDEX mcp_calls_by_session ON mcp_calls (session_id);
+
+    CREATE TABLE state (
+        butler TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (butler, key)
+    );
+
+    CREATE TABLE episodes (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        butler TEXT NOT NULL,
+        session_id TEXT,
+        prompt TEXT NOT NULL,
+        output TEXT NOT NULL,
+        created_at TEXT NOT NULL
+    );
+    CREATE INDEX episodes_by_butler ON episodes (butler, id)
+    """,
+    # 1 -> 2: the spans a run's CLI exported (SQLite schema 10).
+    """
+    CREATE TABLE cli_spans (
+        session_id TEXT NOT NULL, trace_id TEXT NOT NULL, span_id TEXT NOT NULL,
+        parent_span_id TEXT, name TEXT NOT NULL, service TEXT, start_ns BIGINT NOT NULL,
+        end_ns BIGINT NOT NULL, status TEXT NOT NULL, attributes TEXT NOT NULL,
+        reparented INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX cli_spans_by_session ON cli_spans (session_id, start_ns)
+    """,
+)
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+def _pg(sql: str) -> str:
+    """The store's ``?`` placeholders as psycopg's ``%s`` (a literal ``%`` doubled)."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+class _Transaction:
+    def __init__(self, conn: psycopg.Connection[dict[str, Any]]) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Params = ()) -> int:
+        return self._conn.execute(_pg(sql), params).rowcount
+
+    def executemany(self, sql: str, rows: Sequence[Params]) -> None:
+        with self._conn.cursor() as cur:
+            cur.executemany(_pg(sql), rows)
+
+    def query(self, sql: str, params: Params = ()) -> Sequence[Row]:
+        return self._conn.execute(_pg(sql), params).fetchall()
+
+
+class PostgresBackend:
+    """A :class:`~spawnkit.store_backend.Backend` on a PostgreSQL server, schema ``spawnkit``."""
+
+    errors: tuple[type[Exception], ...] = (psycopg.Error, psycopg_pool.PoolTimeout)
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.location = redact_url(url)
+        self.path: Path | None = None
+        self.local_dir = spawnkit_home()
+        self._kwargs: dict[str, Any] = {
+            "row_factory": dict_row,
+            "options": f"-c search_path={SCHEMA}",
+            "connect_timeout": CONNECT_TIMEOUT_S,
+            "application_name": "spawnkit",
+        }
+        try:
+            with psycopg.connect(url, autocommit=False, **self._kwargs) as conn:
+                self._migrate(conn)
+        except psycopg.Error as exc:
+            raise self.error(exc) from exc
+        self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[dict[str, Any]]] = (
+            psycopg_pool.ConnectionPool(
+                url, min_size=1, max_size=POOL_MAX, timeout=POOL_TIMEOUT_S,
+                kwargs=self._kwargs, open=True, name="spawnkit-store",
+            )
+        )  # fmt: skip
+
+    def _migrate(self, conn: psycopg.Connection[dict[str, Any]]) -> None:
+        """Bring the schema to :data:`SCHEMA_VERSION`, once, whoever else opens it now."""
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+            conn.execute(
+                f"""CREATE TABLE IF NOT EXISTS {SCHEMA}.schema_version (
+                    version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"""
+            )
+            row = conn.execute(
+                f"SELECT COALESCE(max(version), 0) AS v FROM {SCHEMA}.schema_version"
+            ).fetchone()
+            version = int(row["v"]) if row else 0
+            if version > SCHEMA_VERSION:
+                raise StoreTooNew(self.location, version, SCHEMA_VERSION)
+            for step in range(version, SCHEMA_VERSION):
+                for statement in statements(_MIGRATIONS[step]):
+                    conn.execute(statement)
+                conn.execute(
+                    f"INSERT INTO {SCHEMA}.schema_version (version) VALUES (%s)", (step + 1,)
+                )
+                logger.info("%s: migrated to schema %d", self.location, step + 1)
+
+    def query(self, sql: str, params: Params = ()) -> Sequence[Row]:
+        with self._pool.connection() as conn:
+            return conn.execute(_pg(sql), params).fetchall()
+
+    @contextmanager
+    def transaction(self) -> Iterator[_Transaction]:
+        with self._pool.connection() as conn, conn.transaction():
+            yield _Transaction(conn)
+
+    def error(self, exc: Exception) -> StoreError:
+        """Unreachable (down, refused, wrong password) or another failure, in one line."""
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        detail = detail.replace(self.url, self.location)
+        if isinstance(exc, psycopg.OperationalError | psycopg_pool.PoolTimeout):
+            return StoreUnreachable(self.location, detail)
+        return StoreError(f"the session store {self.location}: {detail}")
+
+    def close(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.close()

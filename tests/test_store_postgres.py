@@ -1,0 +1,191 @@
+"""What only a store on a server has: a URL to choose it, a password to keep out of messages,
+a server that can be down, migrations several processes race to run, and a shared database
+credentials must never reach. The store's semantics are tested on both backends by
+tests/test_store.py; everything here runs against a real PostgreSQL (tests/postgres.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from spawnkit.credential_file import CredentialFile
+from spawnkit.credentials import CredentialStore
+from spawnkit.errors import StoreTooNew, StoreUnreachable
+from spawnkit.store import SessionStore
+from spawnkit.store_backend import redact_url
+from spawnkit.store_postgres import SCHEMA_VERSION
+
+from .conftest import REPO
+from .postgres import PASSWORD, PostgresServer
+from .test_cli import DEMO, assert_one_line_error, spawnkit
+
+TIMEOUT_S = 120
+
+
+def test_redact_url_drops_every_password() -> None:
+    assert redact_url("postgresql://me:pw@db.example:5433/team?sslmode=require") == (
+        "postgresql://me@db.example:5433/team?sslmode=require"
+    )
+    assert redact_url("postgresql://db/team?password=pw&user=me") == (
+        "postgresql://db/team?user=me"
+    )
+    assert redact_url("postgres:///team") == "postgres:///team"
+
+
+def test_a_wrong_password_is_one_line_without_the_password(
+    postgres: PostgresServer, postgres_url: str
+) -> None:
+    wrong = postgres_url.replace(PASSWORD, "not-the-password")
+    with pytest.raises(StoreUnreachable) as info:
+        SessionStore(wrong)
+    message = str(info.value)
+    assert "password authentication failed" in message
+    assert redact_url(wrong) in message and "not-the-password" not in message
+    done = spawnkit("sessions", "--store", wrong)
+    assert_one_line_error(done, redact_url(wrong), "cannot be reached")
+    assert "not-the-password" not in done.stderr
+
+
+def test_a_server_that_is_down_is_one_line_and_exit_2(postgres: PostgresServer) -> None:
+    with psycopg.connect(postgres.url()) as conn:  # the server's own port, free again below
+        port = conn.info.port
+    down = postgres.url().replace(f":{port}/", ":1/")  # nothing listens on port 1
+    done = spawnkit("--store", down, "sessions")
+    assert_one_line_error(done, "postgresql://postgres@127.0.0.1:1/postgres", "cannot be reached")
+    assert PASSWORD not in done.stderr
+
+
+def test_a_newer_schema_is_refused_with_both_versions(postgres_url: str) -> None:
+    SessionStore(postgres_url).close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO spawnkit.schema_version (version) VALUES (99)")
+    with pytest.raises(StoreTooNew) as info:
+        SessionStore(postgres_url)
+    assert (info.value.found, info.value.supported) == (99, SCHEMA_VERSION)
+    assert str(info.value) == (
+        f"the session store {redact_url(postgres_url)} has schema 99, newer than the schema "
+        f"{SCHEMA_VERSION} this spawnkit reads: upgrade spawnkit"
+    )
+
+
+OPENER = """
+import sys
+from spawnkit.store import SessionStore
+print("ready", flush=True)
+assert sys.stdin.readline() == "go\\n"
+with SessionStore(sys.argv[1]) as store:
+    store.state_set("b", sys.argv[2], 1)
+print("done", flush=True)
+"""
+
+
+def test_processes_opening_a_new_database_at_once_migrate_it_once(postgres_url: str) -> None:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(OPENER), postgres_url, f"k{n}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        for n in range(4)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        outcomes = [proc.communicate(timeout=TIMEOUT_S) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    assert [(p.returncode, out, err) for p, (out, err) in zip(procs, outcomes, strict=True)] == [
+        (0, "done\n", "")
+    ] * 4
+    with psycopg.connect(postgres_url) as conn:
+        versions = conn.execute("SELECT version FROM spawnkit.schema_version").fetchall()
+    assert versions == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
+    with SessionStore(postgres_url) as store:
+        assert store.state_list("b") == {f"k{n}": 1 for n in range(4)}
+
+
+def test_credentials_stay_in_the_local_file(isolated_home: Path, postgres_url: str) -> None:
+    with SessionStore(postgres_url) as store:
+        CredentialFile.beside_dir(store.local_dir).set("TEAM_TOKEN", "tok-123")
+        assert CredentialStore(store).resolve("TEAM_TOKEN") == "tok-123"
+    assert CredentialFile(isolated_home / "credentials.json").get("TEAM_TOKEN") == "tok-123"
+    with psycopg.connect(postgres_url) as conn:
+        tables = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'spawnkit'"
+        ).fetchall()
+        dump = conn.execute(
+            "SELECT string_agg(t::text, ' ') FROM (SELECT * FROM spawnkit.state) t"
+        ).fetchone()
+    assert sorted(t for (t,) in tables) == [
+        "episodes", "mcp_calls", "schema_version", "sessions", "state", "tool_calls",
+    ]  # fmt: skip
+    assert dump == (None,)
+
+
+@pytest.mark.e2e
+def test_a_replay_run_is_recorded_in_postgresql_and_listed(
+    isolated_home: Path, postgres_url: str
+) -> None:
+    """The real Claude Code CLI runs the demo offline; its record, tool calls and the
+    butler's state (written by its MCP server) go to PostgreSQL, and nothing to SQLite."""
+    done = spawnkit(
+        "--store", postgres_url, "run", "--roster", str(REPO / "roster"), "--butler", "health",
+        "--replay", str(DEMO), "--json", "I weighed 72.4 kg this morning", timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["success"] is True
+
+    listed = spawnkit("sessions", "--store", postgres_url, "--json")
+    assert listed.returncode == 0, listed.stderr
+    (session,) = json.loads(listed.stdout)
+    assert (session["id"], session["status"], session["butler"]) == (
+        result["session_id"], "success", "health",
+    )  # fmt: skip
+    assert [c["tool"] for c in session["tool_calls"]] == ["state_get", "Bash", "state_set", "Bash"]
+    table = spawnkit("sessions", SPAWNKIT_STORE=postgres_url)
+    assert result["session_id"][:8] in table.stdout
+
+    with psycopg.connect(postgres_url) as conn:
+        calls = conn.execute(
+            "SELECT count(*) FROM spawnkit.tool_calls WHERE session_id = %s",
+            (result["session_id"],),
+        ).fetchone()
+        state = conn.execute("SELECT count(*) FROM spawnkit.state WHERE butler = 'health'")
+        state_rows = state.fetchone()
+    assert calls == (4,)
+    assert state_rows is not None and state_rows[0] >= 1, "the MCP server's state_set"
+    assert not (isolated_home / "sessions.db").exists(), "nothing was written to SQLite"
+
+
+def test_the_store_is_chosen_by_variable_then_config_file(
+    isolated_home: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (isolated_home / "config.toml").write_text(f'[store]\nurl = "{postgres_url}"\n')
+    with SessionStore() as store:
+        assert (store.path, store.location) == (None, redact_url(postgres_url))
+        store.state_set("b", "k", "from config")
+    monkeypatch.setenv("SPAWNKIT_STORE", str(isolated_home / "local.db"))
+    with SessionStore() as store:
+        assert store.path == isolated_home / "local.db"
+        assert store.state_get("b", "k") is None, "the variable wins over the file"
+    monkeypatch.delenv("SPAWNKIT_STORE")
+    with SessionStore() as store:
+        assert store.state_get("b", "k") == "from config"
