@@ -513,8 +513,9 @@ def test_the_dashboard_shows_states_labels_and_transcripts(lab: int, browser: An
     page.wait_for_function(
         "() => { const t = [...document.querySelectorAll('.sk-in-flight .sk-run-label')]"
         ".map(e => e.textContent);"
-        " return t.some(x => x.includes('queued') && x.includes('position 1'))"
-        " && t.some(x => x.includes('running')); }",
+        " return t.some(x => x.includes('queued') && x.includes('position 1')"
+        " && x.includes('second slow one'))"
+        " && t.some(x => x.includes('running') && x.includes('first slow one')); }",
         timeout=60_000,
     )
     texts = labels.all_inner_texts()
