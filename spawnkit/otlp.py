@@ -16,25 +16,59 @@ and a redactor of the run's prompt; attributes that hold a command line (Gemini'
 ``TRACEPARENT`` (Gemini) starts traces of its own: spans of another trace that carry
 the run's ``spawnkit.session_id`` resource attribute are moved into the run's trace,
 their roots under the run's span (``spawnkit.reparented`` says so).
+
+When the standard ``OTEL_EXPORTER_OTLP_*`` variables name a collector
+(:class:`OtlpTarget`), each request is also forwarded there in the background
+(:class:`Forwarder`), redacted and rejoined the same way, and spawnkit's own spans
+export there (:func:`tracer_provider_from_env`, :class:`OtlpSpanExporter`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import gzip
 import hmac
 import json
 import logging
+import os
 import secrets
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, MutableMapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    MutableMapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
+from urllib.parse import unquote
 
-from google.protobuf.json_format import MessageToDict
+import httpx
+from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import (
+    AnyValue,
+    ArrayValue,
+    InstrumentationScope,
+    KeyValue,
+)
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from opentelemetry.proto.trace.v1.trace_pb2 import Status as ProtoStatus
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from . import _asgi
 from .redaction import Redactor
@@ -51,6 +85,21 @@ MAX_SPANS = 20_000
 COMMAND_LINE_ATTRIBUTES = frozenset(
     {"process.command_args", "process.command_line", "process.command", "process.argv"}
 )
+SIGNALS = ("traces", "metrics", "logs")
+_REQUESTS: dict[str, type[Any]] = {
+    "traces": ExportTraceServiceRequest,
+    "metrics": ExportMetricsServiceRequest,
+    "logs": ExportLogsServiceRequest,
+}
+# Forwarding to the user's collector: requests waiting at most, and how long the end of
+# a run waits for them to go out.
+FORWARD_QUEUE = 256
+FORWARD_DRAIN_S = 2.0
+# How long spawnkit's own finished spans wait to be exported in a batch.
+EXPORT_DELAY_MS = 1000
+_PROVIDERS: dict[tuple[str, tuple[tuple[str, str], ...]], SdkTracerProvider] = {}
+# Fields of an OTLP tree that are ids or times: never redacted (a base64 id is not text).
+_OPAQUE_KEYS = frozenset({"traceId", "spanId", "parentSpanId"})
 _STATUS = {0: "unset", 1: "ok", 2: "error"}
 _STATUS_NAMES = {"STATUS_CODE_UNSET": "unset", "STATUS_CODE_OK": "ok", "STATUS_CODE_ERROR": "error"}
 
@@ -103,6 +152,238 @@ class CliSpan:
     reparented: bool = False
 
 
+def _headers(raw: str) -> dict[str, str]:
+    """``OTEL_EXPORTER_OTLP_HEADERS``: ``key=value`` pairs, comma-separated, URL-encoded."""
+    found = {}
+    for item in raw.split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip():
+            found[unquote(key.strip())] = unquote(value.strip())
+    return found
+
+
+@dataclass(frozen=True)
+class OtlpTarget:
+    """The user's own collector, from the standard ``OTEL_EXPORTER_OTLP_*`` variables.
+
+    ``urls`` maps a signal (``traces``, ``metrics``, ``logs``) to its full URL:
+    ``OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT`` as given, else
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/<signal>``; headers likewise
+    (``..._HEADERS``, kept out of ``repr``); ``timeout_s`` from
+    ``OTEL_EXPORTER_OTLP_TIMEOUT`` (milliseconds, 10 s by default).
+    """
+
+    urls: dict[str, str]
+    headers: dict[str, dict[str, str]] = field(repr=False)
+    timeout_s: float = 10.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OtlpTarget | None:
+        """The collector the environment names, or None when it names none."""
+        env = os.environ if env is None else env
+        base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip().rstrip("/")
+        urls, headers = {}, {}
+        for signal in SIGNALS:
+            own = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip()
+            url = own or (f"{base}/v1/{signal}" if base else "")
+            if url:
+                urls[signal] = url
+                headers[signal] = _headers(
+                    env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_HEADERS")
+                    or env.get("OTEL_EXPORTER_OTLP_HEADERS", "")
+                )
+        if not urls:
+            return None
+        try:
+            timeout_s = float(env.get("OTEL_EXPORTER_OTLP_TIMEOUT", "") or 10_000) / 1000
+        except ValueError:
+            timeout_s = 10.0
+        return cls(urls, headers, max(0.1, timeout_s))
+
+
+class Forwarder:
+    """Sends export requests on to an :class:`OtlpTarget` in the background, bounded.
+
+    :meth:`submit` never waits: a request beyond :data:`FORWARD_QUEUE` waiting is
+    dropped. Each POST has the target's timeout; the first failure is logged (as a
+    warning, once per forwarder), the rest counted in ``failed``.
+    """
+
+    def __init__(self, target: OtlpTarget, label: str) -> None:
+        self.target = target
+        self.label = label
+        self.sent = 0
+        self.failed = 0
+        self._queue: asyncio.Queue[tuple[str, bytes, str]] = asyncio.Queue(FORWARD_QUEUE)
+        self._warned = False
+
+    def submit(self, signal: str, body: bytes, content_type: str) -> None:
+        if signal not in self.target.urls:
+            return
+        try:
+            self._queue.put_nowait((signal, body, content_type))
+        except asyncio.QueueFull:
+            self._failed(f"{FORWARD_QUEUE} requests already waiting")
+
+    def _failed(self, why: str) -> None:
+        self.failed += 1
+        if not self._warned:
+            self._warned = True
+            logger.warning("%s: could not forward OTLP to %s: %s (further failures not logged)",
+                           self.label, self.target.urls.get("traces") or
+                           next(iter(self.target.urls.values())), why)  # fmt: skip
+
+    async def _send(self) -> None:
+        async with httpx.AsyncClient(timeout=self.target.timeout_s) as http:
+            while True:
+                signal, body, content_type = await self._queue.get()
+                try:
+                    answer = await http.post(
+                        self.target.urls[signal], content=body,
+                        headers={**self.target.headers[signal], "content-type": content_type},
+                    )  # fmt: skip
+                    if answer.status_code >= 300:
+                        self._failed(f"HTTP {answer.status_code}")
+                    else:
+                        self.sent += 1
+                except httpx.HTTPError as exc:
+                    self._failed(f"{type(exc).__name__}: {exc}")
+                finally:
+                    self._queue.task_done()
+
+    @asynccontextmanager
+    async def running(self, drain_s: float = FORWARD_DRAIN_S) -> AsyncIterator[Forwarder]:
+        """Forward while the block runs; at its end wait at most ``drain_s`` for the rest."""
+        task = asyncio.create_task(self._send())
+        try:
+            yield self
+        finally:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._queue.join()), drain_s)
+            if self._queue.qsize():
+                self._failed(f"{self._queue.qsize()} requests still waiting at the run's end")
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _any_value(value: Any) -> AnyValue:
+    if isinstance(value, bool):
+        return AnyValue(bool_value=value)
+    if isinstance(value, int):
+        return AnyValue(int_value=value)
+    if isinstance(value, float):
+        return AnyValue(double_value=value)
+    if isinstance(value, list | tuple):
+        return AnyValue(array_value=ArrayValue(values=[_any_value(v) for v in value]))
+    return AnyValue(string_value=str(value))
+
+
+def _key_values(attributes: Mapping[str, Any] | None) -> list[KeyValue]:
+    return [KeyValue(key=k, value=_any_value(v)) for k, v in (attributes or {}).items()]
+
+
+def encode_spans(spans: Sequence[ReadableSpan]) -> bytes:
+    """Finished SDK spans as an OTLP protobuf ``ExportTraceServiceRequest``."""
+    groups: dict[tuple[int, str, str], tuple[Resource, InstrumentationScope, list[Span]]] = {}
+    for span in spans:
+        context = span.get_span_context()
+        if context is None:
+            continue
+        scope = span.instrumentation_scope
+        key = (id(span.resource), scope.name if scope else "", scope.version or "" if scope else "")
+        if key not in groups:
+            groups[key] = (
+                Resource(attributes=_key_values(span.resource.attributes)),
+                InstrumentationScope(name=key[1], version=key[2]),
+                [],
+            )
+        groups[key][2].append(
+            Span(
+                trace_id=context.trace_id.to_bytes(16, "big"),
+                span_id=context.span_id.to_bytes(8, "big"),
+                parent_span_id=span.parent.span_id.to_bytes(8, "big") if span.parent else b"",
+                name=span.name,
+                kind=cast(
+                    Any, span.kind.value + 1
+                ),  # the API counts from INTERNAL, OTLP from UNSPECIFIED
+                start_time_unix_nano=span.start_time or 0,
+                end_time_unix_nano=span.end_time or 0,
+                attributes=_key_values(span.attributes),
+                events=[
+                    Span.Event(
+                        time_unix_nano=e.timestamp,
+                        name=e.name,
+                        attributes=_key_values(e.attributes),
+                    )
+                    for e in span.events
+                ],
+                status=ProtoStatus(
+                    code=cast(Any, span.status.status_code.value),
+                    message=span.status.description or "",
+                ),
+            )
+        )
+    request = ExportTraceServiceRequest(
+        resource_spans=[
+            ResourceSpans(resource=r, scope_spans=[ScopeSpans(scope=s, spans=found)])
+            for r, s, found in groups.values()
+        ]
+    )
+    return bytes(request.SerializeToString())
+
+
+class OtlpSpanExporter(SpanExporter):
+    """spawnkit's own spans to the user's collector over OTLP/HTTP protobuf (in the SDK's
+    batch thread, with the target's timeout; the first failure is logged)."""
+
+    def __init__(self, target: OtlpTarget) -> None:
+        self.target = target
+        self._http = httpx.Client(timeout=target.timeout_s)
+        self._warned = False
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            answer = self._http.post(
+                self.target.urls["traces"], content=encode_spans(spans),
+                headers={**self.target.headers["traces"],
+                         "content-type": "application/x-protobuf"},
+            )  # fmt: skip
+            if answer.status_code < 300:
+                return SpanExportResult.SUCCESS
+            why = f"HTTP {answer.status_code}"
+        except httpx.HTTPError as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        if not self._warned:
+            self._warned = True
+            logger.warning("could not export spawnkit's spans to %s: %s (further failures "
+                           "not logged)", self.target.urls["traces"], why)  # fmt: skip
+        return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        self._http.close()
+
+
+def tracer_provider_from_env(env: Mapping[str, str] | None = None) -> SdkTracerProvider | None:
+    """A tracer provider exporting spawnkit's spans where ``OTEL_EXPORTER_OTLP_*`` say,
+    batched in the background; None when they name no traces endpoint."""
+    target = OtlpTarget.from_env(env)
+    if target is None or "traces" not in target.urls:
+        return None
+    key = (target.urls["traces"], tuple(sorted(target.headers["traces"].items())))
+    if key in _PROVIDERS:  # one batch thread per collector, however many spawners
+        return _PROVIDERS[key]
+    provider = _PROVIDERS[key] = SdkTracerProvider()
+    provider.add_span_processor(
+        BatchSpanProcessor(
+            OtlpSpanExporter(target),
+            schedule_delay_millis=EXPORT_DELAY_MS,
+            export_timeout_millis=int(target.timeout_s * 1000),
+        )
+    )
+    return provider
+
+
 def _hex_id(value: str, from_base64: bool) -> str:
     if not value:
         return ""
@@ -139,29 +420,30 @@ def _status(raw: Mapping[str, Any] | None) -> str:
     return _STATUS.get(int(code), str(code))
 
 
-def decode_traces(body: bytes, content_type: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """``(resource attributes, span)`` pairs of an OTLP export request body.
+def _parse(body: bytes, content_type: str, signal: str) -> tuple[dict[str, Any], bool]:
+    """An export request of ``signal`` as a proto-JSON tree, and whether its ids are base64.
 
-    Each span is ``{trace_id, span_id, parent_span_id, name, start_ns, end_ns,
-    status, attributes}`` with hex ids. Raises ``ValueError`` for a body that is
-    neither OTLP protobuf nor OTLP JSON.
+    Raises ``ValueError`` for a body that is neither OTLP protobuf nor OTLP JSON.
     """
     if "json" in content_type:
         try:
             data = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"not OTLP JSON: {exc}") from None
-        from_base64 = False
-    else:
-        request = ExportTraceServiceRequest()
-        try:
-            request.ParseFromString(body)
-        except DecodeError as exc:
-            raise ValueError(f"not OTLP protobuf: {exc}") from None
-        data = MessageToDict(request)
-        from_base64 = True  # proto3 JSON mapping writes bytes as base64
-    if not isinstance(data, dict):
-        raise ValueError("not an OTLP export request")
+        if not isinstance(data, dict):
+            raise ValueError("not an OTLP export request")
+        return data, False
+    request = _REQUESTS[signal]()
+    try:
+        request.ParseFromString(body)
+    except DecodeError as exc:
+        raise ValueError(f"not OTLP protobuf: {exc}") from None
+    return MessageToDict(request), True  # proto3 JSON mapping writes bytes as base64
+
+
+def _spans_of(
+    data: Mapping[str, Any], from_base64: bool
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     found: list[tuple[dict[str, Any], dict[str, Any]]] = []
     for resource_spans in data.get("resourceSpans", []):
         resource = _attributes((resource_spans.get("resource") or {}).get("attributes", []))
@@ -184,6 +466,16 @@ def decode_traces(body: bytes, content_type: str) -> list[tuple[dict[str, Any], 
                     )
                 )
     return found
+
+
+def decode_traces(body: bytes, content_type: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """``(resource attributes, span)`` pairs of an OTLP export request body.
+
+    Each span is ``{trace_id, span_id, parent_span_id, name, start_ns, end_ns,
+    status, attributes}`` with hex ids. Raises ``ValueError`` for a body that is
+    neither OTLP protobuf nor OTLP JSON.
+    """
+    return _spans_of(*_parse(body, content_type, "traces"))
 
 
 def _decompress(body: bytes, encoding: str) -> bytes:
@@ -213,8 +505,11 @@ class OtlpReceiver:
         *,
         prompt: str = "",
         run_trace: tuple[str, str] | None = None,
+        forward: OtlpTarget | None = None,
     ) -> None:
         self.session_id = session_id
+        self.forward = forward
+        self.forwarder: Forwarder | None = None
         self.redactor = redactor
         self._prompt = Redactor({"PROMPT": prompt}) if prompt.strip() else Redactor()
         self.run_trace = run_trace
@@ -231,6 +526,70 @@ class OtlpReceiver:
             for key, value in attributes.items()
             if key not in COMMAND_LINE_ATTRIBUTES
         }
+
+    def _scrub(self, node: Any) -> Any:
+        """An OTLP tree with every string redacted and command-line attributes dropped."""
+        if isinstance(node, str):
+            return self._prompt.text(self.redactor.text(node))
+        if isinstance(node, list):
+            return [self._scrub(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        clean: dict[str, Any] = {}
+        for key, value in node.items():
+            if key in _OPAQUE_KEYS:
+                clean[key] = value
+                continue
+            if key == "attributes" and isinstance(value, list):
+                value = [
+                    item
+                    for item in value
+                    if not (isinstance(item, dict) and item.get("key") in COMMAND_LINE_ATTRIBUTES)
+                ]
+            clean[key] = self._scrub(value)
+        return clean
+
+    def _rejoin(self, data: dict[str, Any], from_base64: bool) -> None:
+        """Move this session's spans of other traces into the run's trace, in the tree."""
+        if self.run_trace is None:
+            return
+
+        def encoded(hex_id: str) -> str:
+            return base64.b64encode(bytes.fromhex(hex_id)).decode() if from_base64 else hex_id
+
+        trace_id, span_id = (encoded(i) for i in self.run_trace)
+        for resource_spans in data.get("resourceSpans", []):
+            resource = _attributes((resource_spans.get("resource") or {}).get("attributes", []))
+            if resource.get(SESSION_ATTRIBUTE) != self.session_id:
+                continue
+            for scope_spans in resource_spans.get("scopeSpans", []):
+                for span in scope_spans.get("spans", []):
+                    original = _hex_id(span.get("traceId", ""), from_base64)
+                    if original == self.run_trace[0]:
+                        continue
+                    span["traceId"] = trace_id
+                    span["parentSpanId"] = span.get("parentSpanId") or span_id
+                    span.setdefault("attributes", []).append(
+                        {"key": "spawnkit.original_trace_id", "value": {"stringValue": original}}
+                    )
+
+    def _forward(self, signal: str, data: dict[str, Any], from_base64: bool) -> None:
+        """Hand the request on to the user's collector: redacted and rejoined like the
+        stored spans, in the encoding it came in."""
+        if self.forwarder is None:
+            return
+        tree = self._scrub(data)
+        if signal == "traces":
+            self._rejoin(tree, from_base64)
+        if not from_base64:
+            self.forwarder.submit(signal, json.dumps(tree).encode(), "application/json")
+            return
+        try:
+            body = ParseDict(tree, _REQUESTS[signal]()).SerializeToString()
+        except ParseError as exc:  # not expected: the tree came from the same message
+            logger.warning("run %s: could not re-encode OTLP %s: %s", self.session_id, signal, exc)
+            return
+        self.forwarder.submit(signal, body, "application/x-protobuf")
 
     def accept(self, pairs: Iterable[tuple[dict[str, Any], dict[str, Any]]]) -> int:
         """Keep the decoded spans of one request; returns how many were kept."""
@@ -323,12 +682,13 @@ class OtlpReceiver:
                 break
         content_type = headers.get("content-type", "application/x-protobuf")
         answer = b"{}" if "json" in content_type else b""
-        if path != "/v1/traces":
-            await _respond(send, 200, answer, content_type)
-            return
+        signal = path.removeprefix("/v1/")
         try:
             raw = _decompress(bytes(body), headers.get("content-encoding", "").strip().lower())
-            self.accept(decode_traces(raw, content_type))
+            data, from_base64 = _parse(raw, content_type, signal)
+            if signal == "traces":
+                self.accept(_spans_of(data, from_base64))
+            self._forward(signal, data, from_base64)
         except OverflowError:
             await _respond(send, 413, b"")
             return
@@ -340,9 +700,14 @@ class OtlpReceiver:
 
     @asynccontextmanager
     async def serve(self) -> AsyncIterator[CliTelemetry]:
-        """Listen on a free loopback port until the block exits."""
-        async with _asgi.serve(self, "127.0.0.1", 0) as address:
-            yield CliTelemetry(address.url, self.session_id, self.secret)
+        """Listen on a free loopback port until the block exits (and forward, with a
+        target: what is still waiting then gets at most :data:`FORWARD_DRAIN_S`)."""
+        async with contextlib.AsyncExitStack() as stack:
+            if self.forward is not None:
+                forwarder = Forwarder(self.forward, f"run {self.session_id}")
+                self.forwarder = await stack.enter_async_context(forwarder.running())
+            async with _asgi.serve(self, "127.0.0.1", 0) as address:
+                yield CliTelemetry(address.url, self.session_id, self.secret)
         if self.dropped:
             logger.warning("run %s: %d CLI spans over the limit were not kept",
                            self.session_id, self.dropped)  # fmt: skip

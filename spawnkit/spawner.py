@@ -78,7 +78,7 @@ from .events import (
 from .limits import Limits
 from .mcp_access import AccessTable, McpAccess
 from .memory import MemoryProvider, StoreMemory
-from .otlp import CliTelemetry, OtlpReceiver
+from .otlp import CliTelemetry, OtlpReceiver, OtlpTarget, tracer_provider_from_env
 from .pacing import Pacer
 from .redaction import Redactor
 from .result import (
@@ -294,10 +294,18 @@ class Spawner:
         self.memory = memory
         # The CLI's own spans, to a receiver per run (spawnkit.otlp); None: [butler.telemetry].
         self.cli_telemetry = butler.cli_telemetry if cli_telemetry is None else cli_telemetry
-        if tracer_provider is None and self.cli_telemetry:
-            # The CLIs' spans need a run span to join (TRACEPARENT) even when the
-            # application configured no tracing: a provider of our own, exporting nowhere.
-            tracer_provider = SdkTracerProvider()
+        # The user's own collector (OTEL_EXPORTER_OTLP_*): the receivers forward to it.
+        self.otlp_target = OtlpTarget.from_env()
+        if tracer_provider is None and isinstance(
+            trace.get_tracer_provider(), trace.ProxyTracerProvider
+        ):
+            # The application configured no tracing: spawnkit's spans go where the
+            # standard variables say, or (CLI telemetry on, and they say nothing) to a
+            # provider of our own exporting nowhere, so the CLIs' spans have a run span
+            # to join (TRACEPARENT).
+            tracer_provider = tracer_provider_from_env()
+            if tracer_provider is None and self.cli_telemetry:
+                tracer_provider = SdkTracerProvider()
         self.tracer_provider = tracer_provider
         self.mcp_host = mcp_host
         self.mcp_port = mcp_port
@@ -937,6 +945,7 @@ class Spawner:
                 if context.is_valid
                 else None
             ),
+            forward=self.otlp_target,
         )
 
         async def store() -> None:

@@ -12,18 +12,26 @@ really uses and the prompt's text must be in no stored attribute, and
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from spawnkit import history
+from spawnkit import _asgi, history, otlp
 from spawnkit.replay import Scenario
 from spawnkit.service import ButlerService
 from spawnkit.store import SessionStore
@@ -117,3 +125,86 @@ async def test_cli_spans_join_the_runs_trace(
             "output_tokens", "tool", "status"} <= set(frame.columns)  # fmt: skip
     assert (frame["session"] == result.session_id).all()
     assert (frame["duration_ms"] >= 0).all()
+
+
+class Collector:
+    """The user's own OTLP collector, as the test's: keeps every request it gets, raw."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.traces: list[tuple[bytes, str]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = dict(scope["headers"])
+        assert headers.get(b"authorization") == b"Bearer collector-key"
+        content_type = headers.get(b"content-type", b"").decode()
+        signal = scope["path"].removeprefix("/v1/")
+        if "json" in content_type:
+            tree = json.loads(body)
+        else:
+            request = {"traces": ExportTraceServiceRequest, "metrics": ExportMetricsServiceRequest,
+                       "logs": ExportLogsServiceRequest}[signal]()  # fmt: skip
+            request.ParseFromString(body)
+            tree = MessageToDict(request)
+        self.requests.append((signal, tree))
+        if signal == "traces":
+            self.traces.append((body, content_type))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    def spans(self) -> list[dict[str, Any]]:
+        return [span for b, t in self.traces for _, span in otlp.decode_traces(b, t)]
+
+
+async def test_everything_is_forwarded_to_the_users_collector(
+    make_butler, runtime: str, isolated_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``OTEL_EXPORTER_OTLP_*`` set, the CLI's spans and spawnkit's run span reach
+    the user's collector, in one trace, redacted like the stored ones."""
+    done = subprocess.run(  # noqa: ASYNC221 - before the run, as the CLI user would
+        [sys.executable, "-m", "spawnkit", "credentials", "set", "CANARY_TOKEN"],
+        input=CANARY + "\n", capture_output=True, text=True, timeout=60, check=False, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    butler = make_butler(
+        extra='[butler.env]\nrequired = ["CANARY_TOKEN"]\n[butler.telemetry]\ncli = true\n'
+    ).with_runtime(runtime)
+    collector = Collector()
+    store = SessionStore()
+    scenario = Scenario.from_dict(tomllib.loads(SCRIPT), source="<telemetry>")
+    async with _asgi.serve(collector) as address:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", address.url)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%20collector-key")
+        async with ButlerService(butler, store=store, replay=scenario) as svc:
+            provider = svc.spawner.tracer_provider
+            assert isinstance(provider, TracerProvider)  # from the variables, not ours
+            result = await svc.trigger(PROMPT)
+            await asyncio.to_thread(provider.force_flush)
+    assert result.success, result.error
+
+    stored = store.cli_spans(result.session_id)
+    forwarded = collector.spans()
+    (run_span,) = [s for s in forwarded if s["name"].startswith("invoke_agent")]
+    assert run_span["trace_id"] == result.trace_id
+    cli_spans = {s["span_id"]: s for s in forwarded if s is not run_span}
+    # The same spans as stored, all in the run's trace (moved there if need be).
+    assert {s["span_id"] for s in stored} <= set(cli_spans)
+    assert {s["trace_id"] for s in stored} == {result.trace_id}
+    for span in stored:
+        assert cli_spans[span["span_id"]]["trace_id"] == result.trace_id
+        assert cli_spans[span["span_id"]]["name"] == span["name"]
+    roots = [s for s in cli_spans.values() if s["parent_span_id"] == run_span["span_id"]]
+    assert roots, "no CLI span hangs under the run's span"
+
+    everything = json.dumps(collector.requests)
+    assert CANARY not in everything
+    assert "zebra-quokka" not in everything
+    assert "process.command_args" not in everything

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from collections.abc import AsyncIterator
 
 import httpx
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from spawnkit.otlp import SECRET_HEADER, OtlpReceiver
+from spawnkit.otlp import FORWARD_DRAIN_S, SECRET_HEADER, OtlpReceiver, OtlpTarget
 from spawnkit.redaction import Redactor
 
 RUN_TRACE = ("ab" * 16, "cd" * 8)
@@ -106,3 +108,74 @@ async def test_receiver_accepts_only_its_secret_in_every_encoding() -> None:
     assert (tool.status, tool.attributes["n"]) == ("error", 3)
     assert "tok-1234567890" not in tool.attributes["out"]
     assert "say hi please" not in tool.attributes["out"]
+
+
+def test_the_users_collector_comes_from_the_standard_variables() -> None:
+    assert OtlpTarget.from_env({}) is None
+    target = OtlpTarget.from_env(
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
+            "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20k,x-a=1",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://traces:9/t",
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-t=2",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "2500",
+        }
+    )
+    assert target is not None
+    assert target.urls == {"traces": "http://traces:9/t", "metrics": "http://collector:4318/v1/metrics",
+                           "logs": "http://collector:4318/v1/logs"}  # fmt: skip
+    assert target.headers["traces"] == {"x-t": "2"}
+    assert target.headers["logs"] == {"authorization": "Bearer k", "x-a": "1"}
+    assert target.timeout_s == 2.5
+    assert "Bearer" not in repr(target)
+
+
+async def test_forwarded_requests_are_redacted_and_rejoined() -> None:
+    collector = OtlpReceiver("collector", Redactor())  # redacts nothing itself
+    async with collector.serve() as users, httpx.AsyncClient() as http:
+        target = OtlpTarget.from_env(
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": users.endpoint,
+             "OTEL_EXPORTER_OTLP_HEADERS": f"{SECRET_HEADER}={users.secret}"}
+        )  # fmt: skip
+        receiver = OtlpReceiver(
+            "s1", Redactor({"TOKEN": "tok-1234567890"}), prompt="say hi please",
+            run_trace=RUN_TRACE, forward=target,
+        )  # fmt: skip
+        async with receiver.serve() as telemetry:
+            for body, content_type in (
+                (protobuf_body(b"\x07" * 16, "s1"), "application/x-protobuf"),
+                (json_body("value tok-1234567890 and say hi please"), "application/json"),
+            ):
+                answer = await http.post(
+                    telemetry.traces_url, content=body,
+                    headers={**telemetry.headers, "content-type": content_type},
+                )  # fmt: skip
+                assert answer.status_code == 200
+        assert receiver.forwarder is not None and receiver.forwarder.sent == 2
+    moved, tool = sorted(collector.spans, key=lambda s: s.span_id)
+    # Moved into the run's trace on the way, under the run's span, like the stored one.
+    assert (moved.trace_id, moved.parent_span_id) == RUN_TRACE
+    assert moved.attributes["spawnkit.original_trace_id"] == "07" * 16
+    assert moved.attributes["model"] == "replay-model"
+    assert (tool.trace_id, tool.parent_span_id, tool.attributes["n"]) == (*RUN_TRACE, 3)
+    assert "tok-1234567890" not in tool.attributes["out"]
+    assert "say hi please" not in tool.attributes["out"]
+
+
+async def test_an_unreachable_collector_does_not_hold_up_the_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    target = OtlpTarget.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+    receiver = OtlpReceiver("s1", Redactor(), run_trace=RUN_TRACE, forward=target)
+    started = time.monotonic()
+    async with receiver.serve() as telemetry, httpx.AsyncClient() as http:
+        for _ in range(3):
+            answer = await http.post(
+                telemetry.traces_url, content=protobuf_body(b"\x07" * 16, "s1"),
+                headers=telemetry.headers,
+            )  # fmt: skip
+            assert answer.status_code == 200
+    assert time.monotonic() - started < FORWARD_DRAIN_S + 2
+    assert len(receiver.spans) == 3  # still stored
+    assert receiver.forwarder is not None and receiver.forwarder.failed == 3
+    assert len([r for r in caplog.records if "could not forward" in r.message]) == 1
