@@ -1,15 +1,17 @@
-"""A run's own OTLP/HTTP receiver: the agent CLI's spans, joined to the run's trace.
+"""A run's own OTLP/HTTP receiver: the agent CLI's spans, joined to the run's trace, and its
+log events and metrics.
 
 With CLI telemetry on (``[butler.telemetry] cli = true`` or ``Spawner(cli_telemetry=
 True)``), the spawner starts one :class:`OtlpReceiver` per run on loopback (port 0)
-for as long as the run's CLI lives, and tells the CLI to export its traces there
+for as long as the run's CLI lives, and tells the CLI to export its telemetry there
 (:class:`CliTelemetry`, which each adapter turns into its own settings). Only a
 request carrying the run's secret in the :data:`SECRET_HEADER` header gets in; the
 sandbox shares the host's loopback, as it does for the butler's MCP server.
 
 The receiver accepts ``POST /v1/traces`` as protobuf (``application/x-protobuf``) or
-JSON, gzip-compressed or not, in one piece or chunked, up to :data:`MAX_BODY_BYTES`.
-Metrics and logs (``/v1/metrics``, ``/v1/logs``) are accepted and not kept. Every
+JSON, gzip-compressed or not, in one piece or chunked, up to :data:`MAX_BODY_BYTES`,
+and ``/v1/logs`` and ``/v1/metrics`` the same way: each log record and metric data
+point becomes a :class:`CliEvent` row, redacted like the spans. Every
 span becomes a :class:`CliSpan` row whose attributes have passed the run's redactor
 and a redactor of the run's prompt; attributes that hold a command line (Gemini's
 ``process.command_args`` carries the prompt) are dropped. A CLI that ignores
@@ -79,8 +81,10 @@ SECRET_HEADER = "x-spawnkit-otlp-secret"
 SESSION_ATTRIBUTE = "spawnkit.session_id"
 # One export request, decompressed; the CLIs batch far below this.
 MAX_BODY_BYTES = 16 * 1024 * 1024
-# Spans kept per run (Codex sends about 490 for a short run); the rest are counted.
+# Spans, and log events plus metric points, kept per run (Codex sends about 490 spans
+# for a short run); the rest are counted.
 MAX_SPANS = 20_000
+MAX_EVENTS = 20_000
 # Attributes that hold a command line, and so the prompt: never stored.
 COMMAND_LINE_ATTRIBUTES = frozenset(
     {"process.command_args", "process.command_line", "process.command", "process.argv"}
@@ -125,6 +129,10 @@ class CliTelemetry:
     def traces_url(self) -> str:
         return f"{self.endpoint}/v1/traces"
 
+    def url(self, signal: str) -> str:
+        """The full URL of one signal (``traces``, ``metrics``, ``logs``)."""
+        return f"{self.endpoint}/v1/{signal}"
+
     @property
     def headers(self) -> dict[str, str]:
         return {SECRET_HEADER: self.secret}
@@ -150,6 +158,25 @@ class CliSpan:
     status: str
     attributes: dict[str, Any]
     reparented: bool = False
+
+
+@dataclass(frozen=True)
+class CliEvent:
+    """One log event or metric point a run's CLI exported, as stored (attributes redacted).
+
+    ``kind`` is ``"log"`` or ``"metric"``; ``time_ns`` the record's (or point's) time;
+    ``value`` a metric point's value (a histogram's sum), None for a log event.
+    """
+
+    session_id: str
+    kind: str
+    name: str
+    service: str | None
+    time_ns: int
+    trace_id: str | None
+    span_id: str | None
+    value: float | None
+    attributes: dict[str, Any]
 
 
 def _headers(raw: str) -> dict[str, str]:
@@ -478,6 +505,92 @@ def decode_traces(body: bytes, content_type: str) -> list[tuple[dict[str, Any], 
     return _spans_of(*_parse(body, content_type, "traces"))
 
 
+def _time(raw: Mapping[str, Any], *names: str) -> int:
+    for name in names:
+        if int(raw.get(name, 0) or 0):
+            return int(raw[name])
+    return 0
+
+
+def _logs_of(
+    data: Mapping[str, Any], from_base64: bool
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """``(resource attributes, event)`` pairs of a logs request: one per log record."""
+    found: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for resource_logs in data.get("resourceLogs", []):
+        resource = _attributes((resource_logs.get("resource") or {}).get("attributes", []))
+        for scope_logs in resource_logs.get("scopeLogs", []):
+            for record in scope_logs.get("logRecords", []):
+                attributes = _attributes(record.get("attributes", []))
+                body = _value(record.get("body") or {})
+                # Codex's eventName is the code location; every CLI sets ``event.name``.
+                name = attributes.get("event.name") or record.get("eventName") or body or ""
+                if body not in (None, "", name):
+                    attributes["body"] = body
+                if record.get("severityText"):
+                    attributes.setdefault("severity", record["severityText"])
+                found.append(
+                    (
+                        resource,
+                        {
+                            "kind": "log",
+                            "name": str(name),
+                            "time_ns": _time(record, "timeUnixNano", "observedTimeUnixNano"),
+                            "trace_id": _hex_id(record.get("traceId", ""), from_base64) or None,
+                            "span_id": _hex_id(record.get("spanId", ""), from_base64) or None,
+                            "value": None,
+                            "attributes": attributes,
+                        },
+                    )
+                )
+    return found
+
+
+def _point_value(point: Mapping[str, Any]) -> float | None:
+    for name in ("asDouble", "asInt", "sum"):
+        if name in point:
+            return float(point[name])
+    return None
+
+
+def _metrics_of(
+    data: Mapping[str, Any], from_base64: bool
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """``(resource attributes, event)`` pairs of a metrics request: one per data point."""
+    found: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for resource_metrics in data.get("resourceMetrics", []):
+        resource = _attributes((resource_metrics.get("resource") or {}).get("attributes", []))
+        for scope_metrics in resource_metrics.get("scopeMetrics", []):
+            for metric in scope_metrics.get("metrics", []):
+                for shape in ("sum", "gauge", "histogram", "exponentialHistogram", "summary"):
+                    if shape in metric:
+                        break
+                else:
+                    continue
+                for point in (metric.get(shape) or {}).get("dataPoints", []):
+                    attributes = _attributes(point.get("attributes", []))
+                    attributes["metric.type"] = shape
+                    if metric.get("unit"):
+                        attributes["metric.unit"] = metric["unit"]
+                    if "count" in point:
+                        attributes["metric.count"] = int(point["count"])
+                    found.append(
+                        (
+                            resource,
+                            {
+                                "kind": "metric",
+                                "name": str(metric.get("name", "")),
+                                "time_ns": _time(point, "timeUnixNano", "startTimeUnixNano"),
+                                "trace_id": None,
+                                "span_id": None,
+                                "value": _point_value(point),
+                                "attributes": attributes,
+                            },
+                        )
+                    )
+    return found
+
+
 def _decompress(body: bytes, encoding: str) -> bytes:
     if encoding in ("", "identity"):
         return body
@@ -515,6 +628,7 @@ class OtlpReceiver:
         self.run_trace = run_trace
         self.secret = secrets.token_urlsafe(24)
         self.spans: list[CliSpan] = []
+        self.events: list[CliEvent] = []
         self.dropped = 0
         self.refused = 0
 
@@ -632,6 +746,33 @@ class OtlpReceiver:
             kept += 1
         return kept
 
+    def accept_events(self, pairs: Iterable[tuple[dict[str, Any], dict[str, Any]]]) -> int:
+        """Keep the decoded log events or metric points of one request; returns how many."""
+        kept = 0
+        for resource, event in pairs:
+            if len(self.events) >= MAX_EVENTS:
+                self.dropped += 1
+                continue
+            attributes = self._clean(event["attributes"])
+            attributes.update(
+                {f"resource.{key}": value for key, value in self._clean(resource).items()}
+            )
+            self.events.append(
+                CliEvent(
+                    session_id=self.session_id,
+                    kind=event["kind"],
+                    name=self._prompt.text(self.redactor.text(event["name"])),
+                    service=resource.get("service.name"),
+                    time_ns=event["time_ns"],
+                    trace_id=event["trace_id"],
+                    span_id=event["span_id"],
+                    value=event["value"],
+                    attributes=attributes,
+                )
+            )
+            kept += 1
+        return kept
+
     def finished(self) -> list[CliSpan]:
         """The kept spans, once the CLI has exited: moved spans whose parent never
         arrived (still open at exit, or over the limit) hang under the run's span."""
@@ -688,6 +829,10 @@ class OtlpReceiver:
             data, from_base64 = _parse(raw, content_type, signal)
             if signal == "traces":
                 self.accept(_spans_of(data, from_base64))
+            else:
+                self.accept_events(
+                    (_logs_of if signal == "logs" else _metrics_of)(data, from_base64)
+                )
             self._forward(signal, data, from_base64)
         except OverflowError:
             await _respond(send, 413, b"")
@@ -709,7 +854,7 @@ class OtlpReceiver:
             async with _asgi.serve(self, "127.0.0.1", 0) as address:
                 yield CliTelemetry(address.url, self.session_id, self.secret)
         if self.dropped:
-            logger.warning("run %s: %d CLI spans over the limit were not kept",
+            logger.warning("run %s: %d CLI spans, events or points over the limit were not kept",
                            self.session_id, self.dropped)  # fmt: skip
 
 

@@ -928,7 +928,7 @@ class Spawner:
     async def _cli_receiver(
         self, run: _Run, span: RunSpan, stack: contextlib.AsyncExitStack
     ) -> CliTelemetry | None:
-        """Start the run's OTLP receiver (CLI telemetry on); its spans are stored when it stops.
+        """Start the run's OTLP receiver (CLI telemetry on); what it got is stored when it stops.
 
         It lives in ``stack``, which closes after the CLI has exited: the CLIs flush
         their spans before they exit.
@@ -952,6 +952,9 @@ class Spawner:
             try:
                 await asyncio.to_thread(
                     self.store.record_cli_spans, [asdict(s) for s in receiver.finished()]
+                )
+                await asyncio.to_thread(
+                    self.store.record_cli_events, [asdict(e) for e in receiver.events]
                 )
             except StoreError:
                 logger.exception("could not store the CLI spans of run %s", run.session_id)

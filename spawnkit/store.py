@@ -49,7 +49,7 @@ from .sweep import OpenRun, process_start, sweep
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 BUSY_TIMEOUT_MS = 15_000
 
 _SCHEMA = """
@@ -194,6 +194,16 @@ _CLI_SPANS_SCHEMA = (
     "CREATE INDEX IF NOT EXISTS cli_spans_by_session ON cli_spans (session_id, start_ns)",
 )
 
+# The log events and metric points a run's CLI exported (spawnkit.otlp), attributes
+# redacted, as JSON; ``kind`` is "log" or "metric", ``value`` a metric point's value.
+_CLI_EVENTS_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS cli_events (
+        session_id TEXT NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL, service TEXT,
+        time_ns BIGINT NOT NULL, trace_id TEXT, span_id TEXT, value DOUBLE PRECISION,
+        attributes TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS cli_events_by_session ON cli_events (session_id, time_ns)",
+)
+
 # _MIGRATIONS[v - 1] takes a store from schema v to v + 1.
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("ALTER TABLE sessions ADD COLUMN log_dir TEXT",),
@@ -211,6 +221,7 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # Each start of the run's CLI (spawnkit.retry), as JSON.
     ("ALTER TABLE sessions ADD COLUMN attempts TEXT",),
     _CLI_SPANS_SCHEMA,
+    _CLI_EVENTS_SCHEMA,
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION - 1
 
@@ -554,7 +565,7 @@ class SqliteBackend:
             if version == 0:
                 for statement in statements(_SCHEMA):
                     conn.execute(statement)
-                for statement in (*_HISTORY_SCHEMA, *_CLI_SPANS_SCHEMA):
+                for statement in (*_HISTORY_SCHEMA, *_CLI_SPANS_SCHEMA, *_CLI_EVENTS_SCHEMA):
                     conn.execute(statement)
             else:
                 for step in _MIGRATIONS[version - 1 :]:
@@ -993,6 +1004,37 @@ class SessionStore:
                 ],
             )  # fmt: skip
         return len(spans)
+
+    @_translated
+    def record_cli_events(self, events: Sequence[dict[str, Any]]) -> int:
+        """Store log events and metric points a run's CLI exported (``spawnkit.otlp.CliEvent``
+        fields); returns how many."""
+        if not events:
+            return 0
+        with self._db.transaction() as tx:
+            tx.executemany(
+                """INSERT INTO cli_events (session_id, kind, name, service, time_ns, trace_id,
+                       span_id, value, attributes)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                [
+                    (
+                        e["session_id"], e["kind"], e["name"], e["service"], e["time_ns"],
+                        e["trace_id"], e["span_id"], e["value"],
+                        json.dumps(e["attributes"], ensure_ascii=False, default=str),
+                    )
+                    for e in events
+                ],
+            )  # fmt: skip
+        return len(events)
+
+    @_translated
+    def cli_events(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """The stored CLI log events and metric points (of one session, or all), by time."""
+        where, args = ("WHERE session_id = ?", (session_id,)) if session_id else ("", ())
+        rows = self._db.query(
+            f"SELECT * FROM cli_events {where} ORDER BY session_id, time_ns, kind, name", args
+        )
+        return [{**dict(r), "attributes": json.loads(r["attributes"])} for r in rows]
 
     @_translated
     def cli_spans(self, session_id: str | None = None) -> list[dict[str, Any]]:

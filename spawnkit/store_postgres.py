@@ -152,6 +152,15 @@ _MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX cli_spans_by_session ON cli_spans (session_id, start_ns)
     """,
+    # 2 -> 3: the log events and metric points a run's CLI exported (SQLite schema 11).
+    """
+    CREATE TABLE cli_events (
+        session_id TEXT NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL, service TEXT,
+        time_ns BIGINT NOT NULL, trace_id TEXT, span_id TEXT, value DOUBLE PRECISION,
+        attributes TEXT NOT NULL
+    );
+    CREATE INDEX cli_events_by_session ON cli_events (session_id, time_ns)
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 

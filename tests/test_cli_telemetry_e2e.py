@@ -7,7 +7,8 @@ ancestor. Claude Code gets there by honouring ``TRACEPARENT``; Gemini (which ign
 and Codex (whose ``exec`` spans did not join it with 0.169) are moved under it by their
 ``spawnkit.session_id`` resource attribute. A canary credential the run
 really uses and the prompt's text must be in no stored attribute, and
-``spawnkit.history.spans()`` must show the spans.
+``spawnkit.history.spans()`` must show the spans; the CLI's log events and metric points
+are stored too and ``history.cli_events()`` shows its model requests and tool calls.
 """
 
 from __future__ import annotations
@@ -119,6 +120,20 @@ async def test_cli_spans_join_the_runs_trace(
     assert CANARY not in stored
     assert "zebra-quokka" not in stored
 
+    events = history.cli_events(store=store, session_id=result.session_id)
+    # Its log events and metric points, by session: one model request with its tokens,
+    # one tool call with its time and outcome, whatever each CLI calls them.
+    assert set(events["kind"]) == {"log", "metric"}
+    assert (events["session"] == result.session_id).all()
+    requests = events[(events["kind"] == "log") & (events["input_tokens"] > 0)]
+    assert len(requests) and requests["model"].notna().all(), set(events["name"])
+    tool = {"claude-code": "Bash", "codex": "exec_command", "gemini": "run_shell_command"}[runtime]
+    logs = events[events["kind"] == "log"]
+    calls = logs[(logs["tool"] == tool) & logs["duration_ms"].notna()]
+    assert len(calls) == 1 and calls["status"].tolist() == ["ok"], set(events["name"])
+    kept = json.dumps(store.cli_events(result.session_id))
+    assert CANARY not in kept
+    assert "zebra-quokka" not in kept
     frame = history.spans(store=store, session_id=result.session_id)
     assert len(frame) == len(spans)
     assert {"session", "span", "parent", "start", "duration_ms", "model", "input_tokens",
@@ -204,6 +219,7 @@ async def test_everything_is_forwarded_to_the_users_collector(
     roots = [s for s in cli_spans.values() if s["parent_span_id"] == run_span["span_id"]]
     assert roots, "no CLI span hangs under the run's span"
 
+    assert {"traces", "metrics", "logs"} <= {signal for signal, _ in collector.requests}
     everything = json.dumps(collector.requests)
     assert CANARY not in everything
     assert "zebra-quokka" not in everything

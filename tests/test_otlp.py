@@ -9,8 +9,20 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import (
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from spawnkit.otlp import FORWARD_DRAIN_S, SECRET_HEADER, OtlpReceiver, OtlpTarget
@@ -179,3 +191,50 @@ async def test_an_unreachable_collector_does_not_hold_up_the_run(
     assert len(receiver.spans) == 3  # still stored
     assert receiver.forwarder is not None and receiver.forwarder.failed == 3
     assert len([r for r in caplog.records if "could not forward" in r.message]) == 1
+
+
+async def test_log_events_and_metric_points_are_kept_redacted() -> None:
+    logs = {"resourceLogs": [{
+        "resource": {"attributes": [
+            {"key": "service.name", "value": {"stringValue": "claude-code"}},
+            {"key": "process.command_args", "value": {"stringValue": "claude -p say hi please"}},
+        ]},
+        "scopeLogs": [{"logRecords": [{
+            "timeUnixNano": "7000", "traceId": RUN_TRACE[0], "spanId": RUN_TRACE[1],
+            "body": {"stringValue": "claude_code.tool_result"},
+            "attributes": [
+                {"key": "event.name", "value": {"stringValue": "tool_result"}},
+                {"key": "tool_name", "value": {"stringValue": "Bash"}},
+                {"key": "output", "value": {"stringValue": "tok-1234567890"}},
+            ],
+        }]}],
+    }]}  # fmt: skip
+    point = NumberDataPoint(time_unix_nano=9000, as_int=42)
+    point.attributes.append(KeyValue(key="type", value=AnyValue(string_value="input")))
+    metrics = ExportMetricsServiceRequest(
+        resource_metrics=[ResourceMetrics(scope_metrics=[ScopeMetrics(metrics=[
+            Metric(name="claude_code.token.usage", unit="tokens", sum=Sum(data_points=[point])),
+            Metric(name="latency", histogram=Histogram(data_points=[
+                HistogramDataPoint(time_unix_nano=9500, count=2, sum=3.5)])),
+        ])])]
+    )  # fmt: skip
+    receiver = OtlpReceiver("s1", Redactor({"TOKEN": "tok-1234567890"}), prompt="say hi please")
+    async with receiver.serve() as telemetry, httpx.AsyncClient() as http:
+        answers = [
+            await http.post(telemetry.url("logs"), content=json.dumps(logs).encode(),
+                            headers={**telemetry.headers, "content-type": "application/json"}),
+            await http.post(telemetry.url("metrics"), content=metrics.SerializeToString(),
+                            headers=telemetry.headers),
+        ]  # fmt: skip
+    assert [a.status_code for a in answers] == [200, 200]
+    log, tokens, latency = sorted(receiver.events, key=lambda e: e.time_ns)
+    assert (log.kind, log.name, log.service) == ("log", "tool_result", "claude-code")
+    assert log.time_ns == 7000
+    assert (log.trace_id, log.span_id) == RUN_TRACE
+    assert log.attributes["tool_name"] == "Bash"
+    assert log.attributes["body"] == "claude_code.tool_result"
+    assert "tok-1234567890" not in json.dumps(log.attributes)
+    assert "resource.process.command_args" not in log.attributes
+    assert (tokens.kind, tokens.name, tokens.value) == ("metric", "claude_code.token.usage", 42.0)
+    assert tokens.attributes["type"] == "input" and tokens.attributes["metric.unit"] == "tokens"
+    assert (latency.value, latency.attributes["metric.count"]) == (3.5, 2)

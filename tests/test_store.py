@@ -573,7 +573,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         old = store.get_session("old")
         create(store, "new", log_dir=tmp_path / "logs", role="researcher")
         new = store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(10,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(11,)]
     assert old is not None and old.log_dir is None and old.status == "queued"
     assert new is not None and new.log_dir == tmp_path / "logs" and new.role == "researcher"
 
@@ -617,7 +617,7 @@ def test_a_version_6_file_is_migrated(tmp_path: Path) -> None:
             trigger_source="external", kind="ask", sources=["notes", "repo"],
         )  # fmt: skip
         old, asked = store.get_session("old"), store.get_session("asked")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(10,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(11,)]
     assert old is not None and (old.kind, old.sources) == ("run", ())
     assert asked is not None and (asked.kind, asked.sources) == ("ask", ("notes", "repo"))
     assert asked.to_dict()["sources"] == ["notes", "repo"]
@@ -683,7 +683,7 @@ def test_a_version_7_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         store.complete_session("new", full_result())
         new, old = store.get_session("new"), store.get_session("old")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(10,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(11,)]
     assert new is not None and new.budget is not None and new.budget.tokens == 120
     assert old is not None and old.budget is None
 
@@ -924,9 +924,44 @@ def test_store_memory_from_module_config(store: SessionStore) -> None:
     assert (memory.max_tokens, memory.max_episodes) == (2000, 3)
 
 
+def _as_schema_10(db: Path) -> None:
+    execute(db, "DROP TABLE cli_events")
+    execute(db, "PRAGMA user_version = 10")
+
+
 def _as_schema_9(db: Path) -> None:
+    _as_schema_10(db)
     execute(db, "DROP TABLE cli_spans")
     execute(db, "PRAGMA user_version = 9")
+
+
+CLI_EVENT = {
+    "session_id": "old", "kind": "log", "name": "api_request", "service": "claude-code",
+    "time_ns": 5, "trace_id": "t" * 32, "span_id": "s" * 16, "value": None,
+    "attributes": {"model": "m", "input_tokens": 12},
+}  # fmt: skip
+
+
+def test_cli_events_are_kept_per_session(store: SessionStore) -> None:
+    point = {**CLI_EVENT, "kind": "metric", "name": "token.usage", "time_ns": 3,
+             "trace_id": None, "span_id": None, "value": 42.5}  # fmt: skip
+    other = {**CLI_EVENT, "session_id": "other"}
+    assert store.record_cli_events([CLI_EVENT, point, other]) == 3
+    assert store.record_cli_events([]) == 0
+    assert store.cli_events("old") == [point, CLI_EVENT]
+    assert len(store.cli_events()) == 3
+
+
+@sqlite_only
+def test_a_version_10_file_is_migrated(tmp_path: Path) -> None:
+    db = tmp_path / "sessions.db"
+    with SessionStore(db) as store:
+        create(store, "old")
+    _as_schema_10(db)
+    with SessionStore(db) as store:
+        assert store.record_cli_events([CLI_EVENT]) == 1
+        assert store.cli_events("old") == [CLI_EVENT]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(11,)]
 
 
 @sqlite_only
@@ -943,7 +978,7 @@ def test_a_version_9_file_is_migrated(tmp_path: Path) -> None:
     with SessionStore(db) as store:
         assert store.record_cli_spans([span]) == 1
         assert store.cli_spans("old") == [span]
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(10,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(11,)]
 
 
 def _as_schema_8(db: Path) -> None:
@@ -966,7 +1001,7 @@ def test_a_version_8_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         store.complete_session("new", replace(full_result(), attempts=(limited, retried)))
         new, old = store.get_session("new"), store.get_session("old")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(10,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(11,)]
     assert new is not None and new.attempts == (limited, retried)
     assert new.to_dict()["attempts"][1]["cooldown_s"] == 2.0
     assert new.to_dict()["attempts"][0]["started_at"] == T0.isoformat()

@@ -134,7 +134,8 @@ def test_credentials_stay_in_the_local_file(isolated_home: Path, postgres_url: s
             "SELECT string_agg(t::text, ' ') FROM (SELECT * FROM spawnkit.state) t"
         ).fetchone()
     assert sorted(t for (t,) in tables) == [
-        "cli_spans", "episodes", "mcp_calls", "schema_version", "sessions", "state", "tool_calls",
+        "cli_events", "cli_spans", "episodes", "mcp_calls", "schema_version", "sessions", "state",
+        "tool_calls",
     ]  # fmt: skip
     assert dump == (None,)
 

@@ -1,6 +1,7 @@
 """Session history as pandas DataFrames: spawnkit's store and the agent CLIs' own transcripts.
 
-``sessions()``, ``tool_calls()`` and ``usage()`` read spawnkit's session store;
+``sessions()``, ``tool_calls()`` and ``usage()`` read spawnkit's session store, and
+``spans()`` and ``cli_events()`` the CLIs' own telemetry it kept (CLI telemetry on);
 ``transcripts(source)`` reads what Claude Code, Codex or Gemini CLI wrote themselves, with an
 incremental cache, deduplication as ccusage does it, and costs from an offline pricing table
 (``default_pricing()``, replaceable); ``import_history()`` copies those transcripts into the
@@ -13,7 +14,7 @@ from .errors import HistoryError, UnpricedModelWarning
 from .export import export, export_sources
 from .imported import ImportReport, import_history
 from .pricing import ModelPrice, PricingTable, default_pricing
-from .span_frames import SPAN_COLUMNS, spans
+from .span_frames import CLI_EVENT_COLUMNS, SPAN_COLUMNS, cli_events, spans
 from .store_frames import sessions, tool_calls, usage
 from .transcript_loader import (
     EVENT_COLUMNS,
@@ -26,6 +27,7 @@ from .transcript_loader import (
 )
 
 __all__ = [
+    "CLI_EVENT_COLUMNS",
     "EVENT_COLUMNS",
     "SESSION_COLUMNS",
     "SOURCES",
@@ -38,6 +40,7 @@ __all__ = [
     "PricingTable",
     "Transcripts",
     "UnpricedModelWarning",
+    "cli_events",
     "default_pricing",
     "export",
     "export_sources",

@@ -1,9 +1,13 @@
-"""The agent CLIs' own spans (CLI telemetry, :mod:`spawnkit.otlp`) as a DataFrame: ``spans()``.
+"""The agent CLIs' own telemetry (CLI telemetry, :mod:`spawnkit.otlp`) as DataFrames.
 
-One row per stored span: its session, trace and span ids, name, parent, the CLI's
-service name, start (UTC) and duration, and what the three CLIs each name their own
-way pulled into common columns: ``model``, ``input_tokens``, ``output_tokens``,
-``tool``. ``attributes`` keeps every (redacted) attribute as a dict.
+``spans()``: one row per stored span: its session, trace and span ids, name, parent,
+the CLI's service name, start (UTC) and duration. ``cli_events()``: one row per stored
+log event (``kind = "log"``: Claude Code's ``api_request``, ``tool_result``, ...,
+Gemini's ``gemini_cli.api_response``, Codex's ``codex.sse_event``, ...) or metric data
+point (``kind = "metric"``, its ``value``). Both pull what the three CLIs each name
+their own way into common columns (``model``, ``input_tokens``, ``output_tokens``,
+``tool``, and for events ``duration_ms`` and ``status``); ``attributes`` keeps every
+(redacted) attribute as a dict.
 """
 
 from __future__ import annotations
@@ -21,11 +25,19 @@ SPAN_COLUMNS = [
     "model", "input_tokens", "output_tokens", "tool", "status", "reparented", "attributes",
 ]  # fmt: skip
 
+CLI_EVENT_COLUMNS = [
+    "session", "kind", "time", "name", "service", "model", "input_tokens", "output_tokens",
+    "tool", "duration_ms", "status", "value", "trace_id", "span_id", "attributes",
+]  # fmt: skip
+
 # The attribute names each CLI uses, first match wins.
 _MODEL = ("gen_ai.response.model", "gen_ai.request.model", "model", "llm.model", "model_name")
 _INPUT = ("gen_ai.usage.input_tokens", "input_tokens", "input_token_count", "tokens.input")
 _OUTPUT = ("gen_ai.usage.output_tokens", "output_tokens", "output_token_count", "tokens.output")
 _TOOL = ("gen_ai.tool.name", "tool_name", "tool.name", "function_name", "tool")
+_DURATION = ("duration_ms", "latency_ms", "duration")
+_STATUS = ("status", "status_code", "http.response.status_code", "error.type")
+_TRUE = {"true", "1", "yes"}
 
 
 def _first(attributes: Mapping[str, Any], names: Sequence[str]) -> Any:
@@ -43,14 +55,72 @@ def _int(value: Any) -> int | None:
         return None
 
 
+def _float(value: Any) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _event_status(attributes: Mapping[str, Any]) -> str | None:
+    """``ok`` or ``error`` from a ``success`` flag, else the CLI's own status (code)."""
+    success = attributes.get("success")
+    if success is not None and success != "":
+        return "ok" if str(success).lower() in _TRUE else "error"
+    if attributes.get("error") not in (None, ""):
+        return "error"
+    status = _first(attributes, _STATUS)
+    return str(status) if status is not None else None
+
+
+def _store(store: SessionStore | str | Path | None) -> SessionStore:
+    if isinstance(store, SessionStore):
+        return store
+    return SessionStore(Path(store)) if store is not None else SessionStore()
+
+
+def cli_events(
+    store: SessionStore | str | Path | None = None, session_id: str | None = None
+) -> pd.DataFrame:
+    """The CLIs' log events and metric points of every run (or of ``session_id``), by time."""
+    rows = []
+    for e in _store(store).cli_events(session_id):
+        attributes = e["attributes"]
+        tool = _first(attributes, _TOOL)
+        rows.append(
+            {
+                "session": e["session_id"],
+                "kind": e["kind"],
+                "time": e["time_ns"],
+                "name": e["name"],
+                "service": e["service"],
+                "model": _first(attributes, _MODEL),
+                "input_tokens": _int(_first(attributes, _INPUT)),
+                "output_tokens": _int(_first(attributes, _OUTPUT)),
+                "tool": str(tool) if tool is not None else None,
+                "duration_ms": _float(_first(attributes, _DURATION)),
+                "status": _event_status(attributes),
+                "value": e["value"],
+                "trace_id": e["trace_id"],
+                "span_id": e["span_id"],
+                "attributes": attributes,
+            }
+        )
+    frame = pd.DataFrame(rows, columns=CLI_EVENT_COLUMNS)
+    frame["time"] = pd.to_datetime(frame["time"].astype("int64"), unit="ns", utc=True)
+    for column in ("input_tokens", "output_tokens"):
+        frame[column] = frame[column].astype("Int64")
+    for column in ("duration_ms", "value"):
+        frame[column] = frame[column].astype("float64")
+    return frame
+
+
 def spans(
     store: SessionStore | str | Path | None = None, session_id: str | None = None
 ) -> pd.DataFrame:
     """The CLIs' spans of every run (or of ``session_id``), ordered by session and start."""
-    if not isinstance(store, SessionStore):
-        store = SessionStore(Path(store)) if store is not None else SessionStore()
     rows = []
-    for s in store.cli_spans(session_id):
+    for s in _store(store).cli_spans(session_id):
         attributes = s["attributes"]
         tool = _first(attributes, _TOOL)
         rows.append(

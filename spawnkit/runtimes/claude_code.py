@@ -99,17 +99,18 @@ _CLOSE_TIMEOUT_S = 10.0
 
 
 def telemetry_env(telemetry: CliTelemetry) -> dict[str, str]:
-    """Claude Code's own OpenTelemetry settings: spans (a beta) to the run's receiver.
+    """Claude Code's own OpenTelemetry settings: spans (a beta), metrics and log events
+    (``api_request``, ``tool_result``, ...) to the run's receiver.
 
     Its spans join the run's trace through ``TRACEPARENT`` (set by the spawner);
-    prompts stay out (``OTEL_LOG_USER_PROMPTS`` off); metrics and logs are not sent.
+    prompts stay out (``OTEL_LOG_USER_PROMPTS`` off).
     """
     return {
         "CLAUDE_CODE_ENABLE_TELEMETRY": "1",
         "CLAUDE_CODE_ENHANCED_TELEMETRY_BETA": "1",
         "OTEL_TRACES_EXPORTER": "otlp",
-        "OTEL_METRICS_EXPORTER": "none",
-        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_METRICS_EXPORTER": "otlp",
+        "OTEL_LOGS_EXPORTER": "otlp",
         "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
         "OTEL_EXPORTER_OTLP_ENDPOINT": telemetry.endpoint,
         "OTEL_EXPORTER_OTLP_HEADERS": ",".join(f"{k}={v}" for k, v in telemetry.headers.items()),

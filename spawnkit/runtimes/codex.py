@@ -95,18 +95,22 @@ def provider_config(base_url: str, *, retries: bool = False) -> dict[str, Any]:
 
 
 def otel_config(telemetry: CliTelemetry) -> dict[str, Any]:
-    """Codex's ``[otel]``: traces to the run's receiver (it honours ``TRACEPARENT``), no prompts."""
-    return {
-        "log_user_prompt": False,
-        "exporter": "none",
-        "metrics_exporter": "none",
-        "trace_exporter": {
+    """Codex's ``[otel]``: traces, log events and metrics to the run's receiver, no prompts."""
+
+    def to(signal: str) -> dict[str, Any]:
+        return {
             "otlp-http": {
-                "endpoint": telemetry.traces_url,
+                "endpoint": telemetry.url(signal),
                 "protocol": "binary",
                 "headers": telemetry.headers,
             }
-        },
+        }
+
+    return {
+        "log_user_prompt": False,
+        "exporter": to("logs"),
+        "metrics_exporter": to("metrics"),
+        "trace_exporter": to("traces"),
     }
 
 
