@@ -13,9 +13,15 @@ scenario makes one real MCP tool call.
   parsing, per-session logs, cleanup.
 
 Rounds alternate between the two (after one warm-up each) so drift on a shared
-machine hits both alike; the figure is the ratio of the medians. Usage::
+machine hits both alike; the figure is the ratio of the medians. With
+``--cli-telemetry`` a third side alternates with them: the same trigger with the
+CLI's own telemetry on (``Spawner(cli_telemetry=True)``: the run's OTLP receiver,
+the CLI exporting spans, logs and metrics, all stored), reported as the extra
+seconds per run over spawnkit without it (written to
+``results/spawn_overhead_cli_telemetry.json``). Usage::
 
     .venv/bin/python benchmarks/spawn_overhead.py [--rounds 8] [--runtimes claude-code,codex]
+        [--cli-telemetry]
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from spawnkit.system_prompt import compose_system_prompt, read_prompt_file
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "spawn_overhead.json"
+TELEMETRY_RESULTS = ROOT / "benchmarks" / "results" / "spawn_overhead_cli_telemetry.json"
 PROMPT = "What is my weight?"
 SCENARIO = """
 [[turn]]
@@ -140,7 +147,7 @@ def adapter_bare(
     return run
 
 
-def measure(runtime: str, rounds: int, work: Path) -> dict[str, Any]:
+def measure(runtime: str, rounds: int, work: Path, cli_telemetry: bool = False) -> dict[str, Any]:
     base = load_roster(ROOT / "roster")["health"]
     butler = dataclasses.replace(base, runtime=dataclasses.replace(base.runtime, type=runtime))
     store = SessionStore(work / f"{runtime}.db")
@@ -159,19 +166,27 @@ def measure(runtime: str, rounds: int, work: Path) -> dict[str, Any]:
             butler, store=store, base_url=replay_address.url, mcp_port=mcp_address.port,
             mcp_access=access,
         )  # fmt: skip
+        traced = Spawner(
+            butler, store=store, base_url=replay_address.url, mcp_port=mcp_address.port,
+            mcp_access=access, cli_telemetry=True,
+        )  # fmt: skip
         if runtime == "claude-code":
             bare = claude_bare(butler, replay_address.url, mcp_address.port, work, secret)
         else:
             bare = adapter_bare(runtime, butler, replay_address.url, mcp_address.port, work, secret)
 
-        async def through_spawnkit() -> None:
-            result = await spawner.trigger(PROMPT)
+        async def through_spawnkit(with_telemetry: bool = False) -> None:
+            result = await (traced if with_telemetry else spawner).trigger(PROMPT)
             if not result.success or "measurements/weight" not in result.output:
                 raise SystemExit(f"spawnkit {runtime} failed: {result.error} {result.output[:300]}")
+            if with_telemetry and not store.cli_spans(result.session_id):
+                raise SystemExit(f"spawnkit {runtime}: CLI telemetry on, and no span stored")
 
         runner = asyncio.Runner()
 
         cpu: dict[str, list[tuple[float, float]]] = {"bare": [], "spawnkit": []}
+        if cli_telemetry:
+            cpu["telemetry"] = []
 
         def timed(run: Callable[[], Any], side: str | None = None) -> float:
             total, before, start = accounting.usage_s(), os.times(), time.perf_counter()
@@ -189,14 +204,29 @@ def measure(runtime: str, rounds: int, work: Path) -> dict[str, Any]:
         def via_spawnkit() -> None:
             runner.run(through_spawnkit())
 
+        def with_telemetry() -> None:
+            runner.run(through_spawnkit(with_telemetry=True))
+
         timed(bare)  # warm-up: first start in a fresh HOME
         timed(via_spawnkit)
-        bare_s, spawnkit_s = [], []
+        if cli_telemetry:
+            timed(with_telemetry)
+        bare_s, spawnkit_s, telemetry_s = [], [], []
         for _ in range(rounds):
             bare_s.append(timed(bare, "bare"))
             spawnkit_s.append(timed(via_spawnkit, "spawnkit"))
+            if cli_telemetry:
+                telemetry_s.append(timed(with_telemetry, "telemetry"))
         runner.close()
     adapter = get_adapter(runtime)(butler.runtime)
+    telemetry: dict[str, Any] = {}
+    if cli_telemetry:
+        median = statistics.median(telemetry_s)
+        telemetry = {
+            "cli_telemetry_median_s": round(median, 4),
+            "cli_telemetry_extra_s": round(median - statistics.median(spawnkit_s), 4),
+            "cli_telemetry_s": [round(x, 4) for x in telemetry_s],
+        }
     return {
         "cli_version": asyncio.run(adapter.binary_version()),
         "rounds": rounds,
@@ -206,6 +236,7 @@ def measure(runtime: str, rounds: int, work: Path) -> dict[str, Any]:
         **cpu_figures(cpu),
         "bare_s": [round(x, 4) for x in bare_s],
         "spawnkit_s": [round(x, 4) for x in spawnkit_s],
+        **telemetry,
     }
 
 
@@ -274,8 +305,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--runtimes", default="claude-code,codex,gemini")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
+    parser.add_argument("--out", type=Path, default=None, help="where to write the JSON")
+    parser.add_argument(
+        "--cli-telemetry", action="store_true",
+        help="also time runs with the CLI's own telemetry on (the extra seconds per run)",
+    )  # fmt: skip
     args = parser.parse_args()
+    out = args.out or (TELEMETRY_RESULTS if args.cli_telemetry else RESULTS)
 
     work = Path(tempfile.mkdtemp(prefix="spawnkit-bench-"))
     os.environ["HOME"] = str(work / "home")
@@ -286,7 +322,7 @@ def main() -> None:
         "runtimes": {},
     }  # fmt: skip
     for runtime in args.runtimes.split(","):
-        result = measure(runtime, args.rounds, work)
+        result = measure(runtime, args.rounds, work, args.cli_telemetry)
         report["runtimes"][runtime] = result
         print(
             f"{runtime}: bare CLI median {result['bare_median_s']:.3f} s, spawnkit median "
@@ -297,9 +333,15 @@ def main() -> None:
             f"{result['spawnkit_own_cpu_s']} s",
             flush=True,
         )
+        if args.cli_telemetry:
+            print(
+                f"{runtime}: with CLI telemetry on, median {result['cli_telemetry_median_s']:.3f}"
+                f" s: {result['cli_telemetry_extra_s']:+.3f} s per run",
+                flush=True,
+            )
     accounting.close()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -284,14 +284,16 @@ class Forwarder:
         task = asyncio.create_task(self._send())
         try:
             yield self
+            drained = asyncio.create_task(self._queue.join())
+            await asyncio.wait({drained}, timeout=drain_s)
+            drained.cancel()
         finally:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._queue.join()), drain_s)
-            if self._queue.qsize():
-                self._failed(f"{self._queue.qsize()} requests still waiting at the run's end")
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            if waiting := self._queue.qsize():
+                self.failed += waiting - 1
+                self._failed(f"{waiting} requests still waiting at the run's end")
 
 
 def _any_value(value: Any) -> AnyValue:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -25,6 +27,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+from spawnkit import _asgi
 from spawnkit.otlp import FORWARD_DRAIN_S, SECRET_HEADER, OtlpReceiver, OtlpTarget
 from spawnkit.redaction import Redactor
 
@@ -238,3 +241,24 @@ async def test_log_events_and_metric_points_are_kept_redacted() -> None:
     assert (tokens.kind, tokens.name, tokens.value) == ("metric", "claude_code.token.usage", 42.0)
     assert tokens.attributes["type"] == "input" and tokens.attributes["metric.unit"] == "tokens"
     assert (latency.value, latency.attributes["metric.count"]) == (3.5, 2)
+
+
+async def test_a_hanging_collector_holds_the_run_at_most_the_drain_time() -> None:
+    async def hanging(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await asyncio.sleep(60)
+
+    async with _asgi.serve(hanging) as users:
+        target = OtlpTarget.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": users.url})
+        receiver = OtlpReceiver("s1", Redactor(), forward=target)
+        async with httpx.AsyncClient() as http:
+            async with receiver.serve() as telemetry:
+                answer = await http.post(
+                    telemetry.traces_url, content=protobuf_body(b"\x07" * 16, "s1"),
+                    headers=telemetry.headers,
+                )  # fmt: skip
+                assert answer.status_code == 200  # answered at once, forwarding or not
+                started = time.monotonic()
+            waited = time.monotonic() - started
+    assert FORWARD_DRAIN_S - 0.5 < waited < FORWARD_DRAIN_S + 1.5
+    assert receiver.forwarder is not None and receiver.forwarder.sent == 0
