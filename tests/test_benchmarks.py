@@ -43,6 +43,22 @@ def test_spawn_overhead_benchmark_runs(tmp_path: Path) -> None:
     assert done.stdout.count("ratio") == 2
 
 
+def test_spawn_overhead_times_cli_telemetry_when_asked(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "spawn_overhead.py"), "--rounds", "1",
+         "--runtimes", "claude-code", "--cli-telemetry", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())["runtimes"]["claude-code"]
+    assert report["cli_telemetry_median_s"] > 0
+    assert report["cli_telemetry_extra_s"] == pytest.approx(
+        report["cli_telemetry_median_s"] - report["spawnkit_median_s"], abs=0.002
+    )
+    assert "with CLI telemetry on" in done.stdout
+
+
 def test_render_benchmark_runs(tmp_path: Path) -> None:
     out = tmp_path / "render.json"
     done = subprocess.run(
