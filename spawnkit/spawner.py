@@ -99,7 +99,7 @@ from .runtimes import get_adapter
 from .runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
 from .sources import Source, sources_list
 from .store import SessionStore
-from .sweep import reap, sweep
+from .sweep import reap
 from .system_prompt import append_memory, compose_system_prompt
 from .telemetry import RunSpan, run_span
 from .workspace import files_in, link_sources, mcp_url, run_workspace, source_paths
@@ -319,8 +319,10 @@ class Spawner:
         # Runs started here whose spend is not in the store yet (for the daily budget).
         self._spending: dict[str, RunBudget] = {}
         self._listeners: list[EventSink] = []
+        # Renews the leases of this spawner's records while it has any (see _keep_leases).
+        self._lease_task: asyncio.Task[None] | None = None
         # What runs of owners that died left behind is cleaned up before ours start.
-        sweep(self.store)
+        self.store.recover_orphans()
 
     # -- observation -------------------------------------------------------------
 
@@ -529,6 +531,7 @@ class Spawner:
             name=f"spawnkit:{self.butler.name}:{session_id[:8]}",
         )
         self._runs[session_id] = task
+        self._keep_leases()
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -537,6 +540,29 @@ class Spawner:
             task.cancel()
             await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
             raise
+
+    def _keep_leases(self) -> None:
+        """Renew this spawner's records' leases while it has runs, unless already renewing.
+
+        Each record belongs to this host for ``store.lease_s`` seconds; it is renewed every
+        third of that, so two renewals can fail before another host takes the run for dead.
+        Each round also closes other hosts' records whose lease ran out.
+        """
+        if self._lease_task is None or self._lease_task.done():
+            self._lease_task = asyncio.create_task(
+                self._renew_leases(), name=f"spawnkit:{self.butler.name}:leases"
+            )
+
+    async def _renew_leases(self) -> None:
+        interval = self.store.lease_s / 3
+        while self._runs:
+            await asyncio.sleep(interval)
+            held = list(self._runs)
+            try:
+                await asyncio.to_thread(self.store.renew_leases, held)
+                await asyncio.to_thread(self.store.expire_leases)
+            except StoreError as exc:  # the server away a moment: the next round tries again
+                logger.warning("could not renew the leases of %d run(s): %s", len(held), exc)
 
     def _limits(self, given: Limits | None, max_turns: int | None) -> Limits:
         """A run's limits: ``given`` over the butler's; an explicit ``max_turns`` wins."""
@@ -678,6 +704,9 @@ class Spawner:
             logger.debug("cancelled while recording session %s; the write goes on", run.session_id)
         finally:
             self._runs.pop(run.session_id, None)
+            if not self._runs and self._lease_task is not None:
+                self._lease_task.cancel()  # nothing left to renew
+                self._lease_task = None
             self._spending.pop(run.session_id, None)
             for key, redactor in list(self._redactors.items()):
                 if redactor is run.redactor:

@@ -152,6 +152,11 @@ _MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX cli_spans_by_session ON cli_spans (session_id, start_ns)
     """,
+    # 2 -> 3: runs that belong to a host, with the lease it renews (SQLite schema 11).
+    """
+    ALTER TABLE sessions ADD COLUMN lease_until TEXT;
+    CREATE INDEX sessions_lease ON sessions (lease_until) WHERE completed_at IS NULL
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
