@@ -99,6 +99,7 @@ from .runtimes import get_adapter
 from .runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
 from .sources import Source, sources_list
 from .store import SessionStore
+from .store_backend import SlotClaim
 from .sweep import reap
 from .system_prompt import append_memory, compose_system_prompt
 from .telemetry import RunSpan, run_span
@@ -116,6 +117,8 @@ _SCHEDULE_RE = re.compile(r"^schedule:[A-Za-z0-9_.-]+$")
 _ROLE_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 # How long a cancelled run may take to kill its CLI and record itself.
 CANCEL_GRACE_S = 30.0
+# How often a run waiting for a slot another host holds tries again (PostgreSQL stores).
+SLOT_POLL_S = 0.2
 
 
 def validate_trigger_source(source: str) -> None:
@@ -541,6 +544,21 @@ class Spawner:
             await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
             raise
 
+    async def _cluster_slot(self) -> SlotClaim | None:
+        """One of the butler's ``max_concurrent_sessions`` slots across every host sharing
+        the store (PostgreSQL), held until the run's record is closed; None on SQLite."""
+        claim = await asyncio.to_thread(self.store.slot_claim, self.butler.name, self._capacity)
+        if claim is None:
+            return None
+        try:
+            while True:
+                if await asyncio.to_thread(claim.try_acquire) is not None:
+                    return claim
+                await asyncio.sleep(SLOT_POLL_S)  # held elsewhere: nothing here to wake us
+        except BaseException:
+            claim.release()
+            raise
+
     def _keep_leases(self) -> None:
         """Renew this spawner's records' leases while it has runs, unless already renewing.
 
@@ -641,6 +659,7 @@ class Spawner:
         started_clock = 0.0
         result: SpawnerResult | None = None
         recorded = False
+        cluster: SlotClaim | None = None
         try:
             async with self._admission:
                 await asyncio.to_thread(
@@ -668,6 +687,7 @@ class Spawner:
                 self._active += 1
                 holding_slot = True
                 try:
+                    cluster = await self._cluster_slot()
                     started_at, started_clock = _now(), time.monotonic()
                     result = await self._daily_budget_spent(run) or await self._attempts(run)
                 finally:
@@ -703,6 +723,8 @@ class Spawner:
         except asyncio.CancelledError:
             logger.debug("cancelled while recording session %s; the write goes on", run.session_id)
         finally:
+            if cluster is not None:  # freed once the record is closed: records never overlap
+                cluster.release()
             self._runs.pop(run.session_id, None)
             if not self._runs and self._lease_task is not None:
                 self._lease_task.cancel()  # nothing left to renew

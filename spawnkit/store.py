@@ -44,7 +44,7 @@ from .credential_file import CredentialError, CredentialFile, StoredCredential
 from .errors import HomeNotWritable, StoreDamaged, StoreError, StoreTooNew
 from .home import default_store_path, host_name, is_writable, lease_seconds, store_setting
 from .result import Attempt, BudgetReport, SpawnerResult, ToolCall, Usage
-from .store_backend import Backend, Params, Row, is_postgres_url, statements
+from .store_backend import Backend, Params, Row, SlotClaim, is_postgres_url, statements
 from .sweep import OpenRun, process_start, sweep
 
 logger = logging.getLogger(__name__)
@@ -639,6 +639,9 @@ class SqliteBackend:
         if moved:
             logger.info("moved %d credential(s) out of %s", len(moved), self.file)
 
+    def slot_claim(self, name: str, capacity: int) -> None:
+        return None  # one host's file: the spawner's own semaphore is the limit
+
     def close(self) -> None:
         with self._lock:
             for conn in self._connections:
@@ -879,6 +882,12 @@ class SessionStore:
         at once, lease or not (:mod:`spawnkit.sweep`).
         """
         return len(self.expire_leases()) + len(sweep(self))
+
+    @_translated
+    def slot_claim(self, butler: str, capacity: int) -> SlotClaim | None:
+        """A claim on one of ``butler``'s ``capacity`` run slots across every host sharing
+        this store (PostgreSQL advisory locks), or None on SQLite, one host's store."""
+        return self._db.slot_claim(butler, capacity)
 
     # -- leases: runs that belong to a host -----------------------------------------
 

@@ -4,7 +4,9 @@ A "host" is an OS process with its own ``$SPAWNKIT_HOME`` and ``$SPAWNKIT_HOST``
 name its records carry), so two hosts on this machine are told apart as two machines
 would be. Host A runs `spawnkit run` with a CLI that works for minutes and is killed
 with SIGKILL mid-run: nothing of it can close its record. Host B, which cannot see A's
-processes, marks the run ``crashed`` once A's lease has run out, and not before.
+processes, marks the run ``crashed`` once A's lease has run out, and not before; the run
+slot A held is free again at once. Then two hosts trigger 20 runs each against a butler's
+``max_concurrent_sessions = 3``: never more than 3 run at once, counted from the records.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +31,7 @@ from .conftest import REPO, RosterFactory
 
 LEASE_S = 3.0
 START_TIMEOUT_S = 90.0
+HOST_TIMEOUT_S = 300
 
 
 def _record(url: str) -> tuple[str, str, str, str | None] | None:
@@ -63,6 +67,7 @@ def test_a_killed_hosts_run_is_crashed_by_another_host_once_its_lease_ran_out(
         type = "command"
         command = [{json.dumps(sys.executable)}, "-c", "import time; time.sleep(600)"]
         stdin = "prompt"
+        max_concurrent_sessions = 1
         """,
     )
     SessionStore(postgres_url).close()  # the schema, before anyone polls it
@@ -86,9 +91,16 @@ def test_a_killed_hosts_run_is_crashed_by_another_host_once_its_lease_ran_out(
         _, _, _, lease = _wait_for(
             postgres_url, "a renewal", lambda r: r[3] is not None and r[3] > first_lease, LEASE_S
         )
-        os.kill(host_a.pid, signal.SIGKILL)
-        host_a.wait(timeout=10)
-        killed_at = time.monotonic()
+        with SessionStore(postgres_url) as watcher:
+            claim = watcher.slot_claim("sleeper", 1)
+            assert claim is not None and claim.try_acquire() is None, "A holds the one slot"
+            os.kill(host_a.pid, signal.SIGKILL)
+            host_a.wait(timeout=10)
+            killed_at = time.monotonic()
+            while claim.try_acquire() is None:
+                assert time.monotonic() - killed_at < 10, "the slot is free within 10 s"
+                time.sleep(0.05)
+            claim.release()
         _, _, _, lease = _wait_for(postgres_url, "the last lease", lambda r: True, 1)
         lease_end = datetime.fromisoformat(lease)
 
@@ -124,3 +136,88 @@ def test_a_killed_hosts_run_is_crashed_by_another_host_once_its_lease_ran_out(
         if record is not None:  # whatever of A's run outlived it on this machine
             found = run_processes([OpenRun(record[0], 0, None, None)])
             kill_processes(found[record[0]])
+
+
+HOST = """
+import asyncio, sys
+from spawnkit.roster import load_roster
+from spawnkit.spawner import Spawner
+
+async def main() -> None:
+    spawner = Spawner(load_roster(sys.argv[1])["limited"])
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    results = await asyncio.gather(*(spawner.trigger(f"job {n}") for n in range(int(sys.argv[2]))))
+    print(sum(r.success for r in results), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_max_concurrent_sessions_holds_across_two_hosts(
+    make_butler: RosterFactory, tmp_path: Path, postgres_url: str
+) -> None:
+    """2 hosts x 20 triggers against max_concurrent_sessions = 3: never more than 3 running
+    at once, measured from the records (each run's started_at to its completed_at)."""
+    limit, per_host = 3, 20
+    make_butler(
+        "limited",
+        extra=f"""
+        [butler.runtime]
+        type = "command"
+        command = [{json.dumps(sys.executable)}, "-c", "import time; time.sleep(0.4); print('ok')"]
+        stdin = "prompt"
+        max_concurrent_sessions = {limit}
+        max_queued_sessions = {per_host}
+        """,
+    )
+    SessionStore(postgres_url).close()
+    hosts = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(HOST), str(tmp_path / "roster"), str(per_host)],
+            env={
+                **os.environ,
+                "SPAWNKIT_HOME": str(tmp_path / name),
+                "SPAWNKIT_HOST": name,
+                "SPAWNKIT_STORE": postgres_url,
+            },
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("host-a", "host-b")
+    ]
+    try:
+        for host in hosts:
+            assert host.stdout is not None and host.stdout.readline() == "ready\n"
+        for host in hosts:  # both hosts trigger at once
+            assert host.stdin is not None
+            host.stdin.write("go\n")
+            host.stdin.flush()
+        outcomes = [host.communicate(timeout=HOST_TIMEOUT_S) for host in hosts]
+    finally:
+        for host in hosts:
+            if host.poll() is None:
+                host.kill()
+                host.wait(timeout=10)
+    assert [(h.returncode, out) for h, (out, _) in zip(hosts, outcomes, strict=True)] == [
+        (0, f"{per_host}\n")
+    ] * 2, [err for _, err in outcomes]
+
+    with SessionStore(postgres_url) as store:
+        records = store.list_sessions(limit=1000)
+    assert len(records) == 2 * per_host
+    assert {r.owner_host for r in records} == {"host-a", "host-b"}
+    edges = sorted(
+        [(r.started_at, 1) for r in records if r.started_at is not None]
+        + [(r.completed_at, -1) for r in records if r.completed_at is not None],
+        key=lambda edge: (edge[0], edge[1]),  # an end before a start at the same instant
+    )
+    assert len(edges) == 4 * per_host
+    running, most = 0, 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    assert most == limit, f"at most {limit} running at once across both hosts, and {limit} reached"
