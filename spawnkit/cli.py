@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     creds_delete = creds_commands.add_parser("delete", help="remove a stored value")
     creds_delete.add_argument("name")
 
-    store_cmd = commands.add_parser("store", help="check the session store")
+    store_cmd = commands.add_parser("store", help="check, repair or migrate the session store")
     store_commands = store_cmd.add_subparsers(dest="store_command", required=True)
     check = store_commands.add_parser(
         "check", help="check every page of the store; exit 1 if it is damaged"
