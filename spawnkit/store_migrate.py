@@ -42,15 +42,23 @@ class _Table:
     key: tuple[str, ...]
     # The column the engine numbers itself (never copied), if any.
     serial: str | None = None
+    # Key columns that may be null: matched with IS NOT DISTINCT FROM, the others with =
+    # (which lets the server join a batch on an index or a hash).
+    nullable: tuple[str, ...] = ()
 
 
 # In the order that keeps a session before the rows that name it.
 TABLES = (
     _Table("sessions", ("id",)),
     _Table("tool_calls", ("session_id", "seq")),
-    _Table("mcp_calls", ("butler", "called_at", "tool", "session_key", "arguments"), "id"),
+    _Table(
+        "mcp_calls",
+        ("butler", "called_at", "tool", "session_key", "arguments"),
+        "id",
+        ("session_key", "arguments"),
+    ),
     _Table("state", ("butler", "key")),
-    _Table("episodes", ("butler", "created_at", "session_id", "prompt"), "id"),
+    _Table("episodes", ("butler", "created_at", "session_id", "prompt"), "id", ("session_id",)),
     _Table("cli_spans", ("session_id", "trace_id", "span_id")),
 )
 
@@ -140,7 +148,10 @@ def _columns(server: PostgresBackend, table: _Table, source: SqliteBackend) -> l
 def _copy_table(source: SqliteBackend, server: PostgresBackend, table: _Table) -> TableCopy:
     columns = _columns(server, table, source)
     names = ", ".join(columns)
-    match = " AND ".join(f"t.{k} IS NOT DISTINCT FROM b.{k}" for k in table.key)
+    match = " AND ".join(
+        f"t.{k} IS NOT DISTINCT FROM b.{k}" if k in table.nullable else f"t.{k} = b.{k}"
+        for k in table.key
+    )
     total = copied = present = 0
     for batch in _source_batches(source, table.name):
         with server.transaction() as tx:

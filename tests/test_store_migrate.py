@@ -12,7 +12,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import psycopg
+import pytest
 
+from spawnkit import store_migrate
 from spawnkit.store import SessionStore
 from spawnkit.store_backend import redact_url
 
@@ -127,3 +129,28 @@ def test_bad_targets_are_one_line_without_the_password(tmp_path: Path, postgres_
     assert_one_line_error(done, "is not a postgresql:// URL")
     done = spawnkit("store", "migrate", "--to", postgres_url, str(tmp_path / "missing.db"))
     assert_one_line_error(done, "no session store at")
+
+
+def test_batches_resume_where_a_partial_copy_stopped(
+    tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One row per batch, and half the episodes already copied by an interrupted run."""
+    db = tmp_path / "sessions.db"
+    _fill(db)
+    with SessionStore(db) as local:
+        for n in range(5):
+            local.add_episode("health", None, f"q{n}", f"a{n}")
+        (first,) = local.recent_episodes("health", 7)[-1:]
+    monkeypatch.setattr(store_migrate, "BATCH_ROWS", 1)
+    with SessionStore(postgres_url) as server, server._db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO episodes (butler, session_id, prompt, output, created_at) "
+            "VALUES (?, ?, ?, ?, ?)",
+            ("health", first["session_id"], first["prompt"], first["output"], first["created_at"]),
+        )
+    report = store_migrate.migrate_store(db, postgres_url)
+    assert report.verified
+    copies = {t.name: (t.source, t.copied, t.present) for t in report.tables}
+    assert copies["episodes"] == (7, 6, 7) and copies["sessions"] == (2, 2, 2)
+    with SessionStore(db) as local, SessionStore(postgres_url) as server:
+        assert server.recent_episodes("health", 10) == local.recent_episodes("health", 10)
