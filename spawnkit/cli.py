@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     creds_delete = creds_commands.add_parser("delete", help="remove a stored value")
     creds_delete.add_argument("name")
 
-    store_cmd = commands.add_parser("store", help="check the session store")
+    store_cmd = commands.add_parser("store", help="check, repair or migrate the session store")
     store_commands = store_cmd.add_subparsers(dest="store_command", required=True)
     check = store_commands.add_parser(
         "check", help="check every page of the store; exit 1 if it is damaged"
@@ -259,6 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--repair", action="store_true",
         help="copy every readable row into a fresh store; the damaged file is kept as a backup",
     )  # fmt: skip
+    migrate = store_commands.add_parser(
+        "migrate", help="copy a SQLite store into PostgreSQL (idempotent; counts verified)"
+    )
+    migrate.add_argument("path", nargs="?", type=Path, help="default: $SPAWNKIT_HOME/sessions.db")
+    migrate.add_argument("--to", required=True, metavar="URL", help="postgresql://user@host/db")
 
     hist = commands.add_parser("history", help="tokens, cost and tool calls, summed up")
     history_sources = ["store", "claude-code", "claude", "codex", "gemini"]
@@ -798,6 +803,8 @@ def cmd_store(args: argparse.Namespace) -> int:
     path = args.path or default_store_path()
     if not path.exists():
         raise SpawnkitError(f"no session store at {path}")
+    if args.store_command == "migrate":
+        return _migrate(path, args.to)
     if args.repair:
         return _repair(path)
     health = check_store(path)
@@ -834,6 +841,23 @@ def _repair(path: Path) -> int:
             file=sys.stderr,
         )
     return EXIT_OK if report.complete else EXIT_FAILED
+
+
+def _migrate(path: Path, url: str) -> int:
+    from .store_migrate import migrate_store
+
+    report = migrate_store(path, url)
+    print(f"{report.source} -> {report.target}")
+    for t in report.tables:
+        state = "verified" if t.verified else f"ONLY {t.present} FOUND IN THE TARGET"
+        print(
+            f"  {t.name:<11} {t.source:>8} rows: {t.copied} copied, {t.already} already there; "
+            f"{state}"
+        )
+    if report.verified:
+        return EXIT_OK
+    print("spawnkit: error: some rows are missing from the target; run it again", file=sys.stderr)
+    return EXIT_FAILED
 
 
 COMMANDS = {

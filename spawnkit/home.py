@@ -20,6 +20,11 @@ from .errors import ConfigError, HomeNotWritable
 ENV_VAR = "SPAWNKIT_HOME"
 STORE_VAR = "SPAWNKIT_STORE"
 CONFIG_FILE = "config.toml"
+# The name this host's runs carry in a shared store (default: the machine's node name).
+HOST_VAR = "SPAWNKIT_HOST"
+# Seconds a run's record stays owned without its host renewing it (spawnkit.store).
+LEASE_VAR = "SPAWNKIT_LEASE_S"
+DEFAULT_LEASE_S = 15.0
 
 
 def home_path() -> Path:
@@ -71,3 +76,26 @@ def store_setting() -> str | None:
     if url is not None and (not isinstance(url, str) or not url.strip()):
         raise ConfigError(f"{config}: [store] url must be a non-empty string")
     return url.strip() if url else None
+
+
+def host_name() -> str:
+    """This host's name in the store: ``$SPAWNKIT_HOST``, else the machine's node name.
+
+    Two hosts sharing a PostgreSQL store must have different names (containers cloned from
+    one image may share a node name: set the variable there).
+    """
+    return os.environ.get(HOST_VAR, "").strip() or os.uname().nodename
+
+
+def lease_seconds() -> float:
+    """How long a run's lease lasts: ``$SPAWNKIT_LEASE_S``, else :data:`DEFAULT_LEASE_S`."""
+    raw = os.environ.get(LEASE_VAR, "").strip()
+    if not raw:
+        return DEFAULT_LEASE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"${LEASE_VAR} must be a positive number of seconds, not {raw!r}")
+    return value

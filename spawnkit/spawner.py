@@ -99,7 +99,8 @@ from .runtimes import get_adapter
 from .runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
 from .sources import Source, sources_list
 from .store import SessionStore
-from .sweep import reap, sweep
+from .store_backend import SlotClaim
+from .sweep import reap
 from .system_prompt import append_memory, compose_system_prompt
 from .telemetry import RunSpan, run_span
 from .workspace import files_in, link_sources, mcp_url, run_workspace, source_paths
@@ -116,6 +117,8 @@ _SCHEDULE_RE = re.compile(r"^schedule:[A-Za-z0-9_.-]+$")
 _ROLE_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 # How long a cancelled run may take to kill its CLI and record itself.
 CANCEL_GRACE_S = 30.0
+# How often a run waiting for a slot another host holds tries again (PostgreSQL stores).
+SLOT_POLL_S = 0.2
 
 
 def validate_trigger_source(source: str) -> None:
@@ -327,8 +330,10 @@ class Spawner:
         # Runs started here whose spend is not in the store yet (for the daily budget).
         self._spending: dict[str, RunBudget] = {}
         self._listeners: list[EventSink] = []
+        # Renews the leases of this spawner's records while it has any (see _keep_leases).
+        self._lease_task: asyncio.Task[None] | None = None
         # What runs of owners that died left behind is cleaned up before ours start.
-        sweep(self.store)
+        self.store.recover_orphans()
 
     # -- observation -------------------------------------------------------------
 
@@ -537,6 +542,7 @@ class Spawner:
             name=f"spawnkit:{self.butler.name}:{session_id[:8]}",
         )
         self._runs[session_id] = task
+        self._keep_leases()
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -545,6 +551,44 @@ class Spawner:
             task.cancel()
             await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
             raise
+
+    async def _cluster_slot(self) -> SlotClaim | None:
+        """One of the butler's ``max_concurrent_sessions`` slots across every host sharing
+        the store (PostgreSQL), held until the run's record is closed; None on SQLite."""
+        claim = await asyncio.to_thread(self.store.slot_claim, self.butler.name, self._capacity)
+        if claim is None:
+            return None
+        try:
+            while True:
+                if await asyncio.to_thread(claim.try_acquire) is not None:
+                    return claim
+                await asyncio.sleep(SLOT_POLL_S)  # held elsewhere: nothing here to wake us
+        except BaseException:
+            claim.release()
+            raise
+
+    def _keep_leases(self) -> None:
+        """Renew this spawner's records' leases while it has runs, unless already renewing.
+
+        Each record belongs to this host for ``store.lease_s`` seconds; it is renewed every
+        third of that, so two renewals can fail before another host takes the run for dead.
+        Each round also closes other hosts' records whose lease ran out.
+        """
+        if self._lease_task is None or self._lease_task.done():
+            self._lease_task = asyncio.create_task(
+                self._renew_leases(), name=f"spawnkit:{self.butler.name}:leases"
+            )
+
+    async def _renew_leases(self) -> None:
+        interval = self.store.lease_s / 3
+        while self._runs:
+            await asyncio.sleep(interval)
+            held = list(self._runs)
+            try:
+                await asyncio.to_thread(self.store.renew_leases, held)
+                await asyncio.to_thread(self.store.expire_leases)
+            except StoreError as exc:  # the server away a moment: the next round tries again
+                logger.warning("could not renew the leases of %d run(s): %s", len(held), exc)
 
     def _limits(self, given: Limits | None, max_turns: int | None) -> Limits:
         """A run's limits: ``given`` over the butler's; an explicit ``max_turns`` wins."""
@@ -623,6 +667,7 @@ class Spawner:
         started_clock = 0.0
         result: SpawnerResult | None = None
         recorded = False
+        cluster: SlotClaim | None = None
         try:
             async with self._admission:
                 await asyncio.to_thread(
@@ -650,6 +695,7 @@ class Spawner:
                 self._active += 1
                 holding_slot = True
                 try:
+                    cluster = await self._cluster_slot()
                     started_at, started_clock = _now(), time.monotonic()
                     result = await self._daily_budget_spent(run) or await self._attempts(run)
                 finally:
@@ -685,7 +731,12 @@ class Spawner:
         except asyncio.CancelledError:
             logger.debug("cancelled while recording session %s; the write goes on", run.session_id)
         finally:
+            if cluster is not None:  # freed once the record is closed: records never overlap
+                cluster.release()
             self._runs.pop(run.session_id, None)
+            if not self._runs and self._lease_task is not None:
+                self._lease_task.cancel()  # nothing left to renew
+                self._lease_task = None
             self._spending.pop(run.session_id, None)
             for key, redactor in list(self._redactors.items()):
                 if redactor is run.redactor:

@@ -35,21 +35,21 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote
 
 from .credential_file import CredentialError, CredentialFile, StoredCredential
 from .errors import HomeNotWritable, StoreDamaged, StoreError, StoreTooNew
-from .home import default_store_path, is_writable, store_setting
+from .home import default_store_path, host_name, is_writable, lease_seconds, store_setting
 from .result import Attempt, BudgetReport, SpawnerResult, ToolCall, Usage
-from .store_backend import Backend, Params, Row, is_postgres_url, statements
+from .store_backend import Backend, Params, Row, SlotClaim, is_postgres_url, statements
 from .sweep import OpenRun, process_start, sweep
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 BUSY_TIMEOUT_MS = 15_000
 
 _SCHEMA = """
@@ -92,12 +92,14 @@ CREATE TABLE IF NOT EXISTS sessions (
     kind TEXT NOT NULL DEFAULT 'run',
     sources TEXT,
     budget TEXT,
-    attempts TEXT
+    attempts TEXT,
+    lease_until TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_at);
 CREATE INDEX IF NOT EXISTS sessions_by_butler ON sessions (butler, created_at);
 CREATE INDEX IF NOT EXISTS sessions_by_runtime_id ON sessions (runtime_session_id);
 CREATE INDEX IF NOT EXISTS sessions_open ON sessions (owner_host) WHERE completed_at IS NULL;
+CREATE INDEX IF NOT EXISTS sessions_lease ON sessions (lease_until) WHERE completed_at IS NULL;
 
 CREATE TABLE IF NOT EXISTS tool_calls (
     session_id TEXT NOT NULL,
@@ -222,6 +224,12 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("ALTER TABLE sessions ADD COLUMN attempts TEXT",),
     _CLI_SPANS_SCHEMA,
     _CLI_EVENTS_SCHEMA,
+    # Runs that belong to a host: the lease its host renews while the run lives.
+    (
+        "ALTER TABLE sessions ADD COLUMN lease_until TEXT",
+        "CREATE INDEX IF NOT EXISTS sessions_lease ON sessions (lease_until) "
+        "WHERE completed_at IS NULL",
+    ),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION - 1
 
@@ -236,6 +244,11 @@ def _iso(value: datetime | None) -> str | None:
 
 def _dt(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
+
+
+def _stamp(value: datetime) -> str:
+    """A UTC time as ISO text of fixed width, so leases compare as text on both engines."""
+    return value.astimezone(UTC).isoformat(timespec="microseconds")
 
 
 # What SQLite says when the file itself is damaged (not merely busy or unwritable).
@@ -345,6 +358,9 @@ class SessionRecord:
     budget: BudgetReport | None = None
     # Each start of the run's CLI; several when a rate-limited run was started again.
     attempts: tuple[Attempt, ...] = ()
+    # The host the run belongs to, and until when it holds the record unless it renews it.
+    owner_host: str | None = None
+    lease_until: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Row) -> SessionRecord:
@@ -387,6 +403,8 @@ class SessionRecord:
             sources=tuple(json.loads(row["sources"])) if row["sources"] else (),
             budget=BudgetReport.from_dict(json.loads(row["budget"])) if row["budget"] else None,
             attempts=tuple(Attempt.from_dict(a) for a in json.loads(row["attempts"] or "[]")),
+            owner_host=row["owner_host"],
+            lease_until=_dt(row["lease_until"]),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -426,6 +444,8 @@ class SessionRecord:
             "sources": list(self.sources),
             "budget": asdict(self.budget) if self.budget else None,
             "attempts": [attempt.to_dict() for attempt in self.attempts],
+            "owner_host": self.owner_host,
+            "lease_until": _iso(self.lease_until),
         }
 
 
@@ -630,6 +650,9 @@ class SqliteBackend:
         if moved:
             logger.info("moved %d credential(s) out of %s", len(moved), self.file)
 
+    def slot_claim(self, name: str, capacity: int) -> None:
+        return None  # one host's file: the spawner's own semaphore is the limit
+
     def close(self) -> None:
         with self._lock:
             for conn in self._connections:
@@ -647,7 +670,7 @@ class SessionStore:
     safe to share between threads and processes, and between hosts on PostgreSQL.
     """
 
-    def __init__(self, target: str | Path | None = None) -> None:
+    def __init__(self, target: str | Path | None = None, *, lease_s: float | None = None) -> None:
         if target is None:
             target = store_setting() or default_store_path()
         if is_postgres_url(target):
@@ -659,10 +682,17 @@ class SessionStore:
         # The SQLite file (None on a server); its name, or the URL without password.
         self.path = self._db.path
         self.location = self._db.location
-        self._host = os.uname().nodename  # socket.gethostname(), without importing socket
+        self._host = host_name()
+        # How long a record stays this host's without a renewal (spawnkit.home.lease_seconds).
+        self.lease_s = lease_s if lease_s is not None else lease_seconds()
         self._pid = os.getpid()
         self._pid_start = process_start(self._pid)
         self.recover_orphans()
+
+    @property
+    def host(self) -> str:
+        """The name this host's records carry (``$SPAWNKIT_HOST``, else the node name)."""
+        return self._host
 
     @property
     def local_dir(self) -> Path:
@@ -704,13 +734,14 @@ class SessionStore:
                 """INSERT INTO sessions (id, butler, runtime, model, prompt, context,
                        trigger_source, status, runtime_session_id, parent_session_id,
                        created_at, owner_host, owner_pid, owner_start, log_dir, role,
-                       kind, sources)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                       kind, sources, lease_until)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (
                     session_id, butler, runtime, model, prompt, context, trigger_source,
                     runtime_session_id, parent_session_id, _iso(created_at or utcnow()),
                     self._host, self._pid, self._pid_start, str(log_dir) if log_dir else None,
                     role, kind, json.dumps(list(sources)) if sources else None,
+                    self._lease_end(),
                 ),
             )  # fmt: skip
 
@@ -855,8 +886,63 @@ class SessionStore:
 
     @_translated
     def recover_orphans(self) -> int:
-        """Sweep up this host's runs whose owner died (see :mod:`spawnkit.sweep`); how many."""
-        return len(sweep(self))
+        """Close the runs whose owner is gone; how many.
+
+        Other hosts' runs whose lease expired are marked ``crashed``
+        (:meth:`expire_leases`); this host's runs whose owner process died are swept up
+        at once, lease or not (:mod:`spawnkit.sweep`).
+        """
+        return len(self.expire_leases()) + len(sweep(self))
+
+    @_translated
+    def slot_claim(self, butler: str, capacity: int) -> SlotClaim | None:
+        """A claim on one of ``butler``'s ``capacity`` run slots across every host sharing
+        this store (PostgreSQL advisory locks), or None on SQLite, one host's store."""
+        return self._db.slot_claim(butler, capacity)
+
+    # -- leases: runs that belong to a host -----------------------------------------
+
+    def _lease_end(self) -> str:
+        return _stamp(utcnow() + timedelta(seconds=self.lease_s))
+
+    @_translated
+    def renew_leases(self, session_ids: Sequence[str]) -> int:
+        """Extend the lease of this host's open records ``session_ids``; how many were open."""
+        if not session_ids:
+            return 0
+        marks = ", ".join("?" for _ in session_ids)
+        with self._db.transaction() as tx:
+            return tx.execute(
+                f"UPDATE sessions SET lease_until = ? WHERE id IN ({marks}) "
+                "AND owner_host = ? AND completed_at IS NULL",
+                (self._lease_end(), *session_ids, self._host),
+            )
+
+    @_translated
+    def expire_leases(self) -> list[str]:
+        """Mark ``crashed`` the open records of other hosts whose lease ran out; their ids.
+
+        Their host died or lost the network: it stopped renewing them. One statement, so
+        when several hosts see the same record at once, one of them closes it. This
+        host's own records are left to the sweep, which knows at once whether their owner
+        process lives. Records without a lease (written by an older spawnkit) never expire.
+        """
+        now = _stamp(utcnow())
+        with self._db.transaction() as tx:
+            rows = tx.query(
+                "UPDATE sessions SET status = 'crashed', success = 0, error_kind = 'crash', "
+                "completed_at = ?, "
+                "error = 'the lease of host ' || COALESCE(owner_host, 'unknown') || "
+                "' ran out at ' || lease_until || ' without a renewal: the host died or lost "
+                "the network before the run completed (seen by ' || ? || ')' "
+                "WHERE completed_at IS NULL AND lease_until < ? "
+                "AND (owner_host IS NULL OR owner_host <> ?) RETURNING id",
+                (now, self._host, now, self._host),
+            )
+        expired = [str(r["id"]) for r in rows]
+        for session_id in expired:
+            logger.warning("session %s: its host's lease ran out; marked crashed", session_id)
+        return expired
 
     @_translated
     def open_runs_here(self) -> list[OpenRun]:

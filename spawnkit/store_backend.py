@@ -58,6 +58,20 @@ class Transaction(Protocol):
     def query(self, sql: str, params: Params = ()) -> Sequence[Row]: ...
 
 
+class SlotClaim(Protocol):
+    """One run's claim on a slot of a limit that holds for every host sharing the store.
+
+    Holds a dedicated connection while it lives; a slot is held until :meth:`release`, or
+    until the connection dies with its process or host.
+    """
+
+    def try_acquire(self) -> int | None:
+        """Take a free slot if there is one: its number, or None when all are held."""
+        ...
+
+    def release(self) -> None: ...
+
+
 class Backend(Protocol):
     """A database a :class:`~spawnkit.store.SessionStore` reads and writes.
 
@@ -83,6 +97,11 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    def slot_claim(self, name: str, capacity: int) -> SlotClaim | None:
+        """A claim on one of ``capacity`` slots named ``name`` shared by every host, or
+        None where the store is one host's (SQLite: the spawner's own limit is enough)."""
+        ...
 
 
 def statements(script: str) -> Iterator[str]:

@@ -21,6 +21,7 @@ they stay in the local, owner-only credentials file.
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,6 +43,9 @@ MIGRATION_LOCK = int.from_bytes(b"spawnkit", "big") & 0x7FFF_FFFF_FFFF_FFFF
 CONNECT_TIMEOUT_S = 10
 POOL_MAX = 8
 POOL_TIMEOUT_S = 30.0
+# A slot holder's connection: the server drops it (and frees the slot) this many ms after
+# its host stops acknowledging, rather than minutes later (keepalives alone do not).
+SLOT_TCP_USER_TIMEOUT_MS = 5000
 
 # _MIGRATIONS[v] takes the schema from version v to v + 1; version 1 is the SQLite
 # store's schema 9 (sessions, tool calls, MCP calls, state, episodes), without the
@@ -161,6 +165,11 @@ _MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX cli_events_by_session ON cli_events (session_id, time_ns)
     """,
+    # 3 -> 4: runs that belong to a host, with the lease it renews (SQLite schema 12).
+    """
+    ALTER TABLE sessions ADD COLUMN lease_until TEXT;
+    CREATE INDEX sessions_lease ON sessions (lease_until) WHERE completed_at IS NULL
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -253,7 +262,54 @@ class PostgresBackend:
             return StoreUnreachable(self.location, detail)
         return StoreError(f"the session store {self.location}: {detail}")
 
+    def slot_claim(self, name: str, capacity: int) -> _AdvisorySlots:
+        try:
+            conn = psycopg.connect(
+                self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+                application_name="spawnkit-slot",
+                options=f"-c tcp_user_timeout={SLOT_TCP_USER_TIMEOUT_MS} "
+                "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=2",
+            )  # fmt: skip
+        except psycopg.Error as exc:
+            raise self.error(exc) from exc
+        return _AdvisorySlots(self, conn, name, capacity)
+
     def close(self) -> None:
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.close()
+
+
+class _AdvisorySlots:
+    """A :class:`~spawnkit.store_backend.SlotClaim`: slot ``n`` of the limit ``name`` is the
+    session-level advisory lock ``(key(name), n)`` on a connection of its own, so a process
+    that dies (or a host the server stops hearing from) lets its slots go with it."""
+
+    def __init__(
+        self, backend: PostgresBackend, conn: psycopg.Connection[Any], name: str, capacity: int
+    ) -> None:
+        self._backend = backend
+        self._conn = conn
+        # Both keys are int4: the name's CRC-32 as a signed number, and the slot.
+        self._key = zlib.crc32(f"spawnkit:slots:{name}".encode()) - 2**31
+        self._capacity = capacity
+        self.slot: int | None = None
+
+    def try_acquire(self) -> int | None:
+        if self.slot is not None:
+            return self.slot
+        try:
+            for slot in range(self._capacity):
+                row = self._conn.execute(
+                    "SELECT pg_try_advisory_lock(%s, %s)", (self._key, slot)
+                ).fetchone()
+                if row is not None and row[0]:
+                    self.slot = slot
+                    return slot
+        except psycopg.Error as exc:
+            raise self._backend.error(exc) from exc
+        return None
+
+    def release(self) -> None:
+        self.slot = None
+        self._conn.close()  # ends the session: its advisory locks go with it

@@ -212,7 +212,10 @@ def test_lifecycle_round_trips_every_column(store: SessionStore, tmp_path: Path)
                 "stagger_s": 0.0,
             }
         ],
+        "owner_host": store.host,
+        "lease_until": record.lease_until.isoformat() if record.lease_until else None,
     }
+    assert record.lease_until is not None and record.lease_until > record.created_at
     assert record.tool_calls == tool_calls(), "tool calls round-trip with their datetimes"
     assert record.tool_calls[0].started_at.tzinfo is not None
     assert record.usage == Usage(100, 20, 3000, 400)
@@ -442,6 +445,41 @@ def test_sessions_of_another_host_are_left_alone(target: str) -> None:
         assert store.get_session("remote").status == "running"  # type: ignore[union-attr]
 
 
+def test_a_run_whose_lease_ran_out_elsewhere_is_crashed_once(target: str) -> None:
+    with SessionStore(target, lease_s=60) as store:
+        for sid in ("gone", "renewed", "mine"):
+            create(store, sid)
+        execute(store, "UPDATE sessions SET owner_host = 'host-a' WHERE id = 'gone'")
+        with SessionStore(target) as other:  # another process sees host-a's live lease
+            assert other.recover_orphans() == 0
+        assert store.get_session("gone").status == "queued"  # type: ignore[union-attr]
+
+        past = (datetime.now(UTC) - timedelta(seconds=1)).isoformat(timespec="microseconds")
+        execute(store, f"UPDATE sessions SET lease_until = '{past}'")
+        assert store.renew_leases(["renewed", "missing"]) == 1
+        renewed = store.get_session("renewed")
+        assert renewed is not None and renewed.lease_until is not None
+        assert renewed.lease_until > datetime.now(UTC) + timedelta(seconds=50)
+        execute(store, "UPDATE sessions SET owner_host = 'host-a' WHERE id = 'renewed'")
+        before = datetime.now(UTC)
+        with SessionStore(target):  # opening the store closes what ran out
+            pass
+        gone = store.get_session("gone")
+        assert gone is not None and (gone.status, gone.success, gone.error_kind) == (
+            "crashed", False, "crash",
+        )  # fmt: skip
+        assert gone.error == (
+            f"the lease of host host-a ran out at {past} without a renewal: the host died or "
+            f"lost the network before the run completed (seen by {store.host})"
+        )
+        assert gone.completed_at is not None and gone.completed_at >= before
+        assert gone.owner_host == "host-a"
+        assert store.get_session("renewed").status == "queued"  # type: ignore[union-attr]
+        mine = store.get_session("mine")
+        assert mine is not None and mine.status == "queued", "a live owner here outlives its lease"
+        assert store.expire_leases() == [], "closed once"
+
+
 # -- several processes at once ---------------------------------------------------------------
 
 WRITER = """
@@ -573,7 +611,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         old = store.get_session("old")
         create(store, "new", log_dir=tmp_path / "logs", role="researcher")
         new = store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(11,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(12,)]
     assert old is not None and old.log_dir is None and old.status == "queued"
     assert new is not None and new.log_dir == tmp_path / "logs" and new.role == "researcher"
 
@@ -617,7 +655,7 @@ def test_a_version_6_file_is_migrated(tmp_path: Path) -> None:
             trigger_source="external", kind="ask", sources=["notes", "repo"],
         )  # fmt: skip
         old, asked = store.get_session("old"), store.get_session("asked")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(11,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(12,)]
     assert old is not None and (old.kind, old.sources) == ("run", ())
     assert asked is not None and (asked.kind, asked.sources) == ("ask", ("notes", "repo"))
     assert asked.to_dict()["sources"] == ["notes", "repo"]
@@ -683,7 +721,7 @@ def test_a_version_7_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         store.complete_session("new", full_result())
         new, old = store.get_session("new"), store.get_session("old")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(11,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(12,)]
     assert new is not None and new.budget is not None and new.budget.tokens == 120
     assert old is not None and old.budget is None
 
@@ -925,8 +963,33 @@ def test_store_memory_from_module_config(store: SessionStore) -> None:
 
 
 def _as_schema_10(db: Path) -> None:
+    _as_schema_11(db)
     execute(db, "DROP TABLE cli_events")
     execute(db, "PRAGMA user_version = 10")
+
+
+def _as_schema_11(db: Path) -> None:
+    execute(db, "DROP INDEX sessions_lease")
+    execute(db, "ALTER TABLE sessions DROP COLUMN lease_until")
+    execute(db, "PRAGMA user_version = 11")
+
+
+@sqlite_only
+def test_a_version_11_file_is_migrated(tmp_path: Path) -> None:
+    db = tmp_path / "sessions.db"
+    with SessionStore(db) as store:
+        create(store, "old")
+    _as_schema_11(db)
+    with SessionStore(db, lease_s=30) as store:
+        create(store, "new")
+        new, old = store.get_session("new"), store.get_session("old")
+        assert store.expire_leases() == [], "a record without a lease never expires"
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(12,)]
+    assert old is not None and old.lease_until is None and old.status == "queued"
+    assert new is not None and new.lease_until is not None
+    assert timedelta(seconds=29) < new.lease_until - new.created_at < timedelta(seconds=31)
+    indexes = rows(db, "SELECT name FROM sqlite_master WHERE type = 'index'")
+    assert ("sessions_lease",) in indexes
 
 
 def _as_schema_9(db: Path) -> None:
@@ -961,7 +1024,7 @@ def test_a_version_10_file_is_migrated(tmp_path: Path) -> None:
     with SessionStore(db) as store:
         assert store.record_cli_events([CLI_EVENT]) == 1
         assert store.cli_events("old") == [CLI_EVENT]
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(11,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(12,)]
 
 
 @sqlite_only
@@ -978,7 +1041,7 @@ def test_a_version_9_file_is_migrated(tmp_path: Path) -> None:
     with SessionStore(db) as store:
         assert store.record_cli_spans([span]) == 1
         assert store.cli_spans("old") == [span]
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(11,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(12,)]
 
 
 def _as_schema_8(db: Path) -> None:
@@ -1001,7 +1064,7 @@ def test_a_version_8_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         store.complete_session("new", replace(full_result(), attempts=(limited, retried)))
         new, old = store.get_session("new"), store.get_session("old")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(11,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(12,)]
     assert new is not None and new.attempts == (limited, retried)
     assert new.to_dict()["attempts"][1]["cooldown_s"] == 2.0
     assert new.to_dict()["attempts"][0]["started_at"] == T0.isoformat()

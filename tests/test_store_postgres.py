@@ -75,6 +75,28 @@ def test_a_newer_schema_is_refused_with_both_versions(postgres_url: str) -> None
     )
 
 
+def test_a_schema_3_database_gains_leases_and_keeps_its_records(postgres_url: str) -> None:
+    with SessionStore(postgres_url) as store:
+        store.create_session(
+            "old", butler="b", runtime="codex", model=None, prompt="p", context=None,
+            trigger_source="external",
+        )  # fmt: skip
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # as schema 3 left it
+        conn.execute("DROP INDEX spawnkit.sessions_lease")
+        conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN lease_until")
+        conn.execute("DELETE FROM spawnkit.schema_version WHERE version = 4")
+    with SessionStore(postgres_url, lease_s=20) as store:
+        old = store.get_session("old")
+        assert old is not None and (old.status, old.lease_until) == ("queued", None)
+        assert store.renew_leases(["old"]) == 1
+        renewed = store.get_session("old")
+        assert renewed is not None and renewed.lease_until is not None
+    with psycopg.connect(postgres_url) as conn:
+        versions = conn.execute("SELECT version FROM spawnkit.schema_version ORDER BY 1")
+        assert versions.fetchall() == [(1,), (2,), (3,), (4,)] == [(v,) for v in range(1, 5)]
+    assert SCHEMA_VERSION == 4
+
+
 OPENER = """
 import sys
 from spawnkit.store import SessionStore
