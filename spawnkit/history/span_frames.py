@@ -12,7 +12,7 @@ their own way into common columns (``model``, ``input_tokens``, ``output_tokens`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,10 +73,14 @@ def _event_status(attributes: Mapping[str, Any]) -> str | None:
     return str(status) if status is not None else None
 
 
-def _store(store: SessionStore | str | Path | None) -> SessionStore:
+def _read(
+    store: SessionStore | str | Path | None, read: Callable[[SessionStore], list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """``read`` of the given store, or of one opened (by path or URL) and closed here."""
     if isinstance(store, SessionStore):
-        return store
-    return SessionStore(Path(store)) if store is not None else SessionStore()
+        return read(store)
+    with SessionStore(store) as opened:
+        return read(opened)
 
 
 def cli_events(
@@ -84,7 +88,7 @@ def cli_events(
 ) -> pd.DataFrame:
     """The CLIs' log events and metric points of every run (or of ``session_id``), by time."""
     rows = []
-    for e in _store(store).cli_events(session_id):
+    for e in _read(store, lambda opened: opened.cli_events(session_id)):
         attributes = e["attributes"]
         tool = _first(attributes, _TOOL)
         rows.append(
@@ -120,7 +124,7 @@ def spans(
 ) -> pd.DataFrame:
     """The CLIs' spans of every run (or of ``session_id``), ordered by session and start."""
     rows = []
-    for s in _store(store).cli_spans(session_id):
+    for s in _read(store, lambda opened: opened.cli_spans(session_id)):
         attributes = s["attributes"]
         tool = _first(attributes, _TOOL)
         rows.append(
