@@ -79,6 +79,39 @@ class UsageUpdate:
 
 
 @dataclass(frozen=True)
+class ToolTime:
+    """One tool's calls in a run so far: how many, and their total time."""
+
+    tool: str
+    calls: int
+    total_ms: float
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One model request's latency or one tool call's time, from the CLI's own telemetry.
+
+    Only with CLI telemetry on (:mod:`spawnkit.otlp`), as the CLI's log events reach the
+    run's receiver (:mod:`spawnkit.timings` reads them). ``kind`` is ``"model"`` (``name``
+    the model) or ``"tool"`` (``name`` the tool as the CLI names it); ``status`` is ``"ok"``
+    or ``"error"``. The rest are the run's running figures so far, this one included:
+    ``requests`` model requests with latency percentiles ``p50_ms`` and ``p90_ms``
+    (None before the first), and ``tools`` by total time, most first.
+    """
+
+    session_id: str
+    kind: str
+    name: str
+    duration_ms: float
+    status: str
+    requests: int
+    p50_ms: float | None
+    p90_ms: float | None
+    tools: tuple[ToolTime, ...]
+    ttft_ms: float | None = None
+
+
+@dataclass(frozen=True)
 class Finished:
     session_id: str
     result: SpawnerResult
@@ -92,6 +125,7 @@ RunEvent = (
     | ToolCallStarted
     | ToolCallFinished
     | UsageUpdate
+    | Timing
     | Finished
 )
 EventSink = Callable[[RunEvent], None]

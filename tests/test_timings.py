@@ -1,0 +1,138 @@
+"""The timing classifier on log events the real CLIs sent.
+
+``fixtures/telemetry/log_events.json`` holds the log events Claude Code 2.1, Codex 0.169
+and Gemini 0.61 exported to a run's receiver for one replayed run of three model turns
+(a shell command, an MCP tool, a final answer), their attributes as stored (resource
+attributes and opaque ids dropped to keep it small). Each CLI's model requests and
+tool calls must be found, with the duration the CLI gave, and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from spawnkit.events import Timing
+from spawnkit.timings import (
+    Measurement,
+    RunTimings,
+    classify,
+    percentile,
+    span_kind,
+    timing_line,
+)
+
+EVENTS: dict[str, list[dict[str, Any]]] = json.loads(
+    (Path(__file__).parent / "fixtures" / "telemetry" / "log_events.json").read_text()
+)
+# What each CLI calls the replayed shell command and the butler's MCP tool.
+TOOLS = {
+    "claude-code": ["Bash", "mcp_tool"],  # Claude Code hides MCP tool names by default
+    "codex": ["exec_command", "mcp__health__state_get"],
+    "gemini": ["run_shell_command", "mcp_health_state_get"],
+}
+MODEL = {"claude-code": "api_request", "codex": "codex.api_request",
+         "gemini": "gemini_cli.api_response"}  # fmt: skip
+
+
+def measured(runtime: str) -> list[Measurement]:
+    found = [classify(e["name"], e["attributes"], e["time_ns"]) for e in EVENTS[runtime]]
+    return [m for m in found if m is not None]
+
+
+@pytest.mark.parametrize("runtime", sorted(EVENTS))
+def test_each_cli_requests_and_tool_calls_are_found(runtime: str) -> None:
+    found = measured(runtime)
+    requests = [m for m in found if m.kind == "model"]
+    tools = [m for m in found if m.kind == "tool"]
+    sent = [e for e in EVENTS[runtime] if e["name"] == MODEL[runtime]]
+    assert len(requests) == len(sent) == 3  # three model turns were replayed
+    assert [m.duration_ms for m in requests] == [
+        float(e["attributes"]["duration_ms"]) for e in sent
+    ]
+    assert all(m.status == "ok" and m.name not in ("", "?") for m in requests)
+    assert [m.name for m in tools] == TOOLS[runtime]
+    assert all(m.status == "ok" and m.duration_ms > 0 for m in tools)
+    # Every measurement is one of the CLI's request or tool events; decisions, prompts,
+    # SSE chunks (Codex's carry a duration_ms too) and Gemini's duration-less
+    # api_request are not.
+    assert len(found) == 5
+    times = [m.time_ns for m in found]
+    assert times == sorted(times) and times[0] > 0
+
+
+def test_tokens_and_time_to_first_token_when_the_cli_says() -> None:
+    claude = [m for m in measured("claude-code") if m.kind == "model"]
+    assert all(m.input_tokens and m.output_tokens for m in claude)
+    assert all(m.ttft_ms is not None and m.ttft_ms <= m.duration_ms for m in claude)
+    gemini = [m for m in measured("gemini") if m.kind == "model"]
+    assert all(m.input_tokens and m.output_tokens for m in gemini)
+    codex = [m for m in measured("codex") if m.kind == "model"]
+    assert [m.attempt for m in codex] == [0, 0, 0]
+
+
+def test_errors_and_failed_tools() -> None:
+    # Claude Code's api_error (documented shape) and a failed tool, Codex's HTTP 500.
+    error = classify(
+        "api_error",
+        {"model": "claude-x", "error": "overloaded", "status_code": "529",
+         "duration_ms": "812", "attempt": "2"},
+    )  # fmt: skip
+    assert error is not None and (error.kind, error.status, error.attempt) == ("model", "error", 2)
+    failed = classify("tool_result", {"tool_name": "Bash", "success": "false", "duration_ms": 5})
+    assert failed is not None and failed.status == "error"
+    codex = classify("codex.api_request", {"duration_ms": "40", "http.response.status_code": 500})
+    assert codex is not None and codex.status == "error"
+    assert classify("tool_result", {"tool_name": "Bash"}) is None  # no duration
+    assert classify("tool_result", {"tool_name": "Bash", "duration_ms": "n/a"}) is None
+    assert classify("codex.sse_event", {"duration_ms": "3"}) is None
+
+
+def test_running_percentiles_agree_with_pandas() -> None:
+    rng = random.Random(19)
+    values = [rng.uniform(5, 5000) for _ in range(41)]
+    run = RunTimings("s1")
+    timing: Timing | None = None
+    for i, value in enumerate(values):
+        timing = run.add(Measurement("model", "m", value, "ok"))
+        seen = pd.Series(values[: i + 1])
+        assert timing.requests == i + 1
+        assert timing.p50_ms == pytest.approx(seen.quantile(0.5))
+        assert timing.p90_ms == pytest.approx(seen.quantile(0.9))
+    assert percentile([], 0.5) is None
+    assert percentile([7.0], 0.9) == 7.0
+
+
+def test_tool_totals_rank_the_tools_and_the_line_shows_them() -> None:
+    run = RunTimings("s1")
+    for m in measured("codex"):
+        timing = run.add(m)
+    tools = {t.tool: t for t in timing.tools}
+    for m in measured("codex"):
+        if m.kind == "tool":
+            assert tools[m.name].calls == 1
+            assert tools[m.name].total_ms == m.duration_ms
+    totals = [t.total_ms for t in timing.tools]
+    assert totals == sorted(totals, reverse=True)
+    line = timing_line(timing)
+    assert line.startswith("model 3 requests · p50 ")
+    assert all(name in line for name in TOOLS["codex"])
+    more = run.add(Measurement("tool", "a", 1, "ok"))
+    more = run.add(Measurement("tool", "b", 1, "ok"))
+    assert timing_line(more, top=2).endswith("+2 more")
+    assert timing_line(RunTimings("s2").add(Measurement("tool", "x", 12_345, "ok"))) == (
+        "tools x 12.3 s (1)"
+    )
+
+
+def test_span_kinds() -> None:
+    assert span_kind("claude_code.llm_request") == "model"
+    assert span_kind("llm_call") == "model"
+    assert span_kind("claude_code.tool") == "tool"
+    assert span_kind("tool_call") == "tool"
+    assert span_kind("claude_code.interaction") is None
