@@ -11,7 +11,9 @@ sandbox shares the host's loopback, as it does for the butler's MCP server.
 The receiver accepts ``POST /v1/traces`` as protobuf (``application/x-protobuf``) or
 JSON, gzip-compressed or not, in one piece or chunked, up to :data:`MAX_BODY_BYTES`,
 and ``/v1/logs`` and ``/v1/metrics`` the same way: each log record and metric data
-point becomes a :class:`CliEvent` row, redacted like the spans. Every
+point becomes a :class:`CliEvent` row, redacted like the spans; a log event that reports
+a model request or a tool call (:mod:`spawnkit.timings`) also becomes a
+:class:`~spawnkit.events.Timing` for the run's listeners, at once. Every
 span becomes a :class:`CliSpan` row whose attributes have passed the run's redactor
 and a redactor of the run's prompt; attributes that hold a command line (Gemini's
 ``process.command_args`` carries the prompt) are dropped. A CLI that ignores
@@ -73,7 +75,9 @@ from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from . import _asgi
+from .events import Timing
 from .redaction import Redactor
+from .timings import RunTimings, classify
 
 logger = logging.getLogger(__name__)
 
@@ -610,7 +614,9 @@ class OtlpReceiver:
 
     ``run_trace`` is ``(trace_id, span_id)`` of the run's span in hex, or None when
     the run has no recording span (then nothing is re-parented). ``prompt`` is kept
-    out of every stored attribute, like the run's secrets (``redactor``).
+    out of every stored attribute, like the run's secrets (``redactor``). ``on_timing``
+    gets a :class:`~spawnkit.events.Timing` for each model request and tool call a log
+    event reports (:mod:`spawnkit.timings`), as the event arrives.
     """
 
     def __init__(
@@ -621,8 +627,11 @@ class OtlpReceiver:
         prompt: str = "",
         run_trace: tuple[str, str] | None = None,
         forward: OtlpTarget | None = None,
+        on_timing: Callable[[Timing], None] | None = None,
     ) -> None:
         self.session_id = session_id
+        self.on_timing = on_timing
+        self.timings = RunTimings(session_id)
         self.forward = forward
         self.forwarder: Forwarder | None = None
         self.redactor = redactor
@@ -759,21 +768,31 @@ class OtlpReceiver:
             attributes.update(
                 {f"resource.{key}": value for key, value in self._clean(resource).items()}
             )
-            self.events.append(
-                CliEvent(
-                    session_id=self.session_id,
-                    kind=event["kind"],
-                    name=self._prompt.text(self.redactor.text(event["name"])),
-                    service=resource.get("service.name"),
-                    time_ns=event["time_ns"],
-                    trace_id=event["trace_id"],
-                    span_id=event["span_id"],
-                    value=event["value"],
-                    attributes=attributes,
-                )
+            kept_event = CliEvent(
+                session_id=self.session_id,
+                kind=event["kind"],
+                name=self._prompt.text(self.redactor.text(event["name"])),
+                service=resource.get("service.name"),
+                time_ns=event["time_ns"],
+                trace_id=event["trace_id"],
+                span_id=event["span_id"],
+                value=event["value"],
+                attributes=attributes,
             )
+            self.events.append(kept_event)
             kept += 1
+            if kept_event.kind == "log":
+                self._timing(kept_event)
         return kept
+
+    def _timing(self, event: CliEvent) -> None:
+        """Hand the model request or tool call a log event reports to ``on_timing``."""
+        measured = classify(event.name, event.attributes, event.time_ns)
+        if measured is None:
+            return
+        timing = self.timings.add(measured)
+        if self.on_timing is not None:
+            self.on_timing(timing)
 
     def finished(self) -> list[CliSpan]:
         """The kept spans, once the CLI has exited: moved spans whose parent never

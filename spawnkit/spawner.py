@@ -997,6 +997,7 @@ class Spawner:
                 else None
             ),
             forward=self.otlp_target,
+            on_timing=run.collector.emit,  # live: the views show each request and tool
         )
 
         async def store() -> None:

@@ -7,15 +7,18 @@ import gzip
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
 from opentelemetry.proto.metrics.v1.metrics_pb2 import (
     Histogram,
     HistogramDataPoint,
@@ -28,10 +31,23 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from spawnkit import _asgi
+from spawnkit.events import Timing
 from spawnkit.otlp import FORWARD_DRAIN_S, SECRET_HEADER, OtlpReceiver, OtlpTarget
 from spawnkit.redaction import Redactor
 
 RUN_TRACE = ("ab" * 16, "cd" * 8)
+TELEMETRY_EVENTS = Path(__file__).parent / "fixtures" / "telemetry" / "log_events.json"
+
+
+def any_value(value: Any) -> AnyValue:
+    """A plain attribute value as OTLP sends it (a list as its JSON text)."""
+    if isinstance(value, bool):
+        return AnyValue(bool_value=value)
+    if isinstance(value, int):
+        return AnyValue(int_value=value)
+    if isinstance(value, float):
+        return AnyValue(double_value=value)
+    return AnyValue(string_value=value if isinstance(value, str) else json.dumps(value))
 
 
 def protobuf_body(trace_id: bytes, session: str) -> bytes:
@@ -262,3 +278,53 @@ async def test_a_hanging_collector_holds_the_run_at_most_the_drain_time() -> Non
             waited = time.monotonic() - started
     assert FORWARD_DRAIN_S - 0.5 < waited < FORWARD_DRAIN_S + 1.5
     assert receiver.forwarder is not None and receiver.forwarder.sent == 0
+
+
+async def test_request_and_tool_events_become_timings_as_they_arrive() -> None:
+    """Gemini's recorded log events, posted in two protobuf requests as Gemini batches
+    them: the listener gets a Timing for each request and tool call as each arrives."""
+    recorded = json.loads(TELEMETRY_EVENTS.read_text())["gemini"]
+
+    def request(events: list[dict[str, Any]]) -> bytes:
+        records = [
+            LogRecord(
+                time_unix_nano=e["time_ns"],
+                attributes=[
+                    KeyValue(key=k, value=any_value(v))
+                    for k, v in e["attributes"].items()
+                    if v is not None
+                ],
+            )
+            for e in events
+        ]
+        message = ExportLogsServiceRequest(
+            resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(log_records=records)])]
+        )
+        return bytes(message.SerializeToString())
+
+    got: list[Timing] = []
+    receiver = OtlpReceiver("s1", Redactor(), on_timing=got.append)
+    half = len(recorded) // 2
+    seen_after_first = 0
+    async with receiver.serve() as telemetry, httpx.AsyncClient() as http:
+        for i, part in enumerate((recorded[:half], recorded[half:])):
+            answer = await http.post(
+                telemetry.url("logs"), content=request(part),
+                headers={**telemetry.headers, "content-type": "application/x-protobuf"},
+            )  # fmt: skip
+            assert answer.status_code == 200
+            if i == 0:
+                seen_after_first = len(got)
+    durations = {
+        (e["attributes"].get("function_name") or e["attributes"].get("model"),
+         float(e["attributes"]["duration_ms"]))
+        for e in recorded
+        if e["name"] in ("gemini_cli.api_response", "gemini_cli.tool_call")
+    }  # fmt: skip
+    assert {(t.name, t.duration_ms) for t in got} == durations
+    assert 0 < seen_after_first < len(got)  # delivered per request, not at the end
+    last = got[-1]
+    assert last.requests == 3 and last.p50_ms is not None and last.p90_ms is not None
+    assert last.p50_ms <= last.p90_ms
+    assert {t.tool for t in last.tools} == {"run_shell_command", "mcp_health_state_get"}
+    assert all(t.session_id == "s1" for t in got)

@@ -103,7 +103,8 @@ def telemetry_env(telemetry: CliTelemetry) -> dict[str, str]:
     (``api_request``, ``tool_result``, ...) to the run's receiver.
 
     Its spans join the run's trace through ``TRACEPARENT`` (set by the spawner);
-    prompts stay out (``OTEL_LOG_USER_PROMPTS`` off).
+    prompts stay out (``OTEL_LOG_USER_PROMPTS`` off). Log events go out every second
+    (``OTEL_LOGS_EXPORT_INTERVAL``, 5 s by default) so the run's timings show while it runs.
     """
     return {
         "CLAUDE_CODE_ENABLE_TELEMETRY": "1",
@@ -116,6 +117,7 @@ def telemetry_env(telemetry: CliTelemetry) -> dict[str, str]:
         "OTEL_EXPORTER_OTLP_HEADERS": ",".join(f"{k}={v}" for k, v in telemetry.headers.items()),
         "OTEL_RESOURCE_ATTRIBUTES": telemetry.resource_attributes,
         "OTEL_LOG_USER_PROMPTS": "0",
+        "OTEL_LOGS_EXPORT_INTERVAL": "1000",
     }
 
 
