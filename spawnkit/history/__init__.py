@@ -1,7 +1,9 @@
 """Session history as pandas DataFrames: spawnkit's store and the agent CLIs' own transcripts.
 
 ``sessions()``, ``tool_calls()`` and ``usage()`` read spawnkit's session store, and
-``spans()`` and ``cli_events()`` the CLIs' own telemetry it kept (CLI telemetry on);
+``spans()`` and ``cli_events()`` the CLIs' own telemetry it kept (CLI telemetry on), with
+``timings()``, ``tool_times()``, ``request_latency()`` and ``waterfall()`` (where a run's
+time went: each model request, each tool call, each span);
 ``transcripts(source)`` reads what Claude Code, Codex or Gemini CLI wrote themselves, with an
 incremental cache, deduplication as ccusage does it, and costs from an offline pricing table
 (``default_pricing()``, replaceable); ``import_history()`` copies those transcripts into the
@@ -16,6 +18,17 @@ from .imported import ImportReport, import_history
 from .pricing import ModelPrice, PricingTable, default_pricing
 from .span_frames import CLI_EVENT_COLUMNS, SPAN_COLUMNS, cli_events, spans
 from .store_frames import sessions, tool_calls, usage
+from .timing_frames import (
+    LATENCY_COLUMNS,
+    TIMING_COLUMNS,
+    TOOL_TIME_COLUMNS,
+    WATERFALL_COLUMNS,
+    plot_waterfall,
+    request_latency,
+    timings,
+    tool_times,
+    waterfall,
+)
 from .transcript_loader import (
     EVENT_COLUMNS,
     SESSION_COLUMNS,
@@ -29,10 +42,14 @@ from .transcript_loader import (
 __all__ = [
     "CLI_EVENT_COLUMNS",
     "EVENT_COLUMNS",
+    "LATENCY_COLUMNS",
     "SESSION_COLUMNS",
     "SOURCES",
     "SPAN_COLUMNS",
+    "TIMING_COLUMNS",
     "TOOL_CALL_COLUMNS",
+    "TOOL_TIME_COLUMNS",
+    "WATERFALL_COLUMNS",
     "HistoryError",
     "ImportReport",
     "LoadStats",
@@ -45,10 +62,15 @@ __all__ = [
     "export",
     "export_sources",
     "import_history",
+    "plot_waterfall",
     "report",
+    "request_latency",
     "sessions",
     "spans",
+    "timings",
     "tool_calls",
+    "tool_times",
     "transcripts",
     "usage",
+    "waterfall",
 ]

@@ -1,0 +1,105 @@
+"""End to end: each real CLI's telemetry becomes Timing events while the run happens.
+
+Claude Code, Codex and Gemini run for real against the replay model server with
+``[butler.telemetry] cli = true``: a shell command that takes a few seconds, a call of the
+butler's MCP tool, an answer. The run's listener must get a Timing for each of the three
+model requests and the two tool calls, with durations that fit inside the run, the first
+one while the slow command is still running (Claude Code exports its log events every
+second as spawnkit sets it, Codex about as often, Gemini every 5 s: its command sleeps
+longer); and ``history.timings()``, ``tool_times()``,
+``request_latency()`` and ``waterfall()`` must show the same requests and calls from the
+store afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from spawnkit import history
+from spawnkit.events import Finished, RunEvent, Timing, ToolCallFinished
+from spawnkit.replay import Scenario
+from spawnkit.service import ButlerService
+from spawnkit.store import SessionStore
+
+from .test_cli_telemetry_e2e import runtime  # noqa: F401 - the fixture: all three CLIs
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+# How long the first command sleeps: longer than each CLI's log export interval, with margin.
+SLOW_S = {"claude-code": 4, "codex": 4, "gemini": 12}
+SCRIPT = """
+[[turn]]
+shell = "sleep {slow}; echo slept"
+[[turn]]
+tool = "mcp__*__state_get"
+input = {{ key = "weight" }}
+[[turn]]
+text = "Done."
+"""
+TOOLS = {
+    "claude-code": {"Bash", "mcp_tool"},
+    "codex": {"exec_command", "mcp__health__state_get"},
+    "gemini": {"run_shell_command", "mcp_health_state_get"},
+}
+
+
+async def test_timings_arrive_during_the_run(
+    make_butler,
+    runtime: str,  # noqa: F811 - the imported fixture
+    isolated_home: Path,
+) -> None:
+    butler = make_butler(extra="[butler.telemetry]\ncli = true\n").with_runtime(runtime)
+    store = SessionStore()
+    script = SCRIPT.format(slow=SLOW_S[runtime])
+    scenario = Scenario.from_dict(tomllib.loads(script), source="<timings>")
+    events: list[tuple[float, RunEvent]] = []
+    clock = time.monotonic()
+    async with ButlerService(butler, store=store, replay=scenario) as svc:
+        result = await svc.trigger(
+            "time it", on_event=lambda e: events.append((time.monotonic() - clock, e))
+        )
+    assert result.success, result.error
+    timings = [(at, e) for at, e in events if isinstance(e, Timing)]
+    kinds = [e.kind for _, e in timings]
+    assert kinds.count("model") == 3, kinds
+    assert {e.name for _, e in timings if e.kind == "tool"} == TOOLS[runtime]
+    (finished_at,) = [at for at, e in events if isinstance(e, Finished)]
+    assert all(at < finished_at for at, _ in timings)
+    # The first model request is reported while the slow command still runs.
+    slow_done = min(at for at, e in events if isinstance(e, ToolCallFinished))
+    assert timings[0][0] < slow_done, (timings[0][0], slow_done)
+
+    assert all(e.session_id == result.session_id for _, e in timings)
+    assert all(0 < e.duration_ms < result.duration_ms for _, e in timings)
+    slow = [e for _, e in timings if e.kind == "tool" and e.duration_ms >= SLOW_S[runtime] * 1000]
+    assert len(slow) == 1, [(e.name, e.duration_ms) for _, e in timings]
+    last = timings[-1][1]
+    assert last.requests == 3 and last.p50_ms is not None and last.p90_ms is not None
+    assert 0 < last.p50_ms <= last.p90_ms
+    assert last.tools[0].tool == slow[0].name  # the slow command has the most time
+    assert {t.tool for t in last.tools} == TOOLS[runtime]
+
+    frame = history.timings(store=store, session_id=result.session_id)
+    live = sorted((e.kind, e.name, e.duration_ms) for _, e in timings)
+    assert sorted(zip(frame["kind"], frame["name"], frame["duration_ms"], strict=True)) == live
+    assert set(frame["runtime"]) == {butler.runtime.type}
+    tools = history.tool_times(store=store, butler=butler.name, runs=20)
+    assert set(tools["tool"]) == TOOLS[runtime]
+    assert tools["calls"].tolist() == [1, 1]
+    assert tools.iloc[0]["tool"] == slow[0].name
+    assert tools.iloc[0]["total_ms"] == slow[0].duration_ms
+    latency = history.request_latency(store=store, butler=butler.name)
+    assert latency["requests"].tolist() == [3]
+    assert latency["p50_ms"].iloc[0] == pytest.approx(last.p50_ms)
+    assert latency["p90_ms"].iloc[0] == pytest.approx(last.p90_ms)
+
+    bars = history.waterfall(result.session_id, store=store)
+    assert len(bars) == len(store.cli_spans(result.session_id)) > 0
+    assert (bars["start_ms"] >= 0).all() and (bars["duration_ms"] >= 0).all()
+    assert bars["start_ms"].is_monotonic_increasing
+    assert (bars["depth"] == 0).any() and (bars["kind"] == "model").any()
+    assert bars["end_ms"].max() <= result.duration_ms + 1000  # inside the run (clock slack)
