@@ -2,7 +2,8 @@
 
 The command line prints a run live (each tool call when it starts and when it
 finishes, assistant text as each block completes) and a one-line summary at the
-end. Everything here returns strings; the caller decides where they go.
+end, after one line of where the time went (model request latency, time per tool)
+when the CLI's telemetry is on. Everything here returns strings; the caller decides where they go.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from .events import (
     Queued,
     RunEvent,
     Started,
+    Timing,
     ToolCallFinished,
     ToolCallStarted,
 )
 from .result import SpawnerResult, ToolCall, tool_count
 from .store import SessionRecord
+from .timings import timing_line
 
 PREVIEW_CHARS = 160
 
@@ -131,6 +134,11 @@ def render_summary(result: SpawnerResult, style: Style = Style()) -> str:
     return line
 
 
+def render_timing(timing: Timing, style: Style = Style()) -> str:
+    """A run's timings so far as one line: ``⏱ model 3 requests · p50 … · tools …``."""
+    return style.dim(f"⏱ {timing_line(timing)}")
+
+
 def render_event(event: RunEvent, style: Style = Style()) -> str | None:
     """One event as terminal lines, or None for events the terminal skips."""
     if isinstance(event, Queued):
@@ -150,13 +158,25 @@ def render_event(event: RunEvent, style: Style = Style()) -> str | None:
 
 
 class EventPrinter:
-    """An event listener that prints each event to a stream as it arrives."""
+    """An event listener that prints each event to a stream as it arrives.
+
+    Timings (CLI telemetry on) are not printed one by one: the last one of a run is
+    printed as one line just before its summary.
+    """
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stdout
         self.style = Style.for_stream(self.stream)
+        self._timings: dict[str, Timing] = {}
 
     def __call__(self, event: RunEvent) -> None:
+        if isinstance(event, Timing):
+            self._timings[event.session_id] = event
+            return
+        if isinstance(event, Finished):
+            timing = self._timings.pop(event.result.session_id or "", None)
+            if timing is not None:
+                print(render_timing(timing, self.style), file=self.stream, flush=True)
         text = render_event(event, self.style)
         if text is not None:
             print(text, file=self.stream, flush=True)

@@ -2,7 +2,8 @@
 
 ``ButlerDashboard(roster)`` (or ``%spawn_dashboard``) shows one card per butler
 (runtime, port, whether its MCP server is up, with a button to start it, slots
-in use, queue depth, its last runs with a mark per state), a prompt box with a
+in use, queue depth, its last runs with a mark per state, and, when its CLI's telemetry
+is on, model request latency and time per tool over its last 20 runs), a prompt box with a
 Trigger button, the runs in flight (each labelled with its state, butler,
 prompt, session id and queue position, with its live view and a Cancel
 button), the runs that just finished here, and a table of recent sessions; a
@@ -23,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import ipywidgets as w
+import pandas as pd
 
+from . import history
 from .notebook.hub import Hub, RunHandle, Target, default_hub
 from .notebook.session_table import SessionTable
 from .notebook.static_view import static_html
@@ -41,6 +44,8 @@ REFRESH_S = 1.0
 RECENT_ROWS = 12
 KEEP_FINISHED = 3
 LAST_RUNS = 4
+TIMING_RUNS = 20  # a card's request latency and tool time cover this many runs
+TIMING_TOOLS = 4
 REAL_MODEL = "(real model)"
 PROMPT_CHARS = 60
 # Theme variables, so marks keep their colour in the dark theme too.
@@ -102,6 +107,35 @@ def record_result(record: SessionRecord) -> SpawnerResult:
     )  # fmt: skip
 
 
+def timing_html(frame: pd.DataFrame, runs: int = TIMING_RUNS) -> str:
+    """A card's timings (a ``history.timings()`` frame): request latency p50/p90 and the
+    tools with the most time; "" when the CLI reported none (telemetry off)."""
+    if frame.empty:
+        return ""
+    over = f"last {runs} runs" if frame["session"].nunique() >= runs else "its runs"
+    parts = []
+    latency = history.request_latency(frame=frame, by="butler")
+    if len(latency):
+        row = latency.iloc[0]
+        n = int(row["requests"])
+        parts.append(
+            f'<div class="sk-latency">model requests ({over}): '
+            f"p50 {format_duration(row['p50_ms'])} · p90 {format_duration(row['p90_ms'])}"
+            f" · {n} request{'s' if n != 1 else ''}</div>"
+        )
+    tools = history.tool_times(frame=frame)
+    if len(tools):
+        rows = "".join(
+            f"<tr><td>{html.escape(str(t['tool']))}</td><td>{format_duration(t['total_ms'])}</td>"
+            f"<td>{t['calls']} calls</td><td>p90 {format_duration(t['p90_ms'])}</td></tr>"
+            for t in tools.head(TIMING_TOOLS).to_dict("records")
+        )
+        parts.append(
+            f'<div class="sk-tool-times">time per tool ({over}):<table>{rows}</table></div>'
+        )
+    return "<small>" + "".join(parts) + "</small>"
+
+
 @dataclass
 class _RunRow:
     handle: RunHandle
@@ -126,8 +160,19 @@ class _Card:
         # Queue waits, a cool-down in effect, and today's spend against the daily budget.
         self.pacing = w.HTML()
         self.pacing.add_class("sk-pacing")
+        # Request latency and time per tool (CLI telemetry on), refreshed when a run ends.
+        self.timing = w.HTML()
+        self.timing.add_class("sk-timing")
+        self.timing_key: tuple[str, ...] | None = None
         self.box = w.VBox(
-            [self.title, self.info, self.pacing, w.HBox([self.server, self.start]), self.runs],
+            [
+                self.title,
+                self.info,
+                self.pacing,
+                w.HBox([self.server, self.start]),
+                self.runs,
+                self.timing,
+            ],
             layout={"border": BORDER, "padding": "6px", "margin": "4px", "width": "280px"},
         )
         self.box.add_class("sk-card")
@@ -324,6 +369,7 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
                 [r for r in records if r.butler == name],
                 report,
             )
+            await self._refresh_timings(card, [r for r in records if r.butler == name])
         self.sessions.show(records[:RECENT_ROWS])
         for row in self._rows:
             label = run_label(row.handle)
@@ -341,6 +387,17 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
             self.in_flight.children = in_flight
         if self.finished.children != finished:
             self.finished.children = finished
+
+    async def _refresh_timings(self, card: _Card, recent: list[SessionRecord]) -> None:
+        """Re-read the card's timings from the store when its last runs changed."""
+        key = tuple(f"{r.id}:{r.status}" for r in recent[:TIMING_RUNS])
+        if key == card.timing_key:
+            return
+        frame = await asyncio.to_thread(
+            history.timings, self.hub.store, butler=card.butler.name, runs=TIMING_RUNS
+        )
+        card.timing.value = timing_html(frame)
+        card.timing_key = key
 
     def _schedule(self, delay: float, callback: Any) -> None:
         loop = self.hub.loop.loop

@@ -13,6 +13,8 @@ store afterwards.
 
 from __future__ import annotations
 
+import html
+import io
 import time
 import tomllib
 from pathlib import Path
@@ -20,10 +22,15 @@ from pathlib import Path
 import pytest
 
 from spawnkit import history
+from spawnkit.console import EventPrinter
 from spawnkit.events import Finished, RunEvent, Timing, ToolCallFinished
+from spawnkit.notebook.hub import Hub, Target
+from spawnkit.notebook.static_view import static_html, static_text
+from spawnkit.notebook.view_state import ViewState, format_duration
 from spawnkit.replay import Scenario
 from spawnkit.service import ButlerService
 from spawnkit.store import SessionStore
+from spawnkit.widgets import ButlerDashboard
 
 from .test_cli_telemetry_e2e import runtime  # noqa: F401 - the fixture: all three CLIs
 
@@ -103,3 +110,55 @@ async def test_timings_arrive_during_the_run(
     assert bars["start_ms"].is_monotonic_increasing
     assert (bars["depth"] == 0).any() and (bars["kind"] == "model").any()
     assert bars["end_ms"].max() <= result.duration_ms + 1000  # inside the run (clock slack)
+
+
+QUICK = """
+[[turn]]
+shell = "echo hi"
+[[turn]]
+tool = "mcp__*__state_get"
+input = { key = "weight" }
+[[turn]]
+text = "Done."
+"""
+
+
+def test_the_views_and_the_dashboard_show_the_timings(
+    store: SessionStore, make_butler, tmp_path: Path
+) -> None:
+    """A real Claude Code run from a notebook hub: the live view's header, its saved
+    snapshot, the terminal printer and the butler's dashboard card show the timings."""
+    butler = make_butler(extra="[butler.telemetry]\ncli = true\n").with_runtime("claude-code")
+    scenario = tmp_path / "quick.toml"
+    scenario.write_text(QUICK)
+    state, printed = ViewState(), io.StringIO()
+    hub = Hub(store)
+    dashboard = ButlerDashboard(butler.roster_dir, hub=hub, refresh_s=3600)
+    try:
+        handle = hub.start(
+            Target(butler, replay=scenario), "time it",
+            listeners=[state.apply, EventPrinter(printed)],
+        )  # fmt: skip
+        result = handle.result(timeout=120)
+        assert result.success, result.error
+        hub.loop.submit(dashboard.refresh()).future.result(timeout=30)
+        card = dashboard.cards[butler.name].timing.value
+    finally:
+        dashboard.close()
+        hub.close()
+    line = state.status.timing
+    assert line is not None and line.startswith("model 3 requests · p50 "), line
+    assert "Bash" in line and "mcp_tool" in line
+    assert state.status.as_dict()["timing"] == line  # what the live view's header gets
+    assert f'<div class="sk-timing">{html.escape(line)}</div>' in static_html(state)
+    assert f"  {line}" in static_text(state)
+    lines = printed.getvalue().splitlines()
+    (timing_line,) = [n for n, text in enumerate(lines) if text.startswith("⏱ ")]
+    assert lines[timing_line] == f"⏱ {line}"
+    assert lines[timing_line + 1].startswith("✓ success")  # just before the summary
+    frame = history.timings(store=store, butler=butler.name, runs=20)
+    latency = history.request_latency(frame=frame)
+    assert "model requests (its runs): p50 " in card, card
+    assert f"p50 {format_duration(latency['p50_ms'].iloc[0])}" in card
+    assert "3 requests" in card
+    assert "<td>Bash</td>" in card and "<td>mcp_tool</td>" in card

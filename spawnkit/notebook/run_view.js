@@ -37,6 +37,7 @@ function render({ model, el }) {
   const figures = node("span", "sk-figures");
   const elapsed = node("span", "sk-elapsed");
   head.append(mark, state, who, waiting, figures, elapsed);
+  const timing = node("div", "sk-timing");
 
   const toolbar = node("div", "sk-toolbar");
   const expand = button("Expand all", "sk-expand");
@@ -52,7 +53,7 @@ function render({ model, el }) {
   const transcript = node("div", "sk-transcript");
   const error = node("div", "sk-error");
   const foot = node("div", "sk-foot");
-  el.append(head, toolbar, hiddenNote, transcript, error, foot);
+  el.append(head, timing, toolbar, hiddenNote, transcript, error, foot);
 
   const byId = new Map();
   const waiters = new Map();
@@ -76,6 +77,7 @@ function render({ model, el }) {
     waiting.textContent = header.waiting || "";
     figures.textContent = header.figures.join(" · ");
     elapsed.textContent = formatDuration(ms);
+    timing.textContent = header.timing || "";
     error.textContent = header.error || "";
     foot.textContent = header.session_id ? `session ${header.session_id}` : "";
     el.dataset.failedTools = header.failed_tools;

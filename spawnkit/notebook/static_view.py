@@ -63,6 +63,8 @@ def static_html(state: ViewState) -> str:
     header = state.status.as_dict()
     parts = [f'<div class="spawnkit-run sk-static"><style>{_CSS}</style>']
     parts.append(header_html(header, format_duration(state.status.elapsed_ms())))
+    if header["timing"]:
+        parts.append(f'<div class="sk-timing">{_e(header["timing"])}</div>')
     if state.dropped:
         parts.append(f'<div class="sk-hidden">… {state.dropped} earlier items not shown</div>')
     parts.append('<div class="sk-transcript">')
@@ -84,6 +86,8 @@ def static_text(state: ViewState, width: int = 160) -> str:
     """The whole view as plain text, in order (saved notebooks, text-only frontends)."""
     status = state.status
     lines = [status.line()]
+    if status.timing:
+        lines.append(f"  {status.timing}")
     for item in state.transcript():
         if item["kind"] == "text":
             source = state.segment_source(item["id"]).strip()

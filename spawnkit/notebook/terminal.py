@@ -18,8 +18,8 @@ import threading
 import time
 from typing import TextIO
 
-from ..console import Style, render_event
-from ..events import RunEvent, TextDelta
+from ..console import Style, render_event, render_timing
+from ..events import Finished, RunEvent, TextDelta, Timing
 from .view_state import ViewState
 
 REDRAW_S = 0.1
@@ -38,10 +38,14 @@ class TerminalView:
         self._lock = threading.Lock()
         self._drawn = False
         self._last_draw = 0.0
+        self._timing: Timing | None = None  # the last: one line before the summary
 
     def __call__(self, event: RunEvent) -> None:
         text = None if isinstance(event, TextDelta) else render_event(event, self.style)
         with self._lock:
+            if isinstance(event, Finished) and isinstance(self._timing, Timing):
+                self._lines.append(render_timing(self._timing, self.style))
+            self._timing = event if isinstance(event, Timing) else self._timing
             self.state.apply(event)  # for the header (bounded; never rendered as HTML)
             if text is not None:
                 self._lines.append(text)

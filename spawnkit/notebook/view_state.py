@@ -28,12 +28,14 @@ from ..events import (
     RunEvent,
     Started,
     TextDelta,
+    Timing,
     ToolCallFinished,
     ToolCallStarted,
     UsageUpdate,
 )
 from ..pricing import PricingTable, default_pricing
 from ..result import SpawnerResult, ToolCall, Usage, tool_count
+from ..timings import timing_line
 from .markdown import markdown_html
 
 MAX_ITEMS = 600
@@ -219,6 +221,8 @@ class Status:
     error_kind: str | None = None
     started: float | None = None  # monotonic, at Started
     duration_ms: int | None = None  # the result's, once finished
+    # Model request latency and tool time from the CLI's telemetry (CLI telemetry on).
+    timing: str | None = None
     _estimate: tuple[tuple[Any, ...], float | None] = ((), None)
 
     @property
@@ -319,6 +323,7 @@ class Status:
             "error_kind": self.error_kind,
             "elapsed_s": None if elapsed is None else round(elapsed / 1000, 2),
             "clock": self.started is not None and self.live,
+            "timing": self.timing,
         }
 
 
@@ -376,6 +381,8 @@ class ViewState:
             status.cost_usd = event.cost_usd if event.cost_usd is not None else status.cost_usd
             status.turns = event.turns if event.turns is not None else status.turns
             status.model = event.model or status.model
+        elif isinstance(event, Timing):
+            status.timing = timing_line(event) or status.timing
         elif isinstance(event, Queued):
             status.state, status.queue_position = "queued", event.position
             status.session_id, status.butler = event.session_id, event.butler
