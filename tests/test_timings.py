@@ -4,7 +4,9 @@
 and Gemini 0.61 exported to a run's receiver for one replayed run of three model turns
 (a shell command, an MCP tool, a final answer), their attributes as stored (resource
 attributes and opaque ids dropped to keep it small). Each CLI's model requests and
-tool calls must be found, with the duration the CLI gave, and nothing else.
+tool calls must be found, with the duration the CLI gave, and nothing else; stored as the
+receiver stores them, ``spawnkit.history`` must give the same figures as the live ones, and a
+waterfall of Claude Code's recorded spans (``claude_spans.json``) their depths.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from spawnkit import history
 from spawnkit.events import Timing
+from spawnkit.store import SessionStore
 from spawnkit.timings import (
     Measurement,
     RunTimings,
@@ -136,3 +140,79 @@ def test_span_kinds() -> None:
     assert span_kind("claude_code.tool") == "tool"
     assert span_kind("tool_call") == "tool"
     assert span_kind("claude_code.interaction") is None
+
+
+SPANS: list[dict[str, Any]] = json.loads(
+    (Path(__file__).parent / "fixtures" / "telemetry" / "claude_spans.json").read_text()
+)
+
+
+def recorded_run(store: SessionStore, sid: str, runtime: str, butler: str = "health") -> None:
+    """A finished run whose CLI's recorded log events (and, for Claude Code, spans) are
+    stored as the receiver stores them."""
+    store.create_session(
+        sid, butler=butler, runtime=runtime, model=None, prompt="p", context=None,
+        trigger_source="external",
+    )  # fmt: skip
+    store.record_cli_events(
+        [{"session_id": sid, "kind": "log", "name": e["name"], "service": runtime,
+          "time_ns": e["time_ns"], "trace_id": None, "span_id": None, "value": None,
+          "attributes": e["attributes"]} for e in EVENTS[runtime]]
+    )  # fmt: skip
+    if runtime == "claude-code":
+        store.record_cli_spans([{**s, "session_id": sid, "reparented": False} for s in SPANS])
+
+
+def test_history_frames_from_the_stored_events(store: SessionStore) -> None:
+    for runtime in sorted(EVENTS):
+        recorded_run(store, f"run-{runtime}", runtime)
+    recorded_run(store, "other", "gemini", butler="finance")
+    frame = history.timings(store=store)
+    live = {runtime: RunTimings(runtime) for runtime in EVENTS}
+    for runtime in EVENTS:
+        for m in measured(runtime):
+            last = live[runtime].add(m)
+        rows = frame[frame["session"] == f"run-{runtime}"]
+        assert sorted(rows["duration_ms"]) == sorted(m.duration_ms for m in measured(runtime))
+        assert (rows["runtime"] == runtime).all() and (rows["butler"] == "health").all()
+        latency = history.request_latency(frame=rows, by="session")
+        assert latency["p50_ms"].iloc[0] == pytest.approx(last.p50_ms)
+        assert latency["p90_ms"].iloc[0] == pytest.approx(last.p90_ms)
+    health = history.timings(store=store, butler="health")
+    assert set(health["session"]) == {f"run-{r}" for r in EVENTS}
+    assert set(history.timings(store=store, butler="health", runs=1)["session"]) <= set(
+        health["session"]
+    )
+    tools = history.tool_times(store=store)
+    gemini_shell = tools[tools["tool"] == "run_shell_command"].iloc[0]
+    durations = frame[frame["name"] == "run_shell_command"]["duration_ms"]
+    assert (gemini_shell["runs"], gemini_shell["calls"]) == (2, 2)  # health's and finance's
+    assert gemini_shell["total_ms"] == durations.sum()
+    assert gemini_shell["p90_ms"] == pytest.approx(durations.quantile(0.9))
+    assert tools["total_ms"].is_monotonic_decreasing
+    by_runtime = history.request_latency(store=store, by="runtime")
+    assert by_runtime.set_index("runtime")["requests"].to_dict() == {
+        "claude-code": 3, "codex": 3, "gemini": 6,
+    }  # fmt: skip
+
+
+def test_a_waterfall_of_claude_codes_spans(store: SessionStore) -> None:
+    recorded_run(store, "run", "claude-code")
+    bars = history.waterfall("run", store=store)
+    assert len(bars) == len(SPANS)
+    by_name = bars.groupby("span")["depth"].unique().to_dict()
+    assert list(by_name["claude_code.interaction"]) == [0]  # right under the run's span
+    assert list(by_name["claude_code.llm_request"]) == [1]
+    assert list(by_name["claude_code.tool"]) == [1]
+    assert list(by_name["claude_code.tool.execution"]) == [2]
+    assert bars["start_ms"].iloc[0] == 0.0 and bars["start_ms"].is_monotonic_increasing
+    assert (bars["kind"] == "model").sum() == 3 and (bars["kind"] == "tool").sum() == 2
+    first = min(SPANS, key=lambda s: s["start_ns"])
+    assert bars["duration_ms"].iloc[0] == (first["end_ns"] - first["start_ns"]) / 1e6
+    assert len(history.waterfall("run", store=store, min_duration_ms=30)) == sum(
+        (s["end_ns"] - s["start_ns"]) >= 30e6 for s in SPANS
+    )
+    figure = history.plot_waterfall(bars, title="one run")
+    (axes,) = figure.axes
+    assert len(axes.patches) == len(bars)
+    assert [t.get_text().strip() for t in axes.get_yticklabels()] == bars["span"].tolist()

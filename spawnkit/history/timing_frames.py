@@ -10,7 +10,7 @@ start, duration, name, depth under the run's span), ready for ``plot_waterfall()
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,31 +43,50 @@ def _sessions(
     return store.list_sessions(butler=butler, limit=runs if runs is not None else 1_000_000)
 
 
-def _timing_rows(store: SessionStore, records: Sequence[SessionRecord]) -> list[dict[str, Any]]:
-    rows = []
+def _events(
+    store: SessionStore, records: Sequence[SessionRecord], every: bool
+) -> Iterator[tuple[SessionRecord, dict[str, Any]]]:
+    """Each record's stored CLI events: one query for all of them when ``every`` run is
+    wanted, else one per run."""
+    if every:
+        by_id = {r.id: r for r in records}
+        for event in store.cli_events():
+            if event["session_id"] in by_id:
+                yield by_id[event["session_id"]], event
+        return
     for record in records:
         for event in store.cli_events(record.id):
-            if event["kind"] != "log":
-                continue
-            measured = classify(event["name"], event["attributes"], event["time_ns"])
-            if measured is None:
-                continue
-            rows.append(
-                {
-                    "session": record.id,
-                    "butler": record.butler,
-                    "runtime": record.runtime,
-                    "time": measured.time_ns,
-                    "kind": measured.kind,
-                    "name": measured.name,
-                    "duration_ms": measured.duration_ms,
-                    "status": measured.status,
-                    "input_tokens": measured.input_tokens,
-                    "output_tokens": measured.output_tokens,
-                    "ttft_ms": measured.ttft_ms,
-                    "attempt": measured.attempt,
-                }
-            )
+            yield record, event
+
+
+def _timing_rows(
+    store: SessionStore, records: Sequence[SessionRecord], every: bool
+) -> list[dict[str, Any]]:
+    rows = []
+    for record, event in _events(store, records, every):
+        measured = (
+            classify(event["name"], event["attributes"], event["time_ns"])
+            if event["kind"] == "log"
+            else None
+        )
+        if measured is None:
+            continue
+        rows.append(
+            {
+                "session": record.id,
+                "butler": record.butler,
+                "runtime": record.runtime,
+                "time": measured.time_ns,
+                "kind": measured.kind,
+                "name": measured.name,
+                "duration_ms": measured.duration_ms,
+                "status": measured.status,
+                "input_tokens": measured.input_tokens,
+                "output_tokens": measured.output_tokens,
+                "ttft_ms": measured.ttft_ms,
+                "attempt": measured.attempt,
+            }
+        )
     return rows
 
 
@@ -85,11 +104,12 @@ def timings(
     (of ``butler``); ``store`` is a :class:`SessionStore`, or a path or URL opened and
     closed here.
     """
+    every = session_id is None and butler is None and runs is None
     if isinstance(store, SessionStore):
-        rows = _timing_rows(store, _sessions(store, session_id, butler, runs))
+        rows = _timing_rows(store, _sessions(store, session_id, butler, runs), every)
     else:
         with SessionStore(store) as opened:
-            rows = _timing_rows(opened, _sessions(opened, session_id, butler, runs))
+            rows = _timing_rows(opened, _sessions(opened, session_id, butler, runs), every)
     frame = pd.DataFrame(rows, columns=TIMING_COLUMNS)
     frame["time"] = pd.to_datetime(frame["time"].astype("int64"), unit="ns", utc=True)
     for column in ("input_tokens", "output_tokens", "attempt"):
