@@ -2,7 +2,8 @@
 
 nbval compares its saved text outputs; this test checks what nbval does not: that the kernel
 reads no folder but the notebook's scratch copy of ``notebooks/data/history-demo`` (not the
-user's ``~/.claude``, whatever the HOME), and the plots.
+user's ``~/.claude``, whatever the HOME), the plots (the waterfall of one run among them), and
+that every demo run has the CLI's telemetry the timing tables read.
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ def test_analysis_notebook_reads_only_its_demo_data_and_plots(
     outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs]
     assert not [out for out in outputs if out.output_type == "error"]
     images = [out for out in outputs if "image/png" in out.get("data", {})]
-    assert len(images) == 6, "per butler, per model, sub-agents, tools, durations (2)"
+    assert len(images) == 7, "per butler, per model, sub-agents, tools, durations (2), waterfall"
     text = "".join(str(out.get("text", "")) for out in outputs)
     assert "40 runs from 2026-11-09 to 2026-11-18" in text
     assert "8 with a sub-agent; 0 unparseable lines" in text
+    # The CLIs' own telemetry of every run: each model request and tool call it reported.
+    assert "model requests and" in text and "tool calls in 40 runs" in text
     # The same tables as the saved outputs, so nothing from this HOME was read.
     fresh = [cell.outputs for cell in notebook.cells if cell.cell_type == "code"]
     for before, after in zip(saved, fresh, strict=True):

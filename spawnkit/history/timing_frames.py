@@ -257,8 +257,13 @@ def plot_waterfall(frame: pd.DataFrame, title: str | None = None) -> Figure:
         left=frame["start_ms"],
         color=[_COLOURS.get(str(kind), "tab:gray") for kind in frame["kind"]],
     )
-    labels = ["  " * int(d) + str(s) for d, s in zip(frame["depth"], frame["span"], strict=True)]
-    axes.set_yticks(rows, labels)
+    labels = ["   " * int(d) + str(s) for d, s in zip(frame["depth"], frame["span"], strict=True)]
+    axes.set_yticks(rows, labels, family="monospace", fontsize=8)
+    # Left-aligned, so the indentation shows the depth (about 5 points a character at 8 pt).
+    axes.tick_params(axis="y", pad=5 * max((len(label) for label in labels), default=0) + 4)
+    for tick in axes.get_yticklabels():
+        tick.set_horizontalalignment("left")
+    axes.set_xlim(left=0)
     axes.invert_yaxis()
     axes.set_xlabel("ms since the run started")
     if title:
