@@ -214,7 +214,7 @@ class RunTimings:
 
 
 def _ms(value: float) -> str:
-    return f"{value / 1000:.1f} s" if value >= 10_000 else f"{value:.0f} ms"
+    return f"{value / 1000:.1f} s" if value >= 1000 else f"{value:.0f} ms"
 
 
 def timing_line(timing: Timing, top: int = TOP_TOOLS) -> str:

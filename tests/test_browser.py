@@ -2,7 +2,8 @@
 
 Real Claude Code runs on the replay model, shown by the run view in JupyterLab:
 the transcript's order, one rendering per run, Markdown as HTML, the header's
-figures mid-run against the scenario's usage, failed-call counts, the dark
+figures mid-run against the scenario's usage, the CLI's request and tool timings mid-run
+(its telemetry on), failed-call counts, the dark
 theme's colours, a saved notebook reopened without its kernel; a stop and a
 model overload without a traceback; a long run's navigation; the dashboard's
 states, labels and transcripts, also as a Voila app. Screenshots go to
@@ -152,9 +153,15 @@ def workdir(tmp_path: Path) -> Path:
     for name, text in {"story": STORY, "stopped": STOPPED, "overload": OVERLOAD,
                        "long": long_scenario()}.items():  # fmt: skip
         (tmp_path / f"{name}.toml").write_text(text)
+    # The story's butler has its CLI's telemetry on: the view shows its timing line.
+    timed = tmp_path / "roster-timed"
+    shutil.copytree(roster, timed)
+    with (timed / "health" / "butler.toml").open("a") as config:
+        config.write("\n[butler.telemetry]\ncli = true\n")
     spawn = f"%%spawn --butler health --roster {roster}"
+    story = f"%%spawn --butler health --roster {timed}"
     notebooks = {
-        "story.ipynb": ["%load_ext spawnkit", f"{spawn} --replay story.toml --out r\nweigh in",
+        "story.ipynb": ["%load_ext spawnkit", f"{story} --replay story.toml --out r\nweigh in",
                         "print('failed calls:', r.failed_tool_calls)"],
         "stop.ipynb": ["%load_ext spawnkit", f"{spawn} --replay stopped.toml\nwait for me"],
         "overload.ipynb": ["%load_ext spawnkit", f"{spawn} --replay overload.toml\nthis fails"],
@@ -336,6 +343,13 @@ def test_run_view_tells_the_run_in_order_and_survives_saving(
     assert "turn 1/12" in figures.inner_text() and "≈$" in figures.inner_text(), "running cost"
     assert "claude-sonnet-4-5" in head.locator(".sk-who").inner_text(), "the model's name"
     assert view.locator(".sk-waiting").inner_text() == "waiting on the model"
+    # The CLI's telemetry of the first request and tool call, shown while the second waits.
+    page.wait_for_function(
+        "() => document.querySelector('.spawnkit-run .sk-timing').textContent"
+        ".startsWith('model 1 request · p50 ')", timeout=30_000,
+    )  # fmt: skip
+    assert "tools mcp_tool " in view.locator(".sk-timing").inner_text()
+    assert head.get_attribute("data-state") == "running"
     page.screenshot(path=str(ARTIFACTS / "lab-run-streaming.png"))
 
     wait_state(page, "success")
@@ -345,6 +359,8 @@ def test_run_view_tells_the_run_in_order_and_survives_saving(
     assert tools.nth(1).locator(".sk-summary").inner_text() == "$ cat /nonexistent/weights.csv"
     assert "No such file" in tools.nth(1).locator(".sk-result").inner_text()
     assert "(1 failed)" in figures.inner_text() and view.get_attribute("data-failed-tools") == "1"
+    timing = view.locator(".sk-timing").inner_text()
+    assert timing.startswith("model 4 requests · p50 ") and "Bash" in timing, timing
     answer = view.locator(".sk-text").last
     assert answer.locator("h2").inner_text() == "Weight trend"
     assert answer.locator("table td strong").inner_text() == "72.4"
@@ -396,6 +412,7 @@ def test_run_view_tells_the_run_in_order_and_survives_saving(
     assert item_kinds(page, ".spawnkit-run") == ["text", "tool", "text", "tool", "tool", "text"]
     assert static.locator(".sk-text h2").inner_text() == "Weight trend"
     assert static.locator(".sk-tool[data-status='error']").count() == 1
+    assert static.locator(".sk-timing").inner_text() == timing
     page.close()
 
 
