@@ -3,7 +3,8 @@
 The command line prints a run live (each tool call when it starts and when it
 finishes, assistant text as each block completes) and a one-line summary at the
 end, after one line of where the time went (model request latency, time per tool)
-when the CLI's telemetry is on. Everything here returns strings; the caller decides where they go.
+when the CLI's telemetry is on. Everything here returns strings; the caller decides
+where they go.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ waterfall of Claude Code's recorded spans (``claude_spans.json``) their depths.
 
 from __future__ import annotations
 
+import io
 import json
 import random
 from pathlib import Path
@@ -20,7 +21,10 @@ import pandas as pd
 import pytest
 
 from spawnkit import history
-from spawnkit.events import Timing
+from spawnkit.console import EventPrinter
+from spawnkit.events import Finished, Started, Timing
+from spawnkit.notebook.terminal import TerminalView
+from spawnkit.result import SpawnerResult
 from spawnkit.store import SessionStore
 from spawnkit.timings import (
     Measurement,
@@ -216,3 +220,25 @@ def test_a_waterfall_of_claude_codes_spans(store: SessionStore) -> None:
     (axes,) = figure.axes
     assert len(axes.patches) == len(bars)
     assert [t.get_text().strip() for t in axes.get_yticklabels()] == bars["span"].tolist()
+
+
+def test_the_terminal_views_print_the_last_timing_before_the_summary() -> None:
+    run = RunTimings("s1")
+    timings = [run.add(m) for m in measured("gemini")]
+    events: list[Any] = [
+        Started("s1", "health", "gemini", "gemini-2.5-flash", None),
+        *timings,
+        Finished("s1", SpawnerResult(output="done", session_id="s1", butler="health")),
+    ]
+    printed, terminal = io.StringIO(), io.StringIO()
+    printer, view = EventPrinter(printed), TerminalView(terminal, status_line=False)
+    for event in events:
+        printer(event)
+        view(event)
+    view.drain(final=True)
+    for out in (printed.getvalue(), terminal.getvalue()):
+        lines = out.splitlines()
+        (at,) = [n for n, line in enumerate(lines) if line.startswith("⏱ ")]
+        assert lines[at] == f"⏱ {timing_line(timings[-1])}"  # the last, with every figure
+        assert lines[at + 1].startswith("✓ success") and at + 2 == len(lines)
+    assert view.state.status.timing == timing_line(timings[-1])

@@ -43,7 +43,7 @@ class TerminalView:
     def __call__(self, event: RunEvent) -> None:
         text = None if isinstance(event, TextDelta) else render_event(event, self.style)
         with self._lock:
-            if isinstance(event, Finished) and isinstance(self._timing, Timing):
+            if isinstance(event, Finished) and self._timing is not None:
                 self._lines.append(render_timing(self._timing, self.style))
             self._timing = event if isinstance(event, Timing) else self._timing
             self.state.apply(event)  # for the header (bounded; never rendered as HTML)
