@@ -6,9 +6,10 @@ butler's MCP tool, an answer. The run's listener must get a Timing for each of t
 model requests and the two tool calls, with durations that fit inside the run, the first
 one while the slow command is still running (Claude Code exports its log events every
 second as spawnkit sets it, Codex about as often, Gemini every 5 s: its command sleeps
-longer); and ``history.timings()``, ``tool_times()``,
-``request_latency()`` and ``waterfall()`` must show the same requests and calls from the
-store afterwards.
+longer); and ``history.timings()``, ``tool_times()``, ``request_latency()`` and
+``waterfall()`` must show the same requests and calls from the store afterwards. A last
+test runs Claude Code from a notebook hub: the live view's state, its saved snapshot, the
+terminal printer and the butler's dashboard card show the timings.
 """
 
 from __future__ import annotations
