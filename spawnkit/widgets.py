@@ -21,12 +21,10 @@ import logging
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
-import pandas as pd
 
-from . import history
 from .notebook.hub import Hub, RunHandle, Target, default_hub
 from .notebook.session_table import SessionTable
 from .notebook.static_view import static_html
@@ -37,6 +35,9 @@ from .result import SpawnerResult
 from .roster import ButlerConfig, Roster, load_roster
 from .service import ButlerService
 from .store import SessionRecord
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +111,8 @@ def record_result(record: SessionRecord) -> SpawnerResult:
 def timing_html(frame: pd.DataFrame, runs: int = TIMING_RUNS) -> str:
     """A card's timings (a ``history.timings()`` frame): request latency p50/p90 and the
     tools with the most time; "" when the CLI reported none (telemetry off)."""
+    from . import history  # pandas: only once a card has timings to show
+
     if frame.empty:
         return ""
     over = f"last {runs} runs" if frame["session"].nunique() >= runs else "its runs"
@@ -393,6 +396,8 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
         key = tuple(f"{r.id}:{r.status}" for r in recent[:TIMING_RUNS])
         if key == card.timing_key:
             return
+        from . import history  # pandas, first needed here
+
         frame = await asyncio.to_thread(
             history.timings, self.hub.store, butler=card.butler.name, runs=TIMING_RUNS
         )
