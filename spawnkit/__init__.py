@@ -16,12 +16,14 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from .errors import SpawnError, SpawnkitError
     from .events import RunEvent
+    from .notebook.batch import map
     from .result import SpawnerResult, ToolCall, Usage
     from .roster import ButlerConfig, Roster, load_butler, load_roster
     from .runtimes import available_runtimes, get_adapter, register_adapter
     from .spawner import Spawner
     from .store import SessionStore
     from .testing import MockSpawner
+    from .worktrees import apply_diff
 
 # Public name -> the module that defines it.
 _EXPORTS = {
@@ -36,10 +38,12 @@ _EXPORTS = {
     "SpawnkitError": "errors",
     "ToolCall": "result",
     "Usage": "result",
+    "apply_diff": "worktrees",
     "available_runtimes": "runtimes",
     "get_adapter": "runtimes",
     "load_butler": "roster",
     "load_roster": "roster",
+    "map": "notebook.batch",
     "register_adapter": "runtimes",
 }
 
@@ -82,9 +86,11 @@ __all__ = [
     "SpawnkitError",
     "ToolCall",
     "Usage",
+    "apply_diff",
     "available_runtimes",
     "get_adapter",
     "load_butler",
     "load_roster",
+    "map",
     "register_adapter",
 ]

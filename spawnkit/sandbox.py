@@ -155,13 +155,15 @@ def plan(
     *,
     read: Iterable[Path] = (),
     cwd: Path | None = None,
+    write: Iterable[Path] = (),
     interactive: bool = False,
 ) -> SandboxPlan:
     """The sandbox for one run of ``butler`` in ``workspace`` (HOME and working directory).
 
     ``read`` adds paths the run sees read-only (the real paths of an ask's sources), bound
     after the workspace so a source linked into it stays read-only; ``cwd`` is where the
-    CLI starts (default: the butler's workdir, else the workspace).
+    CLI starts (default: the butler's workdir, else the workspace); ``write`` adds folders
+    the run may write (its own working directory, when the trigger gave one).
 
     ``interactive`` is a CLI on the user's terminal (a chat): bubblewrap's new session
     would take the terminal from it, so it keeps the terminal (see :func:`_interactive`).
@@ -178,7 +180,7 @@ def plan(
         return NO_SANDBOX
     bwrap = available_bwrap()
     readable = [*_existing(cli_paths), butler.directory, *butler.sandbox.read]
-    write = [workspace, *butler.sandbox.write]
+    write = [workspace, *butler.sandbox.write, *write]
     base = [arg for arg in _base_args() if not (interactive and arg == "--new-session")]
     args = [str(bwrap), *base, *_system_view()]
     for path in dict.fromkeys(readable):

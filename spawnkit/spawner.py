@@ -138,6 +138,14 @@ def validate_request(prompt: object, max_turns: int | None = None) -> None:
         raise InvalidArgument(f"max_turns must be at least 1, not {max_turns}")
 
 
+def checked_workdir(path: str | Path) -> Path:
+    """A trigger's ``workdir``, resolved; it must be an existing directory."""
+    folder = Path(path).expanduser().resolve()
+    if not folder.is_dir():
+        raise InvalidArgument(f"workdir {folder} is not a directory")
+    return folder
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -250,6 +258,7 @@ class _Run:
     timeout_s: float
     kind: RunKind = "run"
     sources: tuple[Source, ...] = ()
+    workdir: Path | None = None  # this run's own working directory (see trigger)
     log: RunLog | None = None
     mcp_secret: str | None = None
 
@@ -426,6 +435,7 @@ class Spawner:
         kind: RunKind = "run",
         sources: Sequence[Source] = (),
         limits: Limits | None = None,
+        workdir: Path | None = None,
     ) -> SpawnerResult:
         """Run ``prompt`` on this butler's runtime and return its result.
 
@@ -453,6 +463,10 @@ class Spawner:
         process's terminal until the user ends it (nothing is parsed, so no events but
         ``Started`` and ``Finished``); ``prompt`` may be empty and is only recorded.
 
+        ``workdir`` runs this one run in another existing directory (instead of the
+        butler's ``workdir`` or the workspace), writable in the sandbox: ``spawnkit.map``
+        gives each run of a batch over a repository its own git worktree this way.
+
         Raises for triggers that are refused or wrong before they are accepted
         (bad arguments, closed spawner, full queue, missing CLI, variable or API key);
         once accepted, failures come back as ``success=False`` results.
@@ -478,6 +492,10 @@ class Spawner:
             raise InvalidArgument(f"invalid run kind {kind!r}: use run, ask or chat")
         if sources and kind not in _SOURCE_KINDS:
             raise InvalidArgument("sources are given to ask and chat runs only")
+        if workdir is not None:
+            if kind in _SOURCE_KINDS:
+                raise InvalidArgument("ask and chat runs work in their sources, not a workdir")
+            workdir = checked_workdir(workdir)
         if kind == "chat":
             self.adapter.check_interactive()  # its interactive CLI, which may be another
         else:
@@ -531,6 +549,7 @@ class Spawner:
             ),
             kind=kind,
             sources=tuple(sources),
+            workdir=workdir,
             budget=budget,
             timeout_s=run_limits.timeout_s or self.butler.runtime.timeout_s,
         )
@@ -1125,7 +1144,7 @@ class Spawner:
         if asking:
             cwd = await asyncio.to_thread(link_sources, workspace, run.sources)
         else:
-            cwd = butler.workdir or workspace
+            cwd = run.workdir or butler.workdir or workspace
         tools = (
             agent.tools if agent is not None and agent.tools is not None else butler.runtime.tools
         )
@@ -1136,6 +1155,7 @@ class Spawner:
                            run.resume)  # fmt: skip
         plan = sandbox.plan(
             butler, workspace, worker.install_paths(), read=linked, cwd=cwd,
+            write=(run.workdir,) if run.workdir is not None else (),
             interactive=run.kind == "chat",
         )  # fmt: skip
         config_file = worker.build_config_file(workspace, server)

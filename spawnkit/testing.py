@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from .events import EventSink
 from .limits import Limits
@@ -34,6 +35,7 @@ class Invocation:
     session_id: str | None = None
     role: str | None = None
     limits: Limits | None = None
+    workdir: Path | None = None
 
 
 class MockSpawner:
@@ -71,6 +73,7 @@ class MockSpawner:
         kind: RunKind = "run",
         sources: Sequence[Source] = (),
         limits: Limits | None = None,
+        workdir: Path | None = None,
     ) -> SpawnerResult:
         validate_trigger_source(trigger_source)
         self.invocations.append(
@@ -84,6 +87,7 @@ class MockSpawner:
                 session_id,
                 role,
                 limits,
+                workdir,
             )
         )
         for substring, result in self.responses.items():

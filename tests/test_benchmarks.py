@@ -107,3 +107,19 @@ def test_a_command_imports_only_what_it_needs() -> None:
             check=False,
         )  # fmt: skip
         assert "LOADED:\n" in done.stdout, (args, done.stdout, done.stderr[-1000:])
+
+
+def test_batch_benchmark_runs(tmp_path: Path) -> None:
+    out = tmp_path / "batch.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "batch.py"), "--runs", "4", "--slots", "2",
+         "--singles", "2", "--model-delay-ms", "200", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["runs"] == 4 and report["slots"] == 2 and report["single_runs"] == 2
+    assert report["single_median_s"] > 0.2, "each run waits for the model's 200 ms"
+    assert report["ideal_s"] == pytest.approx(2 * report["single_median_s"], abs=0.002)
+    assert report["ratio"] == pytest.approx(report["batch_wall_s"] / report["ideal_s"], abs=0.01)
+    assert "ratio to 2 single runs" in done.stdout

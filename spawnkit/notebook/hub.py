@@ -26,7 +26,7 @@ from ..queue_report import QueueReport, queue_report
 from ..result import SpawnerResult
 from ..roster import ButlerConfig
 from ..service import ButlerService
-from ..spawner import SpawnerStatus
+from ..spawner import Spawner, SpawnerStatus
 from ..store import SessionStore
 from .loop import CANCEL_TIMEOUT_S, BackgroundLoop, Job, shared_loop
 
@@ -183,6 +183,10 @@ class Hub:
         """Run ``callback`` on the background loop after ``delay`` seconds (thread-safe)."""
         loop = self.loop.loop
         loop.call_soon_threadsafe(loop.call_later, delay, callback)
+
+    async def spawner_started(self, target: Target) -> Spawner:
+        """The spawner of ``target``'s butler service, started if need be (on the loop)."""
+        return (await self._service(target, ())).spawner
 
     def spawner_for(self, target: Target) -> Any:
         service = self._services.get(target.key())

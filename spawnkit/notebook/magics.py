@@ -148,6 +148,53 @@ class SpawnMagics(Magics):
             self.ip.user_ns[args.out] = result
         return result
 
+    # -- %%spawn_map ---------------------------------------------------------------------
+
+    @magic_arguments()
+    @argument("data", help="a DataFrame, Series or list in the namespace")
+    @argument("--butler", required=True, help="a butler from the roster")
+    @argument("--roster", help="roster directory (default: SpawnMagics.roster)")
+    @argument("--runtimes", help="comma-separated runtimes, side by side (default: the butler's)")
+    @argument("--max-concurrent", type=int, help="runs at once (default: the butler's slots)")
+    @argument("--max-cost-usd", type=float, help="dispatch nothing more once this is spent")
+    @argument("--repo", help="give each run its own git worktree of this repository")
+    @argument("--model", help="model name for the runtime")
+    @argument("--replay", help="play model turns from this scenario (offline)")
+    @argument("--out", help="also bind the DataFrame to this variable")
+    @cell_magic
+    def spawn_map(self, line: str, cell: str) -> Any:
+        """Run the cell, a prompt template with ``{column}`` fields (``{prompt}`` for a list's
+        items), once per row of DATA; the value is ``spawnkit.map``'s DataFrame (one row per
+        input row and runtime)."""
+        from .batch import map as map_prompts
+
+        args = parse_argstring(self.spawn_map, line)
+        if not cell.strip():
+            raise UsageError("%%spawn_map needs a prompt template in the cell body")
+        if args.data not in self.ip.user_ns:
+            raise UsageError(f"%%spawn_map: no variable {args.data!r} in the namespace")
+        data = self.ip.user_ns[args.data]
+        runtimes = [r.strip() for r in args.runtimes.split(",")] if args.runtimes else None
+        try:
+            frame = map_prompts(
+                args.butler,
+                data,
+                template=cell.strip("\n"),
+                runtimes=runtimes,
+                repo=args.repo,
+                max_concurrent=args.max_concurrent,
+                max_cost_usd=args.max_cost_usd,
+                roster=args.roster or self.roster,
+                replay=args.replay,
+                model=args.model,
+                hub=self.hub,
+            )
+        except (ConfigError, InvalidArgument) as exc:
+            raise UsageError(str(exc)) from None
+        if args.out:
+            self.ip.user_ns[args.out] = frame
+        return frame
+
     def _context(self, expression: str | None) -> str | None:
         if expression is None:
             return None

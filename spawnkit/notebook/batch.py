@@ -1,0 +1,321 @@
+"""``spawnkit.map``: one butler over a list or a DataFrame of prompts, as a DataFrame.
+
+::
+
+    import spawnkit
+    df = spawnkit.map("general", ["count the words in: a b", "count the words in: c"])
+    df = spawnkit.map("general", tickets, template="Triage: {title}\\n{body}",
+                      max_concurrent=3, max_cost_usd=2.0)
+    df = spawnkit.map("general", tasks, runtimes=["claude-code", "codex", "gemini"],
+                      repo="~/src/project")       # a worktree per run; its diff a column
+    spawnkit.apply_diff(df.loc[3, "diff"], "~/src/project")
+
+The runs happen on the kernel's hub (the same background loop, butler services and store
+as ``%%spawn``), through :class:`spawnkit.batch.Batch`. Progress shows while they run: an
+ipywidgets bar in Jupyter, a text line in a terminal. Interrupting (the stop button,
+Ctrl-C) cancels the runs in flight, waits until they are recorded, and returns the
+partial DataFrame: finished rows intact, the rest ``cancelled`` or ``skipped: stopped``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import html
+import sys
+import time
+from collections.abc import Hashable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..batch import Batch, Progress, Runner, items_for, to_frame
+from ..errors import ConfigError
+from ..roster import ButlerConfig, load_roster
+from ..runtimes import canonical_runtime
+from ..worktrees import Worktrees, base_commit
+from .hub import Hub, Target, default_hub
+from .loop import CANCEL_TIMEOUT_S
+from .runner import in_kernel
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+ProgressMode = Literal["auto", "widget", "text", "none"]
+POLL_S = 0.1
+# How long an interrupted batch may take to cancel and record its runs in flight.
+STOP_WAIT_S = CANCEL_TIMEOUT_S + 10
+
+
+def map(
+    butler: str | ButlerConfig,
+    prompts: Any,
+    *,
+    template: str | None = None,
+    prompt_column: str = "prompt",
+    runtimes: Sequence[str] | None = None,
+    repo: str | Path | None = None,
+    max_concurrent: int | None = None,
+    max_cost_usd: float | None = None,
+    roster: str | Path = "roster",
+    replay: str | Path | None = None,
+    model: str | None = None,
+    progress: ProgressMode = "auto",
+    hub: Hub | None = None,
+) -> pd.DataFrame:
+    """Run ``butler`` once per prompt; a DataFrame with one row per prompt (and runtime).
+
+    ``prompts`` is a list of strings, a pandas Series, or a DataFrame with a
+    ``prompt_column`` or a ``template`` whose ``{column}`` fields each row fills in. The
+    result keeps the input's index and has the columns of :data:`spawnkit.batch.COLUMNS`
+    (with ``runtimes``, one row per prompt and runtime, prompt-major; with ``repo``, a
+    ``diff`` column). ``max_concurrent`` (default: the butler's
+    ``max_concurrent_sessions``) bounds the runs at once; ``max_cost_usd`` stops
+    dispatching once the cost so far reaches it (runs in flight finish; the rest are
+    ``skipped: budget``).
+    """
+    config = _butler(butler, roster)
+    chosen = [canonical_runtime(r) for r in runtimes] if runtimes else [config.runtime.type]
+    if len(set(chosen)) != len(chosen):
+        raise ConfigError(f"runtimes: each runtime once, not {list(runtimes or [])}")
+    keyed, index_name = prompt_list(prompts, template=template, column=prompt_column)
+    items = items_for(keyed, chosen)
+    scenario = _scenario(replay)
+    hub = hub or default_hub()
+    targets = {
+        runtime: Target(
+            config if runtime == config.runtime.type else config.with_runtime(runtime),
+            replay=scenario,
+            model=model,
+        )
+        for runtime in chosen
+    }
+    limit = max_concurrent if max_concurrent is not None else config.runtime.max_concurrent_sessions
+    worktrees = Worktrees(base_commit(repo)) if repo is not None else None
+    try:
+        rows = _run(hub, targets, items, limit, max_cost_usd, worktrees, progress)
+    finally:
+        if worktrees is not None:
+            worktrees.close()
+    frame = to_frame(rows, index_name=index_name)
+    if len(chosen) > 1:
+        frame = frame.set_index("runtime", append=True)
+    return frame
+
+
+def prompt_list(
+    prompts: Any, *, template: str | None = None, column: str = "prompt"
+) -> tuple[list[tuple[Hashable, str]], Hashable | None]:
+    """``(index label, prompt)`` pairs of the input, and the index's name."""
+    import pandas as pd
+
+    if isinstance(prompts, str):
+        raise ConfigError("prompts: give a list of prompts (a single string is one prompt)")
+    if isinstance(prompts, pd.DataFrame):
+        if template is not None:
+            pairs = [
+                (key, _fill(template, row, key))
+                for key, row in zip(prompts.index, prompts.to_dict("records"), strict=True)
+            ]
+        elif column in prompts.columns:
+            pairs = list(zip(prompts.index, prompts[column].astype(str), strict=True))
+        else:
+            raise ConfigError(
+                f"prompts: the DataFrame has no {column!r} column; name one with "
+                f"prompt_column= or give a template= (columns: {_names(prompts.columns)})"
+            )
+        name = prompts.index.name
+    elif isinstance(prompts, pd.Series):
+        pairs = list(zip(prompts.index, prompts.astype(str), strict=True))
+        name = prompts.index.name
+    elif isinstance(prompts, Iterable):
+        values = list(prompts)
+        bad = [v for v in values if not isinstance(v, str)]
+        if bad:
+            raise ConfigError(f"prompts: strings expected, got {type(bad[0]).__name__}")
+        if template is not None:
+            values = [template.format(prompt=v) for v in values]
+        pairs = list(enumerate(values))
+        name = None
+    else:
+        raise ConfigError(f"prompts: a list, Series or DataFrame, not {type(prompts).__name__}")
+    if not pairs:
+        raise ConfigError("prompts: there are none")
+    empty = [key for key, prompt in pairs if not prompt.strip()]
+    if empty:
+        raise ConfigError(f"prompts: empty prompt at {empty[0]!r}")
+    return pairs, name
+
+
+def _fill(template: str, row: dict[Hashable, Any], key: Hashable) -> str:
+    try:
+        return template.format(**{str(k): v for k, v in row.items()})
+    except KeyError as missing:
+        raise ConfigError(
+            f"template: no column {missing} (row {key!r} has {_names(row)})"
+        ) from None
+    except (IndexError, ValueError) as exc:
+        raise ConfigError(f"template: {exc} (use {{column}} fields, {{{{ for a brace)") from None
+
+
+def _names(columns: Iterable[Any]) -> str:
+    return ", ".join(str(column) for column in columns)
+
+
+def _butler(butler: str | ButlerConfig, roster: str | Path) -> ButlerConfig:
+    if isinstance(butler, ButlerConfig):
+        return butler
+    return load_roster(roster)[butler]
+
+
+def _scenario(replay: str | Path | None) -> Path | None:
+    if replay is None:
+        return None
+    path = Path(replay).expanduser().resolve()
+    if not path.is_file():
+        raise ConfigError(f"replay: no scenario file at {path}")
+    return path
+
+
+def _run(
+    hub: Hub,
+    targets: dict[str, Target],
+    items: list[Any],
+    max_concurrent: int,
+    max_cost_usd: float | None,
+    worktrees: Worktrees | None,
+    mode: ProgressMode,
+) -> list[Any]:
+    latest: list[Progress] = []  # the last snapshot; the batch reports on its loop
+
+    def keep(progress: Progress) -> None:
+        latest[:] = [progress]
+
+    bar = _bar(mode, len(items))
+
+    async def host_of(session_id: str) -> str | None:
+        import asyncio
+
+        record = await asyncio.to_thread(hub.store.get_session, session_id)
+        return record.owner_host if record is not None else None
+
+    async def start() -> Batch:
+        runners: dict[str, Runner] = {}
+        for runtime, target in targets.items():
+            runners[runtime] = await hub.spawner_started(target)
+        return Batch(
+            items, runners, max_concurrent=max_concurrent, max_cost_usd=max_cost_usd,
+            on_progress=keep, worktrees=worktrees, host_of=host_of,
+        )  # fmt: skip
+
+    batch = hub.loop.submit(start()).future.result(CANCEL_TIMEOUT_S)
+    job = hub.loop.submit(batch.run())
+    stopping_since: float | None = None
+    try:
+        while True:
+            try:
+                rows = job.future.result(timeout=POLL_S)
+                break
+            except concurrent.futures.TimeoutError:
+                if latest:
+                    bar.show(latest[-1])
+                if stopping_since is not None and time.monotonic() - stopping_since > STOP_WAIT_S:
+                    raise RuntimeError(
+                        f"spawnkit.map: the runs in flight were not recorded within "
+                        f"{STOP_WAIT_S:.0f} s of the stop"
+                    ) from None
+            except KeyboardInterrupt:
+                # Stop: nothing new, cancel what runs, and wait for the partial rows.
+                # A second interrupt while they are recorded does not abandon them.
+                if stopping_since is None:
+                    stopping_since = time.monotonic()
+                    hub.loop.call_soon(batch.stop)
+    finally:
+        if latest:
+            bar.show(latest[-1])
+        bar.close(latest[-1] if latest else None)
+    return rows
+
+
+class _Bar:
+    """No progress display."""
+
+    def show(self, progress: Progress) -> None:
+        pass
+
+    def close(self, progress: Progress | None) -> None:
+        pass
+
+
+class _TextBar(_Bar):
+    """One line on stderr, rewritten in place (``\\r``) in a terminal."""
+
+    WIDTH = 24
+
+    def __init__(self) -> None:
+        self._last = ""
+
+    def show(self, progress: Progress) -> None:
+        line = self.render(progress)
+        if line != self._last:
+            self._last = line
+            sys.stderr.write("\r" + line)
+            sys.stderr.flush()
+
+    @classmethod
+    def render(cls, progress: Progress) -> str:
+        ended = progress.done + progress.failed + progress.skipped
+        filled = round(cls.WIDTH * ended / progress.total) if progress.total else cls.WIDTH
+        return f"[{'#' * filled}{'.' * (cls.WIDTH - filled)}] {progress.line()}"
+
+    def close(self, progress: Progress | None) -> None:
+        if self._last:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+class _WidgetBar(_Bar):
+    """An ipywidgets bar and label; replaced by static HTML when the batch ends."""
+
+    def __init__(self, total: int) -> None:
+        import ipywidgets as widgets
+        from IPython.display import display
+
+        self.bar = widgets.IntProgress(value=0, min=0, max=max(total, 1), description="map")
+        self.label = widgets.HTML(value="")
+        self.box = widgets.HBox([self.bar, self.label])
+        self.handle = display(self.box, display_id=True)  # type: ignore[no-untyped-call]
+        self._last: Progress | None = None
+
+    def show(self, progress: Progress) -> None:
+        if progress == self._last:
+            return
+        self._last = progress
+        self.bar.value = progress.done + progress.failed + progress.skipped
+        self.bar.bar_style = "danger" if progress.failed else ""
+        self.label.value = html.escape(progress.line())
+
+    def close(self, progress: Progress | None) -> None:
+        from IPython.display import HTML
+
+        if progress is not None and self.handle is not None:
+            self.handle.update(HTML(static_html(progress)))  # type: ignore[no-untyped-call]
+        self.box.close()
+
+
+def static_html(progress: Progress) -> str:
+    """The finished bar as HTML a saved notebook keeps (widgets need a live kernel)."""
+    ended = progress.done + progress.failed + progress.skipped
+    share = 100 * ended / progress.total if progress.total else 100
+    return (
+        '<div class="spawnkit-map"><progress max="100" value="'
+        f'{share:.0f}"></progress> {html.escape(progress.line())}</div>'
+    )
+
+
+def _bar(mode: ProgressMode, total: int) -> _Bar:
+    if mode == "auto":
+        mode = "widget" if in_kernel() else "text"
+    if mode == "widget":
+        return _WidgetBar(total)
+    if mode == "text":
+        return _TextBar()
+    return _Bar()
