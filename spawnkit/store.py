@@ -892,6 +892,31 @@ class SessionStore:
         return [SessionRecord.from_row(r) for r in rows]
 
     @_translated
+    def open_sessions(self, limit: int = 200) -> list[SessionRecord]:
+        """Runs not yet ended, on every host sharing the store, oldest first."""
+        rows = self._db.query(
+            "SELECT * FROM sessions WHERE completed_at IS NULL ORDER BY created_at LIMIT ?",
+            (limit,),
+        )
+        return [SessionRecord.from_row(r) for r in rows]
+
+    @_translated
+    def tool_call_names(self, session_ids: Sequence[str]) -> dict[str, list[str]]:
+        """The names of each session's tool calls so far, in order (written live)."""
+        if not session_ids:
+            return {}
+        marks = ", ".join("?" * len(session_ids))
+        rows = self._db.query(
+            f"SELECT session_id, name FROM tool_calls WHERE session_id IN ({marks}) "
+            "ORDER BY session_id, seq",
+            tuple(session_ids),
+        )
+        found: dict[str, list[str]] = {}
+        for row in rows:
+            found.setdefault(row["session_id"], []).append(row["name"])
+        return found
+
+    @_translated
     def sessions_with_prefix(self, prefix: str, limit: int = 2) -> list[SessionRecord]:
         """Sessions whose id starts with ``prefix``, oldest id first, at most ``limit``.
 

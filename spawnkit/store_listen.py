@@ -60,7 +60,9 @@ class Change:
     session: str | None = None
     butler: str | None = None
     status: str | None = None
+    host: str | None = None
     seq: int | None = None
+    name: str | None = None
 
     @classmethod
     def parse(cls, payload: str) -> Change:
@@ -77,7 +79,9 @@ class Change:
             session=data.get("session"),
             butler=data.get("butler"),
             status=data.get("status"),
+            host=data.get("host"),
             seq=seq if isinstance(seq, int) else None,
+            name=data.get("name"),
         )
 
 
