@@ -202,7 +202,8 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
         self.hosts = w.HTML()
         self.hosts.add_class("sk-hosts")
         self.live = self.hub.live()
-        self.received: list[str] = []
+        self.received: list[str] = []  # the steps of runs the feed reported, in order
+        self.refreshes = 0
         self._scenarios()
         super().__init__(
             [
@@ -374,6 +375,7 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
         return f"<b>Every host</b> <small>(live from the store)</small><br><small>{body}</small>"
 
     async def refresh(self) -> None:
+        self.refreshes += 1
         if self.live is not None:
             hosts = self._hosts_html(self.live)
             if self.hosts.value != hosts:

@@ -84,6 +84,7 @@ class LiveStatus:
         self.open_runs: list[OpenRun] = []
         self.resyncs = 0
         self.wakes = 0
+        self.refreshes = 0  # reads of the store: one per burst of wake-ups, never on a timer
         self.on_change: list[Callable[[LiveStatus], object]] = []
         self._seen: set[tuple[str, ...]] = set()
         self._pending: list[Wake] = []
@@ -133,6 +134,7 @@ class LiveStatus:
 
     async def refresh(self) -> None:
         """Read the runs still open (and their tool calls so far) from the store."""
+        self.refreshes += 1
         records = await asyncio.to_thread(self.store.open_sessions, OPEN_LIMIT)
         calls = await asyncio.to_thread(self.store.tool_call_names, [r.id for r in records])
         self.open_runs = [OpenRun(r, tuple(calls.get(r.id, ()))) for r in records]
