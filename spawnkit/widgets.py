@@ -432,12 +432,12 @@ class LiveStatusView(w.VBox):  # type: ignore[misc]
     def __init__(self, live: LiveStatus, hub: Hub, steps: int = LIVE_STEPS) -> None:
         self.live = live
         self.hub = hub
-        self.steps = steps
+        self.max_steps = steps
         self.table = w.HTML()
         self.table.add_class("sk-live-runs")
-        self.log = w.HTML()
-        self.log.add_class("sk-live-steps")
-        super().__init__([self.table, self.log])
+        self.steps_html = w.HTML()
+        self.steps_html.add_class("sk-live-steps")
+        super().__init__([self.table, self.steps_html])
         self.add_class("spawnkit-live-status")
         self.draw(live)
         hub.loop.call_soon(lambda: live.on_change.append(self.draw))
@@ -458,8 +458,8 @@ class LiveStatusView(w.VBox):  # type: ignore[misc]
             if rows
             else "<b>Open on every host</b>: <i>nothing running</i>"
         )
-        lines = live.lines()[-self.steps :]
-        self.log.value = "<small>" + "<br>".join(html.escape(x) for x in lines) + "</small>"
+        lines = live.lines()[-self.max_steps :]
+        self.steps_html.value = "<small>" + "<br>".join(html.escape(x) for x in lines) + "</small>"
 
     def close(self) -> None:
         def remove() -> None:
