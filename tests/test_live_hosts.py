@@ -19,14 +19,18 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from IPython import get_ipython
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
 
-from spawnkit.notebook.hub import Hub
+from spawnkit.notebook.hub import Hub, close_default_hub, default_hub
 from spawnkit.notebook.live import LiveStatus
 from spawnkit.store import SessionStore
-from spawnkit.store_listen import Change, ChangeFeed, Wake
-from spawnkit.widgets import ButlerDashboard
+from spawnkit.store_listen import Change, ChangeFeed, Wake, feed_for
+from spawnkit.widgets import ButlerDashboard, LiveStatusView
 
 from .conftest import REPO
 from .postgres import PostgresServer, postgres_server
@@ -73,6 +77,13 @@ def _steps(changes: list[Change], session: str) -> list[str]:
         if step not in steps:
             steps.append(step)
     return steps
+
+
+def _shell() -> Any:
+    """The test process's IPython shell (started once per process)."""
+    shell = start_ipython() or get_ipython()
+    assert shell is not None
+    return shell
 
 
 @pytest.fixture
@@ -174,9 +185,42 @@ async def test_the_feed_survives_a_server_restart_and_asks_for_a_resync(
         assert _steps([c for w in wakes for c in w.changes], session) == STEPS
 
 
-async def test_a_sqlite_store_has_no_feed(tmp_path: Path) -> None:
-    from spawnkit.store_listen import feed_for
+async def test_spawn_status_live_draws_another_hosts_run_as_it_goes(
+    postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPAWNKIT_STORE", postgres_url)
+    close_default_hub()  # the kernel's hub opens the store named now
+    ip = _shell()
+    ip.run_line_magic("load_ext", "spawnkit")
+    view = None
+    try:
+        view = ip.run_line_magic("spawn_status", "--live")
+        assert isinstance(view, LiveStatusView)
+        assert "nothing running" in view.table.value
+        tables: list[str] = []
+        live = view.live
+        # After the view's own redraw (registered first, on the same loop): what it drew.
+        default_hub().loop.call_soon(
+            lambda: live.on_change.append(lambda _: tables.append(view.table.value))
+        )
+        out = await _finish(_host_b(postgres_url, tmp_path / "host-b", "live status"))
+        session = out.strip().rsplit("session ", 1)[1]
+        await _until(lambda: "success" in view.steps_html.value, "the run's end in the view")
+        drawn = [t for t in tables if "<td>host-b</td>" in t]
+        assert drawn, "B's run was drawn while it was open"
+        assert any("<td>1</td><td>Bash</td>" in t for t in drawn), "with its tool call"
+        steps = view.steps_html.value
+        assert all(f"{session[:8]} · {step}" in steps for step in STEPS)
+        assert steps.index("tool Bash running") < steps.index("tool Bash ok")
+        assert "nothing running" in view.table.value
+    finally:
+        if view is not None:
+            view.close()
+        ip.run_line_magic("unload_ext", "spawnkit")
+        close_default_hub()
 
+
+async def test_a_sqlite_store_has_no_feed(tmp_path: Path) -> None:
     with SessionStore(tmp_path / "s.db") as store:
         assert store.url is None
         assert feed_for(store) is None
@@ -185,3 +229,12 @@ async def test_a_sqlite_store_has_no_feed(tmp_path: Path) -> None:
             assert hub.live() is None
         finally:
             hub.close()
+    close_default_hub()
+    ip = _shell()
+    ip.run_line_magic("load_ext", "spawnkit")
+    try:
+        with pytest.raises(UsageError, match="--live needs a PostgreSQL store"):
+            ip.run_line_magic("spawn_status", "--live")
+    finally:
+        ip.run_line_magic("unload_ext", "spawnkit")
+        close_default_hub()
