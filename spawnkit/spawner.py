@@ -769,10 +769,15 @@ class Spawner:
         result = replace(
             result, session_id=run.session_id, butler=butler.name, runtime=butler.runtime.type
         )
-        try:
+
+        async def record() -> None:
+            # The live tool-call writes first: the result's write rewrites the calls.
             if collector.live_calls is not None:
                 await collector.live_calls.flush()
-            await asyncio.shield(_in_thread(self.store.complete_session, run.session_id, result))
+            await _in_thread(self.store.complete_session, run.session_id, result)
+
+        try:
+            await asyncio.shield(record())
         except asyncio.CancelledError:
             logger.debug("cancelled while recording session %s; the write goes on", run.session_id)
         finally:

@@ -23,6 +23,7 @@ from ..store_listen import Change, ChangeFeed, Wake
 logger = logging.getLogger(__name__)
 
 MAX_UPDATES = 200
+MAX_SEEN = 10_000
 OPEN_LIMIT = 200
 ENDED = ("success", "failed", "cancelled", "crashed", "timeout", "budget")
 
@@ -48,9 +49,10 @@ class OpenRun:
     tools: tuple[str, ...]
 
 
-def updates_of(changes: tuple[Change, ...], seen: set[tuple[str, ...]]) -> list[Update]:
+def updates_of(changes: tuple[Change, ...], seen: dict[tuple[str, ...], None]) -> list[Update]:
     """The new steps among ``changes``; ``seen`` remembers steps already reported (a run's
-    end rewrites its tool calls, a setup write repeats its status: neither is a step)."""
+    end rewrites its tool calls, a setup write repeats its status: neither is a step),
+    the oldest forgotten past :data:`MAX_SEEN`."""
     found: list[Update] = []
     for c in changes:
         if c.session is None or c.op == "DELETE":
@@ -65,7 +67,9 @@ def updates_of(changes: tuple[Change, ...], seen: set[tuple[str, ...]]) -> list[
             continue
         if key in seen:
             continue
-        seen.add(key)
+        seen[key] = None
+        while len(seen) > MAX_SEEN:
+            del seen[next(iter(seen))]
         found.append(Update(c.host or "?", c.butler or "?", c.session, what))
     return found
 
@@ -86,7 +90,7 @@ class LiveStatus:
         self.wakes = 0
         self.refreshes = 0  # reads of the store: one per burst of wake-ups, never on a timer
         self.on_change: list[Callable[[LiveStatus], object]] = []
-        self._seen: set[tuple[str, ...]] = set()
+        self._seen: dict[tuple[str, ...], None] = {}  # an ordered set
         self._pending: list[Wake] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
