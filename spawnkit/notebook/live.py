@@ -16,9 +16,12 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..store import SessionRecord, SessionStore
-from ..store_listen import Change, ChangeFeed, Wake
+
+if TYPE_CHECKING:  # psycopg loads only when a PostgreSQL store is used
+    from ..store_listen import Change, ChangeFeed, Wake
 
 logger = logging.getLogger(__name__)
 
