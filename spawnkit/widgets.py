@@ -21,6 +21,7 @@ import asyncio
 import html
 import logging
 import socket
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ LAST_RUNS = 4
 REAL_MODEL = "(real model)"
 PROMPT_CHARS = 60
 LIVE_STEPS = 12
+MAX_RECEIVED = 1000
 # Theme variables, so marks keep their colour in the dark theme too.
 MARK_COLOURS = {
     "success": "var(--jp-success-color1, #2e7d32)",
@@ -202,7 +204,9 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
         self.hosts = w.HTML()
         self.hosts.add_class("sk-hosts")
         self.live = self.hub.live()
-        self.received: list[str] = []  # the steps of runs the feed reported, in order
+        # The steps of runs the feed reported since the dashboard opened, in order (the last
+        # MAX_RECEIVED of them).
+        self.received: deque[str] = deque(maxlen=MAX_RECEIVED)
         self.refreshes = 0
         self._scenarios()
         super().__init__(
@@ -338,7 +342,7 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
 
     async def _refresh_on_change(self, live: LiveStatus) -> None:
         changed = self._changed = asyncio.Event()
-        seen = len(live.updates)
+        seen = live.reported
 
         def on_change(_: LiveStatus) -> None:
             changed.set()
@@ -349,9 +353,9 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
             while True:
                 await changed.wait()
                 changed.clear()
-                lines = live.lines()
-                self.received.extend(lines[seen:] if seen <= len(lines) else lines)
-                seen = len(lines)
+                if live.reported > seen:
+                    self.received.extend(live.lines()[-(live.reported - seen) :])
+                    seen = live.reported
                 try:
                     await self.refresh()
                 except Exception:  # a failed refresh must not stop the next one

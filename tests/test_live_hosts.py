@@ -238,3 +238,31 @@ async def test_a_sqlite_store_has_no_feed(tmp_path: Path) -> None:
     finally:
         ip.run_line_magic("unload_ext", "spawnkit")
         close_default_hub()
+
+
+def test_steps_from_changes_are_reported_once_each() -> None:
+    """What a run's end looks like on the wire (its update, then its calls deleted and
+    written again) and a setup write that repeats the status add no step."""
+    from spawnkit.notebook.live import updates_of
+
+    def call(op: str, status: str) -> Change:
+        return Change("tool_calls", op, "s1", "b", status, "h", 0, "Bash")
+
+    seen: dict[tuple[str, ...], None] = {}
+    first = updates_of(
+        (Change("sessions", "INSERT", "s1", "b", "queued", "h"),
+         Change("sessions", "UPDATE", "s1", "b", "running", "h"),
+         Change("sessions", "UPDATE", "s1", "b", "running", "h"),
+         call("INSERT", "running"), call("UPDATE", "ok"),
+         Change("state", "INSERT", None, "b")),
+        seen,
+    )  # fmt: skip
+    end = updates_of(
+        (Change("sessions", "UPDATE", "s1", "b", "success", "h"), call("DELETE", "ok"),
+         call("INSERT", "ok")),
+        seen,
+    )  # fmt: skip
+    assert [u.line() for u in first + end] == [
+        "h · b · s1 · queued", "h · b · s1 · running", "h · b · s1 · tool Bash running",
+        "h · b · s1 · tool Bash ok", "h · b · s1 · success",
+    ]  # fmt: skip

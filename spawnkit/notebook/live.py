@@ -92,6 +92,7 @@ class LiveStatus:
         self.resyncs = 0
         self.wakes = 0
         self.refreshes = 0  # reads of the store: one per burst of wake-ups, never on a timer
+        self.reported = 0  # steps ever reported (updates keeps the last MAX_UPDATES)
         self.on_change: list[Callable[[LiveStatus], object]] = []
         self._seen: dict[tuple[str, ...], None] = {}  # an ordered set
         self._pending: list[Wake] = []
@@ -127,7 +128,9 @@ class LiveStatus:
             for wake in wakes:
                 if wake.resync:
                     self.resyncs += 1
-                self.updates.extend(updates_of(wake.changes, self._seen))
+                found = updates_of(wake.changes, self._seen)
+                self.updates.extend(found)
+                self.reported += len(found)
             try:
                 await self.refresh()
             except Exception:  # a failed read must not stop the next wake-up's
