@@ -119,6 +119,8 @@ _ROLE_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 CANCEL_GRACE_S = 30.0
 # How often a run waiting for a slot another host holds tries again (PostgreSQL stores).
 SLOT_POLL_S = 0.2
+# How long a run's end waits for its live tool-call writes before its result is written.
+LIVE_WRITE_TIMEOUT_S = 10.0
 
 
 def validate_trigger_source(source: str) -> None:
@@ -169,6 +171,43 @@ class SpawnerStatus:
     cooldown_s: float = 0.0
 
 
+class _LiveToolCalls:
+    """Writes a run's tool calls to its record as they start and end, in order, off the loop.
+
+    So a host watching a shared store sees a call while the run is still going (the
+    PostgreSQL store's NOTIFY goes out with each write). A write that fails is logged and
+    skipped: the call is written with the result in any case.
+    """
+
+    def __init__(self, store: SessionStore, session_id: str) -> None:
+        self._store = store
+        self._session_id = session_id
+        self._last: asyncio.Task[None] | None = None
+
+    def __call__(self, seq: int, call: ToolCall) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            logger.debug("tool call %s of %s not written live: no loop", call.id, self._session_id)
+            return
+        previous = self._last
+
+        async def write() -> None:
+            if previous is not None:
+                await asyncio.wait([previous])
+            try:
+                await asyncio.to_thread(self._store.record_tool_call, self._session_id, seq, call)
+            except (StoreError, RuntimeError) as exc:
+                logger.warning("live tool call of %s not written: %s", self._session_id, exc)
+
+        self._last = loop.create_task(write())
+
+    async def flush(self) -> None:
+        """Wait (bounded) for the writes still under way: the result's own write comes after."""
+        if self._last is not None:
+            await asyncio.wait([self._last], timeout=LIVE_WRITE_TIMEOUT_S)
+
+
 class _Collector:
     """Redacts a run's events, folds them into its result and fans them out to listeners."""
 
@@ -188,6 +227,7 @@ class _Collector:
         self.budget: RunBudget | None = None
         self.metered = False
         self.on_limit: Callable[[LimitHit], None] | None = None
+        self.live_calls: _LiveToolCalls | None = None
 
     def emit(self, event: RunEvent) -> None:
         # Deltas are redacted as one stream (a secret may span two); whatever the
@@ -203,6 +243,8 @@ class _Collector:
     def _deliver(self, event: RunEvent) -> None:
         if isinstance(event, ToolCallStarted | ToolCallFinished):
             self.calls[event.call.id] = event.call
+            if self.live_calls is not None:
+                self.live_calls(list(self.calls).index(event.call.id), event.call)
             if isinstance(event, ToolCallFinished) and self.span is not None:
                 self.span.tool_call(event.call)
         elif isinstance(event, AssistantText) and self.text_chars < OUTPUT_LIMIT:
@@ -554,6 +596,7 @@ class Spawner:
             timeout_s=run_limits.timeout_s or self.butler.runtime.timeout_s,
         )
         run.collector.budget = budget
+        run.collector.live_calls = _LiveToolCalls(self.store, session_id)
         for key in {session_id, run.runtime_session_id, resume} - {None}:
             self._redactors[str(key)] = redactor
         task = asyncio.create_task(
@@ -745,8 +788,15 @@ class Spawner:
         result = replace(
             result, session_id=run.session_id, butler=butler.name, runtime=butler.runtime.type
         )
+
+        async def record() -> None:
+            # The live tool-call writes first: the result's write rewrites the calls.
+            if collector.live_calls is not None:
+                await collector.live_calls.flush()
+            await _in_thread(self.store.complete_session, run.session_id, result)
+
         try:
-            await asyncio.shield(_in_thread(self.store.complete_session, run.session_id, result))
+            await asyncio.shield(record())
         except asyncio.CancelledError:
             logger.debug("cancelled while recording session %s; the write goes on", run.session_id)
         finally:

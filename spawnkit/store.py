@@ -517,6 +517,7 @@ class SqliteBackend:
 
     def __init__(self, path: Path) -> None:
         self.path: Path | None = path
+        self.url: str | None = None
         self.file = path
         self.location = str(path)
         self.local_dir = path.parent
@@ -690,6 +691,12 @@ class SessionStore:
         self.recover_orphans()
 
     @property
+    def url(self) -> str | None:
+        """The PostgreSQL server's URL, password included (print :attr:`location`); None on
+        SQLite. What a :class:`~spawnkit.store_listen.ChangeFeed` listens on."""
+        return self._db.url
+
+    @property
     def host(self) -> str:
         """The name this host's records carry (``$SPAWNKIT_HOST``, else the node name)."""
         return self._host
@@ -819,6 +826,36 @@ class SessionStore:
                 )  # fmt: skip
 
     @_translated
+    def record_tool_call(self, session_id: str, seq: int, call: ToolCall) -> bool:
+        """One tool call of a run still going, written as it starts and again as it ends,
+        so that other hosts sharing the store see it live; ``seq`` is its place in the run.
+        A completed record is left alone (its calls are the ones ``complete_session``
+        wrote). Whether it was written."""
+        with self._db.transaction() as tx:
+            open_rows = tx.query(
+                "SELECT 1 AS open FROM sessions WHERE id = ? AND completed_at IS NULL",
+                (session_id,),
+            )
+            if not open_rows:
+                return False
+            tx.execute(
+                """INSERT INTO tool_calls (session_id, seq, call_id, name, server, tool, input,
+                       output, status, started_at, finished_at, duration_ms)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (session_id, seq) DO UPDATE SET call_id = excluded.call_id,
+                       name = excluded.name, server = excluded.server, tool = excluded.tool,
+                       input = excluded.input, output = excluded.output,
+                       status = excluded.status, started_at = excluded.started_at,
+                       finished_at = excluded.finished_at, duration_ms = excluded.duration_ms""",
+                (
+                    session_id, seq, call.id, call.name, call.server, call.tool,
+                    json.dumps(call.input, ensure_ascii=False), call.output, call.status,
+                    _iso(call.started_at), _iso(call.finished_at), call.duration_ms,
+                ),
+            )  # fmt: skip
+        return True
+
+    @_translated
     def spent_since(self, butler: str, since: datetime) -> float:
         """Dollars the butler's runs completed since ``since`` cost (their recorded cost)."""
         rows = self._db.query(
@@ -853,6 +890,31 @@ class SessionStore:
             f"SELECT * FROM sessions {where} ORDER BY created_at DESC LIMIT ?", (*params, limit)
         )
         return [SessionRecord.from_row(r) for r in rows]
+
+    @_translated
+    def open_sessions(self, limit: int = 200) -> list[SessionRecord]:
+        """Runs not yet ended, on every host sharing the store, oldest first."""
+        rows = self._db.query(
+            "SELECT * FROM sessions WHERE completed_at IS NULL ORDER BY created_at LIMIT ?",
+            (limit,),
+        )
+        return [SessionRecord.from_row(r) for r in rows]
+
+    @_translated
+    def tool_call_names(self, session_ids: Sequence[str]) -> dict[str, list[str]]:
+        """The names of each session's tool calls so far, in order (written live)."""
+        if not session_ids:
+            return {}
+        marks = ", ".join("?" * len(session_ids))
+        rows = self._db.query(
+            f"SELECT session_id, name FROM tool_calls WHERE session_id IN ({marks}) "
+            "ORDER BY session_id, seq",
+            tuple(session_ids),
+        )
+        found: dict[str, list[str]] = {}
+        for row in rows:
+            found.setdefault(row["session_id"], []).append(row["name"])
+        return found
 
     @_translated
     def sessions_with_prefix(self, prefix: str, limit: int = 2) -> list[SessionRecord]:

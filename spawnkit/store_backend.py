@@ -86,6 +86,11 @@ class Backend(Protocol):
     local_dir: Path
     errors: tuple[type[Exception], ...]
 
+    @property
+    def url(self) -> str | None:
+        """The server's URL, password included (never printed): None for SQLite."""
+        ...
+
     def query(self, sql: str, params: Params = ()) -> Sequence[Row]:
         """Run one read; its rows, as mappings from column name to value."""
         ...
@@ -105,5 +110,18 @@ class Backend(Protocol):
 
 
 def statements(script: str) -> Iterator[str]:
-    """The statements of a ``;``-separated script (no statement of ours holds a ``;``)."""
-    return (part for part in script.split(";") if part.strip())
+    """The statements of a ``;``-separated script; a ``;`` counts only outside a
+    ``$$``-quoted body (a PostgreSQL function's), which no other statement of ours holds."""
+    found: list[str] = []
+    current = ""
+    for index, chunk in enumerate(script.split("$$")):
+        if index % 2:  # inside $$ … $$
+            current += f"$${chunk}$$"
+            continue
+        first, *rest = chunk.split(";")
+        current += first
+        for piece in rest:
+            found.append(current)
+            current = piece
+    found.append(current)
+    return (part for part in found if part.strip())

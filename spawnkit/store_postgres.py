@@ -170,8 +170,53 @@ _MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE sessions ADD COLUMN lease_until TEXT;
     CREATE INDEX sessions_lease ON sessions (lease_until) WHERE completed_at IS NULL
     """,
+    # 4 -> 5: every change of a session, a tool call or butler state sends a NOTIFY on
+    # CHANNEL (a wake-up, not a log: table, op, session, butler, host, status, a tool
+    # call's seq and name), which the ChangeFeed of spawnkit.store_listen hands to live
+    # views on any host. A lease renewal
+    # alone changes nothing anyone shows and stays silent. Identical payloads within one
+    # transaction reach listeners once (PostgreSQL folds them).
+    """
+    CREATE FUNCTION notify_change() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE
+        rec RECORD;
+        payload jsonb;
+        run_butler TEXT;
+        run_host TEXT;
+    BEGIN
+        IF TG_OP = 'DELETE' THEN rec := OLD; ELSE rec := NEW; END IF;
+        IF TG_TABLE_NAME = 'sessions' THEN
+            payload := jsonb_build_object('table', 'sessions', 'op', TG_OP,
+                'session', rec.id, 'butler', rec.butler, 'status', rec.status,
+                'host', rec.owner_host);
+        ELSIF TG_TABLE_NAME = 'tool_calls' THEN
+            SELECT s.butler, s.owner_host INTO run_butler, run_host
+                FROM spawnkit.sessions s WHERE s.id = rec.session_id;
+            payload := jsonb_build_object('table', 'tool_calls', 'op', TG_OP,
+                'session', rec.session_id, 'seq', rec.seq, 'status', rec.status,
+                'name', left(rec.name, 200), 'butler', run_butler, 'host', run_host);
+        ELSE
+            payload := jsonb_build_object('table', TG_TABLE_NAME, 'op', TG_OP,
+                'session', NULL, 'butler', rec.butler);
+        END IF;
+        PERFORM pg_notify('spawnkit', payload::text);
+        RETURN NULL;
+    END
+    $$;
+    CREATE TRIGGER sessions_notify AFTER INSERT OR DELETE ON sessions
+        FOR EACH ROW EXECUTE FUNCTION notify_change();
+    CREATE TRIGGER sessions_notify_update AFTER UPDATE ON sessions FOR EACH ROW
+        WHEN ((to_jsonb(OLD) - 'lease_until') IS DISTINCT FROM (to_jsonb(NEW) - 'lease_until'))
+        EXECUTE FUNCTION notify_change();
+    CREATE TRIGGER tool_calls_notify AFTER INSERT OR UPDATE OR DELETE ON tool_calls
+        FOR EACH ROW EXECUTE FUNCTION notify_change();
+    CREATE TRIGGER state_notify AFTER INSERT OR UPDATE OR DELETE ON state
+        FOR EACH ROW EXECUTE FUNCTION notify_change()
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
+# The NOTIFY channel of migration 5's triggers.
+CHANNEL = "spawnkit"
 
 
 def _pg(sql: str) -> str:

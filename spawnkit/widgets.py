@@ -10,7 +10,10 @@ button), the runs that just finished here, and a table of recent sessions; a
 click on a session shows its transcript. Marks and durations are the run
 view's, so every place says the same. Clicks only submit work to spawnkit's
 background loop and return, so the dashboard stays responsive while runs
-stream; the refresh also runs there. Works in JupyterLab and as a Voila app.
+stream; the refresh also runs there. On a SQLite store it refreshes every second; on a
+PostgreSQL store it refreshes only when the store's change feed reports a change, from
+this host or any other, and shows the runs open on every host. Works in JupyterLab and
+as a Voila app.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import asyncio
 import html
 import logging
 import socket
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as w
 
 from .notebook.hub import Hub, RunHandle, Target, default_hub
+from .notebook.live import LiveStatus
 from .notebook.session_table import SessionTable
 from .notebook.static_view import static_html
 from .notebook.view import RunView
@@ -49,6 +54,8 @@ TIMING_RUNS = 20  # a card's request latency and tool time cover this many runs
 TIMING_TOOLS = 4
 REAL_MODEL = "(real model)"
 PROMPT_CHARS = 60
+LIVE_STEPS = 12
+MAX_RECEIVED = 1000
 # Theme variables, so marks keep their colour in the dark theme too.
 MARK_COLOURS = {
     "success": "var(--jp-success-color1, #2e7d32)",
@@ -241,6 +248,14 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
         self.transcript.add_class("sk-transcript-panel")
         self._rows: list[_RunRow] = []
         self._servers: dict[str, ButlerService] = {}
+        # On a PostgreSQL store: every host's open runs, and the steps the feed reported.
+        self.hosts = w.HTML()
+        self.hosts.add_class("sk-hosts")
+        self.live = self.hub.live()
+        # The steps of runs the feed reported since the dashboard opened, in order (the last
+        # MAX_RECEIVED of them).
+        self.received: deque[str] = deque(maxlen=MAX_RECEIVED)
+        self.refreshes = 0
         self._scenarios()
         super().__init__(
             [
@@ -253,6 +268,7 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
                 self.message,
                 w.HTML("<b>In flight</b>"),
                 self.in_flight,
+                self.hosts,
                 w.HTML("<b>Just finished</b>"),
                 self.finished,
                 w.HTML("<b>Recent sessions</b> <small>(click one for its transcript)</small>"),
@@ -261,7 +277,12 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
             ]
         )
         self.add_class("spawnkit-dashboard")
-        self._refresher = self.hub.loop.submit(self._refresh_forever())
+        self._changed: asyncio.Event | None = None
+        if self.live is not None:
+            # No polling: a refresh when the store's feed reports a change, on any host.
+            self._refresher = self.hub.loop.submit(self._refresh_on_change(self.live))
+        else:
+            self._refresher = self.hub.loop.submit(self._refresh_forever())
 
     # -- actions (called on the kernel's thread; they only submit work) -------------
 
@@ -285,7 +306,15 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
         handle = self.hub.start(Target(butler, replay=replay), text, listeners=[view], view=view)
         self._add_row(handle, view)
         self.message.value = ""
+        # Its record's end may be heard before the run is done here: refresh once more then.
+        handle.job.future.add_done_callback(lambda _: self._poke())
         return handle
+
+    def _poke(self) -> None:
+        """Refresh now, from any thread (with a change feed; the poll does it otherwise)."""
+        changed = self._changed
+        if changed is not None:
+            self.hub.loop.loop.call_soon_threadsafe(changed.set)
 
     def _add_row(self, handle: RunHandle, view: RunView) -> None:
         cancel = w.Button(description="Cancel", icon="stop", button_style="danger")
@@ -345,6 +374,7 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
                 )
                 return
             self._servers[butler.name] = service
+            self._poke()  # a server is no store change: refresh its card now
 
         self.hub.loop.submit(start())
 
@@ -358,7 +388,50 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
                 logger.exception("spawnkit dashboard: refresh failed")
             await asyncio.sleep(self.refresh_s)
 
+    async def _refresh_on_change(self, live: LiveStatus) -> None:
+        changed = self._changed = asyncio.Event()
+        seen = live.reported
+
+        def on_change(_: LiveStatus) -> None:
+            changed.set()
+
+        live.on_change.append(on_change)
+        changed.set()  # the first refresh
+        try:
+            while True:
+                await changed.wait()
+                changed.clear()
+                if live.reported > seen:
+                    self.received.extend(live.lines()[-(live.reported - seen) :])
+                    seen = live.reported
+                try:
+                    await self.refresh()
+                except Exception:  # a failed refresh must not stop the next one
+                    logger.exception("spawnkit dashboard: refresh failed")
+        finally:
+            live.on_change.remove(on_change)
+
+    def _hosts_html(self, live: LiveStatus) -> str:
+        runs = [
+            f"{mark_html(run.record.status)} <b>{html.escape(run.record.butler)}</b> on "
+            f"{html.escape(run.record.owner_host or '?')} · "
+            f"<code>{html.escape(run.record.id[:8])}</code>"
+            + (
+                f" · {len(run.tools)} tool calls, last {html.escape(run.tools[-1])}"
+                if run.tools
+                else ""
+            )
+            for run in live.open_runs
+        ]
+        body = "<br>".join(runs) or "<i>nothing running on any host</i>"
+        return f"<b>Every host</b> <small>(live from the store)</small><br><small>{body}</small>"
+
     async def refresh(self) -> None:
+        self.refreshes += 1
+        if self.live is not None:
+            hosts = self._hosts_html(self.live)
+            if self.hosts.value != hosts:
+                self.hosts.value = hosts
         statuses = {s.butler: s for s in self.hub.statuses()}
         records = await asyncio.to_thread(self.hub.store.list_sessions, limit=200)
         for name, card in self.cards.items():
@@ -416,3 +489,51 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
     def close(self) -> None:
         self._refresher.cancel()
         super().close()
+
+
+class LiveStatusView(w.VBox):  # type: ignore[misc]
+    """``%spawn_status --live``: the runs open on every host and the steps they took,
+    redrawn on each change the store's feed reports (never on a timer)."""
+
+    def __init__(self, live: LiveStatus, hub: Hub, steps: int = LIVE_STEPS) -> None:
+        self.live = live
+        self.hub = hub
+        self.max_steps = steps
+        self.table = w.HTML()
+        self.table.add_class("sk-live-runs")
+        self.steps_html = w.HTML()
+        self.steps_html.add_class("sk-live-steps")
+        super().__init__([self.table, self.steps_html])
+        self.add_class("spawnkit-live-status")
+        self.draw(live)
+        hub.loop.call_soon(lambda: live.on_change.append(self.draw))
+
+    def draw(self, live: LiveStatus) -> None:
+        rows = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(str(v if v is not None else ''))}</td>"
+                             for v in row.values()) + "</tr>"
+            for row in live.rows()
+        )  # fmt: skip
+        head = "".join(
+            f"<th>{h}</th>"
+            for h in ("host", "butler", "session", "status", "tool calls", "last tool")
+        )
+        self.table.value = (
+            f"<b>Open on every host</b> <small>({html.escape(self.hub.store.location)})</small>"
+            f"<table><tr>{head}</tr>{rows}</table>"
+            if rows
+            else "<b>Open on every host</b>: <i>nothing running</i>"
+        )
+        lines = live.lines()[-self.max_steps :]
+        self.steps_html.value = "<small>" + "<br>".join(html.escape(x) for x in lines) + "</small>"
+
+    def close(self) -> None:
+        def remove() -> None:
+            if self.draw in self.live.on_change:
+                self.live.on_change.remove(self.draw)
+
+        self.hub.loop.call_soon(remove)
+        super().close()
+
+    def __repr__(self) -> str:
+        return "LiveStatusView(every host sharing the store, updated live)"

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from IPython import get_ipython
 from IPython.core.error import UsageError
 from IPython.testing.globalipapp import start_ipython
 
@@ -26,7 +27,7 @@ DEMO = REPO / "roster" / "health" / "scenarios" / "demo.toml"
 
 @pytest.fixture(scope="module")
 def ip() -> Iterator[Any]:
-    shell = start_ipython()
+    shell = start_ipython() or get_ipython()  # or the one another test module started
     assert shell is not None
     yield shell
     # Loading hooks SIGTERM and SIGHUP; later tests in this process expect them back.

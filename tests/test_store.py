@@ -289,6 +289,29 @@ def test_tool_calls_table_rows(store: SessionStore) -> None:
     assert rows(store, "SELECT num_tool_calls FROM sessions") == [(2,)]
 
 
+def test_tool_calls_are_written_live_while_the_run_is_open(store: SessionStore) -> None:
+    """As each call starts and ends (other hosts see it), then rewritten by the result;
+    a late write after the record closed changes nothing."""
+    create(store, "s-1")
+    create(store, "s-2")
+    first, second = tool_calls()
+    running = ToolCall.start(first.id, first.name, first.input, first.started_at)
+    assert store.record_tool_call("s-1", 0, running)
+    assert store.open_sessions() != [] and store.tool_call_names(["s-1", "s-2"]) == {
+        "s-1": ["mcp__health__state_get"]
+    }
+    assert rows(store, "SELECT seq, status, finished_at FROM tool_calls") == [(0, "running", None)]
+    assert store.record_tool_call("s-1", 0, first) and store.record_tool_call("s-1", 1, second)
+    assert rows(store, "SELECT seq, status, duration_ms FROM tool_calls ORDER BY seq") == [
+        (0, "ok", 1500), (1, "error", 3000),
+    ]  # fmt: skip
+    store.complete_session("s-1", full_result(tool_calls=[first]))
+    assert not store.record_tool_call("s-1", 1, second), "the record is closed"
+    assert rows(store, "SELECT seq, call_id, status FROM tool_calls") == [(0, "call-1", "ok")]
+    assert [r.id for r in store.open_sessions()] == ["s-2"]
+    assert store.tool_call_names([]) == {}
+
+
 def test_unknown_session(store: SessionStore) -> None:
     assert store.get_session("nope") is None
     store.complete_session("nope", full_result())

@@ -82,9 +82,10 @@ def test_a_schema_3_database_gains_leases_and_keeps_its_records(postgres_url: st
             trigger_source="external",
         )  # fmt: skip
     with psycopg.connect(postgres_url, autocommit=True) as conn:  # as schema 3 left it
+        conn.execute("DROP FUNCTION spawnkit.notify_change() CASCADE")  # 5's triggers go too
         conn.execute("DROP INDEX spawnkit.sessions_lease")
         conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN lease_until")
-        conn.execute("DELETE FROM spawnkit.schema_version WHERE version = 4")
+        conn.execute("DELETE FROM spawnkit.schema_version WHERE version >= 4")
     with SessionStore(postgres_url, lease_s=20) as store:
         old = store.get_session("old")
         assert old is not None and (old.status, old.lease_until) == ("queued", None)
@@ -93,8 +94,15 @@ def test_a_schema_3_database_gains_leases_and_keeps_its_records(postgres_url: st
         assert renewed is not None and renewed.lease_until is not None
     with psycopg.connect(postgres_url) as conn:
         versions = conn.execute("SELECT version FROM spawnkit.schema_version ORDER BY 1")
-        assert versions.fetchall() == [(1,), (2,), (3,), (4,)] == [(v,) for v in range(1, 5)]
-    assert SCHEMA_VERSION == 4
+        assert versions.fetchall() == [(1,), (2,), (3,), (4,), (5,)]
+        triggers = conn.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgname LIKE '%_notify%' ORDER BY 1"
+        ).fetchall()
+        assert triggers == [
+            ("sessions_notify",), ("sessions_notify_update",), ("state_notify",),
+            ("tool_calls_notify",),
+        ]  # fmt: skip
+    assert SCHEMA_VERSION == 5
 
 
 OPENER = """

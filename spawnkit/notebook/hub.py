@@ -28,7 +28,11 @@ from ..roster import ButlerConfig
 from ..service import ButlerService
 from ..spawner import Spawner, SpawnerStatus
 from ..store import SessionStore
+from .live import LiveStatus
 from .loop import CANCEL_TIMEOUT_S, BackgroundLoop, Job, shared_loop
+
+# A store's change feed is listening within this (else it goes on trying in the background).
+FEED_START_TIMEOUT_S = 15.0
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +160,7 @@ class Hub:
         self.runs: list[RunHandle] = []
         self.closed = False
         self._closing: Job[None] | None = None
+        self._live: LiveStatus | None = None
         # Runs after any later-registered handler and before the loop stops
         # (atexit is last-in, first-out): services shut down cleanly at exit.
         atexit.register(self.close)
@@ -258,6 +263,22 @@ class Hub:
         ]
         return queue_report(self.store, butler, cooldown_s=max(cooling, default=0.0))
 
+    def live(self) -> LiveStatus | None:
+        """What every host sharing the store is running, kept up to date by the store's
+        change feed (started on first use, on the background loop); None on SQLite."""
+        if self._live is None and self.store.url is not None:
+            from ..store_listen import ChangeFeed
+
+            live = LiveStatus(self.store, ChangeFeed(self.store.url))
+
+            async def start() -> None:
+                live.attach()
+                await live.feed.start()
+
+            self.loop.submit(start()).future.result(FEED_START_TIMEOUT_S)
+            self._live = live
+        return self._live
+
     def in_flight(self) -> list[RunHandle]:
         return [h for h in self.runs if not h.done()]
 
@@ -294,6 +315,17 @@ class Hub:
         """
         atexit.unregister(self.close)
         self.closed = True
+        if self._live is not None:
+            live, self._live = self._live, None
+
+            async def stop_feed() -> None:
+                live.detach()
+                await live.feed.stop()
+
+            try:
+                self.loop.submit(stop_feed()).future.result(CANCEL_TIMEOUT_S)
+            except concurrent.futures.TimeoutError:
+                logger.warning("spawnkit: the change feed did not stop")
         if self._closing is None:
             if not self._stacks:
                 return

@@ -227,13 +227,28 @@ class SpawnMagics(Magics):
         """The last failed or stopped run in full: error, logs, CLI stderr, Python traceback."""
         print(debug_report(self.hub.store))
 
+    @magic_arguments()
+    @argument("--live", action="store_true", help="every host's runs, updated live (PostgreSQL)")
     @line_magic
     def spawn_status(self, line: str) -> Any:
         """Per butler this kernel has run: slots in use, queue depth, queue wait times
         (p50/p90 over its recent runs), the cool-down in effect after a rate limit, and
-        today's spend against its daily budget."""
+        today's spend against its daily budget. With ``--live``, on a PostgreSQL store: the
+        runs open on every host sharing it, with their tool calls so far and the steps
+        they took, updated as they happen (from the store's change feed, without polling)."""
         import pandas as pd
 
+        args = parse_argstring(self.spawn_status, line)
+        if args.live:
+            from ..widgets import LiveStatusView
+
+            live = self.hub.live()
+            if live is None:
+                raise UsageError(
+                    f"--live needs a PostgreSQL store (SPAWNKIT_STORE=postgresql://…); "
+                    f"{self.hub.store.location} is a SQLite file only this machine writes"
+                )
+            return LiveStatusView(live, self.hub)
         rows = []
         butlers = self.hub.butlers()
         for s in self.hub.statuses():
