@@ -21,7 +21,7 @@ import hashlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,8 +30,8 @@ from distributed import Worker, WorkerPlugin, get_worker
 from .dispatch import WORKER_LOST, RemoteTrigger, event_message
 from .doctor import RuntimeCheck, check_runtimes
 from .errors import SpawnkitError
-from .events import RunEvent
-from .result import SpawnerResult
+from .events import Finished, RunEvent
+from .result import RunStatus, SpawnerResult
 from .service import ButlerService
 from .spawner import CANCEL_GRACE_S
 from .store import SessionStore
@@ -98,20 +98,11 @@ async def run_trigger(request: RemoteTrigger) -> SpawnerResult:
             record = await asyncio.to_thread(store.get_session, request.session_id)
             reason = (record.error if record is not None else None) or reason
         logger.warning("session %s: %s", request.session_id, reason)
-        emit(None)
-        return SpawnerResult(
-            success=False, status="crashed", error=reason, error_kind="worker_lost",
-            session_id=request.session_id, butler=request.butler.name,
-            runtime=request.butler.runtime.type,
-        )  # fmt: skip
+        return _not_run(request, emit, "crashed", "worker_lost", reason)
     if await worker.scheduler.event_is_set(name=request.cancel_event):
-        emit(None)  # cancelled while it waited for a worker
-        return SpawnerResult(
-            success=False, status="cancelled", error_kind="cancelled",
-            error="the run was cancelled before it started",
-            session_id=request.session_id, butler=request.butler.name,
-            runtime=request.butler.runtime.type,
-        )  # fmt: skip
+        return _not_run(  # cancelled while it waited for a worker
+            request, emit, "cancelled", "cancelled", "the run was cancelled before it started"
+        )
     run = asyncio.create_task(
         service.spawner.trigger(
             request.prompt, request.trigger_source, session_id=request.session_id,
@@ -131,6 +122,24 @@ async def run_trigger(request: RemoteTrigger) -> SpawnerResult:
         await _end_wait(worker, request.cancel_event, cancel)
         emit(None)
     return replace(result, session_id=request.session_id)
+
+
+def _not_run(
+    request: RemoteTrigger,
+    emit: Callable[[RunEvent | None], None],
+    status: RunStatus,
+    kind: str,
+    error: str,
+) -> SpawnerResult:
+    """The result of a task that does not run its trigger, told to the client as a run's."""
+    result = SpawnerResult(
+        success=False, status=status, error=error, error_kind=kind,
+        session_id=request.session_id, butler=request.butler.name,
+        runtime=request.butler.runtime.type,
+    )  # fmt: skip
+    emit(Finished(request.session_id, result))
+    emit(None)
+    return result
 
 
 async def _end_wait(worker: Worker, name: str, waiting: asyncio.Task[Any]) -> None:

@@ -50,6 +50,7 @@ from .replay import Scenario
 from .result import SpawnerResult
 from .roster import ButlerConfig
 from .store import SessionStore
+from .sweep import reap
 
 if TYPE_CHECKING:
     from distributed import Client, Future
@@ -278,9 +279,12 @@ class Cluster:
             )
             future.add_done_callback(lambda _: stream.put(None))
             try:
-                return await self._follow(future, stream, store, request, deliver)
+                result = await self._follow(future, stream, store, request, deliver)
             except asyncio.CancelledError:
-                return await self._cancel(future, stream, store, request, deliver)
+                result = await self._cancel(future, stream, store, request, deliver)
+            if result.error_kind == "worker_lost":
+                await self._reap(request.session_id)
+            return result
         finally:
             self._streams.pop(session_id, None)
             if future is not None:
@@ -312,7 +316,9 @@ class Cluster:
                 if future.status != "finished":
                     break  # the task failed or was lost: no more events will come
                 continue
-            if message["seq"] != seq:
+            if message["seq"] == 0 and seq > 0:
+                logger.info("run %s: its task started again on another worker", request.session_id)
+            elif message["seq"] != seq:
                 logger.warning(
                     "run %s: event %d arrived where %d was expected",
                     request.session_id, message["seq"], seq,
@@ -357,6 +363,21 @@ class Cluster:
             reason = f"the Dask task of this session failed: {error!r}"
             kind = "dispatch"
         return await self._crashed(store, request, reason, kind, deliver)
+
+    async def _reap(self, session_id: str) -> None:
+        """Kill what a lost worker's run left on the hosts of the workers still here.
+
+        A sandboxed run dies with its worker (bwrap's --die-with-parent); an unsandboxed
+        one's processes are orphaned, and only a process on their host can find them (by
+        the run's marker, as the start-up sweep does).
+        """
+        try:
+            killed = await asyncio.to_thread(self.client.run, reap, session_id, None)
+        except (OSError, TimeoutError) as exc:
+            logger.warning("run %s: could not look for its leftovers: %r", session_id, exc)
+            return
+        if found := {worker: pids for worker, pids in killed.items() if pids}:
+            logger.warning("run %s: killed what its lost worker left: %s", session_id, found)
 
     async def _crashed(
         self,
