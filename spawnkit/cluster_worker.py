@@ -45,9 +45,7 @@ _starting = asyncio.Lock()
 
 async def _service(request: RemoteTrigger, worker: Worker) -> ButlerService:
     # Frozen dataclasses all the way down: equal configurations print the same.
-    key = hashlib.sha256(
-        repr((request.butler, request.store, request.replay)).encode()
-    ).hexdigest()
+    key = hashlib.sha256(repr((request.butler, request.store, request.replay)).encode()).hexdigest()
     async with _starting:
         if SpawnkitPlugin.name not in worker.plugins:
             # A plain `dask worker`: still stop the services when the worker closes.
@@ -175,7 +173,7 @@ class WorkerReport:
         return self.store_error is None and any(check.found for check in self.runtimes)
 
 
-class SpawnkitPlugin(WorkerPlugin):  # type: ignore[misc]  # distributed is untyped here
+class SpawnkitPlugin(WorkerPlugin):
     """Checks at start-up that the worker can run agents; stops its services at close.
 
     A worker with no agent CLI, or whose store does not open, fails to start (``strict``,

@@ -116,13 +116,12 @@ async def _on_worker(request: RemoteTrigger) -> SpawnerResult:
     return result
 
 
-def _import_distributed() -> Any:
+def require_distributed() -> Any:
     try:
         import distributed
     except ImportError as exc:
         raise ConfigError(
-            "runs on a Dask cluster need the distributed package: "
-            "pip install 'spawnkit[cluster]'"
+            "runs on a Dask cluster need the distributed package: pip install 'spawnkit[cluster]'"
         ) from exc
     return distributed
 
@@ -150,7 +149,7 @@ class Cluster:
     def __init__(
         self, client_or_address: Client | str, *, replay: Scenario | Path | str | None = None
     ) -> None:
-        _import_distributed()
+        require_distributed()
         if isinstance(client_or_address, str):
             self.address: str | None = client_or_address
             self._client: Client | None = None
@@ -172,7 +171,7 @@ class Cluster:
     @classmethod
     def from_environment(cls, *, replay: Scenario | Path | str | None = None) -> Cluster:
         """The current default ``distributed`` client, else ``$SPAWNKIT_DASK_SCHEDULER``."""
-        distributed = _import_distributed()
+        distributed = require_distributed()
         try:
             client = distributed.default_client()
         except ValueError:
@@ -186,7 +185,8 @@ class Cluster:
         return cls(client, replay=replay)
 
     def __repr__(self) -> str:
-        where = self.address or (self._client.scheduler.address if self._client else "?")
+        scheduler = self._client.scheduler if self._client is not None else None
+        where = self.address or (scheduler.address if scheduler is not None else "?")
         return f"Cluster({where!r})"
 
     # -- the client ----------------------------------------------------------------------
@@ -196,7 +196,7 @@ class Cluster:
         """The distributed Client (connecting first, for an address); blocks while it does."""
         with self._lock:
             if self._client is None:
-                distributed = _import_distributed()
+                distributed = require_distributed()
                 try:
                     self._client = distributed.Client(
                         self.address, timeout=CONNECT_TIMEOUT_S, set_as_default=False
@@ -213,7 +213,8 @@ class Cluster:
     def _receive(self, event: tuple[float, Any]) -> None:
         """Called on the client's thread for each message on this Cluster's topic."""
         message = event[1]
-        stream = self._streams.get(message.get("session_id")) if isinstance(message, dict) else None
+        session_id = message.get("session_id") if isinstance(message, dict) else None
+        stream = self._streams.get(session_id) if isinstance(session_id, str) else None
         if stream is None:
             logger.debug("cluster: a message of no run followed here: %r", message)
             return
@@ -272,7 +273,7 @@ class Cluster:
         )
         stream = _Stream(asyncio.get_running_loop())
         self._streams[session_id] = stream
-        future: Future | None = None
+        future: Future[Any] | None = None
         try:
             future = client.submit(
                 _on_worker, request, key=f"spawnkit-run-{session_id}", pure=False, retries=0
@@ -292,7 +293,7 @@ class Cluster:
 
     async def _follow(
         self,
-        future: Future,
+        future: Future[Any],
         stream: _Stream,
         store: SessionStore,
         request: RemoteTrigger,
@@ -332,7 +333,7 @@ class Cluster:
 
     async def _outcome(
         self,
-        future: Future,
+        future: Future[Any],
         store: SessionStore,
         request: RemoteTrigger,
         deliver: Callable[[RunEvent], None],
@@ -350,7 +351,7 @@ class Cluster:
             )  # fmt: skip
             deliver(Finished(request.session_id, result))
             return result
-        distributed = _import_distributed()
+        distributed = require_distributed()
         error = await asyncio.to_thread(future.exception) if future.status == "error" else None
         if isinstance(error, distributed.KilledWorker):
             worker = getattr(error.last_worker, "address", "?")
@@ -402,14 +403,14 @@ class Cluster:
 
     async def _cancel(
         self,
-        future: Future,
+        future: Future[Any],
         stream: _Stream,
         store: SessionStore,
         request: RemoteTrigger,
         deliver: Callable[[RunEvent], None],
     ) -> SpawnerResult:
         """Cancel the run on its worker and wait (bounded) for its ``cancelled`` result."""
-        distributed = _import_distributed()
+        distributed = require_distributed()
         client = self.client
         await asyncio.to_thread(distributed.Event(request.cancel_event, client=client).set)
         if future.status == "pending" and not await asyncio.to_thread(_started, client, future):
@@ -430,7 +431,7 @@ class Cluster:
                 )
 
 
-def _started(client: Client, future: Future) -> bool:
+def _started(client: Client, future: Future[Any]) -> bool:
     """Whether the task is processing on a worker (then only the event stops it)."""
     key = future.key
 

@@ -42,7 +42,6 @@ from opentelemetry.trace import TracerProvider
 
 from . import sandbox
 from .budget import LimitHit, RunBudget, admit, day_start
-from .dispatch import Cluster
 from .credentials import (
     CredentialStore,
     check_required,
@@ -52,6 +51,7 @@ from .credentials import (
     run_values,
     secret_names,
 )
+from .dispatch import Cluster
 from .errors import (
     BudgetRefused,
     ConfigError,
@@ -601,9 +601,7 @@ class Spawner:
                 try:
                     sink(event)
                 except Exception:
-                    logger.exception(
-                        "event listener %r failed on %s", sink, type(event).__name__
-                    )
+                    logger.exception("event listener %r failed on %s", sink, type(event).__name__)
 
         task = asyncio.create_task(
             self.cluster.trigger(

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..butler_server import ToolExtension
+from ..dispatch import Cluster
 from ..events import EventSink, Finished, Queued, RunEvent, Started
 from ..limits import Limits
 from ..queue_report import QueueReport, queue_report
@@ -41,6 +42,8 @@ class Target:
     replay: Path | None = None
     model: str | None = None
     kernel_tools: bool = False
+    # A Dask cluster the runs go to: "dask" (the default client) or a scheduler address.
+    on: str | None = None
 
     def key(self) -> tuple[Any, ...]:
         b = self.butler
@@ -52,6 +55,7 @@ class Target:
             self.replay,
             self.model,
             self.kernel_tools,
+            self.on,
         )
 
 
@@ -166,6 +170,14 @@ class Hub:
             service = self._services.get(key)
             if service is None:
                 stack = AsyncExitStack()
+                options: dict[str, Any] = {}
+                if target.on is not None:
+                    on = target.on
+                    cluster = await asyncio.to_thread(
+                        Cluster.from_environment if on == "dask" else lambda: Cluster(on)
+                    )
+                    stack.push_async_callback(asyncio.to_thread, cluster.close)
+                    options["cluster"] = cluster
                 service = await stack.enter_async_context(
                     ButlerService(
                         target.butler,
@@ -173,6 +185,7 @@ class Hub:
                         replay=target.replay,
                         model=target.model,
                         tool_extensions=extensions,
+                        **options,
                     )
                 )
                 self._stacks.append(stack)

@@ -24,6 +24,7 @@ import concurrent.futures
 import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -77,6 +78,16 @@ def resolve_target(
     return Target(config, replay=scenario, model=model, kernel_tools=kernel_tools_enabled)
 
 
+def on_cluster(target: Target, on: str | None) -> Target:
+    """``target`` run on a Dask cluster: ``"dask"`` (the default client, else
+    ``$SPAWNKIT_DASK_SCHEDULER``) or a scheduler address; as it is for ``None``."""
+    if on is None:
+        return target
+    if target.kernel_tools:
+        raise ConfigError("the kernel tools read this kernel's variables: not on a cluster")
+    return replace(target, on=on)
+
+
 def spawn(
     prompt: str,
     *,
@@ -93,12 +104,14 @@ def spawn(
     hub: Hub | None = None,
     default_runtime: str = "claude-code",
     limits: Limits | None = None,
+    on: str | None = None,
 ) -> SpawnerResult | RunHandle:
     """Run ``prompt``; the SpawnerResult, or with ``background`` a RunHandle at once.
 
     ``namespace`` enables the kernel tools: the agent may read summaries of the
     variables it returns (see :mod:`spawnkit.notebook.kernel_tools`). ``limits`` are laid
-    over the butler's ``[butler.limits]`` for this run.
+    over the butler's ``[butler.limits]`` for this run. ``on`` runs it on a worker of a
+    Dask cluster (:func:`on_cluster`), streaming its events here as a local run's.
     """
     if not prompt.strip():
         raise ConfigError("the prompt is empty")
@@ -108,6 +121,7 @@ def spawn(
         runtime=runtime, butler=butler, roster=roster, replay=replay, model=model,
         kernel_tools_enabled=namespace is not None, default_runtime=default_runtime,
     )  # fmt: skip
+    target = on_cluster(target, on)
     hub = hub or default_hub()
     mode = render if render != "auto" else ("widget" if in_kernel() else "text")
     view = RunView(schedule=hub.schedule) if mode == "widget" else None
