@@ -66,22 +66,14 @@ def tcp_cluster(isolated_home: Path, tmp_path: Path) -> Iterator[TcpCluster]:
     address = f"tcp://127.0.0.1:{port}"
     store = tmp_path / "sessions.db"
     env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}
-    processes = [
-        _start(
-            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-             "--port", str(port), "--dashboard-address", ":0"],
-            env, tmp_path / "scheduler.log",
-        )  # fmt: skip
-    ]
+    scheduler = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                 "--port", str(port), "--dashboard-address", ":0"]  # fmt: skip
+    processes = [_start(scheduler, env, tmp_path / "scheduler.log")]
     for n, host in enumerate(HOSTS):
-        processes.append(
-            _start(
-                [sys.executable, "-m", "spawnkit", "--store", str(store), "worker",
-                 "--scheduler", address, "--", "--nthreads", "2", "--dashboard-address", ":0",
-                 "--name", host],
-                {**env, "SPAWNKIT_HOST": host}, tmp_path / f"worker-{n}.log",
-            )  # fmt: skip
-        )
+        worker = [sys.executable, "-m", "spawnkit", "--store", str(store), "worker",
+                  "--scheduler", address, "--", "--nthreads", "2", "--dashboard-address", ":0",
+                  "--name", host]  # fmt: skip
+        processes.append(_start(worker, {**env, "SPAWNKIT_HOST": host}, tmp_path / f"w{n}.log"))
     client = None
     try:
         client = distributed.Client(address, timeout=60, set_as_default=False)
