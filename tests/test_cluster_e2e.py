@@ -33,7 +33,9 @@ from spawnkit.events import (  # noqa: E402
 from spawnkit.replay import Scenario  # noqa: E402
 from spawnkit.service import ButlerService  # noqa: E402
 from spawnkit.spawner import Spawner  # noqa: E402
+from spawnkit.store import SessionStore  # noqa: E402
 
+from .conftest import REPO  # noqa: E402
 from .leftovers import SLEEPY, kill_leftovers, sleeper, sleeping_tool, survivors  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -197,3 +199,30 @@ async def test_a_killed_worker_is_one_crashed_record_and_never_runs_twice(
         "Started", "Finished"
     ]  # fmt: skip
     assert isinstance(events[-1], Finished) and events[-1].result == result
+
+
+DEMO = REPO / "roster" / "health" / "scenarios" / "demo.toml"
+
+
+def test_spawn_magic_on_dask_uses_the_default_client(client):
+    """``%%spawn --on dask`` in a shell whose default distributed client is ``client``."""
+    from IPython.core.error import UsageError
+    from IPython.testing.globalipapp import start_ipython
+
+    ip = start_ipython()
+    assert ip is not None and distributed.default_client() is client
+    ip.run_line_magic("load_ext", "spawnkit")
+    ip.run_line_magic("cd", str(REPO))
+    try:
+        with pytest.raises(UsageError, match="kernel tools"):
+            ip.run_cell_magic("spawn", "--butler health --on dask --kernel-tools", "hi")
+        result = ip.run_cell_magic(
+            "spawn", f"--butler health --replay {DEMO} --on dask", "I weighed 72.4 kg"
+        )
+        assert result.success, result.error
+        with SessionStore() as store:  # the kernel's store, which the workers wrote
+            record = store.get_session(result.session_id)
+        assert record is not None and record.status == "success"
+        assert record.owner_host == WORKER_HOST
+    finally:
+        ip.run_line_magic("unload_ext", "spawnkit")
