@@ -107,3 +107,24 @@ def test_a_command_imports_only_what_it_needs() -> None:
             check=False,
         )  # fmt: skip
         assert "LOADED:\n" in done.stdout, (args, done.stdout, done.stderr[-1000:])
+
+
+def test_dispatch_benchmark_runs(tmp_path: Path) -> None:
+    pytest.importorskip("distributed")
+    out = tmp_path / "dispatch.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "dispatch.py"), "--rounds", "1",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["rounds"] == 1
+    for side in ("in_process", "dask"):
+        assert report[side]["wall_median_s"] > 0
+        assert report[side]["outside_run_median_ms"] > 0
+    assert report["dispatch_overhead_ms"] == pytest.approx(
+        report["dask"]["outside_run_median_ms"] - report["in_process"]["outside_run_median_ms"],
+        abs=0.11,
+    )
+    assert "dispatch overhead" in done.stdout
