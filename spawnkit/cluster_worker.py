@@ -72,8 +72,12 @@ async def close_services() -> None:
             service.store.close()
 
 
-async def run_trigger(request: RemoteTrigger) -> SpawnerResult:
-    """Run a dispatched trigger on this worker; its events go to the client as they happen."""
+async def run_trigger(request: RemoteTrigger) -> SpawnerResult | SpawnkitError:
+    """Run a dispatched trigger on this worker; its events go to the client as they happen.
+
+    A trigger refused before it is accepted (a full queue, a missing CLI or variable) comes
+    back as the error itself, for the client to raise: not a failed task, which Dask logs.
+    """
     worker = get_worker()
     seq = 0
 
@@ -115,7 +119,10 @@ async def run_trigger(request: RemoteTrigger) -> SpawnerResult:
             if not await service.spawner.cancel(request.session_id):
                 run.cancel()
             await asyncio.wait({run}, timeout=CANCEL_GRACE_S)
-        result = run.result()
+        try:
+            result = run.result()
+        except SpawnkitError as refused:
+            return refused
     finally:
         await _end_wait(worker, request.cancel_event, cancel)
         emit(None)

@@ -95,6 +95,10 @@ class RemoteTrigger:
     # The host the trigger came from (logged on the worker).
     client_host: str = field(default_factory=socket.gethostname)
 
+    def __repr__(self) -> str:
+        # Dask logs a task's arguments when it fails: no store password, no prompt there.
+        return f"RemoteTrigger(butler={self.butler.name!r}, session_id={self.session_id!r})"
+
 
 def event_message(session_id: str, seq: int, event: RunEvent | None) -> dict[str, Any]:
     """A run's event as logged to the topic; ``event=None`` marks the end of its stream.
@@ -108,11 +112,11 @@ def event_message(session_id: str, seq: int, event: RunEvent | None) -> dict[str
     }
 
 
-async def _on_worker(request: RemoteTrigger) -> SpawnerResult:
+async def _on_worker(request: RemoteTrigger) -> SpawnerResult | SpawnkitError:
     """The task Dask runs: the worker's side of a trigger, found by name there."""
     module, _, name = WORKER_TASK.partition(":")
     run = getattr(importlib.import_module(module), name)
-    result: SpawnerResult = await run(request)
+    result: SpawnerResult | SpawnkitError = await run(request)
     return result
 
 
@@ -340,10 +344,14 @@ class Cluster:
     ) -> SpawnerResult:
         """The task's result; for a lost worker or a failed task, a ``crashed`` one."""
         if future.status == "finished":
-            result: SpawnerResult = await asyncio.to_thread(future.result)
-            return result
+            outcome: SpawnerResult | SpawnkitError = await asyncio.to_thread(future.result)
+            if isinstance(outcome, SpawnkitError):
+                # Refused on the worker before it was accepted (a full queue, a missing CLI
+                # or variable): no record was made; raised here as a local trigger raises it.
+                raise outcome
+            return outcome
         if future.status == "cancelled":  # cancelled before a worker took it: never ran
-            result = SpawnerResult(
+            result: SpawnerResult = SpawnerResult(
                 success=False, status="cancelled", error_kind="cancelled",
                 error="the run was cancelled before it reached a worker",
                 session_id=request.session_id, butler=request.butler.name,

@@ -21,6 +21,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 from spawnkit.dispatch import WORKER_LOST, Cluster  # noqa: E402
+from spawnkit.errors import MissingEnvError  # noqa: E402
 from spawnkit.events import (  # noqa: E402
     Finished,
     RunEvent,
@@ -124,6 +125,18 @@ async def test_remote_events_stream_in_order_like_a_local_run(make_butler, store
     assert [c["tool"] for c in store.mcp_calls(result.session_id)] == ["state_set", "state_get"]
     assert store.state_get("health", "weight") == "72.4 kg"
     assert store.count_sessions() == 2  # the remote run and the local one
+
+
+async def test_a_trigger_the_worker_refuses_raises_like_a_local_one(make_butler, store, client):
+    """A required variable the worker lacks: refused there before acceptance, no record."""
+    os.environ.pop("SPAWNKIT_TEST_TOKEN", None)  # the workers inherited this environment
+    butler = make_butler(extra='[butler.env]\nrequired = ["SPAWNKIT_TEST_TOKEN"]\n')
+    with Cluster(client, replay=scenario(WEIGHT)) as cluster:
+        spawner = Spawner(butler, store=store, cluster=cluster)
+        with pytest.raises(MissingEnvError, match="SPAWNKIT_TEST_TOKEN"):
+            await spawner.trigger("hi", session_id="refused-1")
+    assert store.get_session("refused-1") is None
+    assert spawner.in_flight == [] and spawner.status.active == 0
 
 
 async def wait_mid_call(session_id: str, events: list[Any], timeout: float = 120) -> None:
