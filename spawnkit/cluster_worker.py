@@ -196,6 +196,7 @@ class SpawnkitPlugin(WorkerPlugin):
         self.strict = strict
         self.check = check  # False: only stop the services at close (a plain dask worker)
         self.report: WorkerReport | None = None
+        self._closing: asyncio.TimerHandle | None = None
 
     async def setup(self, worker: Worker) -> None:
         if not self.check:
@@ -208,9 +209,15 @@ class SpawnkitPlugin(WorkerPlugin):
             )  # fmt: skip
         if not report.ready:
             problem = report.store_error or "no agent CLI (claude, codex, gemini) found"
+            logger.error("spawnkit: this worker cannot run agents: %s", problem)
             if self.strict:
-                raise SpawnkitError(f"this worker cannot run agents: {problem}")
-            logger.warning("spawnkit: this worker cannot run agents: %s", problem)
+                # Dask logs a failing plugin or preload and starts the worker anyway: close
+                # it, and its nanny (which would start it again), once it has started.
+                self._closing = asyncio.get_running_loop().call_later(
+                    0.1, lambda: asyncio.ensure_future(
+                        worker.close(nanny=True, reason=f"spawnkit: {problem}")
+                    ),
+                )  # fmt: skip
 
     async def teardown(self, worker: Worker) -> None:
         await close_services()

@@ -194,3 +194,38 @@ async def test_a_killed_tcp_worker_fails_the_run_once(make_butler, tcp_cluster):
     assert (records[0].error or "").startswith(WORKER_LOST)
     assert sum(isinstance(e, Started) for e in events) == 1
     assert isinstance(events[-1], Finished) and events[-1].result == result
+
+
+def test_a_worker_that_cannot_run_agents_closes_itself(tmp_path):
+    """The plugin's start-up check fails (the store cannot be opened): the worker and its
+    nanny close rather than take runs that would all fail."""
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    scheduler = _start(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+         "--port", str(port), "--dashboard-address", ":0"],
+        dict(os.environ), tmp_path / "scheduler.log",
+    )  # fmt: skip
+    log = tmp_path / "worker.log"
+    try:
+        worker = _start(
+            [sys.executable, "-m", "spawnkit", "--store", "/proc/no-such/sessions.db", "worker",
+             "--scheduler", address, "--", "--dashboard-address", ":0"],
+            dict(os.environ), log,
+        )  # fmt: skip
+        try:
+            worker.wait(timeout=90)
+        finally:
+            if worker.poll() is None:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait()
+        text = log.read_text()
+        assert "this worker cannot run agents" in text and "/proc/no-such" in text
+        assert "Nanny at" in text and "closed" in text
+    finally:
+        os.killpg(scheduler.pid, signal.SIGTERM)
+        try:
+            scheduler.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(scheduler.pid, signal.SIGKILL)
+            scheduler.wait()
