@@ -139,6 +139,37 @@ async def test_a_trigger_the_worker_refuses_raises_like_a_local_one(make_butler,
     assert spawner.in_flight == [] and spawner.status.active == 0
 
 
+SHORT = """
+[[turn]]
+delay_ms = 700
+text = "done"
+"""
+
+
+async def test_admission_holds_across_workers_through_the_postgres_slots(
+    make_butler, postgres_url, client
+):
+    """max_concurrent_sessions = 2 with 2 workers of 2 threads each (4 tasks at once):
+    the store's slots, not each worker's own limit, keep the records to 2 at a time."""
+    butler = make_butler(extra="[butler.runtime]\nmax_concurrent_sessions = 2\n")
+    with SessionStore(postgres_url) as store, Cluster(client, replay=scenario(SHORT)) as cluster:
+        spawner = Spawner(butler, store=store, cluster=cluster)
+        results = await asyncio.gather(*(spawner.trigger(f"run {n}") for n in range(6)))
+        records = [store.get_session(r.session_id) for r in results]
+    assert all(r.success for r in results), [r.error for r in results]
+    assert all(r is not None and r.owner_host == WORKER_HOST for r in records)
+    workers = {r.given["dispatch"]["worker"] for r in records if r is not None and r.given}
+    assert len(workers) == 2, "both workers took runs: their own limits would allow 4"
+    spans = [(r.started_at, r.completed_at) for r in records if r is not None]
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = most = 0
+    for _, step in edges:  # an end sorts before a start at the same instant
+        running += step
+        most = max(most, running)
+    print(f"at most {most} of 6 runs at once (limit 2)")
+    assert most <= 2
+
+
 async def wait_mid_call(session_id: str, events: list[Any], timeout: float = 120) -> None:
     """Until the run has started (an event came) and its tool call sleeps."""
     async with asyncio.timeout(timeout):
