@@ -50,6 +50,7 @@ class TcpCluster:
     address: str
     client: Any
     store: Path
+    home: Path  # the workers' SPAWNKIT_HOME
 
 
 def _start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -60,12 +61,18 @@ def _start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Pop
         )  # fmt: skip
 
 
-@pytest.fixture
-def tcp_cluster(isolated_home: Path, tmp_path: Path) -> Iterator[TcpCluster]:
+@pytest.fixture(scope="module")
+def started_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TcpCluster]:
+    """One scheduler and two workers for the module (they take about 10 s to start)."""
+    tmp_path = tmp_path_factory.mktemp("tcp-cluster")
+    home = tmp_path / "home"
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     store = tmp_path / "sessions.db"
-    env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}
+    env = {
+        **os.environ, "SPAWNKIT_HOME": str(home),
+        "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0",
+    }  # fmt: skip
     scheduler = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
                  "--port", str(port), "--dashboard-address", ":0"]  # fmt: skip
     processes = [_start(scheduler, env, tmp_path / "scheduler.log")]
@@ -78,7 +85,7 @@ def tcp_cluster(isolated_home: Path, tmp_path: Path) -> Iterator[TcpCluster]:
     try:
         client = distributed.Client(address, timeout=60, set_as_default=False)
         client.wait_for_workers(2, timeout=90)
-        yield TcpCluster(address, client, store)
+        yield TcpCluster(address, client, store, home)
     finally:
         if client is not None:
             client.close()
@@ -91,6 +98,15 @@ def tcp_cluster(isolated_home: Path, tmp_path: Path) -> Iterator[TcpCluster]:
             except subprocess.TimeoutExpired:  # a nanny still restarting its worker
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+
+
+@pytest.fixture
+def tcp_cluster(started_cluster: TcpCluster, monkeypatch: pytest.MonkeyPatch) -> TcpCluster:
+    """The module's cluster, this test living in the workers' SPAWNKIT_HOME (so that
+    tests/leftovers.py counts the runs' processes as this test's)."""
+    monkeypatch.setenv("SPAWNKIT_HOME", str(started_cluster.home))
+    started_cluster.client.wait_for_workers(2, timeout=90)  # a killed one is restarted
+    return started_cluster
 
 
 def test_spawnkit_run_on_a_cluster_streams_the_remote_run(make_butler, tcp_cluster, tmp_path):
@@ -164,6 +180,7 @@ async def test_a_killed_tcp_worker_fails_the_run_once(make_butler, tcp_cluster):
     session_id = "tcp-killed-1"
     events: list[RunEvent] = []
     with SessionStore(tcp_cluster.store) as store:
+        before = {r.id for r in store.list_sessions(limit=100)}  # earlier tests' runs
         with Cluster(tcp_cluster.client, replay=scenario(SLEEPY)) as cluster:
             spawner = Spawner(make_butler(), store=store, cluster=cluster)
             run = asyncio.create_task(
@@ -185,7 +202,7 @@ async def test_a_killed_tcp_worker_fails_the_run_once(make_butler, tcp_cluster):
                 left = survivors(session_id, within=10)
             finally:
                 kill_leftovers(session_id)
-        records = store.list_sessions(limit=10)
+        records = [r for r in store.list_sessions(limit=100) if r.id not in before]
     assert result.status == "crashed" and result.error_kind == "worker_lost"
     assert (result.error or "").startswith(WORKER_LOST), result.error
     assert worker in (result.error or "")
