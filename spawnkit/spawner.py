@@ -464,6 +464,11 @@ class Spawner:
         Raises for triggers that are refused or wrong before they are accepted
         (bad arguments, closed spawner, full queue, missing CLI, variable or API key);
         once accepted, failures come back as ``success=False`` results.
+
+        A spawner given a ``cluster`` runs the trigger on one of its Dask workers
+        (:mod:`spawnkit.dispatch`), through this same method there: the events, the result,
+        the record and the refusals are a local run's; a run whose worker died comes back
+        ``crashed`` ("worker lost") and is never run again. Only ``kind="run"`` is sent.
         """
         validate_trigger_source(trigger_source)
         # A chat's prompt is only recorded: the user types at the CLI's own prompt.
