@@ -130,6 +130,23 @@ def require_distributed() -> Any:
     return distributed
 
 
+def environment_cluster() -> Client | str:
+    """What ``--on dask`` means now: the default ``distributed`` client (the last one made
+    and not closed), else the address in ``$SPAWNKIT_DASK_SCHEDULER``."""
+    distributed = require_distributed()
+    try:
+        client: Client = distributed.default_client()
+    except ValueError:
+        address = os.environ.get(SCHEDULER_VAR, "").strip()
+        if not address:
+            raise ConfigError(
+                "no Dask cluster: create a distributed.Client first, or set "
+                f"{SCHEDULER_VAR} to the scheduler's address"
+            ) from None
+        return address
+    return client
+
+
 class _Stream:
     """One run's messages, from the client's thread to the caller's loop."""
 
@@ -175,18 +192,7 @@ class Cluster:
     @classmethod
     def from_environment(cls, *, replay: Scenario | Path | str | None = None) -> Cluster:
         """The current default ``distributed`` client, else ``$SPAWNKIT_DASK_SCHEDULER``."""
-        distributed = require_distributed()
-        try:
-            client = distributed.default_client()
-        except ValueError:
-            address = os.environ.get(SCHEDULER_VAR, "").strip()
-            if not address:
-                raise ConfigError(
-                    "no Dask cluster: create a distributed.Client first, or set "
-                    f"{SCHEDULER_VAR} to the scheduler's address"
-                ) from None
-            return cls(address, replay=replay)
-        return cls(client, replay=replay)
+        return cls(environment_cluster(), replay=replay)
 
     def __repr__(self) -> str:
         scheduler = self._client.scheduler if self._client is not None else None

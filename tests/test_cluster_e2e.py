@@ -251,9 +251,9 @@ DEMO = REPO / "roster" / "health" / "scenarios" / "demo.toml"
 def test_spawn_magic_on_dask_uses_the_default_client(client):
     """``%%spawn --on dask`` in a shell whose default distributed client is ``client``."""
     from IPython.core.error import UsageError
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.testing import globalipapp
 
-    ip = start_ipython()
+    ip = globalipapp.get_ipython()  # the one test shell (test_magics.py uses it too)
     assert ip is not None and distributed.default_client() is client
     ip.run_line_magic("load_ext", "spawnkit")
     ip.run_line_magic("cd", str(REPO))

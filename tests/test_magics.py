@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
+from IPython.testing import globalipapp
 
 import spawnkit.notebook.loop as loop_module
 from spawnkit.notebook import runner
@@ -26,7 +26,7 @@ DEMO = REPO / "roster" / "health" / "scenarios" / "demo.toml"
 
 @pytest.fixture(scope="module")
 def ip() -> Iterator[Any]:
-    shell = start_ipython()
+    shell = globalipapp.get_ipython()  # the one test shell, whoever started it first
     assert shell is not None
     yield shell
     # Loading hooks SIGTERM and SIGHUP; later tests in this process expect them back.

@@ -15,7 +15,7 @@ import concurrent.futures
 import logging
 from collections.abc import Generator, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +42,9 @@ class Target:
     replay: Path | None = None
     model: str | None = None
     kernel_tools: bool = False
-    # A Dask cluster the runs go to: "dask" (the default client) or a scheduler address.
+    # A Dask cluster the runs go to: a scheduler address, or "dask" with the user's client.
     on: str | None = None
+    client: Any = field(default=None, compare=False)
 
     def key(self) -> tuple[Any, ...]:
         b = self.butler
@@ -56,6 +57,7 @@ class Target:
             self.model,
             self.kernel_tools,
             self.on,
+            id(self.client) if self.client is not None else None,
         )
 
 
@@ -172,10 +174,7 @@ class Hub:
                 stack = AsyncExitStack()
                 options: dict[str, Any] = {}
                 if target.on is not None:
-                    on = target.on
-                    cluster = await asyncio.to_thread(
-                        Cluster.from_environment if on == "dask" else lambda: Cluster(on)
-                    )
+                    cluster = Cluster(target.client if target.client is not None else target.on)
                     stack.push_async_callback(asyncio.to_thread, cluster.close)
                     options["cluster"] = cluster
                 service = await stack.enter_async_context(

@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from ..dispatch import environment_cluster
 from ..errors import ConfigError
 from ..limits import Limits
 from ..result import SpawnerResult
@@ -80,12 +81,21 @@ def resolve_target(
 
 def on_cluster(target: Target, on: str | None) -> Target:
     """``target`` run on a Dask cluster: ``"dask"`` (the default client, else
-    ``$SPAWNKIT_DASK_SCHEDULER``) or a scheduler address; as it is for ``None``."""
+    ``$SPAWNKIT_DASK_SCHEDULER``) or a scheduler address; as it is for ``None``.
+
+    ``"dask"`` is resolved now, so a run after the user made a new Client goes to it (the
+    hub keeps one service per client), not to the one an earlier run used.
+    """
     if on is None:
         return target
     if target.kernel_tools:
         raise ConfigError("the kernel tools read this kernel's variables: not on a cluster")
-    return replace(target, on=on)
+    if on != "dask":
+        return replace(target, on=on)
+    found = environment_cluster()
+    if isinstance(found, str):
+        return replace(target, on=found)
+    return replace(target, on="dask", client=found)
 
 
 def spawn(
