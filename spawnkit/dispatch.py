@@ -31,7 +31,6 @@ The task is named, not imported: ``spawnkit.cluster_worker`` sits a layer above 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import logging
 import os
@@ -153,6 +152,7 @@ class _Stream:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.seq = 0  # the sequence number of the next event expected
 
     def put(self, message: dict[str, Any] | None) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, message)
@@ -237,7 +237,7 @@ class Cluster:
             if client is None:
                 return
             if self._subscribed:
-                with contextlib.suppress(Exception):  # a client already closed by its owner
+                if client.status not in ("closing", "closed"):  # else its owner closed it
                     client.unsubscribe_topic(self.topic)
                 self._subscribed = False
             if self._owns_client:
@@ -309,7 +309,6 @@ class Cluster:
         request: RemoteTrigger,
         deliver: Callable[[RunEvent], None],
     ) -> SpawnerResult:
-        seq = 0
         ended = False  # the worker's end-of-stream message
         done = False  # the task's future
         while not (ended and done):
@@ -319,7 +318,7 @@ class Cluster:
             except TimeoutError:
                 logger.warning(
                     "run %s: its result came without the end of its event stream; "
-                    "%d events were delivered", request.session_id, seq,
+                    "%d events were delivered", request.session_id, stream.seq,
                 )  # fmt: skip
                 break
             if message is None:
@@ -327,14 +326,14 @@ class Cluster:
                 if future.status != "finished":
                     break  # the task failed or was lost: no more events will come
                 continue
-            if message["seq"] == 0 and seq > 0:
+            if message["seq"] == 0 and stream.seq > 0:
                 logger.info("run %s: its task started again on another worker", request.session_id)
-            elif message["seq"] != seq:
+            elif message["seq"] != stream.seq:
                 logger.warning(
                     "run %s: event %d arrived where %d was expected",
-                    request.session_id, message["seq"], seq,
+                    request.session_id, message["seq"], stream.seq,
                 )  # fmt: skip
-            seq = message["seq"] + 1
+            stream.seq = message["seq"] + 1
             if message["event"] is None:
                 ended = True
                 continue
@@ -375,7 +374,7 @@ class Cluster:
             )
             kind = "worker_lost"
         else:
-            reason = f"the Dask task of this session failed: {error!r}"
+            reason = f"the Dask task of this session ended {future.status}: {error!r}"
             kind = "dispatch"
         return await self._crashed(store, request, reason, kind, deliver)
 
@@ -439,10 +438,12 @@ class Cluster:
                 "cancelled", deliver,
             )  # fmt: skip
         finally:
-            with contextlib.suppress(Exception):  # frees the event's state on the scheduler
+            try:  # frees the event's state on the scheduler
                 await asyncio.to_thread(
                     distributed.Event(request.cancel_event, client=client).clear
                 )
+            except (OSError, TimeoutError) as exc:  # the scheduler is gone, and the event too
+                logger.debug("could not clear the cancel event of %s: %r", request.session_id, exc)
 
 
 def _started(client: Client, future: Future[Any]) -> bool:
