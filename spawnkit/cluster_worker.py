@@ -89,9 +89,13 @@ async def run_trigger(request: RemoteTrigger) -> SpawnerResult | SpawnkitError:
     service = await _service(request, worker)
     store = service.store
     record = await asyncio.to_thread(store.get_session, request.session_id)
-    if record is not None:
+    if record is not None and (
+        record.completed_at is None or (record.error or "").startswith(WORKER_LOST)
+    ):
         # Dask runs a task again when the worker running it died; an agent run is not
-        # idempotent. The record's presence says it already ran (it is made first).
+        # idempotent. An open record says it already started (it is made first); so does
+        # one a sweep closed as its worker's. (Another closed one is an id used again: the
+        # trigger refuses it below, as a local one does.)
         reason = (
             f"{WORKER_LOST}: the Dask worker that ran this session died before it "
             "completed; it is not run again"

@@ -21,7 +21,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 from spawnkit.dispatch import WORKER_LOST, Cluster  # noqa: E402
-from spawnkit.errors import MissingEnvError  # noqa: E402
+from spawnkit.errors import MissingEnvError, StoreError  # noqa: E402
 from spawnkit.events import (  # noqa: E402
     Finished,
     RunEvent,
@@ -93,6 +93,9 @@ async def test_remote_events_stream_in_order_like_a_local_run(make_butler, store
             "Please log my weight",
             on_event=lambda e: arrived.append((time.monotonic(), e)),
         )
+        # An id used again is refused, as locally, not taken for a re-run of a lost worker.
+        with pytest.raises(StoreError):
+            await spawner.trigger("Again", session_id=result.session_id)
     assert result.success, result.error
     assert "72.4 kg" in result.output
     events = [e for _, e in arrived]
@@ -114,6 +117,8 @@ async def test_remote_events_stream_in_order_like_a_local_run(make_butler, store
     local: list[RunEvent] = []
     async with ButlerService(butler, store=store, replay=scenario(WEIGHT)) as service:
         here = await service.trigger("Please log my weight", on_event=local.append)
+        with pytest.raises(StoreError):
+            await service.trigger("Again", session_id=here.session_id)
     assert here.success, here.error
     assert shape(events) == shape(local)
 
