@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from .dispatch import Cluster
     from .errors import SpawnError, SpawnkitError
     from .events import RunEvent
     from .notebook.batch import map
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 # Public name -> the module that defines it.
 _EXPORTS = {
     "ButlerConfig": "roster",
+    "Cluster": "dispatch",
     "MockSpawner": "testing",
     "Roster": "roster",
     "RunEvent": "events",
@@ -76,6 +78,7 @@ def unload_ipython_extension(ipython: object) -> None:
 
 __all__ = [
     "ButlerConfig",
+    "Cluster",
     "MockSpawner",
     "Roster",
     "RunEvent",

@@ -114,7 +114,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--context", default=None, help="context placed before the prompt (@FILE: a file's text)"
     )
     run.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    run.add_argument(
+        "--on", metavar="SCHEDULER",
+        help="run on a worker of this Dask cluster (tcp://host:8786) instead of here",
+    )  # fmt: skip
     run.add_argument("prompt", help=PROMPT_HELP)
+
+    worker = commands.add_parser(
+        "worker",
+        help="start a Dask worker that runs butlers' triggers (dask worker + spawnkit's plugin)",
+        description="Starts `dask worker SCHEDULER --preload spawnkit.cluster_worker`: at "
+        "start-up it checks the agent CLIs and the store (--store, else the default), and "
+        "refuses to start when it cannot run agents. Arguments after -- go to dask worker.",
+    )
+    worker.add_argument("--scheduler", required=True, metavar="ADDR", help="tcp://host:8786")
+    worker.add_argument("worker_options", nargs="*", metavar="DASK_WORKER_OPTION")
 
     sessions = commands.add_parser("sessions", help="list recorded sessions, or show one")
     sessions.add_argument("session_id", nargs="?", help="show this session (a prefix is enough)")
@@ -340,27 +354,37 @@ async def _run_once(
     external_mcp: bool,
     json_output: bool,
     store: SessionStore,
+    on: str | None = None,
 ) -> SpawnerResult:
+    import asyncio
+
     from .console import EventPrinter
+    from .dispatch import Cluster
     from .replay import Scenario
     from .service import ButlerService
 
     _quiet_sdk_logs()
     printer = EventPrinter(sys.stderr if json_output else sys.stdout)
     provider = _tracer_provider()
+    scenario = Scenario.load(replay) if replay else None
+    cluster = Cluster(on, replay=scenario) if on else None
+    options: dict[str, Any] = {"cluster": cluster} if cluster is not None else {}
     try:
         async with ButlerService(
             butler,
             store=store,
-            replay=Scenario.load(replay) if replay else None,
+            replay=scenario,
             external_mcp=external_mcp,
             tracer_provider=provider,
+            **options,
         ) as service:
             return await service.trigger(
                 prompt, context=context, max_turns=max_turns, on_event=printer
             )
     finally:
         provider.shutdown()
+        if cluster is not None:
+            await asyncio.to_thread(cluster.close)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -384,7 +408,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _run_once(
             butler, prompt, context=context, max_turns=args.max_turns,
             replay=args.replay, external_mcp=args.external_mcp, json_output=args.json,
-            store=store,
+            store=store, on=args.on,
         )
     )  # fmt: skip
     if args.json:
@@ -860,8 +884,19 @@ def _migrate(path: Path, url: str) -> int:
     return EXIT_FAILED
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    from .dispatch import require_distributed
+
+    require_distributed()  # says how to install it when it is missing (exit 2)
+    from .cluster_worker import exec_worker
+
+    exec_worker(args.scheduler, args.worker_options)
+    return EXIT_OK  # not reached: this process became the worker
+
+
 COMMANDS = {
     "run": cmd_run,
+    "worker": cmd_worker,
     "demo": cmd_demo,
     "sessions": cmd_sessions,
     "serve": cmd_serve,

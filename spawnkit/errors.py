@@ -51,14 +51,30 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .result import SpawnerResult
 
 
 class SpawnkitError(Exception):
-    """Base class of every error spawnkit raises deliberately."""
+    """Base class of every error spawnkit raises deliberately.
+
+    Picklable whatever a subclass's constructor takes (a trigger refused on a Dask worker
+    travels back to the client as the error itself): rebuilt from its args and attributes.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_error, (type(self), self.args, self.__dict__))
+
+
+def _rebuild_error(
+    cls: type[SpawnkitError], args: tuple[Any, ...], state: dict[str, Any]
+) -> SpawnkitError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class ConfigError(SpawnkitError):

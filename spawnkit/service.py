@@ -130,6 +130,17 @@ class ButlerService:
 
     async def _start(self, stack: AsyncExitStack) -> None:
         options = dict(self.spawner_options)
+        cluster = options.get("cluster")
+        if cluster is not None:
+            # Runs happen on the cluster's workers, each with its own MCP and replay
+            # servers (spawnkit.cluster_worker): nothing to serve here.
+            if self.scenario is not None and cluster.replay is None:
+                cluster.replay = self.scenario
+            self._spawner = Spawner(
+                self.butler, store=self.store, tracer_provider=self.tracer_provider, **options
+            )
+            stack.push_async_callback(self._drain, self._spawner)
+            return
         if self.scenario is not None:
             if self.replay_server is None:
                 self.replay_server = ReplayServer(self.scenario)

@@ -51,6 +51,7 @@ from .credentials import (
     run_values,
     secret_names,
 )
+from .dispatch import Cluster
 from .errors import (
     BudgetRefused,
     ConfigError,
@@ -331,7 +332,14 @@ class Spawner:
         limits: Limits | None = None,
         retry: RetryPolicy | None = None,
         cli_telemetry: bool | None = None,
+        cluster: Cluster | None = None,
+        origin: dict[str, str] | None = None,
     ) -> None:
+        # Given a cluster, triggers run on its workers (spawnkit.dispatch), not here.
+        self.cluster = cluster
+        # Where this spawner's runs came from, kept in each record's setup (a Dask worker
+        # names itself there, so a sweep can tell a lost worker's runs).
+        self.origin = origin
         # Limits given here are laid over the butler's [butler.limits].
         self.butler = butler = butler.with_limits(limits) if limits is not None else butler
         # Given here, a retry policy replaces the butler's [butler.retry].
@@ -512,12 +520,26 @@ class Spawner:
         Raises for triggers that are refused or wrong before they are accepted
         (bad arguments, closed spawner, full queue, missing CLI, variable or API key);
         once accepted, failures come back as ``success=False`` results.
+
+        A spawner given a ``cluster`` runs the trigger on one of its Dask workers
+        (:mod:`spawnkit.dispatch`), through this same method there: the events, the result,
+        the record and the refusals are a local run's; a run whose worker died comes back
+        ``crashed`` ("worker lost") and is never run again. Only ``kind="run"`` is sent.
         """
         validate_trigger_source(trigger_source)
         # A chat's prompt is only recorded: the user types at the CLI's own prompt.
         validate_request(prompt if kind != "chat" else "(chat)", max_turns)
         if not self._accepting:
             raise SpawnerClosedError(f"butler {self.butler.name!r} is not accepting triggers")
+        if self.cluster is not None:
+            return await self._dispatch(
+                prompt, trigger_source, on_event=on_event, session_id=session_id, kind=kind,
+                sources=sources, role=role,
+                options={
+                    "context": context, "max_turns": max_turns, "limits": limits,
+                    "parent_session_id": parent_session_id, "resume": resume, "role": role,
+                },
+            )  # fmt: skip
         if not self._has_free_slot():
             if trigger_source == "trigger":
                 return self._rejected_self_trigger()
@@ -612,6 +634,63 @@ class Spawner:
             # run, let it clean up and record itself, then pass the cancel on.
             task.cancel()
             await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
+            raise
+
+    async def _dispatch(
+        self,
+        prompt: str,
+        trigger_source: str,
+        *,
+        on_event: EventSink | None,
+        session_id: str | None,
+        kind: RunKind,
+        sources: Sequence[Source],
+        role: str | None,
+        options: dict[str, Any],
+    ) -> SpawnerResult:
+        """The trigger, run on a worker of ``self.cluster`` (spawnkit.dispatch).
+
+        The worker admits it (its spawner's queue and the store's slots across hosts),
+        records it and streams its events back; here it counts as running until it ends.
+        """
+        assert self.cluster is not None
+        if role is not None and not _ROLE_RE.fullmatch(role):
+            raise InvalidArgument(f"invalid role name {role!r}")
+        if session_id is not None:
+            check_session_id(session_id)
+        if kind != "run" or sources:
+            raise InvalidArgument("only runs (not ask or chat) are dispatched to a cluster")
+        session_id = session_id if session_id is not None else str(uuid.uuid4())
+        sinks = [*self._listeners, *([on_event] if on_event else [])]
+
+        def deliver(event: RunEvent) -> None:
+            for sink in sinks:
+                try:
+                    sink(event)
+                except Exception:
+                    logger.exception("event listener %r failed on %s", sink, type(event).__name__)
+
+        task = asyncio.create_task(
+            self.cluster.trigger(
+                self.butler, self.store, prompt, trigger_source,
+                session_id=session_id, options=options, deliver=deliver,
+            ),
+            name=f"spawnkit:{self.butler.name}:{session_id[:8]}:dispatch",
+        )  # fmt: skip
+        self._runs[session_id] = task
+        self._active += 1
+
+        def finished(_: asyncio.Task[SpawnerResult]) -> None:
+            self._active -= 1
+            self._runs.pop(session_id, None)
+
+        task.add_done_callback(finished)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # As for a local run: cancel it (on its worker), wait for its record, pass it on.
+            task.cancel()
+            await asyncio.wait({task}, timeout=CANCEL_GRACE_S + 5)
             raise
 
     async def _cluster_slot(self) -> SlotClaim | None:
@@ -1218,6 +1297,7 @@ class Spawner:
                 "mcp_servers": [server.name] if server is not None else [],
                 "tools": list(tools),
                 "home": "the run's workspace",
+                **({"dispatch": self.origin} if self.origin else {}),
                 **({"sources": [str(path) for path in linked]} if asking else {}),
             },
         )  # fmt: skip

@@ -291,6 +291,16 @@ def _translated(
     return wrapper
 
 
+def _dispatched_worker(given: str | None) -> str | None:
+    """The Dask worker a record's setup names (a run dispatched to a cluster), if any."""
+    try:
+        dispatch = json.loads(given).get("dispatch") if given else None
+    except (ValueError, AttributeError):
+        return None
+    worker = dispatch.get("worker") if isinstance(dispatch, dict) else None
+    return worker if isinstance(worker, str) else None
+
+
 def _has_table(conn: sqlite3.Connection, name: str) -> bool:
     query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
     return conn.execute(query, (name,)).fetchone() is not None
@@ -683,6 +693,9 @@ class SessionStore:
         # The SQLite file (None on a server); its name, or the URL without password.
         self.path = self._db.path
         self.location = self._db.location
+        # What opens this store from another process (a Dask worker): the file's absolute
+        # path, or the URL with its password.
+        self.target = str(self.path.resolve()) if self.path is not None else str(target)
         self._host = host_name()
         # How long a record stays this host's without a renewal (spawnkit.home.lease_seconds).
         self.lease_s = lease_s if lease_s is not None else lease_seconds()
@@ -1010,13 +1023,14 @@ class SessionStore:
     def open_runs_here(self) -> list[OpenRun]:
         """This host's records that have not completed, with their owner and workspace."""
         rows = self._db.query(
-            "SELECT id, owner_pid, owner_start, workspace FROM sessions "
+            "SELECT id, owner_pid, owner_start, workspace, given FROM sessions "
             "WHERE completed_at IS NULL AND owner_host = ?",
             (self._host,),
         )
         return [
             OpenRun(r["id"], r["owner_pid"], r["owner_start"],
-                    Path(r["workspace"]) if r["workspace"] else None)
+                    Path(r["workspace"]) if r["workspace"] else None,
+                    _dispatched_worker(r["given"]))
             for r in rows
             if r["owner_pid"] is not None
         ]  # fmt: skip

@@ -60,6 +60,8 @@ class OpenRun:
     owner_pid: int
     owner_start: str | None
     workspace: Path | None
+    # The Dask worker that ran it, for a run dispatched to a cluster (spawnkit.dispatch).
+    worker: str | None = None
 
 
 @dataclass(frozen=True)
@@ -331,4 +333,9 @@ def _reason(run: OpenRun, killed: int, survivors: Sequence[int], removed: bool |
         else:
             done.append(f"workspace {run.workspace} could not be removed")
     owner = f"the process that ran this session (pid {run.owner_pid}) died before it completed"
+    if run.worker is not None:
+        owner = (
+            f"worker lost: the Dask worker {run.worker} (pid {run.owner_pid}) that ran this "
+            "session died before it completed; it is not run again"
+        )
     return f"{owner}; {', '.join(done)}"

@@ -123,3 +123,24 @@ def test_batch_benchmark_runs(tmp_path: Path) -> None:
     assert report["ideal_s"] == pytest.approx(2 * report["single_median_s"], abs=0.002)
     assert report["ratio"] == pytest.approx(report["batch_wall_s"] / report["ideal_s"], abs=0.01)
     assert "ratio to 2 single runs" in done.stdout
+
+
+def test_dispatch_benchmark_runs(tmp_path: Path) -> None:
+    pytest.importorskip("distributed")
+    out = tmp_path / "dispatch.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "dispatch.py"), "--rounds", "1",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["rounds"] == 1
+    for side in ("in_process", "dask"):
+        assert report[side]["wall_median_s"] > 0
+        assert report[side]["outside_run_median_ms"] > 0
+    assert report["dispatch_overhead_ms"] == pytest.approx(
+        report["dask"]["outside_run_median_ms"] - report["in_process"]["outside_run_median_ms"],
+        abs=0.11,
+    )
+    assert "dispatch overhead" in done.stdout

@@ -13,9 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from IPython import get_ipython
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
+from IPython.testing import globalipapp
 
 import spawnkit.notebook.loop as loop_module
 from spawnkit.notebook import runner
@@ -27,7 +26,7 @@ DEMO = REPO / "roster" / "health" / "scenarios" / "demo.toml"
 
 @pytest.fixture(scope="module")
 def ip() -> Iterator[Any]:
-    shell = start_ipython() or get_ipython()  # or the one another test module started
+    shell = globalipapp.get_ipython()  # the one test shell, whoever started it first
     assert shell is not None
     yield shell
     # Loading hooks SIGTERM and SIGHUP; later tests in this process expect them back.

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
+from IPython.testing import globalipapp
 
 from spawnkit.batch import Progress
 from spawnkit.errors import ConfigError
@@ -128,8 +128,7 @@ def test_a_folder_that_is_no_repository_is_refused(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def ip() -> Iterator[Any]:
-    shell = start_ipython()
-    assert shell is not None
+    shell = globalipapp.get_ipython()  # the one test shell, whoever started it first
     shell.run_line_magic("load_ext", "spawnkit")
     yield shell
     shell.run_line_magic("unload_ext", "spawnkit")

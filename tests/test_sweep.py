@@ -169,6 +169,26 @@ def test_a_dead_owners_run_is_swept_when_a_spawner_starts(
     assert not owner.workspace.exists()
 
 
+def test_a_dead_dask_workers_run_is_recorded_as_worker_lost(owner: Owner, tmp_path: Path) -> None:
+    """A record whose setup names a Dask worker (spawnkit.cluster_worker) says "worker lost",
+    as the client and the task's re-run guard do: one reason whoever closes it first."""
+    with SessionStore(tmp_path / "sessions.db") as store:
+        store.record_setup(
+            owner.session_id, sandbox="none", given={"dispatch": {"worker": "tcp://10.0.0.7:4242"}}
+        )
+        owner.proc.kill()
+        owner.proc.wait()
+        swept = sweep(store)
+        record = store.get_session(owner.session_id)
+    assert [s.session_id for s in swept] == [owner.session_id]
+    assert record is not None and record.status == "crashed"
+    assert (record.error or "").startswith(
+        f"worker lost: the Dask worker tcp://10.0.0.7:4242 (pid {owner.proc.pid}) that ran this "
+        "session died before it completed; it is not run again; "
+    )
+    assert survivors(owner.session_id) == []
+
+
 def test_a_reused_owner_pid_is_dead_and_never_signalled(owner: Owner, tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     with SessionStore(db) as store:

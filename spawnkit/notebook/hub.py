@@ -15,11 +15,12 @@ import concurrent.futures
 import logging
 from collections.abc import Generator, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..butler_server import ToolExtension
+from ..dispatch import Cluster
 from ..events import EventSink, Finished, Queued, RunEvent, Started
 from ..limits import Limits
 from ..queue_report import QueueReport, queue_report
@@ -45,6 +46,9 @@ class Target:
     replay: Path | None = None
     model: str | None = None
     kernel_tools: bool = False
+    # A Dask cluster the runs go to: a scheduler address, or "dask" with the user's client.
+    on: str | None = None
+    client: Any = field(default=None, compare=False)
 
     def key(self) -> tuple[Any, ...]:
         b = self.butler
@@ -56,6 +60,8 @@ class Target:
             self.replay,
             self.model,
             self.kernel_tools,
+            self.on,
+            id(self.client) if self.client is not None else None,
         )
 
 
@@ -171,6 +177,11 @@ class Hub:
             service = self._services.get(key)
             if service is None:
                 stack = AsyncExitStack()
+                options: dict[str, Any] = {}
+                if target.on is not None:
+                    cluster = Cluster(target.client if target.client is not None else target.on)
+                    stack.push_async_callback(asyncio.to_thread, cluster.close)
+                    options["cluster"] = cluster
                 service = await stack.enter_async_context(
                     ButlerService(
                         target.butler,
@@ -178,6 +189,7 @@ class Hub:
                         replay=target.replay,
                         model=target.model,
                         tool_extensions=extensions,
+                        **options,
                     )
                 )
                 self._stacks.append(stack)

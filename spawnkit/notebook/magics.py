@@ -76,6 +76,11 @@ class SpawnMagics(Magics):
     @argument("--model", help="model name for the runtime")
     @argument("--replay", help="play model turns from this scenario (offline)")
     @argument("--background", action="store_true", help="return a run handle at once")
+    @argument(
+        "--on",
+        help="run on a Dask worker: dask (the default distributed client, else "
+        "$SPAWNKIT_DASK_SCHEDULER) or a scheduler address",
+    )
     @argument("--out", help="also bind the result (or handle) to this variable")
     @argument("--context", help="a Python expression whose value is put before the prompt")
     @argument("--interpolate", action="store_true", help="expand {var} and $var in the prompt")
@@ -110,6 +115,7 @@ class SpawnMagics(Magics):
                     max_tokens=args.max_tokens,
                     timeout_s=args.timeout_s,
                 ),
+                on=args.on,
             )
         except (ConfigError, InvalidArgument) as exc:
             raise UsageError(str(exc)) from None

@@ -24,9 +24,11 @@ import concurrent.futures
 import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from ..dispatch import environment_cluster
 from ..errors import ConfigError
 from ..limits import Limits
 from ..result import SpawnerResult
@@ -77,6 +79,25 @@ def resolve_target(
     return Target(config, replay=scenario, model=model, kernel_tools=kernel_tools_enabled)
 
 
+def on_cluster(target: Target, on: str | None) -> Target:
+    """``target`` run on a Dask cluster: ``"dask"`` (the default client, else
+    ``$SPAWNKIT_DASK_SCHEDULER``) or a scheduler address; as it is for ``None``.
+
+    ``"dask"`` is resolved now, so a run after the user made a new Client goes to it (the
+    hub keeps one service per client), not to the one an earlier run used.
+    """
+    if on is None:
+        return target
+    if target.kernel_tools:
+        raise ConfigError("the kernel tools read this kernel's variables: not on a cluster")
+    if on != "dask":
+        return replace(target, on=on)
+    found = environment_cluster()
+    if isinstance(found, str):
+        return replace(target, on=found)
+    return replace(target, on="dask", client=found)
+
+
 def spawn(
     prompt: str,
     *,
@@ -93,12 +114,14 @@ def spawn(
     hub: Hub | None = None,
     default_runtime: str = "claude-code",
     limits: Limits | None = None,
+    on: str | None = None,
 ) -> SpawnerResult | RunHandle:
     """Run ``prompt``; the SpawnerResult, or with ``background`` a RunHandle at once.
 
     ``namespace`` enables the kernel tools: the agent may read summaries of the
     variables it returns (see :mod:`spawnkit.notebook.kernel_tools`). ``limits`` are laid
-    over the butler's ``[butler.limits]`` for this run.
+    over the butler's ``[butler.limits]`` for this run. ``on`` runs it on a worker of a
+    Dask cluster (:func:`on_cluster`), streaming its events here as a local run's.
     """
     if not prompt.strip():
         raise ConfigError("the prompt is empty")
@@ -108,6 +131,7 @@ def spawn(
         runtime=runtime, butler=butler, roster=roster, replay=replay, model=model,
         kernel_tools_enabled=namespace is not None, default_runtime=default_runtime,
     )  # fmt: skip
+    target = on_cluster(target, on)
     hub = hub or default_hub()
     mode = render if render != "auto" else ("widget" if in_kernel() else "text")
     view = RunView(schedule=hub.schedule) if mode == "widget" else None
