@@ -538,6 +538,9 @@ class Spawner:
                 options={
                     "context": context, "max_turns": max_turns, "limits": limits,
                     "parent_session_id": parent_session_id, "resume": resume, "role": role,
+                    # A path on the worker: a worktree of spawnkit.map on a LocalCluster, or
+                    # a folder every worker sees (a shared filesystem).
+                    "workdir": workdir,
                 },
             )  # fmt: skip
         if not self._has_free_slot():

@@ -260,3 +260,29 @@ def test_a_repo_that_is_not_a_checkout_is_named_and_nothing_runs(
     with pytest.raises(spawnkit.SpawnkitError, match="plain is not a git repository"):
         spawnkit.map(codex_butler(make_butler), ["write x"], repo=plain, hub=hub)
     assert store.list_sessions() == []
+
+
+@pytest.mark.timeout(240)
+def test_map_on_a_local_cluster_runs_on_its_workers_within_max_concurrent(
+    make_butler: Any, hub: Hub, scenario: Path, store: SessionStore
+) -> None:
+    distributed = pytest.importorskip("distributed")
+    prompts = [f"count the words in: {' '.join(['w'] * (n + 1))}" for n in range(8)]
+    with (
+        distributed.LocalCluster(
+            processes=True, n_workers=2, threads_per_worker=2, dashboard_address=None,
+            env={"SPAWNKIT_HOST": "dask-worker-host"},
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):  # fmt: skip
+        frame = spawnkit.map(
+            codex_butler(make_butler), prompts, cluster=client, max_concurrent=3,
+            replay=scenario, hub=hub, progress="none",
+        )  # fmt: skip
+    assert frame["success"].all(), frame["error"].tolist()
+    for n, text in enumerate(frame["result"]):
+        assert f"has {n + 1} words." in text
+    assert (frame["host"] == "dask-worker-host").all(), "each record names its worker's host"
+    records = store.list_sessions(limit=100)
+    assert len(records) == 8 and {r.owner_host for r in records} == {"dask-worker-host"}
+    assert 2 <= most_at_once(records) <= 3, "runs in parallel, never more than 3 at once"

@@ -24,13 +24,16 @@ import html
 import sys
 import time
 from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..batch import Batch, Progress, Runner, items_for, to_frame
+from ..dispatch import Cluster
 from ..errors import ConfigError
 from ..roster import ButlerConfig, load_roster
 from ..runtimes import canonical_runtime
+from ..spawner import Spawner
 from ..worktrees import Worktrees, base_commit
 from .hub import Hub, Target, default_hub
 from .loop import CANCEL_TIMEOUT_S
@@ -53,6 +56,7 @@ def map(
     prompt_column: str = "prompt",
     runtimes: Sequence[str] | None = None,
     repo: str | Path | None = None,
+    cluster: Any = None,
     max_concurrent: int | None = None,
     max_cost_usd: float | None = None,
     roster: str | Path = "roster",
@@ -71,6 +75,13 @@ def map(
     ``max_concurrent_sessions``) bounds the runs at once; ``max_cost_usd`` stops
     dispatching once the cost so far reaches it (runs in flight finish; the rest are
     ``skipped: budget``).
+
+    ``cluster`` runs them on a Dask cluster instead of in this process, with the same
+    code: a :class:`~spawnkit.dispatch.Cluster`, a ``distributed.Client``, a scheduler
+    address (``tcp://host:8786``), or ``"dask"`` for the current default client (else
+    ``$SPAWNKIT_DASK_SCHEDULER``). ``replay`` then plays on the workers. With ``repo``, the
+    worktrees are made here: the workers must see this machine's temporary folder (a
+    LocalCluster does).
     """
     config = _butler(butler, roster)
     chosen = [canonical_runtime(r) for r in runtimes] if runtimes else [config.runtime.type]
@@ -89,12 +100,15 @@ def map(
         for runtime in chosen
     }
     limit = max_concurrent if max_concurrent is not None else config.runtime.max_concurrent_sessions
+    dispatch = _cluster(cluster, scenario)
     worktrees = Worktrees(base_commit(repo)) if repo is not None else None
     try:
-        rows = _run(hub, targets, items, limit, max_cost_usd, worktrees, progress)
+        rows = _run(hub, targets, items, limit, max_cost_usd, worktrees, progress, dispatch)
     finally:
         if worktrees is not None:
             worktrees.close()
+        if dispatch is not None and dispatch is not cluster:
+            dispatch.close()  # made here: closes the Client only if it made that too
     frame = to_frame(rows, index_name=index_name)
     if len(chosen) > 1:
         frame = frame.set_index("runtime", append=True)
@@ -160,6 +174,19 @@ def _names(columns: Iterable[Any]) -> str:
     return ", ".join(str(column) for column in columns)
 
 
+def _cluster(cluster: Any, scenario: Path | None) -> Cluster | None:
+    """``map``'s ``cluster`` argument as a :class:`Cluster` (None: run in this process)."""
+    if cluster is None:
+        return None
+    if isinstance(cluster, Cluster):
+        if scenario is not None and cluster.replay is None:
+            raise ConfigError("replay: give it to the Cluster (Cluster(..., replay=...))")
+        return cluster
+    if cluster == "dask":
+        return Cluster.from_environment(replay=scenario)
+    return Cluster(cluster, replay=scenario)
+
+
 def _butler(butler: str | ButlerConfig, roster: str | Path) -> ButlerConfig:
     if isinstance(butler, ButlerConfig):
         return butler
@@ -183,6 +210,7 @@ def _run(
     max_cost_usd: float | None,
     worktrees: Worktrees | None,
     mode: ProgressMode,
+    cluster: Cluster | None,
 ) -> list[Any]:
     latest: list[Progress] = []  # the last snapshot; the batch reports on its loop
 
@@ -200,7 +228,13 @@ def _run(
     async def start() -> Batch:
         runners: dict[str, Runner] = {}
         for runtime, target in targets.items():
-            runners[runtime] = await hub.spawner_started(target)
+            if cluster is None:
+                runners[runtime] = await hub.spawner_started(target)
+            else:  # the butler's MCP server and the replay model run on the workers
+                butler = target.butler
+                if target.model:  # the worker's spawner takes the model from the butler
+                    butler = replace(butler, runtime=replace(butler.runtime, model=target.model))
+                runners[runtime] = Spawner(butler, store=hub.store, cluster=cluster)
         return Batch(
             items, runners, max_concurrent=max_concurrent, max_cost_usd=max_cost_usd,
             on_progress=keep, worktrees=worktrees, host_of=host_of,

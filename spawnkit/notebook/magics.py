@@ -164,6 +164,7 @@ class SpawnMagics(Magics):
     @argument("--max-concurrent", type=int, help="runs at once (default: the butler's slots)")
     @argument("--max-cost-usd", type=float, help="dispatch nothing more once this is spent")
     @argument("--repo", help="give each run its own git worktree of this repository")
+    @argument("--on", help="run on a Dask cluster: dask (the default client) or its address")
     @argument("--model", help="model name for the runtime")
     @argument("--replay", help="play model turns from this scenario (offline)")
     @argument("--out", help="also bind the DataFrame to this variable")
@@ -188,6 +189,7 @@ class SpawnMagics(Magics):
                 template=cell.strip("\n"),
                 runtimes=runtimes,
                 repo=args.repo,
+                cluster=args.on,
                 max_concurrent=args.max_concurrent,
                 max_cost_usd=args.max_cost_usd,
                 roster=args.roster or self.roster,
