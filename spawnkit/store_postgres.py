@@ -21,6 +21,7 @@ they stay in the local, owner-only credentials file.
 from __future__ import annotations
 
 import logging
+import time
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -42,7 +43,12 @@ SCHEMA = "spawnkit"
 MIGRATION_LOCK = int.from_bytes(b"spawnkit", "big") & 0x7FFF_FFFF_FFFF_FFFF
 CONNECT_TIMEOUT_S = 10
 POOL_MAX = 8
-POOL_TIMEOUT_S = 30.0
+# How long a caller waits for a pooled connection: a server away is reported (and its
+# writes journaled, spawnkit.store_journal) after this.
+POOL_TIMEOUT_S = 10.0
+# A read that failed faster than this was on a pooled connection the server had already
+# dropped (it restarted since): it is tried once more, on a fresh connection.
+STALE_CONNECTION_S = 1.0
 # A slot holder's connection: the server drops it (and frees the slot) this many ms after
 # its host stops acknowledging, rather than minutes later (keepalives alone do not).
 SLOT_TCP_USER_TIMEOUT_MS = 5000
@@ -246,8 +252,15 @@ class PostgresBackend:
                 logger.info("%s: migrated to schema %d", self.location, step + 1)
 
     def query(self, sql: str, params: Params = ()) -> Sequence[Row]:
-        with self._pool.connection() as conn:
-            return conn.execute(_pg(sql), params).fetchall()
+        started, retried = time.monotonic(), False
+        while True:
+            try:
+                with self._pool.connection() as conn:
+                    return conn.execute(_pg(sql), params).fetchall()
+            except psycopg.OperationalError:
+                if retried or time.monotonic() - started > STALE_CONNECTION_S:
+                    raise
+                retried = True
 
     @contextmanager
     def transaction(self) -> Iterator[_Transaction]:
