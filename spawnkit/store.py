@@ -45,6 +45,7 @@ from .errors import HomeNotWritable, StoreDamaged, StoreError, StoreTooNew, Stor
 from .home import default_store_path, host_name, is_writable, lease_seconds, store_setting
 from .result import Attempt, BudgetReport, SpawnerResult, ToolCall, Usage
 from .store_backend import (
+    Admission,
     Backend,
     Params,
     Row,
@@ -748,6 +749,9 @@ class SqliteBackend:
     def slot_claim(self, name: str, capacity: int) -> None:
         return None  # one host's file: the spawner's own semaphore is the limit
 
+    def admission(self, name: str) -> None:
+        return None  # one host's file: the spawner's own queue is the limit
+
     def close(self) -> None:
         with self._lock:
             for conn in self._connections:
@@ -1106,6 +1110,12 @@ class SessionStore:
         """A claim on one of ``butler``'s ``capacity`` run slots across every host sharing
         this store (PostgreSQL advisory locks), or None on SQLite, one host's store."""
         return self._db.slot_claim(butler, capacity)
+
+    @_translated
+    def admission(self, butler: str) -> Admission | None:
+        """``butler``'s admission places across every host sharing this store (PostgreSQL),
+        or None on SQLite, one host's store."""
+        return self._db.admission(butler)
 
     # -- leases: runs that belong to a host -----------------------------------------
 
