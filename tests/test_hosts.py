@@ -242,6 +242,19 @@ asyncio.run(main())
 """
 
 
+def _start_queue_host(tmp_path: Path, url: str) -> subprocess.Popen[str]:
+    """Host A: two runs of a butler that sleep ten minutes, one running, one queued."""
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(QUEUE_HOST), str(tmp_path / "roster")],
+        env={
+            **os.environ, "SPAWNKIT_HOME": str(tmp_path / "host-a"), "SPAWNKIT_HOST": "host-a",
+            "SPAWNKIT_STORE": url,
+        },
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        text=True,
+    )  # fmt: skip
+
+
 async def test_max_queued_sessions_holds_across_hosts_and_a_killed_hosts_places_return(
     make_butler: RosterFactory,
     tmp_path: Path,
@@ -261,14 +274,7 @@ async def test_max_queued_sessions_holds_across_hosts_and_a_killed_hosts_places_
         """,
     )
     SessionStore(postgres_url).close()
-    host_a = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(QUEUE_HOST), str(tmp_path / "roster")],
-        env={
-            **os.environ, "SPAWNKIT_HOME": str(tmp_path / "host-a"), "SPAWNKIT_HOST": "host-a",
-            "SPAWNKIT_STORE": postgres_url,
-        },
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+    host_a = _start_queue_host(tmp_path, postgres_url)
     monkeypatch.setenv("SPAWNKIT_HOME", str(tmp_path / "host-b"))
     monkeypatch.setenv("SPAWNKIT_HOST", "host-b")
     try:
