@@ -801,6 +801,14 @@ class SessionStore:
         self.recover_orphans()
 
     @property
+    def source(self) -> Path | str:
+        """What the store was opened on: its SQLite file, or its URL. The URL carries the
+        password, for readers that connect on their own (history DataFrames); never show it."""
+        if self.path is not None:
+            return self.path
+        return str(getattr(self._db, "url"))  # noqa: B009 (a server backend's attribute)
+
+    @property
     def host(self) -> str:
         """The name this host's records carry (``$SPAWNKIT_HOST``, else the node name)."""
         return self._host
