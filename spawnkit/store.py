@@ -545,12 +545,16 @@ def _write_complete(tx: Transaction, payload: Any, replayed: bool) -> None:
                runtime_session_id = COALESCE(?, runtime_session_id),
                model = COALESCE(?, model), completed_at = ?, budget = ?,
                attempts = ?
-           WHERE id = ? AND (completed_at IS NULL OR (status = 'crashed' AND owner_host = ?))""",
+           WHERE id = ? AND (completed_at IS NULL
+               OR (status = 'crashed' AND num_tool_calls IS NULL AND owner_host = ?))""",
         payload["session"],
     )
     if updated:
         session_id = payload["session"][-2]
-        tx.execute("DELETE FROM tool_calls WHERE session_id = ?", (session_id,))
+        # A record is completed with its calls once; only a crash mark (no calls) gives way.
+        # So calls can be there already only when this write's first try was committed.
+        if replayed:
+            tx.execute("DELETE FROM tool_calls WHERE session_id = ?", (session_id,))
         tx.executemany(
             """INSERT INTO tool_calls (session_id, seq, call_id, name, server,
                    tool, input, output, status, started_at, finished_at, duration_ms)
@@ -587,6 +591,8 @@ def _write_cli_events(tx: Transaction, rows: Any, replayed: bool) -> None:
     )
 
 
+# The writes that are one statement (a server commits it without BEGIN and COMMIT).
+_SINGLE_STATEMENT = frozenset({"started", "setup"})
 _WRITES: dict[str, Callable[[Transaction, Any, bool], None]] = {
     "started": _write_started,
     "setup": _write_setup,
@@ -656,7 +662,7 @@ class SqliteBackend:
         return self._connect().execute(sql, params).fetchall()
 
     @contextmanager
-    def transaction(self) -> Iterator[_SqliteTransaction]:
+    def transaction(self, single: bool = False) -> Iterator[_SqliteTransaction]:
         with self._tx() as conn:
             yield _SqliteTransaction(conn)
 
@@ -844,7 +850,7 @@ class SessionStore:
         journal = self._journal
         if journal is None:
             try:
-                with self._db.transaction() as tx:
+                with self._db.transaction(op in _SINGLE_STATEMENT) as tx:
                     _WRITES[op](tx, payload, False)
             except self._db.errors as exc:
                 raise self._db.error(exc) from exc
@@ -857,7 +863,7 @@ class SessionStore:
         replayed = False
         while True:
             try:
-                with self._db.transaction() as tx:
+                with self._db.transaction(op in _SINGLE_STATEMENT) as tx:
                     _WRITES[op](tx, payload, replayed)
                 return
             except self._db.errors as exc:
@@ -972,7 +978,7 @@ class SessionStore:
         kind: str = "run",
         sources: Sequence[str] = (),
     ) -> None:
-        with self._db.transaction() as tx:
+        with self._db.transaction(single=True) as tx:
             tx.execute(
                 """INSERT INTO sessions (id, butler, runtime, model, prompt, context,
                        trigger_source, status, runtime_session_id, parent_session_id,

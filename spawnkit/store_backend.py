@@ -116,7 +116,10 @@ class Backend(Protocol):
         """Run one read; its rows, as mappings from column name to value."""
         ...
 
-    def transaction(self) -> AbstractContextManager[Transaction]: ...
+    def transaction(self, single: bool = False) -> AbstractContextManager[Transaction]:
+        """A write transaction. ``single``: the block runs one statement, which a server
+        then commits on its own (one round trip instead of three)."""
+        ...
 
     def error(self, exc: Exception) -> StoreError:
         """The typed error for one of :attr:`errors` raised by this database."""

@@ -266,9 +266,18 @@ class PostgresBackend:
                 retried = True
 
     @contextmanager
-    def transaction(self) -> Iterator[_Transaction]:
-        with self._pool.connection() as conn, conn.transaction():
-            yield _Transaction(conn)
+    def transaction(self, single: bool = False) -> Iterator[_Transaction]:
+        with self._pool.connection() as conn:
+            if not single:
+                with conn.transaction():
+                    yield _Transaction(conn)
+                return
+            conn.autocommit = True  # no BEGIN and COMMIT around the one statement
+            try:
+                yield _Transaction(conn)
+            finally:
+                if not conn.broken:
+                    conn.autocommit = False
 
     def error(self, exc: Exception) -> StoreError:
         """Unreachable (down, refused, wrong password) or another failure, in one line."""
