@@ -147,7 +147,7 @@ def make_server_store(url: str, n_sessions: int, calls_per_session: int) -> None
                 lpad(to_hex(i), 8, '0') || '-1111-4000-8000-' || lpad(to_hex(i), 12, '0'),
                 {stamp.format("%s + i * 30")}, {stamp.format("%s + i * 30 + 1")},
                 {stamp.format("%s + i * 30 + 10")}, 'host', 1, '1'
-            FROM generate_series(0, %s - 1) AS i""",
+            FROM generate_series(0::bigint, %s::bigint - 1) AS i""",
             (calls_per_session, t0, t0, t0, n_sessions),
         )  # fmt: skip
         conn.execute(
@@ -161,7 +161,7 @@ def make_server_store(url: str, n_sessions: int, calls_per_session: int) -> None
                 '{{"key": "weight", "n": ' || j || '}}', 'result',
                 CASE WHEN (i + 1 + j) %% 23 = 0 THEN 'error' ELSE 'ok' END,
                 {stamp.format("%s + i * 30 + j")}, {stamp.format("%s + i * 30 + j + 1")}, 35
-            FROM generate_series(0, %s - 1) AS i, generate_series(0, %s - 1) AS j
+            FROM generate_series(0::bigint, %s::bigint - 1) AS i, generate_series(0, %s - 1) AS j
             ORDER BY i, j""",
             (t0, t0, n_sessions, calls_per_session),
         )  # fmt: skip
@@ -215,57 +215,75 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=1_000_000)
     parser.add_argument("--calls", type=int, default=10, help="tool calls per session")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--only", choices=["records", "scale"], help="run one part (the other's figures in "
+        "--out, if any, are kept)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     os.environ["SPAWNKIT_HOME"] = tempfile.mkdtemp(prefix="spawnkit-store-bench-")
     WORK.mkdir(exist_ok=True)
-    report: dict[str, Any] = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "cpus": os.cpu_count(),
-        "load_average": os.getloadavg()[0],
-    }
+    report: dict[str, Any] = (
+        json.loads(args.out.read_text()) if args.only and args.out.exists() else {}
+    )
+    report.update(
+        {
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "cpus": os.cpu_count(),
+            "load_average": os.getloadavg()[0],
+        }
+    )
     with postgres_server() as server:
         with server.admin() as conn:
             version = conn.execute("SHOW server_version").fetchone()
         report["postgresql"] = version[0] if version else None
-        records_db = server.create_database()
-        lite = WORK / "store-records.db"
-        lite.unlink(missing_ok=True)
-        report["records"] = measure_records(server.url(records_db), lite, args.rounds, args.runs)
-        rec = report["records"]
-        print(
-            f"records: PostgreSQL {rec['postgresql_per_run_ms']} ms per run, SQLite "
-            f"{rec['sqlite_per_run_ms']} ms: ratio {rec['ratio']} (target at most 2)"
-        )
-
-        scale_db = server.create_database()
-        url = server.url(scale_db)
-        lite_big = WORK / f"store-{args.sessions}-{args.calls}.db"
-        generated: dict[str, float] = {}
-        if not lite_big.exists():
-            generated["sqlite_s"] = round(
-                timed(lambda: make_store(lite_big, args.sessions, args.calls)), 1
-            )
-        generated["postgresql_s"] = round(
-            timed(lambda: make_server_store(url, args.sessions, args.calls)), 1
-        )
-        report["generated"] = generated
-        print(f"generated in {generated}")
-        report["scale"] = {}
-        for name, target in (("postgresql", url), ("sqlite", str(lite_big))):
-            found = measure_scale(target, args.rounds)
-            report["scale"][name] = found
-            print(f"{name}: {found['sessions']} sessions, {found['tool_calls']} tool calls; "
-                  f"latest 20 {found['latest_20_median_ms']} ms (target under 50), "
-                  f"`spawnkit sessions` {found['sessions_command_median_s']} s, "
-                  f"sessions() {found['sessions_frame_median_s']} s (target under 2), "
-                  f"tool_calls() {found['tool_calls_frame_median_s']} s")  # fmt: skip
-        with server.admin(scale_db) as conn:
-            size = conn.execute("SELECT pg_database_size(current_database())").fetchone()
-        report["scale"]["postgresql"]["mb"] = round(size[0] / 1e6, 1) if size else None
-        report["scale"]["sqlite"]["mb"] = round(lite_big.stat().st_size / 1e6, 1)
+        if args.only != "scale":
+            measure_records_into(report, server, args)
+        if args.only != "records":
+            measure_scale_into(report, server, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def measure_records_into(report: dict[str, Any], server: Any, args: argparse.Namespace) -> None:
+    records_db = server.create_database()
+    lite = WORK / "store-records.db"
+    lite.unlink(missing_ok=True)
+    report["records"] = measure_records(server.url(records_db), lite, args.rounds, args.runs)
+    rec = report["records"]
+    print(
+        f"records: PostgreSQL {rec['postgresql_per_run_ms']} ms per run, SQLite "
+        f"{rec['sqlite_per_run_ms']} ms: ratio {rec['ratio']} (target at most 2)"
+    )
+
+
+def measure_scale_into(report: dict[str, Any], server: Any, args: argparse.Namespace) -> None:
+    scale_db = server.create_database()
+    url = server.url(scale_db)
+    lite_big = WORK / f"store-{args.sessions}-{args.calls}.db"
+    generated: dict[str, float] = {}
+    if not lite_big.exists():
+        generated["sqlite_s"] = round(
+            timed(lambda: make_store(lite_big, args.sessions, args.calls)), 1
+        )
+    generated["postgresql_s"] = round(
+        timed(lambda: make_server_store(url, args.sessions, args.calls)), 1
+    )
+    report["generated"] = generated
+    print(f"generated in {generated}")
+    report["scale"] = {}
+    for name, target in (("postgresql", url), ("sqlite", str(lite_big))):
+        found = measure_scale(target, args.rounds)
+        report["scale"][name] = found
+        print(f"{name}: {found['sessions']} sessions, {found['tool_calls']} tool calls; "
+              f"latest 20 {found['latest_20_median_ms']} ms (target under 50), "
+              f"`spawnkit sessions` {found['sessions_command_median_s']} s, "
+              f"sessions() {found['sessions_frame_median_s']} s (target under 2), "
+              f"tool_calls() {found['tool_calls_frame_median_s']} s")  # fmt: skip
+    with server.admin(scale_db) as conn:
+        size = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+    report["scale"]["postgresql"]["mb"] = round(size[0] / 1e6, 1) if size else None
+    report["scale"]["sqlite"]["mb"] = round(lite_big.stat().st_size / 1e6, 1)
 
 
 if __name__ == "__main__":

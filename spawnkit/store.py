@@ -555,12 +555,22 @@ def _write_complete(tx: Transaction, payload: Any, replayed: bool) -> None:
         # So calls can be there already only when this write's first try was committed.
         if replayed:
             tx.execute("DELETE FROM tool_calls WHERE session_id = ?", (session_id,))
-        tx.executemany(
-            """INSERT INTO tool_calls (session_id, seq, call_id, name, server,
-                   tool, input, output, status, started_at, finished_at, duration_ms)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-            payload["calls"],
-        )
+        _insert_rows(tx, _CALL_INSERT, payload["calls"])
+
+
+_CALL_INSERT = """INSERT INTO tool_calls (session_id, seq, call_id, name, server, tool, input,
+    output, status, started_at, finished_at, duration_ms) VALUES """
+# Rows per multi-row INSERT: one statement (one round trip on a server) for a run's calls,
+# far below SQLite's limit of 32766 parameters.
+_ROWS_PER_INSERT = 500
+
+
+def _insert_rows(tx: Transaction, insert: str, rows: Sequence[Sequence[object]]) -> None:
+    """``rows`` with as few ``INSERT … VALUES (…), (…)`` statements as fit."""
+    for start in range(0, len(rows), _ROWS_PER_INSERT):
+        chunk = rows[start : start + _ROWS_PER_INSERT]
+        marks = "(" + ", ".join("?" * len(chunk[0])) + ")"
+        tx.execute(insert + ", ".join([marks] * len(chunk)), [v for row in chunk for v in row])
 
 
 def _write_cli_spans(tx: Transaction, rows: Any, replayed: bool) -> None:
