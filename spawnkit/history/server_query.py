@@ -45,6 +45,8 @@ def query(url: str, sql: str, params: Sequence[object] = ()) -> pa.Table:
         cursor: Any = conn.cursor()
         try:
             cursor.execute(f"SET search_path TO {SCHEMA}")
+            # One long scan: compiling it (JIT) costs more than it saves here.
+            cursor.execute("SET jit = off")
             cursor.execute(numbered(sql), list(params) if params else None)
             return cursor.fetch_arrow_table()  # type: ignore[no-any-return]
         finally:

@@ -96,8 +96,13 @@ CALL_SCHEMA = _schema(CALL_FIELDS)
 # On a server: expressions SQLite writes its own way, and the orders rowid gives on SQLite
 # (a server has no rowid; tool calls come in session id and call order there).
 _SERVER_SQL = {
-    "sources": "(SELECT string_agg(value, ',') "
-    "FROM json_array_elements_text(sessions.sources::json) AS value)",
+    "sources": "CASE WHEN sources IS NULL THEN NULL ELSE (SELECT string_agg(value, ',') "
+    "FROM json_array_elements_text(sessions.sources::json) AS value) END",
+    # The server parses the ISO text itself and sends 8 bytes, not 32 to parse here.
+    "created_at": "created_at::timestamptz",
+    "started_at": "started_at::timestamptz",
+    "ended_at": "completed_at::timestamptz",
+    "finished_at": "finished_at::timestamptz",
 }
 _SERVER_ORDER = {"created_at, rowid": "created_at, id", "rowid": "session_id, seq"}
 
@@ -187,7 +192,9 @@ def _typed(table: pa.Table, fields: Sequence[tuple[str, str, Kind]]) -> pa.Table
     columns = [table[ROWID].cast(pa.int64())]
     for name, _, kind in fields:
         column: Column = table[name]
-        if kind == "time":
+        if kind == "time" and pa.types.is_timestamp(column.type):
+            column = column.cast(UTC_TS)  # a server's timestamptz
+        elif kind == "time":
             column = timestamps(column.cast(pa.string()))
         elif kind == "cat":
             column = pc.dictionary_encode(column.cast(pa.string()))
@@ -291,11 +298,15 @@ def _columns(asked: Sequence[str] | None, known: Sequence[str]) -> list[str]:
     return list(asked)
 
 
-def _sessions_table(path: Source, filters: Filters, cache: bool | None) -> pa.Table:
+def _sessions_table(
+    path: Source, filters: Filters, cache: bool | None, names: Sequence[str] | None = None
+) -> pa.Table:
+    """The sessions; read from the database, only the columns ``names`` (default: all)."""
     state = _use_cache(path, cache)
     if state is None or path is None or isinstance(path, str):
         where, params = filters.sql()
-        return _read(path, SESSION_FIELDS, "sessions", where, params, "created_at, rowid")
+        fields = [f for f in SESSION_FIELDS if names is None or f[0] in names]
+        return _read(path, fields, "sessions", where, params, "created_at, rowid")
     table = _cached(path, state, "sessions", SESSION_FIELDS, SESSION_SCHEMA, "ended_at")
     if filters:
         table = table.filter(filters.mask(table))
@@ -342,9 +353,9 @@ def sessions(
     wanted = _columns(columns, known)
     path = _path(store)
     filters = Filters(butler, runtime, status, since, until, success, kind)
-    table = _sessions_table(path, filters, cache)
     costs = "cost_usd" in wanted or "cost_source" in wanted
     fields = [c for c in SESSION_COLUMNS if c in wanted or (costs and c in _COST_INPUTS)]
+    table = _sessions_table(path, filters, cache, fields)
     frame = _frame(table, fields)
     if costs:
         _fill_costs(frame, pricing or default_pricing())
@@ -404,7 +415,8 @@ def tool_calls(
     state = None if output else _use_cache(path, cache)
     if state is None or path is None or isinstance(path, str):
         where, params = filters.sql()
-        fields = CALL_FIELDS + ((("output", "output", "str"),) if output else ())
+        every = CALL_FIELDS + ((("output", "output", "str"),) if output else ())
+        fields = tuple(f for f in every if f[0] in wanted)  # only what is asked is read
         if where:
             where = f" WHERE session_id IN (SELECT id FROM {_sessions_from(path)}{where})"
         return _frame(_read(path, fields, "tool_calls", where, params, "rowid"), wanted)
