@@ -602,13 +602,50 @@ def _write_cli_events(tx: Transaction, rows: Any, replayed: bool) -> None:
 
 
 # The writes that are one statement (a server commits it without BEGIN and COMMIT).
-_SINGLE_STATEMENT = frozenset({"started", "setup"})
+_SINGLE_STATEMENT = frozenset({"started", "setup", "mcp_call", "episode"})
+
+
+def _write_mcp_call(tx: Transaction, row: Any, replayed: bool) -> None:
+    """An MCP call the butler's server saw; its session found by key if it was not yet."""
+    butler, key, session_id, tool, _, _, _, called_at, _ = row
+    if replayed:
+        tx.execute(
+            "DELETE FROM mcp_calls WHERE butler = ? AND tool = ? AND called_at = ? "
+            "AND COALESCE(session_key, '') = COALESCE(?, '')",
+            (butler, tool, called_at, key),
+        )
+    tx.execute(
+        """INSERT INTO mcp_calls (butler, session_key, session_id, tool, arguments, result,
+               is_error, called_at, duration_ms)
+           SELECT ?, ?, COALESCE(?, (SELECT id FROM sessions WHERE runtime_session_id = ?
+               OR id = ? ORDER BY created_at DESC LIMIT 1)), ?, ?, ?, ?, ?, ?""",
+        [butler, key, session_id, key, key, *row[3:]],
+    )
+
+
+def _write_episode(tx: Transaction, row: Any, replayed: bool) -> None:
+    butler, session_id, _, _, created_at = row
+    if replayed:
+        tx.execute(
+            "DELETE FROM episodes WHERE butler = ? AND created_at = ? "
+            "AND COALESCE(session_id, '') = COALESCE(?, '')",
+            (butler, created_at, session_id),
+        )
+    tx.execute(
+        "INSERT INTO episodes (butler, session_id, prompt, output, created_at) "
+        "VALUES (?, ?, ?, ?, ?)",
+        row,
+    )
+
+
 _WRITES: dict[str, Callable[[Transaction, Any, bool], None]] = {
     "started": _write_started,
     "setup": _write_setup,
     "complete": _write_complete,
     "cli_spans": _write_cli_spans,
     "cli_events": _write_cli_events,
+    "mcp_call": _write_mcp_call,
+    "episode": _write_episode,
 }
 # A write that failed faster than this was on a pooled connection the server had already
 # dropped (it restarted): tried once more, on a fresh one, before it is journaled.
@@ -873,7 +910,7 @@ class SessionStore:
         replayed = False
         while True:
             try:
-                with self._db.transaction(op in _SINGLE_STATEMENT) as tx:
+                with self._db.transaction(op in _SINGLE_STATEMENT and not replayed) as tx:
                     _WRITES[op](tx, payload, replayed)
                 return
             except self._db.errors as exc:
@@ -1215,7 +1252,6 @@ class SessionStore:
 
     # -- MCP calls seen by a butler's server --------------------------------------
 
-    @_translated
     def record_mcp_call(
         self,
         *,
@@ -1228,18 +1264,20 @@ class SessionStore:
         called_at: datetime,
         duration_ms: int,
     ) -> str | None:
-        session_id = self.resolve_session(session_key) if session_key else None
-        with self._db.transaction() as tx:
-            tx.execute(
-                """INSERT INTO mcp_calls (butler, session_key, session_id, tool, arguments,
-                       result, is_error, called_at, duration_ms)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                (
-                    butler, session_key, session_id, tool,
-                    json.dumps(arguments, ensure_ascii=False, default=str), result,
-                    int(is_error), _iso(called_at), duration_ms,
-                ),
-            )  # fmt: skip
+        session_id: str | None = None
+        if session_key:
+            try:
+                session_id = self.resolve_session(session_key)
+            except StoreUnreachable:
+                if self._journal is None:
+                    raise
+                # Journaled below: the replay finds the session by its key then.
+        row = [
+            butler, session_key, session_id, tool,
+            json.dumps(arguments, ensure_ascii=False, default=str), result,
+            int(is_error), _iso(called_at), duration_ms,
+        ]  # fmt: skip
+        self._write("mcp_call", session_id, row)
         return session_id
 
     @_translated
@@ -1289,14 +1327,8 @@ class SessionStore:
 
     # -- memory episodes -----------------------------------------------------------
 
-    @_translated
     def add_episode(self, butler: str, session_id: str | None, prompt: str, output: str) -> None:
-        with self._db.transaction() as tx:
-            tx.execute(
-                "INSERT INTO episodes (butler, session_id, prompt, output, created_at) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (butler, session_id, prompt, output, _iso(utcnow())),
-            )
+        self._write("episode", session_id, [butler, session_id, prompt, output, _iso(utcnow())])
 
     @_translated
     def recent_episodes(self, butler: str, limit: int) -> list[dict[str, Any]]:

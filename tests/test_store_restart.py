@@ -142,8 +142,14 @@ def test_writes_while_the_server_is_away_are_replayed_in_the_background(
         )  # fmt: skip
         server_back.stop()
         store.mark_started("s-1", started_at=datetime.now(UTC), trace_id="t-1")
+        # The butler's MCP server and the run's memory write while the server is away too.
+        store.record_mcp_call(
+            butler="b", session_key="s-1", tool="state_get", arguments={"key": "k"},
+            result="{}", is_error=False, called_at=datetime.now(UTC), duration_ms=4,
+        )  # fmt: skip
         store.complete_session("s-1", _result("s-1"))
-        assert store.pending_writes() == 2
+        store.add_episode("b", "s-1", "p", "done")
+        assert store.pending_writes() == 4
         server_back.start()
         deadline = time.monotonic() + 60
         while store.pending_writes():
@@ -154,6 +160,12 @@ def test_writes_while_the_server_is_away_are_replayed_in_the_background(
     assert (record.status, record.trace_id, record.output) == ("success", "t-1", "done")
     assert record.started_at is not None and [c.output for c in record.tool_calls] == ["a b"]
     assert _rows(postgres_url, "SELECT call_id FROM spawnkit.tool_calls") == [("c1",)]
+    assert _rows(postgres_url, "SELECT session_id, tool FROM spawnkit.mcp_calls") == [
+        ("s-1", "state_get")
+    ]
+    assert _rows(postgres_url, "SELECT session_id, output FROM spawnkit.episodes") == [
+        ("s-1", "done")
+    ]
 
 
 def test_a_replayed_completion_replaces_a_crash_another_host_inferred(
@@ -192,3 +204,44 @@ def test_a_server_down_at_trigger_time_is_one_line_naming_the_url(
     )  # fmt: skip
     assert_one_line_error(done, "postgresql://postgres@127.0.0.1:1/postgres", "cannot be reached")
     assert PASSWORD not in done.stderr
+
+
+def test_replaying_a_write_the_server_already_has_changes_nothing(
+    postgres_url: str, server_back: PostgresServer
+) -> None:
+    """A write's answer can be lost with the connection after the server committed it: the
+    journal then replays it. Every journaled write, replayed twice, leaves one copy."""
+    spans = [{"session_id": "s-1", "trace_id": "t", "span_id": "a1", "parent_span_id": None,
+              "name": "tool", "service": "claude", "start_ns": 1, "end_ns": 2, "status": "ok",
+              "attributes": {"k": 1}, "reparented": False}]  # fmt: skip
+    events = [{"session_id": "s-1", "kind": "log", "name": "api_request", "service": "claude",
+               "time_ns": 5, "trace_id": None, "span_id": None, "value": None,
+               "attributes": {}}]  # fmt: skip
+    with SessionStore(postgres_url) as store:
+        store.create_session(
+            "s-1", butler="b", runtime="claude-code", model=None, prompt="p", context=None,
+            trigger_source="api",
+        )  # fmt: skip
+        server_back.stop()
+        store.mark_started("s-1", started_at=datetime.now(UTC))
+        store.record_cli_spans(spans)
+        store.record_cli_events(events)
+        store.complete_session("s-1", _result("s-1"))
+        store.add_episode("b", "s-1", "p", "done")
+        journal = store.journal
+        assert journal is not None
+        kept = []
+        while (entry := journal.first()) is not None:  # what the journal holds, in order
+            kept.append(entry)
+            journal.done(entry)
+        assert [e.op for e in kept] == ["started", "cli_spans", "cli_events", "complete", "episode"]
+        server_back.start()
+        for _ in range(2):  # written, then written again as if its answer had been lost
+            for entry in kept:
+                journal.append(entry.op, entry.session_id, entry.payload, "replayed again")
+            while store.pending_writes():
+                store.replay_journal()
+    for table, count in (("sessions", 1), ("tool_calls", 1), ("cli_spans", 1),
+                         ("cli_events", 1), ("episodes", 1)):  # fmt: skip
+        assert _rows(postgres_url, f"SELECT count(*) FROM spawnkit.{table}") == [(count,)], table
+    assert _rows(postgres_url, "SELECT status FROM spawnkit.sessions") == [("success",)]
