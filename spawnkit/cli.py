@@ -278,6 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     migrate.add_argument("path", nargs="?", type=Path, help="default: $SPAWNKIT_HOME/sessions.db")
     migrate.add_argument("--to", required=True, metavar="URL", help="postgresql://user@host/db")
+    store_commands.add_parser(
+        "replay",
+        help="write the journaled writes a PostgreSQL server away could not take; exit 1 if "
+        "some still wait",
+    )
 
     hist = commands.add_parser("history", help="tokens, cost and tool calls, summed up")
     history_sources = ["store", "claude-code", "claude", "codex", "gemini"]
@@ -413,7 +418,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False, default=str))
+    _report_journal(store)
     return EXIT_OK if result.success else EXIT_FAILED
+
+
+def _report_journal(store: SessionStore) -> None:
+    """Say so when writes of the run wait in the journal for a server that went away."""
+    waiting = store.pending_writes()
+    store.close()
+    if waiting and store.journal is not None:
+        _say(
+            f"spawnkit: the session store {store.location} went away: {waiting} write(s) of "
+            f"the run are kept in {store.journal.path} and written when it is back (any "
+            "spawnkit command that opens the store writes them)"
+        )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -824,6 +842,8 @@ def cmd_store(args: argparse.Namespace) -> int:
     from .home import default_store_path
     from .store import check_store
 
+    if args.store_command == "replay":
+        return _replay_journal()
     path = args.path or default_store_path()
     if not path.exists():
         raise SpawnkitError(f"no session store at {path}")
@@ -840,6 +860,21 @@ def cmd_store(args: argparse.Namespace) -> int:
         print(f"  {problem}", file=sys.stderr)
     print(f"repair it with: spawnkit store check --repair {path}", file=sys.stderr)
     return EXIT_FAILED
+
+
+def _replay_journal() -> int:
+    from .store import SessionStore
+
+    with SessionStore() as store:  # opening it replays what it can
+        journal = store.journal
+        if journal is None:
+            print(f"{store.location}: a local file, nothing is ever journaled")
+            return EXIT_OK
+        waiting, failed = journal.pending(), journal.failed()
+    print(f"{store.location}: {waiting} write(s) waiting in {journal.path}, {len(failed)} failed")
+    for entry_id, op, session_id, why in failed:
+        print(f"  failed #{entry_id}: {op} of session {session_id}: {why}", file=sys.stderr)
+    return EXIT_OK if not waiting and not failed else EXIT_FAILED
 
 
 def _repair(path: Path) -> int:

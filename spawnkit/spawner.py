@@ -100,7 +100,7 @@ from .runtimes import get_adapter
 from .runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
 from .sources import Source, sources_list
 from .store import SessionStore
-from .store_backend import SlotClaim
+from .store_backend import Admission, SlotClaim
 from .sweep import reap
 from .system_prompt import append_memory, compose_system_prompt
 from .telemetry import RunSpan, run_span
@@ -596,38 +596,98 @@ class Spawner:
             budget.check_daily(self.butler.name, spent + self._unrecorded_spend())
         redactor = Redactor(secrets)
 
-        # Accepted: reserve the place synchronously, before the first await.
-        self._pending += 1
-        session_id = session_id if session_id is not None else str(uuid.uuid4())
-        worker = self.adapter.create_worker()
-        run = _Run(
-            session_id=session_id,
-            prompt=prompt,
-            context=context,
-            trigger_source=trigger_source,
-            max_turns=run_limits.max_turns or self.butler.runtime.max_turns,
-            parent_session_id=parent_session_id,
-            resume=resume,
-            role=role,
-            worker=worker,
-            runtime_session_id=None if resume else worker.new_runtime_session_id(),
-            collector=_Collector(
-                session_id, [*self._listeners, *([on_event] if on_event else [])], redactor
-            ),
-            kind=kind,
-            sources=tuple(sources),
+        # Across the hosts sharing a PostgreSQL store: a place of the butler's queue.
+        admitted = await self._cluster_admission(trigger_source)
+        if isinstance(admitted, SpawnerResult):
+            return admitted
+        return await self._accept(
+            admitted, prompt, context, trigger_source, run_limits, budget, redactor,
+            max_turns=max_turns, on_event=on_event, parent_session_id=parent_session_id,
+            resume=resume, session_id=session_id, role=role, kind=kind, sources=sources,
             workdir=workdir,
-            budget=budget,
-            timeout_s=run_limits.timeout_s or self.butler.runtime.timeout_s,
+        )  # fmt: skip
+
+    async def _cluster_admission(
+        self, trigger_source: str
+    ) -> tuple[Admission, int] | SpawnerResult | None:
+        """A place among the butler's ``max_concurrent_sessions + max_queued_sessions``
+        across every host sharing the store (PostgreSQL; None on SQLite), held until the
+        run's record is closed. Refused as on one host: a full queue raises
+        :class:`~spawnkit.errors.QueueFullError`, a self-trigger with no run slot free
+        anywhere is rejected."""
+        admission = self.store.admission(self.butler.name)
+        if admission is None:
+            return None
+        below = self._capacity if trigger_source == "trigger" else None
+        ticket = await asyncio.to_thread(admission.enter, self._capacity + self._max_queued, below)
+        if ticket.place is not None:
+            return admission, ticket.place
+        if below is not None and ticket.held >= below:
+            return self._rejected_self_trigger()
+        raise QueueFullError(
+            f"butler {self.butler.name!r} is full across the hosts sharing "
+            f"{self.store.location}: {ticket.running} running, "
+            f"{max(0, ticket.held - ticket.running)} queued "
+            f"(max_queued_sessions = {self._max_queued})"
         )
-        run.collector.budget = budget
-        run.collector.live_calls = _LiveToolCalls(self.store, session_id)
-        for key in {session_id, run.runtime_session_id, resume} - {None}:
-            self._redactors[str(key)] = redactor
-        task = asyncio.create_task(
-            self._run(run, position=self._queued()),
-            name=f"spawnkit:{self.butler.name}:{session_id[:8]}",
-        )
+
+    async def _accept(
+        self,
+        admitted: tuple[Admission, int] | None,
+        prompt: str,
+        context: str | None,
+        trigger_source: str,
+        run_limits: Limits,
+        budget: RunBudget,
+        redactor: Redactor,
+        *,
+        max_turns: int | None,
+        on_event: EventSink | None,
+        parent_session_id: str | None,
+        resume: str | None,
+        session_id: str | None,
+        role: str | None,
+        kind: RunKind,
+        sources: Sequence[Source],
+        workdir: Path | None,
+    ) -> SpawnerResult:
+        # Accepted: reserve the place synchronously, before the first await.
+        try:
+            self._pending += 1
+            session_id = session_id if session_id is not None else str(uuid.uuid4())
+            worker = self.adapter.create_worker()
+            run = _Run(
+                session_id=session_id,
+                prompt=prompt,
+                context=context,
+                trigger_source=trigger_source,
+                max_turns=run_limits.max_turns or self.butler.runtime.max_turns,
+                parent_session_id=parent_session_id,
+                resume=resume,
+                role=role,
+                worker=worker,
+                runtime_session_id=None if resume else worker.new_runtime_session_id(),
+                collector=_Collector(
+                    session_id, [*self._listeners, *([on_event] if on_event else [])], redactor
+                ),
+                kind=kind,
+                sources=tuple(sources),
+                workdir=workdir,
+                budget=budget,
+                timeout_s=run_limits.timeout_s or self.butler.runtime.timeout_s,
+            )
+            run.collector.budget = budget
+            run.collector.live_calls = _LiveToolCalls(self.store, session_id)
+            for key in {session_id, run.runtime_session_id, resume} - {None}:
+                self._redactors[str(key)] = redactor
+            task = asyncio.create_task(
+                self._run(run, self._queued(), admitted),
+                name=f"spawnkit:{self.butler.name}:{session_id[:8]}",
+            )
+        except BaseException:
+            if admitted is not None:  # no run took the place
+                admitted[0].leave(admitted[1])
+            raise
         self._runs[session_id] = task
         self._keep_leases()
         try:
@@ -803,7 +863,9 @@ class Spawner:
             runtime=self.butler.runtime.type,
         )
 
-    async def _run(self, run: _Run, position: int) -> SpawnerResult:
+    async def _run(
+        self, run: _Run, position: int, admitted: tuple[Admission, int] | None = None
+    ) -> SpawnerResult:
         butler = self.butler
         collector = run.collector
         holding_slot = False
@@ -884,6 +946,8 @@ class Spawner:
         finally:
             if cluster is not None:  # freed once the record is closed: records never overlap
                 cluster.release()
+            if admitted is not None:  # the queue place too
+                admitted[0].leave(admitted[1])
             self._runs.pop(run.session_id, None)
             if not self._runs and self._lease_task is not None:
                 self._lease_task.cancel()  # nothing left to renew

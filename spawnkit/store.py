@@ -41,10 +41,20 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote
 
 from .credential_file import CredentialError, CredentialFile, StoredCredential
-from .errors import HomeNotWritable, StoreDamaged, StoreError, StoreTooNew
+from .errors import HomeNotWritable, StoreDamaged, StoreError, StoreTooNew, StoreUnreachable
 from .home import default_store_path, host_name, is_writable, lease_seconds, store_setting
 from .result import Attempt, BudgetReport, SpawnerResult, ToolCall, Usage
-from .store_backend import Backend, Params, Row, SlotClaim, is_postgres_url, statements
+from .store_backend import (
+    Admission,
+    Backend,
+    Params,
+    Row,
+    SlotClaim,
+    Transaction,
+    is_postgres_url,
+    statements,
+)
+from .store_journal import StoreJournal
 from .sweep import OpenRun, process_start, sweep
 
 logger = logging.getLogger(__name__)
@@ -516,6 +526,145 @@ class _SqliteTransaction:
         return self._conn.execute(sql, params).fetchall()
 
 
+# The writes a run makes after its record exists, by name. Each takes its parameters as JSON
+# values, so one that a server away could not take is kept in the journal
+# (spawnkit.store_journal) and replayed later by the same function; every one is
+# idempotent, and ``replayed`` makes the inserts so too (their first try may have been
+# committed, its answer lost with the connection).
+
+
+def _write_started(tx: Transaction, params: Any, replayed: bool) -> None:
+    tx.execute(
+        "UPDATE sessions SET status = 'running', started_at = COALESCE(started_at, ?), "
+        "trace_id = ?, workspace = ? WHERE id = ? AND completed_at IS NULL",
+        params,
+    )
+
+
+def _write_setup(tx: Transaction, params: Any, replayed: bool) -> None:
+    tx.execute("UPDATE sessions SET sandbox = ?, given = ? WHERE id = ?", params)
+
+
+def _write_complete(tx: Transaction, payload: Any, replayed: bool) -> None:
+    updated = tx.execute(
+        """UPDATE sessions SET status = ?, success = ?, error = ?, error_kind = ?,
+               output = ?, tool_calls = ?, num_tool_calls = ?, duration_ms = ?,
+               input_tokens = ?, output_tokens = ?, cache_read_tokens = ?,
+               cache_write_tokens = ?, cost_usd = ?, num_turns = ?,
+               trace_id = COALESCE(?, trace_id),
+               runtime_session_id = COALESCE(?, runtime_session_id),
+               model = COALESCE(?, model), completed_at = ?, budget = ?,
+               attempts = ?
+           WHERE id = ? AND (completed_at IS NULL
+               OR (status = 'crashed' AND num_tool_calls IS NULL AND owner_host = ?))""",
+        payload["session"],
+    )
+    if updated:
+        session_id = payload["session"][-2]
+        # A record is completed with its calls once; only a crash mark (no calls) gives way.
+        # So calls can be there already only when this write's first try was committed.
+        if replayed:
+            tx.execute("DELETE FROM tool_calls WHERE session_id = ?", (session_id,))
+        _insert_rows(tx, _CALL_INSERT, payload["calls"])
+
+
+_CALL_INSERT = """INSERT INTO tool_calls (session_id, seq, call_id, name, server, tool, input,
+    output, status, started_at, finished_at, duration_ms) VALUES """
+# Rows per multi-row INSERT: one statement (one round trip on a server) for a run's calls,
+# far below SQLite's limit of 32766 parameters.
+_ROWS_PER_INSERT = 500
+
+
+def _insert_rows(tx: Transaction, insert: str, rows: Sequence[Sequence[object]]) -> None:
+    """``rows`` with as few ``INSERT … VALUES (…), (…)`` statements as fit."""
+    for start in range(0, len(rows), _ROWS_PER_INSERT):
+        chunk = rows[start : start + _ROWS_PER_INSERT]
+        marks = "(" + ", ".join("?" * len(chunk[0])) + ")"
+        tx.execute(insert + ", ".join([marks] * len(chunk)), [v for row in chunk for v in row])
+
+
+def _write_cli_spans(tx: Transaction, rows: Any, replayed: bool) -> None:
+    if replayed:
+        tx.executemany(
+            "DELETE FROM cli_spans WHERE session_id = ? AND span_id = ?",
+            [(r[0], r[2]) for r in rows],
+        )
+    tx.executemany(
+        """INSERT INTO cli_spans (session_id, trace_id, span_id, parent_span_id, name,
+               service, start_ns, end_ns, status, attributes, reparented)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+        rows,
+    )
+
+
+def _write_cli_events(tx: Transaction, rows: Any, replayed: bool) -> None:
+    if replayed:
+        tx.executemany(
+            "DELETE FROM cli_events WHERE session_id = ? AND kind = ? AND name = ? AND time_ns = ?",
+            sorted({(r[0], r[1], r[2], r[4]) for r in rows}),
+        )
+    tx.executemany(
+        """INSERT INTO cli_events (session_id, kind, name, service, time_ns, trace_id,
+               span_id, value, attributes)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+        rows,
+    )
+
+
+# The writes that are one statement (a server commits it without BEGIN and COMMIT).
+_SINGLE_STATEMENT = frozenset({"started", "setup", "mcp_call", "episode"})
+
+
+def _write_mcp_call(tx: Transaction, row: Any, replayed: bool) -> None:
+    """An MCP call the butler's server saw; its session found by key if it was not yet."""
+    butler, key, session_id, tool, _, _, _, called_at, _ = row
+    if replayed:
+        tx.execute(
+            "DELETE FROM mcp_calls WHERE butler = ? AND tool = ? AND called_at = ? "
+            "AND COALESCE(session_key, '') = COALESCE(?, '')",
+            (butler, tool, called_at, key),
+        )
+    tx.execute(
+        """INSERT INTO mcp_calls (butler, session_key, session_id, tool, arguments, result,
+               is_error, called_at, duration_ms)
+           SELECT ?, ?, COALESCE(?, (SELECT id FROM sessions WHERE runtime_session_id = ?
+               OR id = ? ORDER BY created_at DESC LIMIT 1)), ?, ?, ?, ?, ?, ?""",
+        [butler, key, session_id, key, key, *row[3:]],
+    )
+
+
+def _write_episode(tx: Transaction, row: Any, replayed: bool) -> None:
+    butler, session_id, _, _, created_at = row
+    if replayed:
+        tx.execute(
+            "DELETE FROM episodes WHERE butler = ? AND created_at = ? "
+            "AND COALESCE(session_id, '') = COALESCE(?, '')",
+            (butler, created_at, session_id),
+        )
+    tx.execute(
+        "INSERT INTO episodes (butler, session_id, prompt, output, created_at) "
+        "VALUES (?, ?, ?, ?, ?)",
+        row,
+    )
+
+
+_WRITES: dict[str, Callable[[Transaction, Any, bool], None]] = {
+    "started": _write_started,
+    "setup": _write_setup,
+    "complete": _write_complete,
+    "cli_spans": _write_cli_spans,
+    "cli_events": _write_cli_events,
+    "mcp_call": _write_mcp_call,
+    "episode": _write_episode,
+}
+# A write that failed faster than this was on a pooled connection the server had already
+# dropped (it restarted): tried once more, on a fresh one, before it is journaled.
+_STALE_CONNECTION_S = 1.0
+# The background replay of the journal: first retry, and the longest wait between two.
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 10.0
+
+
 class SqliteBackend:
     """The embedded :class:`~spawnkit.store_backend.Backend`: one SQLite file in WAL mode.
 
@@ -571,7 +720,7 @@ class SqliteBackend:
         return self._connect().execute(sql, params).fetchall()
 
     @contextmanager
-    def transaction(self) -> Iterator[_SqliteTransaction]:
+    def transaction(self, single: bool = False) -> Iterator[_SqliteTransaction]:
         with self._tx() as conn:
             yield _SqliteTransaction(conn)
 
@@ -664,6 +813,9 @@ class SqliteBackend:
     def slot_claim(self, name: str, capacity: int) -> None:
         return None  # one host's file: the spawner's own semaphore is the limit
 
+    def admission(self, name: str) -> None:
+        return None  # one host's file: the spawner's own queue is the limit
+
     def close(self) -> None:
         with self._lock:
             for conn in self._connections:
@@ -701,6 +853,18 @@ class SessionStore:
         self.lease_s = lease_s if lease_s is not None else lease_seconds()
         self._pid = os.getpid()
         self._pid_start = process_start(self._pid)
+        # A server's writes that could not be made wait in this machine's journal; SQLite
+        # is on this machine: its writes succeed or fail at once, with nothing to replay.
+        self._journal = StoreJournal(self.local_dir, self.location) if self.path is None else None
+        self._retrier: threading.Thread | None = None
+        self._retrier_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        if self._journal is not None and self._journal.maybe_pending:
+            # Before the sweep: a run whose completion waits here is not a crashed one.
+            self.replay_journal()
+            if self._journal.maybe_pending:
+                self._retry_soon()
         self.recover_orphans()
 
     @property
@@ -708,6 +872,14 @@ class SessionStore:
         """The PostgreSQL server's URL, password included (print :attr:`location`); None on
         SQLite. What a :class:`~spawnkit.store_listen.ChangeFeed` listens on."""
         return self._db.url
+
+    @property
+    def source(self) -> Path | str:
+        """What the store was opened on: its SQLite file, or its URL. The URL carries the
+        password, for readers that connect on their own (history DataFrames); never show it."""
+        if self.path is not None:
+            return self.path
+        return str(self.url)
 
     @property
     def host(self) -> str:
@@ -720,7 +892,131 @@ class SessionStore:
         return self._db.local_dir
 
     def close(self) -> None:
+        self._closing.set()
+        self._wake.set()
+        retrier = self._retrier
+        if retrier is not None:
+            retrier.join(timeout=1.0)  # it may wait on a server still away: not for long
         self._db.close()
+
+    # -- the journal of writes a server away could not take (spawnkit.store_journal) ----
+
+    @property
+    def journal(self) -> StoreJournal | None:
+        """This machine's journal of this store's writes waiting for the server (None on
+        SQLite)."""
+        return self._journal
+
+    def pending_writes(self) -> int:
+        """How many of this store's writes wait in the journal for the server."""
+        return self._journal.pending() if self._journal is not None else 0
+
+    def _write(self, op: str, session_id: str | None, payload: Any) -> None:
+        """One of the :data:`_WRITES`: made now, or kept in the journal while the server is
+        away (and while earlier writes wait there, so they keep their order)."""
+        journal = self._journal
+        if journal is None:
+            try:
+                with self._db.transaction(op in _SINGLE_STATEMENT) as tx:
+                    _WRITES[op](tx, payload, False)
+            except self._db.errors as exc:
+                raise self._db.error(exc) from exc
+            return
+        if journal.maybe_pending:
+            journal.append(op, session_id, payload, "behind earlier writes still waiting")
+            self._retry_soon()
+            return
+        started = time.monotonic()
+        replayed = False
+        while True:
+            try:
+                with self._db.transaction(op in _SINGLE_STATEMENT and not replayed) as tx:
+                    _WRITES[op](tx, payload, replayed)
+                return
+            except self._db.errors as exc:
+                error = self._db.error(exc)
+                if not isinstance(error, StoreUnreachable):
+                    raise error from exc
+                if not replayed and time.monotonic() - started < _STALE_CONNECTION_S:
+                    replayed = True  # the first try may have been committed
+                    continue
+                journal.append(op, session_id, payload, str(error))
+                logger.warning(
+                    "%s; %s of session %s is kept in %s and written when the server is back",
+                    error, op, session_id, journal.path,
+                )  # fmt: skip
+                self._retry_soon()
+                return
+
+    def replay_journal(self) -> int:
+        """Write what the journal keeps for this store, oldest first; how many were written.
+
+        Stops at the first write the server cannot take yet (still away): the rest keep
+        their order for the next try. Does nothing while another thread or process replays.
+        """
+        journal = self._journal
+        if journal is None:
+            return 0
+        written = 0
+        with journal.replaying() as mine:
+            if not mine:
+                return 0
+            while True:
+                journal.maybe_pending = False  # an append from now on sets it again
+                entry = journal.first()
+                if entry is None:
+                    break
+                journal.maybe_pending = True
+                try:
+                    with self._db.transaction() as tx:
+                        _WRITES[entry.op](tx, entry.payload, True)
+                except self._db.errors as exc:
+                    error = self._db.error(exc)
+                    if isinstance(error, StoreUnreachable):
+                        journal.retry_later(entry, str(error))
+                        break
+                    journal.give_up(entry, str(error))
+                    logger.error(
+                        "%s refused the journaled %s of session %s (%s); it stays in %s, "
+                        "marked failed", self.location, entry.op, entry.session_id, error,
+                        journal.path,
+                    )  # fmt: skip
+                    continue
+                journal.done(entry)
+                written += 1
+        if written:
+            logger.warning("%s is back: wrote %d journaled write(s)", self.location, written)
+        return written
+
+    def _retry_soon(self) -> None:
+        """Replay the journal in a background thread, now and then with a growing wait,
+        until it is empty or the store is closed."""
+        with self._retrier_lock:
+            self._wake.set()
+            if self._retrier is not None and self._retrier.is_alive():
+                return
+            self._retrier = threading.Thread(
+                target=self._retry_journal, name="spawnkit-store-journal", daemon=True
+            )
+            self._retrier.start()
+
+    def _retry_journal(self) -> None:
+        journal = self._journal
+        assert journal is not None
+        wait = RETRY_FIRST_S
+        while not self._closing.is_set():
+            self._wake.wait(wait)
+            self._wake.clear()
+            if self._closing.is_set():
+                return
+            if self.replay_journal() or not journal.maybe_pending:
+                wait = RETRY_FIRST_S
+            else:
+                wait = min(wait * 2, RETRY_MAX_S)
+            with self._retrier_lock:
+                if not journal.maybe_pending and not self._wake.is_set():
+                    self._retrier = None
+                    return
 
     def __enter__(self) -> SessionStore:
         return self
@@ -749,7 +1045,7 @@ class SessionStore:
         kind: str = "run",
         sources: Sequence[str] = (),
     ) -> None:
-        with self._db.transaction() as tx:
+        with self._db.transaction(single=True) as tx:
             tx.execute(
                 """INSERT INTO sessions (id, butler, runtime, model, prompt, context,
                        trigger_source, status, runtime_session_id, parent_session_id,
@@ -765,7 +1061,6 @@ class SessionStore:
                 ),
             )  # fmt: skip
 
-    @_translated
     def mark_started(
         self,
         session_id: str,
@@ -775,68 +1070,45 @@ class SessionStore:
         workspace: Path | None = None,
     ) -> None:
         """The run is running; ``workspace`` is kept so a sweep can remove it if we die."""
-        with self._db.transaction() as tx:
-            tx.execute(
-                "UPDATE sessions SET status = 'running', started_at = COALESCE(started_at, ?), "
-                "trace_id = ?, "
-                "workspace = ? WHERE id = ? AND completed_at IS NULL",
-                (_iso(started_at), trace_id, str(workspace) if workspace else None, session_id),
-            )
+        params = [_iso(started_at), trace_id, str(workspace) if workspace else None, session_id]
+        self._write("started", session_id, params)
 
-    @_translated
     def record_setup(self, session_id: str, *, sandbox: str, given: dict[str, Any]) -> None:
         """Record how a run was contained and what its CLI was given (config, servers, tools)."""
-        with self._db.transaction() as tx:
-            tx.execute(
-                "UPDATE sessions SET sandbox = ?, given = ? WHERE id = ?",
-                (sandbox, json.dumps(given, ensure_ascii=False), session_id),
-            )
+        params = [sandbox, json.dumps(given, ensure_ascii=False), session_id]
+        self._write("setup", session_id, params)
 
-    @_translated
     def complete_session(
         self, session_id: str, result: SpawnerResult, completed_at: datetime | None = None
     ) -> None:
-        """Close the record with the run's result; a record is completed only once."""
+        """Close the record with the run's result; a record is completed only once.
+
+        Only a ``crashed`` mark of this host's record gives way: another host (its lease ran
+        out while the server was away) or a sweep guessed the run died, and here is how it
+        really ended (a completion replayed from the journal, :mod:`spawnkit.store_journal`).
+        """
         calls_json = json.dumps([c.to_dict() for c in result.tool_calls], ensure_ascii=False)
-        with self._db.transaction() as tx:
-            updated = tx.execute(
-                """UPDATE sessions SET status = ?, success = ?, error = ?, error_kind = ?,
-                       output = ?, tool_calls = ?, num_tool_calls = ?, duration_ms = ?,
-                       input_tokens = ?, output_tokens = ?, cache_read_tokens = ?,
-                       cache_write_tokens = ?, cost_usd = ?, num_turns = ?,
-                       trace_id = COALESCE(?, trace_id),
-                       runtime_session_id = COALESCE(?, runtime_session_id),
-                       model = COALESCE(?, model), completed_at = ?, budget = ?,
-                       attempts = ?
-                   WHERE id = ? AND completed_at IS NULL""",
-                (
-                    result.status, int(result.success), result.error, result.error_kind,
-                    result.output, calls_json, len(result.tool_calls), result.duration_ms,
-                    result.usage.input_tokens, result.usage.output_tokens,
-                    result.usage.cache_read_tokens, result.usage.cache_write_tokens,
-                    result.cost_usd, result.num_turns, result.trace_id,
-                    result.runtime_session_id, result.model,
-                    _iso(completed_at or utcnow()),
-                    json.dumps(asdict(result.budget)) if result.budget else None,
-                    json.dumps([a.to_dict() for a in result.attempts]) if result.attempts else None,
-                    session_id,
-                ),
-            )  # fmt: skip
-            if updated:
-                tx.execute("DELETE FROM tool_calls WHERE session_id = ?", (session_id,))
-                tx.executemany(
-                    """INSERT INTO tool_calls (session_id, seq, call_id, name, server,
-                           tool, input, output, status, started_at, finished_at, duration_ms)
-                       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                    [
-                        (
-                            session_id, seq, c.id, c.name, c.server, c.tool,
-                            json.dumps(c.input, ensure_ascii=False), c.output, c.status,
-                            _iso(c.started_at), _iso(c.finished_at), c.duration_ms,
-                        )
-                        for seq, c in enumerate(result.tool_calls)
-                    ],
-                )  # fmt: skip
+        session = [
+            result.status, int(result.success), result.error, result.error_kind,
+            result.output, calls_json, len(result.tool_calls), result.duration_ms,
+            result.usage.input_tokens, result.usage.output_tokens,
+            result.usage.cache_read_tokens, result.usage.cache_write_tokens,
+            result.cost_usd, result.num_turns, result.trace_id,
+            result.runtime_session_id, result.model,
+            _iso(completed_at or utcnow()),
+            json.dumps(asdict(result.budget)) if result.budget else None,
+            json.dumps([a.to_dict() for a in result.attempts]) if result.attempts else None,
+            session_id, self._host,
+        ]  # fmt: skip
+        calls = [
+            [
+                session_id, seq, c.id, c.name, c.server, c.tool,
+                json.dumps(c.input, ensure_ascii=False), c.output, c.status,
+                _iso(c.started_at), _iso(c.finished_at), c.duration_ms,
+            ]
+            for seq, c in enumerate(result.tool_calls)
+        ]  # fmt: skip
+        self._write("complete", session_id, {"session": session, "calls": calls})
 
     @_translated
     def record_tool_call(self, session_id: str, seq: int, call: ToolCall) -> bool:
@@ -975,6 +1247,12 @@ class SessionStore:
         this store (PostgreSQL advisory locks), or None on SQLite, one host's store."""
         return self._db.slot_claim(butler, capacity)
 
+    @_translated
+    def admission(self, butler: str) -> Admission | None:
+        """``butler``'s admission places across every host sharing this store (PostgreSQL),
+        or None on SQLite, one host's store."""
+        return self._db.admission(butler)
+
     # -- leases: runs that belong to a host -----------------------------------------
 
     def _lease_end(self) -> str:
@@ -1050,7 +1328,6 @@ class SessionStore:
 
     # -- MCP calls seen by a butler's server --------------------------------------
 
-    @_translated
     def record_mcp_call(
         self,
         *,
@@ -1063,18 +1340,20 @@ class SessionStore:
         called_at: datetime,
         duration_ms: int,
     ) -> str | None:
-        session_id = self.resolve_session(session_key) if session_key else None
-        with self._db.transaction() as tx:
-            tx.execute(
-                """INSERT INTO mcp_calls (butler, session_key, session_id, tool, arguments,
-                       result, is_error, called_at, duration_ms)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                (
-                    butler, session_key, session_id, tool,
-                    json.dumps(arguments, ensure_ascii=False, default=str), result,
-                    int(is_error), _iso(called_at), duration_ms,
-                ),
-            )  # fmt: skip
+        session_id: str | None = None
+        if session_key:
+            try:
+                session_id = self.resolve_session(session_key)
+            except StoreUnreachable:
+                if self._journal is None:
+                    raise
+                # Journaled below: the replay finds the session by its key then.
+        row = [
+            butler, session_key, session_id, tool,
+            json.dumps(arguments, ensure_ascii=False, default=str), result,
+            int(is_error), _iso(called_at), duration_ms,
+        ]  # fmt: skip
+        self._write("mcp_call", session_id, row)
         return session_id
 
     @_translated
@@ -1124,14 +1403,8 @@ class SessionStore:
 
     # -- memory episodes -----------------------------------------------------------
 
-    @_translated
     def add_episode(self, butler: str, session_id: str | None, prompt: str, output: str) -> None:
-        with self._db.transaction() as tx:
-            tx.execute(
-                "INSERT INTO episodes (butler, session_id, prompt, output, created_at) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (butler, session_id, prompt, output, _iso(utcnow())),
-            )
+        self._write("episode", session_id, [butler, session_id, prompt, output, _iso(utcnow())])
 
     @_translated
     def recent_episodes(self, butler: str, limit: int) -> list[dict[str, Any]]:
@@ -1145,48 +1418,36 @@ class SessionStore:
 
     # -- the CLIs' own spans (spawnkit.otlp) ----------------------------------------
 
-    @_translated
     def record_cli_spans(self, spans: Sequence[dict[str, Any]]) -> int:
         """Store spans a run's CLI exported (``spawnkit.otlp.CliSpan`` fields); returns how many."""
         if not spans:
             return 0
-        with self._db.transaction() as tx:
-            tx.executemany(
-                """INSERT INTO cli_spans (session_id, trace_id, span_id, parent_span_id, name,
-                       service, start_ns, end_ns, status, attributes, reparented)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                [
-                    (
-                        s["session_id"], s["trace_id"], s["span_id"], s["parent_span_id"],
-                        s["name"], s["service"], s["start_ns"], s["end_ns"], s["status"],
-                        json.dumps(s["attributes"], ensure_ascii=False, default=str),
-                        int(s["reparented"]),
-                    )
-                    for s in spans
-                ],
-            )  # fmt: skip
+        rows = [
+            [
+                s["session_id"], s["trace_id"], s["span_id"], s["parent_span_id"],
+                s["name"], s["service"], s["start_ns"], s["end_ns"], s["status"],
+                json.dumps(s["attributes"], ensure_ascii=False, default=str),
+                int(s["reparented"]),
+            ]
+            for s in spans
+        ]  # fmt: skip
+        self._write("cli_spans", str(spans[0]["session_id"]), rows)
         return len(spans)
 
-    @_translated
     def record_cli_events(self, events: Sequence[dict[str, Any]]) -> int:
         """Store log events and metric points a run's CLI exported (``spawnkit.otlp.CliEvent``
         fields); returns how many."""
         if not events:
             return 0
-        with self._db.transaction() as tx:
-            tx.executemany(
-                """INSERT INTO cli_events (session_id, kind, name, service, time_ns, trace_id,
-                       span_id, value, attributes)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                [
-                    (
-                        e["session_id"], e["kind"], e["name"], e["service"], e["time_ns"],
-                        e["trace_id"], e["span_id"], e["value"],
-                        json.dumps(e["attributes"], ensure_ascii=False, default=str),
-                    )
-                    for e in events
-                ],
-            )  # fmt: skip
+        rows = [
+            [
+                e["session_id"], e["kind"], e["name"], e["service"], e["time_ns"],
+                e["trace_id"], e["span_id"], e["value"],
+                json.dumps(e["attributes"], ensure_ascii=False, default=str),
+            ]
+            for e in events
+        ]  # fmt: skip
+        self._write("cli_events", str(events[0]["session_id"]), rows)
         return len(events)
 
     @_translated

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .errors import StoreError
@@ -72,6 +72,32 @@ class SlotClaim(Protocol):
     def release(self) -> None: ...
 
 
+class Admission(Protocol):
+    """A butler's admission places across every host sharing the store: a run holds one
+    from its acceptance until its record is closed, queued or running, so ``places``
+    (``max_concurrent_sessions + max_queued_sessions``) bounds what all hosts accepted.
+
+    One connection per host and butler holds this host's places; when the host's process
+    dies, its places go with that connection.
+    """
+
+    def enter(self, places: int, below: int | None = None) -> AdmissionTicket:
+        """Take a free place of ``places``; with ``below``, only while fewer than ``below``
+        places are held (a run slot is free). Serialised across hosts."""
+        ...
+
+    def leave(self, place: int) -> None: ...
+
+
+class AdmissionTicket(NamedTuple):
+    """What :meth:`Admission.enter` found: the place taken (None: refused), and how many
+    runs held a run slot and a place across the hosts when it looked."""
+
+    place: int | None
+    running: int
+    held: int
+
+
 class Backend(Protocol):
     """A database a :class:`~spawnkit.store.SessionStore` reads and writes.
 
@@ -95,7 +121,10 @@ class Backend(Protocol):
         """Run one read; its rows, as mappings from column name to value."""
         ...
 
-    def transaction(self) -> AbstractContextManager[Transaction]: ...
+    def transaction(self, single: bool = False) -> AbstractContextManager[Transaction]:
+        """A write transaction. ``single``: the block runs one statement, which a server
+        then commits on its own (one round trip instead of three)."""
+        ...
 
     def error(self, exc: Exception) -> StoreError:
         """The typed error for one of :attr:`errors` raised by this database."""
@@ -106,6 +135,11 @@ class Backend(Protocol):
     def slot_claim(self, name: str, capacity: int) -> SlotClaim | None:
         """A claim on one of ``capacity`` slots named ``name`` shared by every host, or
         None where the store is one host's (SQLite: the spawner's own limit is enough)."""
+        ...
+
+    def admission(self, name: str) -> Admission | None:
+        """The admission places named ``name`` shared by every host, or None where the
+        store is one host's (SQLite: the spawner's own queue is the limit)."""
         ...
 
 

@@ -21,6 +21,8 @@ they stay in the local, owner-only credentials file.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -33,7 +35,7 @@ from psycopg.rows import dict_row
 
 from .errors import StoreError, StoreTooNew, StoreUnreachable
 from .home import spawnkit_home
-from .store_backend import Params, Row, redact_url, statements
+from .store_backend import AdmissionTicket, Params, Row, redact_url, statements
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +44,12 @@ SCHEMA = "spawnkit"
 MIGRATION_LOCK = int.from_bytes(b"spawnkit", "big") & 0x7FFF_FFFF_FFFF_FFFF
 CONNECT_TIMEOUT_S = 10
 POOL_MAX = 8
-POOL_TIMEOUT_S = 30.0
+# How long a caller waits for a pooled connection: a server away is reported (and its
+# writes journaled, spawnkit.store_journal) after this.
+POOL_TIMEOUT_S = 10.0
+# A read that failed faster than this was on a pooled connection the server had already
+# dropped (it restarted since): it is tried once more, on a fresh connection.
+STALE_CONNECTION_S = 1.0
 # A slot holder's connection: the server drops it (and frees the slot) this many ms after
 # its host stops acknowledging, rather than minutes later (keepalives alone do not).
 SLOT_TCP_USER_TIMEOUT_MS = 5000
@@ -249,6 +256,8 @@ class PostgresBackend:
         self.location = redact_url(url)
         self.path: Path | None = None
         self.local_dir = spawnkit_home()
+        self._admissions: dict[str, _AdvisoryPlaces] = {}
+        self._admissions_lock = threading.Lock()
         self._kwargs: dict[str, Any] = {
             "row_factory": dict_row,
             "options": f"-c search_path={SCHEMA}",
@@ -291,13 +300,29 @@ class PostgresBackend:
                 logger.info("%s: migrated to schema %d", self.location, step + 1)
 
     def query(self, sql: str, params: Params = ()) -> Sequence[Row]:
-        with self._pool.connection() as conn:
-            return conn.execute(_pg(sql), params).fetchall()
+        started, retried = time.monotonic(), False
+        while True:
+            try:
+                with self._pool.connection() as conn:
+                    return conn.execute(_pg(sql), params).fetchall()
+            except psycopg.OperationalError:
+                if retried or time.monotonic() - started > STALE_CONNECTION_S:
+                    raise
+                retried = True
 
     @contextmanager
-    def transaction(self) -> Iterator[_Transaction]:
-        with self._pool.connection() as conn, conn.transaction():
-            yield _Transaction(conn)
+    def transaction(self, single: bool = False) -> Iterator[_Transaction]:
+        with self._pool.connection() as conn:
+            if not single:
+                with conn.transaction():
+                    yield _Transaction(conn)
+                return
+            conn.autocommit = True  # no BEGIN and COMMIT around the one statement
+            try:
+                yield _Transaction(conn)
+            finally:
+                if not conn.broken:
+                    conn.autocommit = False
 
     def error(self, exc: Exception) -> StoreError:
         """Unreachable (down, refused, wrong password) or another failure, in one line."""
@@ -308,21 +333,122 @@ class PostgresBackend:
         return StoreError(f"the session store {self.location}: {detail}")
 
     def slot_claim(self, name: str, capacity: int) -> _AdvisorySlots:
+        return _AdvisorySlots(self, self._dedicated("spawnkit-slot"), name, capacity)
+
+    def _dedicated(self, name: str) -> psycopg.Connection[Any]:
+        """A connection of its own whose advisory locks the server frees when the process
+        dies (at once) or its host stops answering (``tcp_user_timeout``)."""
         try:
-            conn = psycopg.connect(
+            return psycopg.connect(
                 self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
-                application_name="spawnkit-slot",
+                application_name=name,
                 options=f"-c tcp_user_timeout={SLOT_TCP_USER_TIMEOUT_MS} "
                 "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=2",
             )  # fmt: skip
         except psycopg.Error as exc:
             raise self.error(exc) from exc
-        return _AdvisorySlots(self, conn, name, capacity)
+
+    def admission(self, name: str) -> _AdvisoryPlaces:
+        with self._admissions_lock:
+            found = self._admissions.get(name)
+            if found is None:
+                found = self._admissions[name] = _AdvisoryPlaces(self, name)
+            return found
 
     def close(self) -> None:
+        with self._admissions_lock:
+            for places in self._admissions.values():
+                places.close()
+            self._admissions.clear()
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.close()
+
+
+def lock_key(space: str, name: str) -> int:
+    """The first int4 key of the advisory locks of ``space`` for ``name`` (the second is
+    the slot or place): the CRC-32 of both, as a signed number."""
+    return zlib.crc32(f"spawnkit:{space}:{name}".encode()) - 2**31
+
+
+class _AdvisoryPlaces:
+    """An :class:`~spawnkit.store_backend.Admission`: place ``n`` of butler ``name`` is the
+    session-level advisory lock ``(key("places", name), n)``. This host's places are all
+    held on one connection of its own (a session may hold many locks), so a queued run
+    costs the server no connection, and a process that dies frees its places at once.
+
+    Taking one is serialised across hosts by a transaction-level lock, so counting the
+    places held (``pg_locks``) and taking one are one step.
+    """
+
+    def __init__(self, backend: PostgresBackend, name: str) -> None:
+        self._backend = backend
+        self._key = lock_key("places", name)
+        self._slots_key = lock_key("slots", name)
+        self._mutex = lock_key("admission", name)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._held: set[int] = set()  # a session re-taking its own lock would stack it
+        self._lock = threading.Lock()
+
+    def enter(self, places: int, below: int | None = None) -> AdmissionTicket:
+        with self._lock:
+            try:
+                return self._enter(places, below)
+            except psycopg.Error as exc:
+                self._drop()
+                raise self._backend.error(exc) from exc
+
+    def _enter(self, places: int, below: int | None) -> AdmissionTicket:
+        if self._conn is None or self._conn.closed:
+            self._conn = self._backend._dedicated("spawnkit-admission")
+            self._held.clear()
+        conn = self._conn
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (self._mutex,))
+            # int4 keys show in pg_locks as oids: their unsigned 32-bit value.
+            row = conn.execute(
+                "SELECT count(*) FILTER (WHERE classid::bigint = %s), "
+                "count(*) FILTER (WHERE classid::bigint = %s) FROM pg_locks "
+                "WHERE locktype = 'advisory' AND granted AND objsubid = 2 "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                (self._key & 0xFFFF_FFFF, self._slots_key & 0xFFFF_FFFF),
+            ).fetchone()
+            held, running = (int(row[0]), int(row[1])) if row else (0, 0)
+            if below is not None and held >= below:
+                return AdmissionTicket(None, running, held)
+            taken = conn.execute(
+                "SELECT n FROM generate_series(0, %s - 1) AS n "
+                "WHERE n <> ALL(%s) AND pg_try_advisory_lock(%s, n) LIMIT 1",
+                (places, sorted(self._held), self._key),
+            ).fetchone()
+        if taken is None:
+            return AdmissionTicket(None, running, held)
+        self._held.add(int(taken[0]))
+        return AdmissionTicket(int(taken[0]), running, held + 1)
+
+    def leave(self, place: int) -> None:
+        with self._lock:
+            if place not in self._held:
+                return
+            self._held.discard(place)
+            if self._conn is None or self._conn.closed:
+                return  # the connection died: its locks went with it
+            try:
+                self._conn.execute("SELECT pg_advisory_unlock(%s, %s)", (self._key, place))
+            except psycopg.Error as exc:
+                logger.warning("could not give back admission place %d (%s)", place, exc)
+                self._drop()
+
+    def _drop(self) -> None:
+        """Forget a connection that failed: closing it frees whatever it held."""
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+        self._held.clear()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
 
 
 class _AdvisorySlots:
@@ -335,8 +461,7 @@ class _AdvisorySlots:
     ) -> None:
         self._backend = backend
         self._conn = conn
-        # Both keys are int4: the name's CRC-32 as a signed number, and the slot.
-        self._key = zlib.crc32(f"spawnkit:slots:{name}".encode()) - 2**31
+        self._key = lock_key("slots", name)
         self._capacity = capacity
         self.slot: int | None = None
 

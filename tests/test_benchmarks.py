@@ -144,3 +144,24 @@ def test_dispatch_benchmark_runs(tmp_path: Path) -> None:
         abs=0.11,
     )
     assert "dispatch overhead" in done.stdout
+
+
+def test_store_postgres_benchmark_runs(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "store_postgres.py"), "--rounds", "1",
+         "--runs", "20", "--sessions", "3000", "--calls", "2", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    records = report["records"]
+    assert records["postgresql_per_run_ms"] > 0 and records["sqlite_per_run_ms"] > 0
+    assert records["ratio"] == pytest.approx(
+        records["postgresql_per_run_ms"] / records["sqlite_per_run_ms"], rel=0.01
+    )
+    for backend in ("postgresql", "sqlite"):
+        scale = report["scale"][backend]
+        assert (scale["sessions"], scale["tool_calls"]) == (3000, 6000)
+        assert scale["latest_20_median_ms"] > 0 and scale["sessions_frame_median_s"] > 0
+    assert "ratio" in done.stdout and done.stdout.count("sessions()") == 2

@@ -1,8 +1,14 @@
-"""spawnkit.history.sessions / tool_calls / usage on a store written through SessionStore."""
+"""spawnkit.history.sessions / tool_calls / usage on a store written through SessionStore.
+
+The frames are tested on both backends (``store`` is a SQLite file, then a fresh PostgreSQL
+database read through ADBC); what only a SQLite file has (its columnar cache, read-only
+reads of an unmigrated file) uses ``filled_file``.
+"""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -53,8 +59,31 @@ def record(
     store.complete_session(sid, result, completed_at=at + timedelta(seconds=6))
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SessionStore]:
+    """A store on each backend: a SQLite file, a fresh PostgreSQL database."""
+    target = (
+        str(request.getfixturevalue("postgres_url"))
+        if request.param == "postgresql"
+        else tmp_path / "sessions.db"
+    )
+    with SessionStore(target) as opened:
+        yield opened
+
+
+@pytest.fixture
+def filled_file(tmp_path: Path) -> Iterator[SessionStore]:
+    """The ``filled`` history in a SQLite file."""
+    with SessionStore(tmp_path / "file.db") as opened:
+        yield fill(opened)
+
+
 @pytest.fixture
 def filled(store: SessionStore) -> SessionStore:
+    return fill(store)
+
+
+def fill(store: SessionStore) -> SessionStore:
     record(store, "a", butler="health", cost=0.5, role="researcher")
     record(store, "b", butler="health", at=T0 + timedelta(days=1), success=False, calls=3)
     record(store, "c", butler="general", runtime="codex", model="gpt-5",
@@ -107,20 +136,20 @@ def test_asks_and_chats_carry_their_kind_and_sources(filled: SessionStore) -> No
     assert list(history.usage(filled, kind="run", by=("kind",))["sessions"]) == [1, 1]
 
 
-def test_a_store_older_than_roles_reads_with_an_empty_role(filled: SessionStore) -> None:
-    filled.close()
-    conn = sqlite3.connect(filled.path)
+def test_a_store_older_than_roles_reads_with_an_empty_role(filled_file: SessionStore) -> None:
+    filled_file.close()
+    conn = sqlite3.connect(filled_file.path)
     for column in ("role", "kind", "sources"):
         conn.execute(f"ALTER TABLE sessions DROP COLUMN {column}")
     conn.execute("PRAGMA user_version = 2")
     conn.commit()
     conn.close()
-    frame = history.sessions(filled.path)
+    frame = history.sessions(filled_file.path)
     assert len(frame) == 4 and frame["role"].isna().all()
     # Before kinds existed every session was a butler's run.
     assert set(frame["kind"]) == {"run"} and frame["sources"].isna().all()
-    assert len(history.sessions(filled.path, kind="run")) == 4
-    assert history.tool_calls(filled.path, kind="ask").empty
+    assert len(history.sessions(filled_file.path, kind="run")) == 4
+    assert history.tool_calls(filled_file.path, kind="ask").empty
 
 
 def test_costs_reported_computed_or_unpriced(filled: SessionStore) -> None:
@@ -222,10 +251,10 @@ def _frames(store: SessionStore, **filters: object) -> tuple[pd.DataFrame, pd.Da
      {"runtime": "codex", "until": "2026-10-03"}, {"success": False}, {"kind": ["ask", "chat"]}],
 )  # fmt: skip
 def test_the_columnar_cache_gives_the_frames_of_the_database(
-    filled: SessionStore, filters: dict[str, object]
+    filled_file: SessionStore, filters: dict[str, object]
 ) -> None:
-    record(filled, "open", butler="health", at=T0 + timedelta(days=2))  # completed...
-    filled.create_session(
+    record(filled_file, "open", butler="health", at=T0 + timedelta(days=2))  # completed...
+    filled_file.create_session(
         "queued",
         butler="health",
         runtime="claude-code",
@@ -235,24 +264,24 @@ def test_the_columnar_cache_gives_the_frames_of_the_database(
         trigger_source="external",
         created_at=T0 + timedelta(days=5),
     )  # ... and one still open
-    direct = _frames(filled, cache=False, **filters)
-    first = _frames(filled, cache=True, **filters)  # builds the cache (no filter) or not
-    again = _frames(filled, cache=True, **filters)
+    direct = _frames(filled_file, cache=False, **filters)
+    first = _frames(filled_file, cache=True, **filters)  # builds the cache (no filter) or not
+    again = _frames(filled_file, cache=True, **filters)
     for got in (first, again):
         pd.testing.assert_frame_equal(got[0], direct[0])
         pd.testing.assert_frame_equal(got[1], direct[1])
 
 
 def test_the_cache_serves_what_it_holds_and_reads_only_what_is_new(
-    filled: SessionStore, isolated_home: Path, monkeypatch: pytest.MonkeyPatch
+    filled_file: SessionStore, isolated_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from spawnkit.history import store_frames
 
     monkeypatch.setattr(store_frames, "REWRITE_ROWS", 1)
-    filled.create_session("late", butler="general", runtime="codex", model="gpt-5",
+    filled_file.create_session("late", butler="general", runtime="codex", model="gpt-5",
                           prompt="still running", context=None, trigger_source="external",
                           created_at=T0 + timedelta(days=4))  # fmt: skip
-    history.sessions(filled, cache=True)
+    history.sessions(filled_file, cache=True)
     folder = next((isolated_home / "history-cache").glob("store-*"))
     assert (folder / "sessions.arrow").is_file()
     queries: list[str] = []
@@ -264,32 +293,32 @@ def test_the_cache_serves_what_it_holds_and_reads_only_what_is_new(
 
     monkeypatch.setattr(store_frames, "query", counted)
     # The open session completes, a new one arrives: both come from the database, once.
-    filled.complete_session("late", SpawnerResult(output="x", success=True, session_id="late",
+    filled_file.complete_session("late", SpawnerResult(output="x", success=True, session_id="late",
                                                   status="success"))  # fmt: skip
-    record(filled, "e", butler="health", at=T0 + timedelta(days=6))
-    frame = history.sessions(filled, cache=True)
+    record(filled_file, "e", butler="health", at=T0 + timedelta(days=6))
+    frame = history.sessions(filled_file, cache=True)
     assert list(frame["session_id"]) == ["a", "b", "c", "d", "late", "e"]
     assert frame.set_index("session_id").loc["late", "status"] == "success"
     assert len(queries) == 1 and "rowid > ?" in queries[0]
     assert "WHERE rowid > ? OR rowid IN (?)" in queries[0]
 
 
-def test_a_change_to_completed_history_makes_the_cache_stale(filled: SessionStore) -> None:
-    history.sessions(filled, cache=True)
-    history.tool_calls(filled, cache=True)
-    conn = sqlite3.connect(filled.path)
+def test_a_change_to_completed_history_makes_the_cache_stale(filled_file: SessionStore) -> None:
+    history.sessions(filled_file, cache=True)
+    history.tool_calls(filled_file, cache=True)
+    conn = sqlite3.connect(filled_file.path)
     with conn:
         conn.execute("UPDATE sessions SET butler = 'renamed' WHERE id = 'a'")
         conn.execute("DELETE FROM tool_calls WHERE session_id = 'c'")
     conn.close()
-    assert history.sessions(filled, cache=True).loc[0, "butler"] == "renamed"
-    assert "c" not in set(history.tool_calls(filled, cache=True)["session_id"])
+    assert history.sessions(filled_file, cache=True).loc[0, "butler"] == "renamed"
+    assert "c" not in set(history.tool_calls(filled_file, cache=True)["session_id"])
     # A store deleted and made again at the same path is another store.
-    filled.close()
-    filled.path.unlink()
+    filled_file.close()
+    filled_file.path.unlink()
     for suffix in ("-wal", "-shm"):
-        filled.path.with_name(filled.path.name + suffix).unlink(missing_ok=True)
-    with SessionStore(filled.path) as fresh:
+        filled_file.path.with_name(filled_file.path.name + suffix).unlink(missing_ok=True)
+    with SessionStore(filled_file.path) as fresh:
         record(fresh, "z", butler="health")
         assert list(history.sessions(fresh, cache=True)["session_id"]) == ["z"]
 
@@ -334,3 +363,25 @@ def test_sessions_are_found_by_id_prefix_whatever_their_age(store: SessionStore)
     assert [r.id for r in store.sessions_with_prefix("0000")] == ["0000-x"]
     assert len(store.sessions_with_prefix("00", limit=2)) == 2
     assert store.sessions_with_prefix("9") == [] and store.sessions_with_prefix("") == []
+
+
+def test_a_server_and_a_file_give_the_same_frames(filled: SessionStore, tmp_path: Path) -> None:
+    """The same history written to both backends reads back as the same frames: columns,
+    dtypes, values and filters (a server orders tool calls by session id, then call)."""
+    with SessionStore(tmp_path / "twin.db") as twin:
+        fill(twin)
+        for filters in ({}, {"butler": "general"}, {"since": T0 + timedelta(days=1)},
+                        {"status": ["failed"], "success": False}, {"kind": "ask"}):  # fmt: skip
+            pd.testing.assert_frame_equal(
+                history.sessions(filled, **filters),  # type: ignore[arg-type]
+                history.sessions(twin, **filters),  # type: ignore[arg-type]
+            )
+            calls = [
+                history.tool_calls(store, output=True, **filters).sort_values(  # type: ignore[arg-type]
+                    ["session_id", "seq"], ignore_index=True
+                )
+                for store in (filled, twin)
+            ]
+            pd.testing.assert_frame_equal(*calls)
+        assert len(history.tool_calls(filled)) == 7
+    assert history.sessions(filled.source).equals(history.sessions(filled))  # path or URL

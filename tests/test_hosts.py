@@ -7,10 +7,14 @@ with SIGKILL mid-run: nothing of it can close its record. Host B, which cannot s
 processes, marks the run ``crashed`` once A's lease has run out, and not before; the run
 slot A held is free again at once. Then two hosts trigger 20 runs each against a butler's
 ``max_concurrent_sessions = 3``: never more than 3 run at once, counted from the records.
+Last, ``max_queued_sessions`` across hosts: while host A holds a butler's run slot and its
+one queue place, host B's trigger finds the queue full, and once A is killed its places
+come back at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -24,6 +28,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from spawnkit.errors import QueueFullError
+from spawnkit.spawner import Spawner
 from spawnkit.store import SessionStore
 from spawnkit.sweep import OpenRun, kill_processes, run_processes
 
@@ -168,7 +174,7 @@ def test_max_concurrent_sessions_holds_across_two_hosts(
         command = [{json.dumps(sys.executable)}, "-c", "import time; time.sleep(0.4); print('ok')"]
         stdin = "prompt"
         max_concurrent_sessions = {limit}
-        max_queued_sessions = {per_host}
+        max_queued_sessions = {2 * per_host}
         """,
     )
     SessionStore(postgres_url).close()
@@ -221,3 +227,92 @@ def test_max_concurrent_sessions_holds_across_two_hosts(
         running += step
         most = max(most, running)
     assert most == limit, f"at most {limit} running at once across both hosts, and {limit} reached"
+
+
+QUEUE_HOST = """
+import asyncio, sys
+from spawnkit.roster import load_roster
+from spawnkit.spawner import Spawner
+
+async def main() -> None:
+    spawner = Spawner(load_roster(sys.argv[1])["queued"])
+    await asyncio.gather(spawner.trigger("sleep 600"), spawner.trigger("sleep 600"))
+
+asyncio.run(main())
+"""
+
+
+def _start_queue_host(tmp_path: Path, url: str) -> subprocess.Popen[str]:
+    """Host A: two runs of a butler that sleep ten minutes, one running, one queued."""
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(QUEUE_HOST), str(tmp_path / "roster")],
+        env={
+            **os.environ, "SPAWNKIT_HOME": str(tmp_path / "host-a"), "SPAWNKIT_HOST": "host-a",
+            "SPAWNKIT_STORE": url,
+        },
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        text=True,
+    )  # fmt: skip
+
+
+async def test_max_queued_sessions_holds_across_hosts_and_a_killed_hosts_places_return(
+    make_butler: RosterFactory,
+    tmp_path: Path,
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sleep = "import sys, time; time.sleep(float(sys.stdin.read().split()[-1]))"
+    butler = make_butler(
+        "queued",
+        extra=f"""
+        [butler.runtime]
+        type = "command"
+        command = [{json.dumps(sys.executable)}, "-c", {json.dumps(sleep)}]
+        stdin = "prompt"
+        max_concurrent_sessions = 1
+        max_queued_sessions = 1
+        """,
+    )
+    SessionStore(postgres_url).close()
+    host_a = _start_queue_host(tmp_path, postgres_url)
+    monkeypatch.setenv("SPAWNKIT_HOME", str(tmp_path / "host-b"))
+    monkeypatch.setenv("SPAWNKIT_HOST", "host-b")
+    try:
+        with SessionStore(postgres_url) as store:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while sorted(r.status for r in store.list_sessions()) != ["queued", "running"]:
+                assert host_a.poll() is None, host_a.communicate()
+                assert time.monotonic() < deadline, "host A: one run running, one queued"
+                await asyncio.sleep(0.1)
+            spawner = Spawner(butler, store=store)
+            with pytest.raises(QueueFullError) as full:
+                await spawner.trigger("sleep 0")
+            assert str(full.value) == (
+                f"butler 'queued' is full across the hosts sharing {store.location}: "
+                "1 running, 1 queued (max_queued_sessions = 1)"
+            )
+            rejected = await spawner.trigger("sleep 0", trigger_source="trigger")
+            assert (rejected.success, rejected.error_kind) == (False, "rejected")
+            assert store.count_sessions() == 2, "a refused trigger leaves no record"
+
+            os.kill(host_a.pid, signal.SIGKILL)
+            host_a.wait(timeout=10)
+            killed_at = time.monotonic()
+            while True:
+                try:
+                    result = await spawner.trigger("sleep 0")
+                    break
+                except QueueFullError:
+                    assert time.monotonic() - killed_at < 10, "A's places are back within 10 s"
+                    await asyncio.sleep(0.1)
+            assert result.success, result.error
+            assert store.count_sessions() == 3
+    finally:
+        if host_a.poll() is None:
+            host_a.kill()
+        host_a.wait(timeout=10)
+        with SessionStore(postgres_url) as store:  # whatever of A's runs outlived it here
+            left = [r.id for r in store.list_sessions() if r.owner_host == "host-a"]
+        found = run_processes([OpenRun(sid, 0, None, None) for sid in left])
+        for sid in left:
+            kill_processes(found[sid])

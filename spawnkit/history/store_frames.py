@@ -29,7 +29,8 @@ import pyarrow.compute as pc
 
 from ..home import default_store_path, store_setting
 from ..store import SessionStore
-from ..store_backend import is_postgres_url, redact_url
+from ..store_backend import is_postgres_url
+from . import server_query
 from .errors import HistoryError
 from .frames import COST_SOURCES
 from .pricing import PricingTable, default_pricing
@@ -38,6 +39,9 @@ from .store_cache import ROWID, Cached, StoreCache, StoreState, store_state
 from .store_query import CHILD_MIN_BYTES, query, store_bytes, table_columns
 
 StoreLike = SessionStore | str | Path | None
+# What is read: a SQLite file (None: no store yet) or a PostgreSQL URL (its password with it).
+Source = Path | str | None
+
 TimeLike = datetime | date | str | None
 Names = str | Iterable[str] | None
 Kind = Literal["str", "cat", "time", "int", "float", "bool"]
@@ -89,24 +93,33 @@ SESSION_SCHEMA = _schema(SESSION_FIELDS)
 CALL_SCHEMA = _schema(CALL_FIELDS)
 
 
-_NOT_ON_SERVER = (
-    "history DataFrames are read from a SQLite store; {} is a PostgreSQL store, "
-    "which they do not read yet"
-)
+# On a server: expressions SQLite writes its own way, and the orders rowid gives on SQLite
+# (a server has no rowid; tool calls come in session id and call order there).
+_SERVER_SQL = {
+    "sources": "CASE WHEN sources IS NULL THEN NULL ELSE (SELECT string_agg(value, ',') "
+    "FROM json_array_elements_text(sessions.sources::json) AS value) END",
+    # The server parses the ISO text itself and sends 8 bytes, not 32 to parse here.
+    "created_at": "created_at::timestamptz",
+    "started_at": "started_at::timestamptz",
+    "ended_at": "completed_at::timestamptz",
+    "finished_at": "finished_at::timestamptz",
+}
+_SERVER_ORDER = {"created_at, rowid": "created_at, id", "rowid": "session_id, seq"}
 
 
-def _path(store: StoreLike) -> Path | None:
-    """The store's file; None when the default store was never created (no history yet)."""
+def _path(store: StoreLike) -> Source:
+    """The store's file (None when the default store was never created: no history yet),
+    or the URL of a PostgreSQL store."""
     if isinstance(store, SessionStore):
-        if store.path is None:
-            raise HistoryError(_NOT_ON_SERVER.format(store.location))
-        return store.path
+        return store.source
     if store is None:
         chosen = store_setting()
         if chosen is not None and is_postgres_url(chosen):
-            raise HistoryError(_NOT_ON_SERVER.format(redact_url(chosen)))
+            return chosen
         default = Path(chosen) if chosen is not None else default_store_path()
         return default if default.exists() else None
+    if is_postgres_url(store):
+        return str(store)
     path = Path(store)
     if not path.exists():
         raise HistoryError(f"no session store at {path}")
@@ -145,7 +158,7 @@ class Filters:
         params: list[object] = []
         for column, names in self.names.items():
             if names is not None:
-                clauses.append(f"{column} IN ({', '.join('?' * len(names))})" if names else "0")
+                clauses.append(f"{column} IN ({', '.join('?' * len(names))})" if names else "1 = 0")
                 params.extend(names)
         for op, value in ((">=", self.since), ("<", self.until)):
             if value is not None:
@@ -179,7 +192,9 @@ def _typed(table: pa.Table, fields: Sequence[tuple[str, str, Kind]]) -> pa.Table
     columns = [table[ROWID].cast(pa.int64())]
     for name, _, kind in fields:
         column: Column = table[name]
-        if kind == "time":
+        if kind == "time" and pa.types.is_timestamp(column.type):
+            column = column.cast(UTC_TS)  # a server's timestamptz
+        elif kind == "time":
             column = timestamps(column.cast(pa.string()))
         elif kind == "cat":
             column = pc.dictionary_encode(column.cast(pa.string()))
@@ -193,13 +208,17 @@ def _typed(table: pa.Table, fields: Sequence[tuple[str, str, Kind]]) -> pa.Table
     return pa.Table.from_arrays(columns, schema=_schema(fields))
 
 
-def _select(fields: Sequence[tuple[str, str, Kind]]) -> str:
-    exprs = [f"{sql} AS {name}" for name, sql, _ in fields]
-    return ", ".join([f"rowid AS {ROWID}", *exprs])
+def _select(fields: Sequence[tuple[str, str, Kind]], server: bool = False) -> str:
+    exprs = [
+        f"{_SERVER_SQL.get(name, sql) if server else sql} AS {name}" for name, sql, _ in fields
+    ]
+    return ", ".join([f"{'0::bigint' if server else 'rowid'} AS {ROWID}", *exprs])
 
 
-def _sessions_from(path: Path | None) -> str:
+def _sessions_from(path: Source) -> str:
     """``sessions``, or for an older store a view of it with the columns it lacks."""
+    if isinstance(path, str):
+        return "sessions"  # a server's schema is migrated when a store opens it
     missing = set(_SESSION_DEFAULTS) - set(table_columns(path, "sessions"))
     if not missing:
         return "sessions"
@@ -207,15 +226,18 @@ def _sessions_from(path: Path | None) -> str:
     return f"(SELECT rowid AS rowid, *, {added} FROM sessions) AS sessions"
 
 
-def _read(path: Path | None, fields: Sequence[tuple[str, str, Kind]], table: str, where: str,
+def _read(path: Source, fields: Sequence[tuple[str, str, Kind]], table: str, where: str,
           params: Sequence[object], order: str) -> pa.Table:  # fmt: skip
+    if isinstance(path, str):
+        sql = f"SELECT {_select(fields, True)} FROM {table}{where} ORDER BY {_SERVER_ORDER[order]}"
+        return _typed(server_query.query(path, sql, params), fields)
     source = _sessions_from(path) if table == "sessions" else table
     sql = f"SELECT {_select(fields)} FROM {source}{where} ORDER BY {order}"
     return _typed(query(path, sql, params), fields)
 
 
-def _use_cache(path: Path | None, cache: bool | None) -> StoreState | None:
-    if path is None or cache is False:
+def _use_cache(path: Source, cache: bool | None) -> StoreState | None:
+    if path is None or isinstance(path, str) or cache is False:  # a server: no local cache
         return None
     if cache is None and store_bytes(path) < CACHE_MIN_BYTES:
         return None
@@ -276,11 +298,15 @@ def _columns(asked: Sequence[str] | None, known: Sequence[str]) -> list[str]:
     return list(asked)
 
 
-def _sessions_table(path: Path | None, filters: Filters, cache: bool | None) -> pa.Table:
+def _sessions_table(
+    path: Source, filters: Filters, cache: bool | None, names: Sequence[str] | None = None
+) -> pa.Table:
+    """The sessions; read from the database, only the columns ``names`` (default: all)."""
     state = _use_cache(path, cache)
-    if state is None or path is None:
+    if state is None or path is None or isinstance(path, str):
         where, params = filters.sql()
-        return _read(path, SESSION_FIELDS, "sessions", where, params, "created_at, rowid")
+        fields = [f for f in SESSION_FIELDS if names is None or f[0] in names]
+        return _read(path, fields, "sessions", where, params, "created_at, rowid")
     table = _cached(path, state, "sessions", SESSION_FIELDS, SESSION_SCHEMA, "ended_at")
     if filters:
         table = table.filter(filters.mask(table))
@@ -327,9 +353,9 @@ def sessions(
     wanted = _columns(columns, known)
     path = _path(store)
     filters = Filters(butler, runtime, status, since, until, success, kind)
-    table = _sessions_table(path, filters, cache)
     costs = "cost_usd" in wanted or "cost_source" in wanted
     fields = [c for c in SESSION_COLUMNS if c in wanted or (costs and c in _COST_INPUTS)]
+    table = _sessions_table(path, filters, cache, fields)
     frame = _frame(table, fields)
     if costs:
         _fill_costs(frame, pricing or default_pricing())
@@ -387,9 +413,10 @@ def tool_calls(
     filters = Filters(butler, runtime, status, since, until, success, kind)
     path = _path(store)
     state = None if output else _use_cache(path, cache)
-    if state is None or path is None:
+    if state is None or path is None or isinstance(path, str):
         where, params = filters.sql()
-        fields = CALL_FIELDS + ((("output", "output", "str"),) if output else ())
+        every = CALL_FIELDS + ((("output", "output", "str"),) if output else ())
+        fields = tuple(f for f in every if f[0] in wanted)  # only what is asked is read
         if where:
             where = f" WHERE session_id IN (SELECT id FROM {_sessions_from(path)}{where})"
         return _frame(_read(path, fields, "tool_calls", where, params, "rowid"), wanted)

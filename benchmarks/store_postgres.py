@@ -1,0 +1,296 @@
+"""The session store on PostgreSQL against SQLite, in one run.
+
+Two parts, each against a baseline measured in the same run:
+
+* records: what a run writes to its record (create, mark started, complete with three tool
+  calls), per run, on a PostgreSQL store against a SQLite store. Rounds alternate between
+  the two so drift on a shared machine hits both alike; the ratio is of the medians
+  (target: at most 2).
+* scale: a store of ``--sessions`` sessions with ``--calls`` tool calls each (default 1M
+  and 10), on both backends: the latest 20 sessions as ``spawnkit sessions`` reads them
+  (``SessionStore.list_sessions(limit=20)``, target under 50 ms; the whole command, a
+  fresh process, is timed too), the unfiltered ``history.sessions()`` frame (target
+  under 2 s), the same frame of four columns, and the ``history.tool_calls()`` frame. On
+  SQLite the frames are read warm, through the columnar cache (the normal case for a large
+  store); PostgreSQL has no cache and is read through ADBC.
+
+The server is a throw-away Debian PostgreSQL (``tests/postgres.py``: ``fsync=off``, as the
+SQLite store's ``synchronous = NORMAL`` does not fsync a commit either), on loopback TCP.
+The stores are generated in bulk by the databases themselves: SQLite as in
+``benchmarks/history.py``, PostgreSQL by ``INSERT … SELECT`` over ``generate_series`` with
+the same values (faster here than streaming rows in with COPY). Generated files live in
+``benchmarks/.work/``; results go to ``benchmarks/results/store_postgres.json``. Usage::
+
+    .venv/bin/python benchmarks/store_postgres.py [--rounds 7] [--runs 200]
+        [--sessions 1000000] [--calls 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+from history import make_store  # noqa: E402
+
+from spawnkit import history as frames  # noqa: E402
+from spawnkit.result import SpawnerResult, ToolCall, Usage  # noqa: E402
+from spawnkit.store import SessionStore  # noqa: E402
+from tests.postgres import postgres_server  # noqa: E402
+
+WORK = ROOT / "benchmarks" / ".work"
+RESULTS = ROOT / "benchmarks" / "results" / "store_postgres.json"
+T0 = datetime(2026, 9, 1, tzinfo=UTC)
+# A frame of a few columns (what a notebook plotting cost per butler over time reads).
+NARROW = ["session_id", "butler", "created_at", "cost_usd"]
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+# -- records: create + start + complete, per run ----------------------------------------------
+
+
+def _result(session_id: str, at: datetime) -> SpawnerResult:
+    calls = [
+        ToolCall.start(f"{session_id}-{i}", "mcp__health__state_get" if i else "Bash",
+                       {"key": "weight", "i": i}, at).finish("72.4 kg", False, at)
+        for i in range(3)
+    ]  # fmt: skip
+    return SpawnerResult(
+        output="Recorded 72.4 kg.", tool_calls=calls, success=True, session_id=session_id,
+        duration_ms=1200, usage=Usage(2400, 60, 1800, 0), cost_usd=0.01, num_turns=3,
+        model="claude-sonnet-4-5", status="success",
+    )  # fmt: skip
+
+
+def record_runs(store: SessionStore, prefix: str, runs: int) -> float:
+    """Seconds per run for ``runs`` records written the way a run writes its own."""
+    start = time.perf_counter()
+    for n in range(runs):
+        sid = f"{prefix}-{n}"
+        at = datetime.now(UTC)
+        store.create_session(
+            sid, butler="health", runtime="claude-code", model=None, prompt="I weighed 72.4 kg",
+            context=None, trigger_source="external",
+        )  # fmt: skip
+        store.mark_started(sid, started_at=at, trace_id="0" * 32)
+        store.complete_session(sid, _result(sid, at))
+    return (time.perf_counter() - start) / runs
+
+
+def measure_records(url: str, sqlite_path: Path, rounds: int, runs: int) -> dict[str, Any]:
+    pg_s, lite_s = [], []
+    with SessionStore(url) as pg, SessionStore(sqlite_path) as lite:
+        record_runs(pg, "warm", 20)  # connections made, statements planned
+        record_runs(lite, "warm", 20)
+        for r in range(rounds):
+            pg_s.append(record_runs(pg, f"r{r}", runs))
+            lite_s.append(record_runs(lite, f"r{r}", runs))
+    med = statistics.median
+    return {
+        "runs_per_round": runs,
+        "rounds": rounds,
+        "postgresql_per_run_ms": round(med(pg_s) * 1000, 3),
+        "sqlite_per_run_ms": round(med(lite_s) * 1000, 3),
+        "ratio": round(med(pg_s) / med(lite_s), 3),
+        "samples_ms": {
+            "postgresql": [round(s * 1000, 3) for s in pg_s],
+            "sqlite": [round(s * 1000, 3) for s in lite_s],
+        },
+    }
+
+
+# -- scale ---------------------------------------------------------------------------------------
+
+
+def make_server_store(url: str, n_sessions: int, calls_per_session: int) -> None:
+    """The same rows as ``history.make_store``, generated by the server itself."""
+    SessionStore(url).close()
+    stamp = "to_char(to_timestamp({}) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS+00:00')"
+    t0 = int(T0.timestamp())
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET search_path TO spawnkit")
+        conn.execute("SET maintenance_work_mem = '512MB'")
+        conn.execute(
+            f"""INSERT INTO sessions (id, butler, runtime, model, prompt, trigger_source, status,
+                success, error, error_kind, output, num_tool_calls, duration_ms, input_tokens,
+                output_tokens, cache_read_tokens, cache_write_tokens, cost_usd, num_turns,
+                trace_id, runtime_session_id, created_at, started_at, completed_at, owner_host,
+                owner_pid, owner_start)
+            SELECT lpad(to_hex(i), 8, '0') || '-0000-4000-8000-' || lpad(to_hex(i), 12, '0'),
+                (ARRAY['health', 'general', 'relationship', 'finance', 'travel'])[i %% 5 + 1],
+                (ARRAY['claude-code', 'codex', 'gemini'])[i %% 3 + 1],
+                'claude-sonnet-4-5', 'prompt ' || i, 'external',
+                CASE WHEN i %% 11 = 0 THEN 'failed' ELSE 'success' END,
+                (i %% 11 <> 0)::int, CASE WHEN i %% 11 = 0 THEN 'boom' END,
+                CASE WHEN i %% 11 = 0 THEN 'crash' END, 'output', %s, 500 + (i * 7919) %% 120000,
+                1000 + i %% 9000, 10 + i %% 900, i %% 50000, i %% 5000,
+                CASE WHEN i %% 5 = 0 THEN NULL ELSE (i %% 100) / 1000.0 END, 1 + i %% 20,
+                lpad(to_hex(i), 32, '0'),
+                lpad(to_hex(i), 8, '0') || '-1111-4000-8000-' || lpad(to_hex(i), 12, '0'),
+                {stamp.format("%s + i * 30")}, {stamp.format("%s + i * 30 + 1")},
+                {stamp.format("%s + i * 30 + 10")}, 'host', 1, '1'
+            FROM generate_series(0::bigint, %s::bigint - 1) AS i""",
+            (calls_per_session, t0, t0, t0, n_sessions),
+        )  # fmt: skip
+        conn.execute(
+            f"""INSERT INTO tool_calls (session_id, seq, call_id, name, server, tool, input,
+                output, status, started_at, finished_at, duration_ms)
+            SELECT lpad(to_hex(i), 8, '0') || '-0000-4000-8000-' || lpad(to_hex(i), 12, '0'),
+                j, 'toolu_' || (i + 1) || '_' || j,
+                CASE WHEN j %% 3 = 0 THEN 'Bash' ELSE 'mcp__health__state_get' END,
+                CASE WHEN j %% 3 = 0 THEN NULL ELSE 'health' END,
+                CASE WHEN j %% 3 = 0 THEN 'Bash' ELSE 'state_get' END,
+                '{{"key": "weight", "n": ' || j || '}}', 'result',
+                CASE WHEN (i + 1 + j) %% 23 = 0 THEN 'error' ELSE 'ok' END,
+                {stamp.format("%s + i * 30 + j")}, {stamp.format("%s + i * 30 + j + 1")}, 35
+            FROM generate_series(0::bigint, %s::bigint - 1) AS i, generate_series(0, %s - 1) AS j
+            ORDER BY i, j""",
+            (t0, t0, n_sessions, calls_per_session),
+        )  # fmt: skip
+        conn.execute("VACUUM ANALYZE sessions")
+        conn.execute("VACUUM ANALYZE tool_calls")
+
+
+def latest_20(store: SessionStore) -> float:
+    return timed(lambda: store.list_sessions(limit=20))
+
+
+def command(target: str) -> float:
+    """``spawnkit sessions`` as a user runs it: a fresh process."""
+    env = {**os.environ, "SPAWNKIT_STORE": target}
+    argv = [sys.executable, "-m", "spawnkit", "sessions"]
+    return timed(lambda: subprocess.run(argv, env=env, check=True, capture_output=True))
+
+
+def measure_scale(target: str, rounds: int) -> dict[str, Any]:
+    med = statistics.median
+    with SessionStore(target) as store:
+        latest_20(store)
+        recent = [latest_20(store) for _ in range(max(rounds, 5) * 3)]
+        sessions_count = store.count_sessions()
+    commands = [command(target) for _ in range(max(3, rounds // 2))]
+    first = timed(lambda: frames.sessions(target))  # SQLite: builds the columnar cache
+    sessions_s = [timed(lambda: frames.sessions(target)) for _ in range(rounds)]
+    narrow_s = [timed(lambda: frames.sessions(target, columns=NARROW)) for _ in range(rounds)]
+    frames.tool_calls(target)  # SQLite: builds the columnar cache
+    calls_s = [timed(lambda: frames.tool_calls(target)) for _ in range(2)]
+    n_calls = len(frames.tool_calls(target, columns=["seq"]))
+    return {
+        "sessions": sessions_count,
+        "tool_calls": n_calls,
+        "latest_20_median_ms": round(med(recent) * 1000, 2),
+        "latest_20_max_ms": round(max(recent) * 1000, 2),
+        "sessions_command_median_s": round(med(commands), 3),
+        "sessions_frame_first_s": round(first, 3),
+        "sessions_frame_median_s": round(med(sessions_s), 3),
+        "sessions_frame_4_columns_median_s": round(med(narrow_s), 3),
+        "tool_calls_frame_median_s": round(med(calls_s), 3),
+        "samples": {
+            "latest_20_ms": [round(s * 1000, 2) for s in recent],
+            "sessions_frame_s": sessions_s,
+            "sessions_frame_4_columns_s": narrow_s,
+            "tool_calls_frame_s": calls_s,
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=200, help="records per round")
+    parser.add_argument("--sessions", type=int, default=1_000_000)
+    parser.add_argument("--calls", type=int, default=10, help="tool calls per session")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--only", choices=["records", "scale"], help="run one part (the other's figures in "
+        "--out, if any, are kept)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    os.environ["SPAWNKIT_HOME"] = tempfile.mkdtemp(prefix="spawnkit-store-bench-")
+    WORK.mkdir(exist_ok=True)
+    report: dict[str, Any] = (
+        json.loads(args.out.read_text()) if args.only and args.out.exists() else {}
+    )
+    report.update(
+        {
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "cpus": os.cpu_count(),
+            "load_average": os.getloadavg()[0],
+        }
+    )
+    with postgres_server() as server:
+        with server.admin() as conn:
+            version = conn.execute("SHOW server_version").fetchone()
+        report["postgresql"] = version[0] if version else None
+        if args.only != "scale":
+            measure_records_into(report, server, args)
+        if args.only != "records":
+            measure_scale_into(report, server, args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def measure_records_into(report: dict[str, Any], server: Any, args: argparse.Namespace) -> None:
+    records_db = server.create_database()
+    lite = WORK / "store-records.db"
+    lite.unlink(missing_ok=True)
+    report["records"] = measure_records(server.url(records_db), lite, args.rounds, args.runs)
+    rec = report["records"]
+    print(
+        f"records: PostgreSQL {rec['postgresql_per_run_ms']} ms per run, SQLite "
+        f"{rec['sqlite_per_run_ms']} ms: ratio {rec['ratio']} (target at most 2)"
+    )
+
+
+def measure_scale_into(report: dict[str, Any], server: Any, args: argparse.Namespace) -> None:
+    scale_db = server.create_database()
+    url = server.url(scale_db)
+    lite_big = WORK / f"store-{args.sessions}-{args.calls}.db"
+    generated: dict[str, float] = {}
+    if not lite_big.exists():
+        generated["sqlite_s"] = round(
+            timed(lambda: make_store(lite_big, args.sessions, args.calls)), 1
+        )
+    generated["postgresql_s"] = round(
+        timed(lambda: make_server_store(url, args.sessions, args.calls)), 1
+    )
+    report["generated"] = generated
+    print(f"generated in {generated}")
+    report["scale"] = {}
+    for name, target in (("postgresql", url), ("sqlite", str(lite_big))):
+        found = measure_scale(target, args.rounds)
+        report["scale"][name] = found
+        print(f"{name}: {found['sessions']} sessions, {found['tool_calls']} tool calls; "
+              f"latest 20 {found['latest_20_median_ms']} ms (target under 50), "
+              f"`spawnkit sessions` {found['sessions_command_median_s']} s, "
+              f"sessions() {found['sessions_frame_median_s']} s (target under 2), "
+              f"tool_calls() {found['tool_calls_frame_median_s']} s")  # fmt: skip
+    with server.admin(scale_db) as conn:
+        size = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+    report["scale"]["postgresql"]["mb"] = round(size[0] / 1e6, 1) if size else None
+    report["scale"]["sqlite"]["mb"] = round(lite_big.stat().st_size / 1e6, 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
