@@ -286,7 +286,13 @@ class Cluster:
         future: Future[Any] | None = None
         try:
             future = client.submit(
-                _on_worker, request, key=f"spawnkit-run-{session_id}", pure=False, retries=0
+                # A key of its own per submission: Dask answers a key it still holds with
+                # the result it has, so a session id given again would get the old run's.
+                _on_worker,
+                request,
+                key=f"spawnkit-run-{session_id}-{uuid.uuid4().hex[:8]}",
+                pure=False,
+                retries=0,
             )
             future.add_done_callback(lambda _: stream.put(None))
             try:

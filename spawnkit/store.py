@@ -561,10 +561,9 @@ def _write_complete(tx: Transaction, payload: Any, replayed: bool) -> None:
     )
     if updated:
         session_id = payload["session"][-2]
-        # A record is completed with its calls once; only a crash mark (no calls) gives way.
-        # So calls can be there already only when this write's first try was committed.
-        if replayed:
-            tx.execute("DELETE FROM tool_calls WHERE session_id = ?", (session_id,))
+        # The run wrote its calls live as they started and ended (record_tool_call), and a
+        # replayed completion may find its first try's: the final calls replace them.
+        tx.execute("DELETE FROM tool_calls WHERE session_id = ?", (session_id,))
         _insert_rows(tx, _CALL_INSERT, payload["calls"])
 
 
