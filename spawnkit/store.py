@@ -561,9 +561,12 @@ def _write_complete(tx: Transaction, payload: Any, replayed: bool) -> None:
     )
     if updated:
         session_id = payload["session"][-2]
-        # The run wrote its calls live as they started and ended (record_tool_call), and a
-        # replayed completion may find its first try's: the final calls replace them.
-        tx.execute("DELETE FROM tool_calls WHERE session_id = ?", (session_id,))
+        # Calls can be there already when the run wrote them live as they started and ended
+        # (record_tool_call), or when this write's first try was committed (a replay): the
+        # final calls replace them. Otherwise there are none (a record is completed with its
+        # calls once; only a crash mark, which has none, gives way), and no DELETE is sent.
+        if replayed or payload.get("live", True):
+            tx.execute("DELETE FROM tool_calls WHERE session_id = ?", (session_id,))
         _insert_rows(tx, _CALL_INSERT, payload["calls"])
 
 
@@ -856,6 +859,8 @@ class SessionStore:
         # is on this machine: its writes succeed or fail at once, with nothing to replay.
         self._journal = StoreJournal(self.local_dir, self.location) if self.path is None else None
         self._retrier: threading.Thread | None = None
+        # Open runs whose tool calls were written live here (record_tool_call).
+        self._live_calls: set[str] = set()
         self._retrier_lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = threading.Event()
@@ -1107,7 +1112,10 @@ class SessionStore:
             ]
             for seq, c in enumerate(result.tool_calls)
         ]  # fmt: skip
-        self._write("complete", session_id, {"session": session, "calls": calls})
+        # Rows to replace: calls the run wrote live through this store (record_tool_call).
+        live = session_id in self._live_calls
+        self._live_calls.discard(session_id)
+        self._write("complete", session_id, {"session": session, "calls": calls, "live": live})
 
     @_translated
     def record_tool_call(self, session_id: str, seq: int, call: ToolCall) -> bool:
@@ -1122,6 +1130,7 @@ class SessionStore:
             )
             if not open_rows:
                 return False
+            self._live_calls.add(session_id)
             tx.execute(
                 """INSERT INTO tool_calls (session_id, seq, call_id, name, server, tool, input,
                        output, status, started_at, finished_at, duration_ms)
