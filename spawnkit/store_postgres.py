@@ -232,6 +232,8 @@ def _pg(sql: str) -> str:
 
 
 class _Transaction:
+    writable_ctes = True
+
     def __init__(self, conn: psycopg.Connection[dict[str, Any]]) -> None:
         self._conn = conn
 
@@ -269,10 +271,13 @@ class PostgresBackend:
                 self._migrate(conn)
         except psycopg.Error as exc:
             raise self.error(exc) from exc
+        # The pool's connections are in autocommit: a read or a one-statement write is one
+        # round trip (no implicit BEGIN, no COMMIT when the connection goes back), and a
+        # transaction of several statements says BEGIN and COMMIT itself.
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[dict[str, Any]]] = (
             psycopg_pool.ConnectionPool(
                 url, min_size=1, max_size=POOL_MAX, timeout=POOL_TIMEOUT_S,
-                kwargs=self._kwargs, open=True, name="spawnkit-store",
+                kwargs={**self._kwargs, "autocommit": True}, open=True, name="spawnkit-store",
             )
         )  # fmt: skip
 
@@ -313,16 +318,11 @@ class PostgresBackend:
     @contextmanager
     def transaction(self, single: bool = False) -> Iterator[_Transaction]:
         with self._pool.connection() as conn:
-            if not single:
-                with conn.transaction():
-                    yield _Transaction(conn)
-                return
-            conn.autocommit = True  # no BEGIN and COMMIT around the one statement
-            try:
+            if single:  # the one statement commits on its own: no BEGIN and COMMIT
                 yield _Transaction(conn)
-            finally:
-                if not conn.broken:
-                    conn.autocommit = False
+                return
+            with conn.transaction():
+                yield _Transaction(conn)
 
     def error(self, exc: Exception) -> StoreError:
         """Unreachable (down, refused, wrong password) or another failure, in one line."""
