@@ -603,7 +603,9 @@ def _write_complete_one_statement(tx: Transaction, payload: Any, replace: bool) 
     if not calls and not replace:
         tx.execute(_COMPLETE, payload["session"])
         return
-    columns = [list(column) for column in zip(*calls)] if calls else [[] for _ in range(12)]
+    columns = (
+        [list(column) for column in zip(*calls, strict=True)] if calls else [[] for _ in range(12)]
+    )
     if replace:
         tx.execute(_COMPLETE_REPLACING_CALLS, [*payload["session"], len(calls), *columns])
     else:

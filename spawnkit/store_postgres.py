@@ -220,6 +220,17 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE TRIGGER state_notify AFTER INSERT OR UPDATE OR DELETE ON state
         FOR EACH ROW EXECUTE FUNCTION notify_change()
     """,
+    # 5 -> 6: the same rule for a session's UPDATE (silent when only the lease moved), told
+    # cheaply first: a row compare, and the lease compared alone; only when the lease moved
+    # are both rows turned into jsonb to see whether anything else did (before, every
+    # update converted both rows, the run's output and tool calls with them).
+    """
+    DROP TRIGGER sessions_notify_update ON sessions;
+    CREATE TRIGGER sessions_notify_update AFTER UPDATE ON sessions FOR EACH ROW
+        WHEN (OLD IS DISTINCT FROM NEW AND (OLD.lease_until IS NOT DISTINCT FROM NEW.lease_until
+            OR (to_jsonb(OLD) - 'lease_until') IS DISTINCT FROM (to_jsonb(NEW) - 'lease_until')))
+        EXECUTE FUNCTION notify_change()
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 # The NOTIFY channel of migration 5's triggers.
