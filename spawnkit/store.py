@@ -576,21 +576,25 @@ def _write_complete(tx: Transaction, payload: Any, replayed: bool) -> None:
 
 
 # The completion as one statement (PostgreSQL): the record's UPDATE in a WITH, and its
-# calls inserted only when that UPDATE found the record. The calls travel as one array a
-# column, so the statement is the same whatever their number, and is prepared once per
-# connection. Replacing earlier calls: those past the new last one go, the others are
-# overwritten in place (one statement must not delete and insert the same row).
-_CALL_COLUMNS = """session_id, seq, call_id, name, server, tool, input, output, status,
-    started_at, finished_at, duration_ms"""
-_CALL_ARRAYS = """unnest(?::text[], ?::int[], ?::text[], ?::text[], ?::text[], ?::text[],
-    ?::text[], ?::text[], ?::text[], ?::text[], ?::text[], ?::bigint[])"""
+# calls inserted only when that UPDATE found the record. The calls travel as one JSON
+# parameter (rows of json_to_recordset), so the statement is the same whatever their
+# number, is prepared once per connection, and costs the client one json.dumps. Replacing
+# earlier calls: those past the new last one go, the others are overwritten in place (one
+# statement must not delete and insert the same row).
+_CALL_KEYS = (
+    "session_id", "seq", "call_id", "name", "server", "tool", "input", "output", "status",
+    "started_at", "finished_at", "duration_ms",
+)  # fmt: skip
+_CALL_ROWS = """json_to_recordset(?::json) AS c(session_id TEXT, seq INTEGER, call_id TEXT,
+    name TEXT, server TEXT, tool TEXT, input TEXT, output TEXT, status TEXT, started_at TEXT,
+    finished_at TEXT, duration_ms BIGINT)"""
 _COMPLETE_WITH_CALLS = f"""WITH done AS ({_COMPLETE} RETURNING id)
-    INSERT INTO tool_calls ({_CALL_COLUMNS})
-    SELECT * FROM {_CALL_ARRAYS} WHERE EXISTS (SELECT 1 FROM done)"""
+    INSERT INTO tool_calls ({", ".join(_CALL_KEYS)})
+    SELECT c.* FROM {_CALL_ROWS} WHERE EXISTS (SELECT 1 FROM done)"""
 _COMPLETE_REPLACING_CALLS = f"""WITH done AS ({_COMPLETE} RETURNING id),
     gone AS (DELETE FROM tool_calls WHERE session_id IN (SELECT id FROM done) AND seq >= ?)
-    INSERT INTO tool_calls ({_CALL_COLUMNS})
-    SELECT * FROM {_CALL_ARRAYS} WHERE EXISTS (SELECT 1 FROM done)
+    INSERT INTO tool_calls ({", ".join(_CALL_KEYS)})
+    SELECT c.* FROM {_CALL_ROWS} WHERE EXISTS (SELECT 1 FROM done)
     ON CONFLICT (session_id, seq) DO UPDATE SET call_id = excluded.call_id,
         name = excluded.name, server = excluded.server, tool = excluded.tool,
         input = excluded.input, output = excluded.output, status = excluded.status,
@@ -603,13 +607,11 @@ def _write_complete_one_statement(tx: Transaction, payload: Any, replace: bool) 
     if not calls and not replace:
         tx.execute(_COMPLETE, payload["session"])
         return
-    columns = (
-        [list(column) for column in zip(*calls, strict=True)] if calls else [[] for _ in range(12)]
-    )
+    rows = json.dumps([dict(zip(_CALL_KEYS, call, strict=True)) for call in calls])
     if replace:
-        tx.execute(_COMPLETE_REPLACING_CALLS, [*payload["session"], len(calls), *columns])
+        tx.execute(_COMPLETE_REPLACING_CALLS, [*payload["session"], len(calls), rows])
     else:
-        tx.execute(_COMPLETE_WITH_CALLS, [*payload["session"], *columns])
+        tx.execute(_COMPLETE_WITH_CALLS, [*payload["session"], rows])
 
 
 _CALL_INSERT = """INSERT INTO tool_calls (session_id, seq, call_id, name, server, tool, input,
