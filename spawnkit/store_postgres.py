@@ -20,6 +20,7 @@ they stay in the local, owner-only credentials file.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -237,6 +238,7 @@ SCHEMA_VERSION = len(_MIGRATIONS)
 CHANNEL = "spawnkit"
 
 
+@functools.lru_cache(maxsize=1024)
 def _pg(sql: str) -> str:
     """The store's ``?`` placeholders as psycopg's ``%s`` (a literal ``%`` doubled)."""
     return sql.replace("%", "%%").replace("?", "%s")
@@ -319,7 +321,7 @@ class PostgresBackend:
         started, retried = time.monotonic(), False
         while True:
             try:
-                with self._pool.connection() as conn:
+                with self._connection() as conn:
                     return conn.execute(_pg(sql), params).fetchall()
             except psycopg.OperationalError:
                 if retried or time.monotonic() - started > STALE_CONNECTION_S:
@@ -327,8 +329,19 @@ class PostgresBackend:
                 retried = True
 
     @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        """A connection from the pool, given back after (one that broke is replaced). Not
+        the pool's ``connection()``: the commit it makes on the way back has nothing to do
+        on a connection in autocommit, and costs the client time on every read and write."""
+        conn = self._pool.getconn()
+        try:
+            yield conn
+        finally:
+            self._pool.putconn(conn)
+
+    @contextmanager
     def transaction(self, single: bool = False) -> Iterator[_Transaction]:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             if single:  # the one statement commits on its own: no BEGIN and COMMIT
                 yield _Transaction(conn)
                 return
