@@ -97,21 +97,53 @@ def record_runs(store: SessionStore, prefix: str, runs: int) -> float:
     return (time.perf_counter() - start) / runs
 
 
+def server_cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the server's backends ``pids`` used so far (the
+    throw-away server runs on this machine: its processes are in /proc)."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def measure_records(url: str, sqlite_path: Path, rounds: int, runs: int) -> dict[str, Any]:
-    pg_s, lite_s = [], []
+    """Wall time per run, and the CPU a run costs: this process's (client; for SQLite the
+    whole store) and, for PostgreSQL, the server backends' too. The CPU figures vary far
+    less than wall time with the load of a shared machine."""
+    pg_s, lite_s, pg_client, pg_server, lite_cpu = [], [], [], [], []
     with SessionStore(url) as pg, SessionStore(sqlite_path) as lite:
         record_runs(pg, "warm", 20)  # connections made, statements planned
         record_runs(lite, "warm", 20)
+        with psycopg.connect(url, autocommit=True) as conn:
+            pids = [
+                int(row[0]) for row in conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = 'spawnkit'"
+                ).fetchall()
+            ]  # fmt: skip
         for r in range(rounds):
+            cpu, server = time.process_time(), server_cpu_s(pids)
             pg_s.append(record_runs(pg, f"r{r}", runs))
+            pg_client.append((time.process_time() - cpu) / runs)
+            pg_server.append((server_cpu_s(pids) - server) / runs)
+            cpu = time.process_time()
             lite_s.append(record_runs(lite, f"r{r}", runs))
+            lite_cpu.append((time.process_time() - cpu) / runs)
     med = statistics.median
+    pg_cpu = med(pg_client) + med(pg_server)
     return {
         "runs_per_round": runs,
         "rounds": rounds,
         "postgresql_per_run_ms": round(med(pg_s) * 1000, 3),
         "sqlite_per_run_ms": round(med(lite_s) * 1000, 3),
         "ratio": round(med(pg_s) / med(lite_s), 3),
+        "cpu_per_run_ms": {
+            "postgresql_client": round(med(pg_client) * 1000, 3),
+            "postgresql_server": round(med(pg_server) * 1000, 3),
+            "postgresql": round(pg_cpu * 1000, 3),
+            "sqlite": round(med(lite_cpu) * 1000, 3),
+            "ratio": round(pg_cpu / med(lite_cpu), 3),
+        },
         "samples_ms": {
             "postgresql": [round(s * 1000, 3) for s in pg_s],
             "sqlite": [round(s * 1000, 3) for s in lite_s],
@@ -257,9 +289,12 @@ def measure_records_into(report: dict[str, Any], server: Any, args: argparse.Nam
     lite.unlink(missing_ok=True)
     report["records"] = measure_records(server.url(records_db), lite, args.rounds, args.runs)
     rec = report["records"]
+    cpu = rec["cpu_per_run_ms"]
     print(
         f"records: PostgreSQL {rec['postgresql_per_run_ms']} ms per run, SQLite "
-        f"{rec['sqlite_per_run_ms']} ms: ratio {rec['ratio']} (target at most 2)"
+        f"{rec['sqlite_per_run_ms']} ms: ratio {rec['ratio']} (target at most 2); CPU per "
+        f"run: PostgreSQL {cpu['postgresql']} ms (client {cpu['postgresql_client']}, server "
+        f"{cpu['postgresql_server']}), SQLite {cpu['sqlite']} ms: ratio {cpu['ratio']}"
     )
 
 

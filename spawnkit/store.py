@@ -513,6 +513,8 @@ def check_store(path: Path) -> StoreHealth:
 
 
 class _SqliteTransaction:
+    writable_ctes = False
+
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
 
@@ -545,29 +547,71 @@ def _write_setup(tx: Transaction, params: Any, replayed: bool) -> None:
     tx.execute("UPDATE sessions SET sandbox = ?, given = ? WHERE id = ?", params)
 
 
+_COMPLETE = """UPDATE sessions SET status = ?, success = ?, error = ?, error_kind = ?,
+        output = ?, tool_calls = ?, num_tool_calls = ?, duration_ms = ?,
+        input_tokens = ?, output_tokens = ?, cache_read_tokens = ?,
+        cache_write_tokens = ?, cost_usd = ?, num_turns = ?,
+        trace_id = COALESCE(?, trace_id),
+        runtime_session_id = COALESCE(?, runtime_session_id),
+        model = COALESCE(?, model), completed_at = ?, budget = ?,
+        attempts = ?
+    WHERE id = ? AND (completed_at IS NULL
+        OR (status = 'crashed' AND num_tool_calls IS NULL AND owner_host = ?))"""
+
+
 def _write_complete(tx: Transaction, payload: Any, replayed: bool) -> None:
-    updated = tx.execute(
-        """UPDATE sessions SET status = ?, success = ?, error = ?, error_kind = ?,
-               output = ?, tool_calls = ?, num_tool_calls = ?, duration_ms = ?,
-               input_tokens = ?, output_tokens = ?, cache_read_tokens = ?,
-               cache_write_tokens = ?, cost_usd = ?, num_turns = ?,
-               trace_id = COALESCE(?, trace_id),
-               runtime_session_id = COALESCE(?, runtime_session_id),
-               model = COALESCE(?, model), completed_at = ?, budget = ?,
-               attempts = ?
-           WHERE id = ? AND (completed_at IS NULL
-               OR (status = 'crashed' AND num_tool_calls IS NULL AND owner_host = ?))""",
-        payload["session"],
-    )
-    if updated:
+    # Calls can be there already when the run wrote them live as they started and ended
+    # (record_tool_call), or when this write's first try was committed (a replay): the
+    # final calls replace them. Otherwise there are none (a record is completed with its
+    # calls once; only a crash mark, which has none, gives way), and none are looked for.
+    replace = replayed or payload.get("live", True)
+    if tx.writable_ctes:
+        _write_complete_one_statement(tx, payload, replace)
+        return
+    if tx.execute(_COMPLETE, payload["session"]):
         session_id = payload["session"][-2]
-        # Calls can be there already when the run wrote them live as they started and ended
-        # (record_tool_call), or when this write's first try was committed (a replay): the
-        # final calls replace them. Otherwise there are none (a record is completed with its
-        # calls once; only a crash mark, which has none, gives way), and no DELETE is sent.
-        if replayed or payload.get("live", True):
+        if replace:
             tx.execute("DELETE FROM tool_calls WHERE session_id = ?", (session_id,))
         _insert_rows(tx, _CALL_INSERT, payload["calls"])
+
+
+# The completion as one statement (PostgreSQL): the record's UPDATE in a WITH, and its
+# calls inserted only when that UPDATE found the record. The calls travel as one JSON
+# parameter (rows of json_to_recordset), so the statement is the same whatever their
+# number, is prepared once per connection, and costs the client one json.dumps. Replacing
+# earlier calls: those past the new last one go, the others are overwritten in place (one
+# statement must not delete and insert the same row).
+_CALL_KEYS = (
+    "session_id", "seq", "call_id", "name", "server", "tool", "input", "output", "status",
+    "started_at", "finished_at", "duration_ms",
+)  # fmt: skip
+_CALL_ROWS = """json_to_recordset(?::json) AS c(session_id TEXT, seq INTEGER, call_id TEXT,
+    name TEXT, server TEXT, tool TEXT, input TEXT, output TEXT, status TEXT, started_at TEXT,
+    finished_at TEXT, duration_ms BIGINT)"""
+_COMPLETE_WITH_CALLS = f"""WITH done AS ({_COMPLETE} RETURNING id)
+    INSERT INTO tool_calls ({", ".join(_CALL_KEYS)})
+    SELECT c.* FROM {_CALL_ROWS} WHERE EXISTS (SELECT 1 FROM done)"""
+_COMPLETE_REPLACING_CALLS = f"""WITH done AS ({_COMPLETE} RETURNING id),
+    gone AS (DELETE FROM tool_calls WHERE session_id IN (SELECT id FROM done) AND seq >= ?)
+    INSERT INTO tool_calls ({", ".join(_CALL_KEYS)})
+    SELECT c.* FROM {_CALL_ROWS} WHERE EXISTS (SELECT 1 FROM done)
+    ON CONFLICT (session_id, seq) DO UPDATE SET call_id = excluded.call_id,
+        name = excluded.name, server = excluded.server, tool = excluded.tool,
+        input = excluded.input, output = excluded.output, status = excluded.status,
+        started_at = excluded.started_at, finished_at = excluded.finished_at,
+        duration_ms = excluded.duration_ms"""
+
+
+def _write_complete_one_statement(tx: Transaction, payload: Any, replace: bool) -> None:
+    calls = payload["calls"]
+    if not calls and not replace:
+        tx.execute(_COMPLETE, payload["session"])
+        return
+    rows = json.dumps([dict(zip(_CALL_KEYS, call, strict=True)) for call in calls])
+    if replace:
+        tx.execute(_COMPLETE_REPLACING_CALLS, [*payload["session"], len(calls), rows])
+    else:
+        tx.execute(_COMPLETE_WITH_CALLS, [*payload["session"], rows])
 
 
 _CALL_INSERT = """INSERT INTO tool_calls (session_id, seq, call_id, name, server, tool, input,
@@ -615,6 +659,8 @@ def _write_cli_events(tx: Transaction, rows: Any, replayed: bool) -> None:
 
 # The writes that are one statement (a server commits it without BEGIN and COMMIT).
 _SINGLE_STATEMENT = frozenset({"started", "setup", "mcp_call", "episode"})
+# ... and on an engine with writable CTEs (PostgreSQL) the completion too.
+_SINGLE_WITH_CTES = _SINGLE_STATEMENT | {"complete"}
 
 
 def _write_mcp_call(tx: Transaction, row: Any, replayed: bool) -> None:
@@ -858,6 +904,8 @@ class SessionStore:
         # A server's writes that could not be made wait in this machine's journal; SQLite
         # is on this machine: its writes succeed or fail at once, with nothing to replay.
         self._journal = StoreJournal(self.local_dir, self.location) if self.path is None else None
+        # The writes that are one statement here (the server, PostgreSQL, has writable CTEs).
+        self._singles = _SINGLE_STATEMENT if self.path is not None else _SINGLE_WITH_CTES
         self._retrier: threading.Thread | None = None
         # Open runs whose tool calls were written live here (record_tool_call).
         self._live_calls: set[str] = set()
@@ -921,7 +969,7 @@ class SessionStore:
         journal = self._journal
         if journal is None:
             try:
-                with self._db.transaction(op in _SINGLE_STATEMENT) as tx:
+                with self._db.transaction(op in self._singles) as tx:
                     _WRITES[op](tx, payload, False)
             except self._db.errors as exc:
                 raise self._db.error(exc) from exc
@@ -934,7 +982,7 @@ class SessionStore:
         replayed = False
         while True:
             try:
-                with self._db.transaction(op in _SINGLE_STATEMENT and not replayed) as tx:
+                with self._db.transaction(op in self._singles and not replayed) as tx:
                     _WRITES[op](tx, payload, replayed)
                 return
             except self._db.errors as exc:

@@ -49,6 +49,10 @@ def redact_url(url: str) -> str:
 class Transaction(Protocol):
     """One write transaction: committed when its block ends, rolled back on an exception."""
 
+    # Whether the engine runs INSERT, UPDATE and DELETE inside WITH (PostgreSQL; SQLite
+    # does not): a write of several steps can then be one statement, one round trip.
+    writable_ctes: bool
+
     def execute(self, sql: str, params: Params = ()) -> int:
         """Run one statement; how many rows it changed."""
         ...

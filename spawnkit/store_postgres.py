@@ -20,6 +20,7 @@ they stay in the local, owner-only credentials file.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -220,18 +221,32 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE TRIGGER state_notify AFTER INSERT OR UPDATE OR DELETE ON state
         FOR EACH ROW EXECUTE FUNCTION notify_change()
     """,
+    # 5 -> 6: the same rule for a session's UPDATE (silent when only the lease moved), told
+    # cheaply first: a row compare, and the lease compared alone; only when the lease moved
+    # are both rows turned into jsonb to see whether anything else did (before, every
+    # update converted both rows, the run's output and tool calls with them).
+    """
+    DROP TRIGGER sessions_notify_update ON sessions;
+    CREATE TRIGGER sessions_notify_update AFTER UPDATE ON sessions FOR EACH ROW
+        WHEN (OLD IS DISTINCT FROM NEW AND (OLD.lease_until IS NOT DISTINCT FROM NEW.lease_until
+            OR (to_jsonb(OLD) - 'lease_until') IS DISTINCT FROM (to_jsonb(NEW) - 'lease_until')))
+        EXECUTE FUNCTION notify_change()
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 # The NOTIFY channel of migration 5's triggers.
 CHANNEL = "spawnkit"
 
 
+@functools.lru_cache(maxsize=1024)
 def _pg(sql: str) -> str:
     """The store's ``?`` placeholders as psycopg's ``%s`` (a literal ``%`` doubled)."""
     return sql.replace("%", "%%").replace("?", "%s")
 
 
 class _Transaction:
+    writable_ctes = True
+
     def __init__(self, conn: psycopg.Connection[dict[str, Any]]) -> None:
         self._conn = conn
 
@@ -269,10 +284,13 @@ class PostgresBackend:
                 self._migrate(conn)
         except psycopg.Error as exc:
             raise self.error(exc) from exc
+        # The pool's connections are in autocommit: a read or a one-statement write is one
+        # round trip (no implicit BEGIN, no COMMIT when the connection goes back), and a
+        # transaction of several statements says BEGIN and COMMIT itself.
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[dict[str, Any]]] = (
             psycopg_pool.ConnectionPool(
                 url, min_size=1, max_size=POOL_MAX, timeout=POOL_TIMEOUT_S,
-                kwargs=self._kwargs, open=True, name="spawnkit-store",
+                kwargs={**self._kwargs, "autocommit": True}, open=True, name="spawnkit-store",
             )
         )  # fmt: skip
 
@@ -303,7 +321,7 @@ class PostgresBackend:
         started, retried = time.monotonic(), False
         while True:
             try:
-                with self._pool.connection() as conn:
+                with self._connection() as conn:
                     return conn.execute(_pg(sql), params).fetchall()
             except psycopg.OperationalError:
                 if retried or time.monotonic() - started > STALE_CONNECTION_S:
@@ -311,18 +329,24 @@ class PostgresBackend:
                 retried = True
 
     @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        """A connection from the pool, given back after (one that broke is replaced). Not
+        the pool's ``connection()``: the commit it makes on the way back has nothing to do
+        on a connection in autocommit, and costs the client time on every read and write."""
+        conn = self._pool.getconn()
+        try:
+            yield conn
+        finally:
+            self._pool.putconn(conn)
+
+    @contextmanager
     def transaction(self, single: bool = False) -> Iterator[_Transaction]:
-        with self._pool.connection() as conn:
-            if not single:
-                with conn.transaction():
-                    yield _Transaction(conn)
-                return
-            conn.autocommit = True  # no BEGIN and COMMIT around the one statement
-            try:
+        with self._connection() as conn:
+            if single:  # the one statement commits on its own: no BEGIN and COMMIT
                 yield _Transaction(conn)
-            finally:
-                if not conn.broken:
-                    conn.autocommit = False
+                return
+            with conn.transaction():
+                yield _Transaction(conn)
 
     def error(self, exc: Exception) -> StoreError:
         """Unreachable (down, refused, wrong password) or another failure, in one line."""

@@ -160,6 +160,11 @@ def test_store_postgres_benchmark_runs(tmp_path: Path) -> None:
     assert records["ratio"] == pytest.approx(
         records["postgresql_per_run_ms"] / records["sqlite_per_run_ms"], rel=0.01
     )
+    cpu = records["cpu_per_run_ms"]  # the server's is read from /proc: ticks, may round to 0
+    assert cpu["postgresql_client"] > 0 and cpu["postgresql_server"] >= 0 and cpu["sqlite"] > 0
+    assert cpu["postgresql"] == pytest.approx(
+        cpu["postgresql_client"] + cpu["postgresql_server"], abs=0.002
+    )
     for backend in ("postgresql", "sqlite"):
         scale = report["scale"][backend]
         assert (scale["sessions"], scale["tool_calls"]) == (3000, 6000)

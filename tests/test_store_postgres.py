@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -18,6 +19,7 @@ import pytest
 from spawnkit.credential_file import CredentialFile
 from spawnkit.credentials import CredentialStore
 from spawnkit.errors import StoreTooNew, StoreUnreachable
+from spawnkit.result import SpawnerResult, ToolCall, Usage
 from spawnkit.store import SessionStore
 from spawnkit.store_backend import redact_url
 from spawnkit.store_postgres import SCHEMA_VERSION
@@ -94,7 +96,7 @@ def test_a_schema_3_database_gains_leases_and_keeps_its_records(postgres_url: st
         assert renewed is not None and renewed.lease_until is not None
     with psycopg.connect(postgres_url) as conn:
         versions = conn.execute("SELECT version FROM spawnkit.schema_version ORDER BY 1")
-        assert versions.fetchall() == [(1,), (2,), (3,), (4,), (5,)]
+        assert versions.fetchall() == [(1,), (2,), (3,), (4,), (5,), (6,)]
         triggers = conn.execute(
             "SELECT tgname FROM pg_trigger WHERE tgname LIKE '%_notify%' ORDER BY 1"
         ).fetchall()
@@ -102,7 +104,53 @@ def test_a_schema_3_database_gains_leases_and_keeps_its_records(postgres_url: st
             ("sessions_notify",), ("sessions_notify_update",), ("state_notify",),
             ("tool_calls_notify",),
         ]  # fmt: skip
-    assert SCHEMA_VERSION == 5
+    assert SCHEMA_VERSION == 6
+
+
+def test_a_completion_notifies_its_record_and_calls_and_a_lease_renewal_alone_is_silent(
+    postgres_url: str,
+) -> None:
+    at = datetime.now(UTC)
+    calls = [
+        ToolCall.start(f"c{i}", "Bash", {"i": i}, at).finish(f"out {i}", False, at)
+        for i in range(3)
+    ]
+    result = SpawnerResult(
+        output="done", tool_calls=calls, success=True, session_id="n1", duration_ms=5,
+        usage=Usage(1, 1, 0, 0), status="success",
+    )  # fmt: skip
+    with (
+        SessionStore(postgres_url, lease_s=20) as store,
+        psycopg.connect(postgres_url, autocommit=True) as listener,
+    ):
+        store.create_session(
+            "n1", butler="b", runtime="codex", model=None, prompt="p", context=None,
+            trigger_source="external",
+        )  # fmt: skip
+        listener.execute("LISTEN spawnkit")
+        assert store.renew_leases(["n1"]) == 1  # only the lease moves: no notification
+        with psycopg.connect(postgres_url, autocommit=True) as conn:  # changes nothing
+            conn.execute("UPDATE spawnkit.sessions SET status = status WHERE id = 'n1'")
+        store.mark_started("n1", started_at=at, trace_id="t" * 32)
+        store.complete_session("n1", result)
+        got = [json.loads(n.payload) for n in listener.notifies(timeout=TIMEOUT_S, stop_after=5)]
+    seen = [(g["table"], g["op"], g["status"], g.get("seq")) for g in got]
+    assert seen[0] == ("sessions", "UPDATE", "running", None)  # not the renewal's 'queued'
+    assert sorted(seen[1:], key=str) == sorted(
+        [("sessions", "UPDATE", "success", None)]
+        + [("tool_calls", "INSERT", "ok", i) for i in range(3)],
+        key=str,
+    )
+    assert {g["butler"] for g in got} == {"b"}
+    with SessionStore(postgres_url) as store:
+        record = store.get_session("n1")
+        assert record is not None and record.status == "success"
+    with psycopg.connect(postgres_url) as conn:
+        rows = conn.execute(
+            "SELECT seq, call_id, output, server, input FROM spawnkit.tool_calls "
+            "WHERE session_id = 'n1' ORDER BY seq"
+        ).fetchall()
+    assert rows == [(i, f"c{i}", f"out {i}", None, json.dumps({"i": i})) for i in range(3)]
 
 
 OPENER = """
