@@ -236,7 +236,8 @@ _MIGRATIONS: tuple[str, ...] = (
         id INTEGER PRIMARY KEY CHECK (id = 1), token TEXT NOT NULL,
         epoch BIGINT NOT NULL DEFAULT 0
     );
-    INSERT INTO history_epoch (id, token) VALUES (1, md5(random()::text || clock_timestamp()::text));
+    INSERT INTO history_epoch (id, token)
+        VALUES (1, md5(random()::text || clock_timestamp()::text));
     ALTER TABLE sessions ADD COLUMN change_xid BIGINT;
     CREATE INDEX sessions_by_change ON sessions (change_xid);
     CREATE TABLE deleted_sessions (id TEXT NOT NULL, change_xid BIGINT NOT NULL);
