@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 from ..home import spawnkit_home
 from ..store_backend import redact_url
 from . import server_query
+from .rows import Column
 from .store_cache import load_table, save_table
 
 FORMAT = "spawnkit-server-cache-1"
@@ -123,7 +124,7 @@ def cached_sessions(
     return table
 
 
-def merge(base: pa.Table, tail: pa.Table, stale: pa.Array) -> pa.Table:
+def merge(base: pa.Table, tail: pa.Table, stale: Column) -> pa.Table:
     """``base`` (in created_at, session_id order) without the rows whose id is in ``stale``,
     with ``tail`` (in the same order) merged in."""
     if len(stale):
