@@ -234,3 +234,38 @@ def test_reads_while_two_processes_write(
                 w.wait()
     frame = _same_as_the_database(url)
     assert len(frame) == 4 + 300 and reads >= 3
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_merging_changed_rows_gives_the_order_of_a_full_sort(seed: int) -> None:
+    """New, changed and deleted sessions merged into cached columns (by slices or one
+    gather, with ties on created_at) come out as a sort of the whole would give them."""
+    import numpy as np
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    n = [0, 5, 50, 300, 2000, 5000][seed]
+    ids = [f"s{i:05d}" for i in range(n)]
+    created = rng.integers(0, max(1, n // 3), n) * 1000  # ties within the base
+    base = pa.table(
+        {
+            "session_id": pa.array(ids, pa.string()),
+            "created_at": pa.array(created, pa.timestamp("ns")),
+        }
+    )
+    base = base.sort_by([("created_at", "ascending"), ("session_id", "ascending")])
+    changed = [ids[i] for i in rng.choice(n, min(n, [0, 2, 10, 100, 3, 900][seed]), False)]
+    new = [f"n{i:05d}" for i in range([3, 0, 7, 1, 80, 0][seed])]
+    stamps = rng.integers(0, max(1, n // 3) + 5, len(changed) + len(new)) * 1000 + (seed % 2)
+    tail = pa.table({"session_id": pa.array(changed + new, pa.string()),
+                     "created_at": pa.array(stamps, pa.timestamp("ns"))})  # fmt: skip
+    tail = tail.sort_by([("created_at", "ascending"), ("session_id", "ascending")])
+    deleted = [ids[i] for i in rng.choice(n, min(n, 4), False)] if n else []
+    stale = pa.array(changed + deleted, pa.string())
+    got = server_cache.merge(base, tail, stale)
+    kept = base.filter(pa.compute.invert(pa.compute.is_in(base["session_id"], value_set=stale)))
+    want = pa.concat_tables([kept, tail]).sort_by(
+        [("created_at", "ascending"), ("session_id", "ascending")]
+    )
+    assert got.to_pydict() == want.to_pydict()
+    assert got.num_rows == n - len(set(changed) | set(deleted)) + len(changed) + len(new)

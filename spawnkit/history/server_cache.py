@@ -45,8 +45,8 @@ from .store_cache import load_table, save_table
 FORMAT = "spawnkit-server-cache-1"
 REWRITE_ROWS = 10_000
 """The cache is written again once this many changed rows (or 5%) are merged into it."""
-# Rows merged one slice at a time below this; above it, one sort of the whole table.
-_SLICE_MERGE_ROWS = 2_000
+# Changed rows that fall in more runs than this are gathered in one copy, not sliced.
+_RUNS = 64
 ORDER = 'created_at, id COLLATE "C"'
 """How a server orders sessions (the byte order of ids, as Arrow sorts them)."""
 
@@ -126,51 +126,37 @@ def cached_sessions(
 
 def merge(base: pa.Table, tail: pa.Table, stale: Column) -> pa.Table:
     """``base`` (in created_at, session_id order) without the rows whose id is in ``stale``,
-    with ``tail`` (in the same order) merged in."""
+    with ``tail`` (in the same order) merged in: one gather of the rows, or slices of the
+    base when the changes fall in a few places (new sessions come last)."""
+    rows = np.arange(base.num_rows)
     if len(stale):
-        drop = pc.is_in(base["session_id"], value_set=stale)
-        where = np.flatnonzero(drop.to_numpy(zero_copy_only=False))
-        if len(where):
-            base = _without(base, where)
+        drop = pc.is_in(base["session_id"], value_set=stale).to_numpy(zero_copy_only=False)
+        if drop.any():
+            rows = rows[~drop]
     if not tail.num_rows:
-        return base
-    if not base.num_rows:
-        return tail
-    created = base["created_at"].cast(pa.int64()).to_numpy()
+        return _take(base, rows)
+    created = base["created_at"].cast(pa.int64()).to_numpy()[rows]
     added = tail["created_at"].cast(pa.int64()).to_numpy()
-    if tail.num_rows > _SLICE_MERGE_ROWS or np.isin(added, created).any():
-        # Many rows, or a tie on created_at that only the ids can order: one sort.
-        both = pa.concat_tables([base, tail])
+    both = pa.concat_tables([base, tail])
+    if np.isin(added, created).any():
+        # A tie on created_at that only the ids order: one sort of what is kept.
+        kept = _take(both, np.concatenate([rows, base.num_rows + np.arange(tail.num_rows)]))
         order = pc.sort_indices(
-            both, sort_keys=[("created_at", "ascending"), ("session_id", "ascending")]
+            kept, sort_keys=[("created_at", "ascending"), ("session_id", "ascending")]
         )
-        return both.take(order)
-    # A few rows (new sessions, open ones that completed): slices of the base between them.
+        return kept.take(order)
     places = np.searchsorted(created, added, side="right")
-    pieces: list[pa.Table] = []
-    start = 0
-    for i, place in enumerate(places.tolist()):
-        if place > start:
-            pieces.append(base.slice(start, place - start))
-            start = place
-        pieces.append(tail.slice(i, 1))
-    if start < base.num_rows:
-        pieces.append(base.slice(start))
-    return pa.concat_tables(pieces)
+    return _take(both, np.insert(rows, places, base.num_rows + np.arange(tail.num_rows)))
 
 
-def _without(table: pa.Table, rows: np.ndarray) -> pa.Table:
-    """``table`` without the sorted row numbers ``rows`` (slices when they are few)."""
-    if len(rows) > _SLICE_MERGE_ROWS:
-        keep = np.ones(table.num_rows, dtype=bool)
-        keep[rows] = False
-        return table.filter(pa.array(keep))
-    pieces: list[pa.Table] = []
-    start = 0
-    for row in rows.tolist():
-        if row > start:
-            pieces.append(table.slice(start, row - start))
-        start = row + 1
-    if start < table.num_rows:
-        pieces.append(table.slice(start))
+def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """The rows numbered ``rows`` of ``table``, as slices when they form a few runs."""
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    if not len(breaks) and len(rows) == table.num_rows and (not len(rows) or rows[0] == 0):
+        return table  # every row, in order
+    if len(breaks) > _RUNS:
+        return table.take(pa.array(rows))
+    starts = np.concatenate([[0], breaks]).tolist()
+    ends = np.concatenate([breaks, [len(rows)]]).tolist()
+    pieces = [table.slice(int(rows[a]), b - a) for a, b in zip(starts, ends, strict=True)]
     return pa.concat_tables(pieces) if pieces else table.schema.empty_table()
