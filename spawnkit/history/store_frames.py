@@ -7,8 +7,10 @@ counts nullable integers. Filters (butler, runtime, status, kind, since/until, s
 the database. A large store is read through :mod:`spawnkit.history.store_cache`: its completed
 history comes memory-mapped from a columnar cache, already typed, and only the rows after
 the cache's watermark come from SQLite (filters then run on the cached columns and in the
-query of the new rows). ``columns`` converts only the columns asked for. Reads are read-only
-and closed before returning; the store's writers (WAL mode) are never blocked.
+query of the new rows). A PostgreSQL store's sessions go through
+:mod:`spawnkit.history.server_cache` the same way, refreshed with the rows changed since
+the last read. ``columns`` converts only the columns asked for. Reads are read-only and
+closed before returning; the store's writers (WAL mode) are never blocked.
 
 Column names follow :data:`spawnkit.history.SESSION_COLUMNS` where they apply
 (``session_id``, ``started_at``, ``ended_at``, token columns, ``cost_usd``, ``cost_source``,
