@@ -293,6 +293,7 @@ def measure_records_into(report: dict[str, Any], server: Any, args: argparse.Nam
     lite = WORK / "store-records.db"
     lite.unlink(missing_ok=True)
     report["records"] = measure_records(server.url(records_db), lite, args.rounds, args.runs)
+    report["records"]["date"] = report["date"]  # the run's: kept when another part is rerun
     rec = report["records"]
     print(
         f"records: PostgreSQL {rec['postgresql_per_run_ms']} ms per run, SQLite "
@@ -319,7 +320,7 @@ def measure_scale_into(report: dict[str, Any], server: Any, args: argparse.Names
     for name, target in (("postgresql", url), ("sqlite", str(lite_big))):
         if args.backend not in (None, name):
             continue
-        found = measure_scale(target, args.rounds, args.call_rounds)
+        found = {"date": report["date"], **measure_scale(target, args.rounds, args.call_rounds)}
         report["scale"][name] = found
         print(f"{name}: {found['sessions']} sessions, {found['tool_calls']} tool calls; "
               f"latest 20 {found['latest_20_median_ms']} ms (target under 50), "
