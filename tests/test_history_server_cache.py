@@ -117,6 +117,26 @@ def test_updates_new_and_deleted_sessions_show_up_and_only_they_are_read(
     assert frame["butler"].iloc[-1] == "finance"
 
 
+def test_a_store_before_schema_6_is_read_directly(
+    server_store: SessionStore, isolated_home: Path
+) -> None:
+    url = str(server_store.source)
+    server_store.close()
+    with psycopg.connect(url, autocommit=True) as conn:  # as schema 5 left it
+        for name in ("mark_session_change", "note_deleted_sessions", "bump_history_epoch"):
+            conn.execute(f"DROP FUNCTION spawnkit.{name}() CASCADE")
+        conn.execute("DROP TABLE spawnkit.history_epoch, spawnkit.deleted_sessions")
+        conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN change_xid")
+        conn.execute("DELETE FROM spawnkit.schema_version WHERE version = 6")
+    frame = _same_as_the_database(url)
+    assert list(frame["session_id"]) == ["a", "b", "c", "d"]
+    assert not (isolated_home / "history-cache").exists()
+    with SessionStore(url) as migrated:  # opening it migrates; then the cache is used
+        record(migrated, "e", butler="health", at=T0 + timedelta(days=4))
+    assert list(_same_as_the_database(url)["session_id"]) == ["a", "b", "c", "d", "e"]
+    assert (_folder(isolated_home) / "sessions.arrow").is_file()
+
+
 def test_a_truncate_makes_the_cache_stale(server_store: SessionStore) -> None:
     assert len(_same_as_the_database(server_store)) == 4
     with psycopg.connect(str(server_store.source), autocommit=True) as conn:

@@ -50,6 +50,7 @@ _RUNS = 64
 ORDER = 'created_at, id COLLATE "C"'
 """How a server orders sessions (the byte order of ids, as Arrow sorts them)."""
 
+_MARKED = "SELECT to_regclass('history_epoch') IS NOT NULL AS marked"
 _IDENTITY = """SELECT (SELECT system_identifier FROM pg_control_system())::text AS system,
     (SELECT oid FROM pg_database WHERE datname = current_database())::bigint AS database,
     token, epoch, pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS horizon
@@ -93,14 +94,17 @@ class ServerCache:
 
 def cached_sessions(
     url: str, select: str, typed: Callable[[pa.Table], pa.Table], schema: pa.Schema
-) -> pa.Table:
-    """Every session of the store at ``url``, in :data:`ORDER`, through the cache.
+) -> pa.Table | None:
+    """Every session of the store at ``url``, in :data:`ORDER`, through the cache; None
+    for a store older than schema 6 (no change markers: read it directly).
 
     ``select`` is the ``SELECT … FROM sessions`` of the cached columns (no WHERE),
     ``typed`` turns its result into ``schema``'s columns.
     """
     cache = ServerCache(url)
     with server_query.snapshot(url) as run:
+        if not run(_MARKED, ()).to_pylist()[0]["marked"]:
+            return None  # migrated when a SessionStore next opens it
         row = run(_IDENTITY, ()).to_pylist()[0]
         state = ServerState(
             f"{row['system']}:{row['database']}:{row['token']}", int(row["epoch"]),

@@ -309,7 +309,8 @@ def _sessions_table(
             path, f"SELECT {_select(SESSION_FIELDS, True)} FROM sessions",
             lambda read: _typed(read, SESSION_FIELDS), SESSION_SCHEMA,
         )  # fmt: skip
-        return table.filter(filters.mask(table)) if filters else table
+        if table is not None:
+            return table.filter(filters.mask(table)) if filters else table
     state = _use_cache(path, cache)
     if state is None or path is None or isinstance(path, str):
         where, params = filters.sql()
