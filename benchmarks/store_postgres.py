@@ -10,9 +10,11 @@ Two parts, each against a baseline measured in the same run:
   and 10), on both backends: the latest 20 sessions as ``spawnkit sessions`` reads them
   (``SessionStore.list_sessions(limit=20)``, target under 50 ms; the whole command, a
   fresh process, is timed too), the unfiltered ``history.sessions()`` frame (target
-  under 2 s), the same frame of four columns, and the ``history.tool_calls()`` frame. On
-  SQLite the frames are read warm, through the columnar cache (the normal case for a large
-  store); PostgreSQL has no cache and is read through ADBC.
+  under 2 s), the same frame of four columns, and the ``history.tool_calls()`` frame. The
+  sessions frames are read warm, through the local columnar cache (the normal case for a
+  large store), after a first read that builds it; on PostgreSQL also without the cache
+  (everything through ADBC) and after 1,000 sessions spread over the history were updated
+  (merged into the cached columns). Tool calls are cached on SQLite only.
 
 The server is a throw-away Debian PostgreSQL (``tests/postgres.py``: ``fsync=off``, as the
 SQLite store's ``synchronous = NORMAL`` does not fsync a commit either), on loopback TCP.
@@ -22,7 +24,8 @@ the same values (faster here than streaming rows in with COPY). Generated files 
 ``benchmarks/.work/``; results go to ``benchmarks/results/store_postgres.json``. Usage::
 
     .venv/bin/python benchmarks/store_postgres.py [--rounds 7] [--runs 200]
-        [--sessions 1000000] [--calls 10]
+        [--sessions 1000000] [--calls 10] [--only records|scale]
+        [--backend postgresql|sqlite] [--call-rounds 2]
 """
 
 from __future__ import annotations
@@ -214,20 +217,49 @@ def command(target: str) -> float:
     return timed(lambda: subprocess.run(argv, env=env, check=True, capture_output=True))
 
 
-def measure_scale(target: str, rounds: int) -> dict[str, Any]:
+def update_scattered(url: str, n_sessions: int, count: int) -> None:
+    """``count`` sessions spread over the whole history updated (their cost set again)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            """UPDATE spawnkit.sessions SET cost_usd = cost_usd WHERE id IN (
+                SELECT lpad(to_hex(i), 8, '0') || '-0000-4000-8000-' || lpad(to_hex(i), 12, '0')
+                FROM generate_series(0::bigint, %s::bigint - 1, %s::bigint) AS i)""",
+            (n_sessions, max(1, n_sessions // count)),
+        )
+
+
+def cache_mb() -> float:
+    folder = Path(os.environ["SPAWNKIT_HOME"]) / "history-cache"
+    return round(sum(f.stat().st_size for f in folder.glob("server-*/*.arrow")) / 1e6, 1)
+
+
+def measure_scale(target: str, rounds: int, call_rounds: int = 2) -> dict[str, Any]:
     med = statistics.median
+    server = target.startswith("postgresql")
     with SessionStore(target) as store:
         latest_20(store)
         recent = [latest_20(store) for _ in range(max(rounds, 5) * 3)]
         sessions_count = store.count_sessions()
     commands = [command(target) for _ in range(max(3, rounds // 2))]
-    first = timed(lambda: frames.sessions(target))  # SQLite: builds the columnar cache
+    first = timed(lambda: frames.sessions(target))  # builds the columnar cache
     sessions_s = [timed(lambda: frames.sessions(target)) for _ in range(rounds)]
     narrow_s = [timed(lambda: frames.sessions(target, columns=NARROW)) for _ in range(rounds)]
+    extra: dict[str, Any] = {}
+    if server:
+        extra["sessions_frame_uncached_s"] = round(
+            timed(lambda: frames.sessions(target, cache=False)), 3
+        )
+        extra["cache_mb"] = cache_mb()
+        # 1,000 old sessions change: merged into the cached columns in memory.
+        update_scattered(target, sessions_count, 1000)
+        changed = [timed(lambda: frames.sessions(target)) for _ in range(max(3, rounds // 2))]
+        extra["sessions_frame_after_1000_updates_median_s"] = round(med(changed), 3)
+        extra["samples_after_1000_updates_s"] = changed
     frames.tool_calls(target)  # SQLite: builds the columnar cache
-    calls_s = [timed(lambda: frames.tool_calls(target)) for _ in range(2)]
+    calls_s = [timed(lambda: frames.tool_calls(target)) for _ in range(call_rounds)]
     n_calls = len(frames.tool_calls(target, columns=["seq"]))
     return {
+        **extra,
         "sessions": sessions_count,
         "tool_calls": n_calls,
         "latest_20_median_ms": round(med(recent) * 1000, 2),
@@ -253,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=1_000_000)
     parser.add_argument("--calls", type=int, default=10, help="tool calls per session")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--backend", choices=["postgresql", "sqlite"], help="scale: measure one backend (the "
+        "other's figures in --out, if any, are kept)",
+    )  # fmt: skip
+    parser.add_argument("--call-rounds", type=int, default=2, help="tool_calls() reads timed")
     parser.add_argument(
         "--only", choices=["records", "scale"], help="run one part (the other's figures in "
         "--out, if any, are kept)",
@@ -288,6 +325,7 @@ def measure_records_into(report: dict[str, Any], server: Any, args: argparse.Nam
     lite = WORK / "store-records.db"
     lite.unlink(missing_ok=True)
     report["records"] = measure_records(server.url(records_db), lite, args.rounds, args.runs)
+    report["records"]["date"] = report["date"]  # the run's: kept when another part is rerun
     rec = report["records"]
     cpu = rec["cpu_per_run_ms"]
     print(
@@ -303,28 +341,34 @@ def measure_scale_into(report: dict[str, Any], server: Any, args: argparse.Names
     url = server.url(scale_db)
     lite_big = WORK / f"store-{args.sessions}-{args.calls}.db"
     generated: dict[str, float] = {}
-    if not lite_big.exists():
+    if args.backend != "postgresql" and not lite_big.exists():
         generated["sqlite_s"] = round(
             timed(lambda: make_store(lite_big, args.sessions, args.calls)), 1
         )
-    generated["postgresql_s"] = round(
-        timed(lambda: make_server_store(url, args.sessions, args.calls)), 1
-    )
-    report["generated"] = generated
+    if args.backend != "sqlite":
+        generated["postgresql_s"] = round(
+            timed(lambda: make_server_store(url, args.sessions, args.calls)), 1
+        )
+    report["generated"] = {**report.get("generated", {}), **generated}
     print(f"generated in {generated}")
-    report["scale"] = {}
+    report.setdefault("scale", {})
     for name, target in (("postgresql", url), ("sqlite", str(lite_big))):
-        found = measure_scale(target, args.rounds)
+        if args.backend not in (None, name):
+            continue
+        found = {"date": report["date"], **measure_scale(target, args.rounds, args.call_rounds)}
         report["scale"][name] = found
         print(f"{name}: {found['sessions']} sessions, {found['tool_calls']} tool calls; "
               f"latest 20 {found['latest_20_median_ms']} ms (target under 50), "
               f"`spawnkit sessions` {found['sessions_command_median_s']} s, "
-              f"sessions() {found['sessions_frame_median_s']} s (target under 2), "
+              f"sessions() {found['sessions_frame_median_s']} s warm (target under 2; "
+              f"first {found['sessions_frame_first_s']} s), "
               f"tool_calls() {found['tool_calls_frame_median_s']} s")  # fmt: skip
     with server.admin(scale_db) as conn:
         size = conn.execute("SELECT pg_database_size(current_database())").fetchone()
-    report["scale"]["postgresql"]["mb"] = round(size[0] / 1e6, 1) if size else None
-    report["scale"]["sqlite"]["mb"] = round(lite_big.stat().st_size / 1e6, 1)
+    if args.backend != "sqlite":
+        report["scale"]["postgresql"]["mb"] = round(size[0] / 1e6, 1) if size else None
+    if args.backend != "postgresql":
+        report["scale"]["sqlite"]["mb"] = round(lite_big.stat().st_size / 1e6, 1)
 
 
 if __name__ == "__main__":

@@ -232,6 +232,61 @@ _MIGRATIONS: tuple[str, ...] = (
             OR (to_jsonb(OLD) - 'lease_until') IS DISTINCT FROM (to_jsonb(NEW) - 'lease_until')))
         EXECUTE FUNCTION notify_change()
     """,
+    # 6 -> 7: what lets a client keep a columnar cache of the sessions and read only what
+    # changed since (spawnkit.history.server_cache). Every inserted or updated session row
+    # carries the id of the transaction that wrote it (``change_xid``, a 64-bit xid8 as
+    # bigint: it never wraps); a deleted one leaves a tombstone in ``deleted_sessions``
+    # with the deleting transaction's id. A reader that saw the database through a
+    # snapshot whose oldest running transaction was X has seen every change of a
+    # transaction before X, so next time it asks only for ``change_xid >= X``. A TRUNCATE
+    # (no row triggers) bumps ``history_epoch.epoch``, and ``token`` tells a database
+    # apart from any other that happens to have the same URL or oid: either differing from
+    # what a cache holds makes it read everything again. Rows written before this step
+    # have no ``change_xid``: a cache starts from a full read, which includes them.
+    """
+    CREATE TABLE history_epoch (
+        id INTEGER PRIMARY KEY CHECK (id = 1), token TEXT NOT NULL,
+        epoch BIGINT NOT NULL DEFAULT 0
+    );
+    INSERT INTO history_epoch (id, token)
+        VALUES (1, md5(random()::text || clock_timestamp()::text));
+    ALTER TABLE sessions ADD COLUMN change_xid BIGINT;
+    CREATE INDEX sessions_by_change ON sessions (change_xid);
+    CREATE TABLE deleted_sessions (id TEXT NOT NULL, change_xid BIGINT NOT NULL);
+    CREATE INDEX deleted_sessions_by_change ON deleted_sessions (change_xid);
+    CREATE FUNCTION mark_session_change() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        -- An update that changes nothing, or only the lease (renewed every few seconds,
+        -- and in no history frame), keeps the row's marker: no reader fetches it again,
+        -- and the NOTIFY trigger of step 6 stays silent for it.
+        IF TG_OP = 'UPDATE' AND (NEW IS NOT DISTINCT FROM OLD
+                OR (to_jsonb(NEW) - 'lease_until') = (to_jsonb(OLD) - 'lease_until')) THEN
+            RETURN NEW;
+        END IF;
+        NEW.change_xid := pg_current_xact_id()::text::bigint;
+        RETURN NEW;
+    END
+    $$;
+    CREATE TRIGGER sessions_change BEFORE INSERT OR UPDATE ON sessions
+        FOR EACH ROW EXECUTE FUNCTION mark_session_change();
+    CREATE FUNCTION note_deleted_sessions() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO spawnkit.deleted_sessions (id, change_xid)
+            SELECT gone.id, pg_current_xact_id()::text::bigint FROM gone;
+        RETURN NULL;
+    END
+    $$;
+    CREATE TRIGGER sessions_deleted AFTER DELETE ON sessions
+        REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION note_deleted_sessions();
+    CREATE FUNCTION bump_history_epoch() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        UPDATE spawnkit.history_epoch SET epoch = epoch + 1 WHERE id = 1;
+        RETURN NULL;
+    END
+    $$;
+    CREATE TRIGGER sessions_truncated AFTER TRUNCATE ON sessions
+        FOR EACH STATEMENT EXECUTE FUNCTION bump_history_epoch()
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 # The NOTIFY channel of migration 5's triggers.

@@ -84,6 +84,10 @@ def test_a_schema_3_database_gains_leases_and_keeps_its_records(postgres_url: st
             trigger_source="external",
         )  # fmt: skip
     with psycopg.connect(postgres_url, autocommit=True) as conn:  # as schema 3 left it
+        for name in ("mark_session_change", "note_deleted_sessions", "bump_history_epoch"):
+            conn.execute(f"DROP FUNCTION spawnkit.{name}() CASCADE")  # 7's triggers go too
+        conn.execute("DROP TABLE spawnkit.history_epoch, spawnkit.deleted_sessions")
+        conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN change_xid")
         conn.execute("DROP FUNCTION spawnkit.notify_change() CASCADE")  # 5's triggers go too
         conn.execute("DROP INDEX spawnkit.sessions_lease")
         conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN lease_until")
@@ -96,7 +100,7 @@ def test_a_schema_3_database_gains_leases_and_keeps_its_records(postgres_url: st
         assert renewed is not None and renewed.lease_until is not None
     with psycopg.connect(postgres_url) as conn:
         versions = conn.execute("SELECT version FROM spawnkit.schema_version ORDER BY 1")
-        assert versions.fetchall() == [(1,), (2,), (3,), (4,), (5,), (6,)]
+        assert versions.fetchall() == [(1,), (2,), (3,), (4,), (5,), (6,), (7,)]
         triggers = conn.execute(
             "SELECT tgname FROM pg_trigger WHERE tgname LIKE '%_notify%' ORDER BY 1"
         ).fetchall()
@@ -104,7 +108,7 @@ def test_a_schema_3_database_gains_leases_and_keeps_its_records(postgres_url: st
             ("sessions_notify",), ("sessions_notify_update",), ("state_notify",),
             ("tool_calls_notify",),
         ]  # fmt: skip
-    assert SCHEMA_VERSION == 6
+    assert SCHEMA_VERSION == 7
 
 
 def test_a_completion_notifies_its_record_and_calls_and_a_lease_renewal_alone_is_silent(
@@ -212,8 +216,8 @@ def test_credentials_stay_in_the_local_file(isolated_home: Path, postgres_url: s
             "SELECT string_agg(t::text, ' ') FROM (SELECT * FROM spawnkit.state) t"
         ).fetchone()
     assert sorted(t for (t,) in tables) == [
-        "cli_events", "cli_spans", "episodes", "mcp_calls", "schema_version", "sessions", "state",
-        "tool_calls",
+        "cli_events", "cli_spans", "deleted_sessions", "episodes", "history_epoch", "mcp_calls",
+        "schema_version", "sessions", "state", "tool_calls",
     ]  # fmt: skip
     assert dump == (None,)
 

@@ -13,7 +13,8 @@ Messages name the URL without its password.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -33,10 +34,22 @@ def numbered(sql: str) -> str:
 
 def query(url: str, sql: str, params: Sequence[object] = ()) -> pa.Table:
     """Run ``sql`` (``?`` placeholders) read-only on the store at ``url``, into Arrow."""
+    with snapshot(url, repeatable=False) as run:
+        return run(sql, params)
+
+
+Run = Callable[[str, Sequence[object]], pa.Table]
+
+
+@contextmanager
+def snapshot(url: str, repeatable: bool = True) -> Iterator[Run]:
+    """A function running queries (``?`` placeholders) on the store at ``url`` into Arrow,
+    all in one read-only transaction; ``repeatable``: all through one snapshot (REPEATABLE
+    READ), so what one query finds agrees with what another does."""
     from adbc_driver_postgresql import dbapi  # loads libpq: only when a server is read
 
     try:
-        conn = dbapi.connect(url)
+        conn = dbapi.connect(url, autocommit=True)
     except dbapi.Error as exc:
         raise HistoryError(
             f"cannot reach the session store {redact_url(url)}: {_first_line(exc, url)}"
@@ -47,8 +60,14 @@ def query(url: str, sql: str, params: Sequence[object] = ()) -> pa.Table:
             cursor.execute(f"SET search_path TO {SCHEMA}")
             # One long scan: compiling it (JIT) costs more than it saves here.
             cursor.execute("SET jit = off")
-            cursor.execute(numbered(sql), list(params) if params else None)
-            return cursor.fetch_arrow_table()  # type: ignore[no-any-return]
+            level = "REPEATABLE READ" if repeatable else "READ COMMITTED"
+            cursor.execute(f"BEGIN ISOLATION LEVEL {level} READ ONLY")
+
+            def run(sql: str, params: Sequence[object] = ()) -> pa.Table:
+                cursor.execute(numbered(sql), list(params) if params else None)
+                return cursor.fetch_arrow_table()  # type: ignore[no-any-return]
+
+            yield run
         finally:
             cursor.close()
     except dbapi.Error as exc:
@@ -56,7 +75,7 @@ def query(url: str, sql: str, params: Sequence[object] = ()) -> pa.Table:
             f"cannot read the session store {redact_url(url)}: {_first_line(exc, url)}"
         ) from exc
     finally:
-        conn.close()
+        conn.close()  # ends the read-only transaction
 
 
 def _first_line(exc: Exception, url: str) -> str:

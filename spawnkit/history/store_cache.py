@@ -29,6 +29,7 @@ import uuid
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -83,24 +84,13 @@ class StoreCache:
 
     def read(self, kind: str, state: StoreState, schema: pa.Schema) -> Cached | None:
         """The cached ``kind`` table if it belongs to this store as it is now."""
-        path = self.directory / f"{kind}.arrow"
-        try:
-            with pa.memory_map(str(path)) as source:
-                table = pa.ipc.open_file(source).read_all()
-        except FileNotFoundError:
+        found = load_table(self.directory / f"{kind}.arrow")
+        if found is None:
             return None
-        except (OSError, pa.ArrowInvalid) as exc:
-            log.warning("ignoring the unreadable store cache %s: %s", path, exc)
-            return None
-        meta = table.schema.metadata or {}
-        try:
-            info = json.loads(meta[b"spawnkit"])
-        except (KeyError, ValueError):
-            return None
+        table, info = found
         current = (FORMAT, state.token, state.epoch)
         if (info.get("format"), info.get("token"), info.get("epoch")) != current:
             return None
-        table = table.replace_schema_metadata(None)
         if table.schema != schema:
             return None  # written by another version of the columns
         return Cached(table, int(info["watermark"]), tuple(info.get("open", ())))
@@ -109,17 +99,43 @@ class StoreCache:
         """Replace the cached ``kind`` table (a failed write is logged and leaves the old)."""
         info = {"format": FORMAT, "token": state.token, "epoch": state.epoch,
                 "watermark": cached.watermark, "open": list(cached.open)}  # fmt: skip
-        # An IPC file holds one dictionary per column: chunks read at different times share it.
-        table = cached.table.unify_dictionaries()
-        table = table.replace_schema_metadata({b"spawnkit": json.dumps(info).encode()})
-        final = self.directory / f"{kind}.arrow"
-        tmp = final.with_name(f".{kind}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-                w.write_table(table, max_chunksize=1 << 20)
-            tmp.replace(final)
-        except OSError as exc:
-            log.warning("could not write the store cache %s: %s", final, exc)
-        finally:
-            tmp.unlink(missing_ok=True)
+        save_table(self.directory, kind, cached.table, info)
+
+
+def load_table(path: Path) -> tuple[pa.Table, dict[str, Any]] | None:
+    """A table written by :func:`save_table`, memory-mapped, and what was said about it."""
+    try:
+        with pa.memory_map(str(path)) as source:
+            table = pa.ipc.open_file(source).read_all()
+    except FileNotFoundError:
+        return None
+    except (OSError, pa.ArrowInvalid) as exc:
+        log.warning("ignoring the unreadable history cache %s: %s", path, exc)
+        return None
+    meta = table.schema.metadata or {}
+    try:
+        info = json.loads(meta[b"spawnkit"])
+    except (KeyError, ValueError):
+        return None
+    if not isinstance(info, dict):
+        return None
+    return table.replace_schema_metadata(None), info
+
+
+def save_table(directory: Path, kind: str, table: pa.Table, info: dict[str, Any]) -> None:
+    """``table`` as ``directory/kind.arrow`` with ``info``, written aside and renamed (a failed
+    write is logged and leaves the old file)."""
+    # An IPC file holds one dictionary per column: chunks read at different times share it.
+    table = table.unify_dictionaries()
+    table = table.replace_schema_metadata({b"spawnkit": json.dumps(info).encode()})
+    final = directory / f"{kind}.arrow"
+    tmp = final.with_name(f".{kind}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+            w.write_table(table, max_chunksize=1 << 20)
+        tmp.replace(final)
+    except OSError as exc:
+        log.warning("could not write the history cache %s: %s", final, exc)
+    finally:
+        tmp.unlink(missing_ok=True)

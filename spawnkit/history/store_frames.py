@@ -7,8 +7,10 @@ counts nullable integers. Filters (butler, runtime, status, kind, since/until, s
 the database. A large store is read through :mod:`spawnkit.history.store_cache`: its completed
 history comes memory-mapped from a columnar cache, already typed, and only the rows after
 the cache's watermark come from SQLite (filters then run on the cached columns and in the
-query of the new rows). ``columns`` converts only the columns asked for. Reads are read-only
-and closed before returning; the store's writers (WAL mode) are never blocked.
+query of the new rows). A PostgreSQL store's sessions go through
+:mod:`spawnkit.history.server_cache` the same way, refreshed with the rows changed since
+the last read. ``columns`` converts only the columns asked for. Reads are read-only and
+closed before returning; the store's writers (WAL mode) are never blocked.
 
 Column names follow :data:`spawnkit.history.SESSION_COLUMNS` where they apply
 (``session_id``, ``started_at``, ``ended_at``, token columns, ``cost_usd``, ``cost_source``,
@@ -30,7 +32,7 @@ import pyarrow.compute as pc
 from ..home import default_store_path, store_setting
 from ..store import SessionStore
 from ..store_backend import is_postgres_url
-from . import server_query
+from . import server_cache, server_query
 from .errors import HistoryError
 from .frames import COST_SOURCES
 from .pricing import PricingTable, default_pricing
@@ -104,7 +106,7 @@ _SERVER_SQL = {
     "ended_at": "completed_at::timestamptz",
     "finished_at": "finished_at::timestamptz",
 }
-_SERVER_ORDER = {"created_at, rowid": "created_at, id", "rowid": "session_id, seq"}
+_SERVER_ORDER = {"created_at, rowid": server_cache.ORDER, "rowid": "session_id, seq"}
 
 
 def _path(store: StoreLike) -> Source:
@@ -302,6 +304,13 @@ def _sessions_table(
     path: Source, filters: Filters, cache: bool | None, names: Sequence[str] | None = None
 ) -> pa.Table:
     """The sessions; read from the database, only the columns ``names`` (default: all)."""
+    if isinstance(path, str) and cache is not False:  # a server: its cache, refreshed
+        table = server_cache.cached_sessions(
+            path, f"SELECT {_select(SESSION_FIELDS, True)} FROM sessions",
+            lambda read: _typed(read, SESSION_FIELDS), SESSION_SCHEMA,
+        )  # fmt: skip
+        if table is not None:
+            return table.filter(filters.mask(table)) if filters else table
     state = _use_cache(path, cache)
     if state is None or path is None or isinstance(path, str):
         where, params = filters.sql()
@@ -340,7 +349,8 @@ def sessions(
     ``cost_source`` is "reported" where the runtime reported a cost, "computed" where
     ``cost_usd`` was filled in from the pricing table, "unpriced" where neither was possible.
     ``columns`` keeps only those columns (``source`` and ``cost_source`` included when asked).
-    ``cache`` forces the columnar cache on or off (default: on for stores from 24 MB).
+    ``cache`` forces the columnar cache on or off (default: on for SQLite stores from 24 MB
+    and for every PostgreSQL store, whose cache is refreshed with the rows changed since).
     """
     cost = SESSION_COLUMNS.index("cost_usd") + 1
     known = [
