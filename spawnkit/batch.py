@@ -173,11 +173,12 @@ class Batch:
     on_event: EventSink | None = None
     worktrees: Worktrees | None = None
     host_of: Callable[[str], Awaitable[str | None]] | None = None
-    _rows: dict[int, BatchRow] = field(default_factory=dict)
-    _flight: dict[int, _InFlight] = field(default_factory=dict)
-    _spent: float = 0.0
-    _stopping: str | None = None
-    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # The batch's own state, not arguments.
+    _rows: dict[int, BatchRow] = field(default_factory=dict, init=False, repr=False)
+    _flight: dict[int, _InFlight] = field(default_factory=dict, init=False, repr=False)
+    _spent: float = field(default=0.0, init=False, repr=False)
+    _stopping: str | None = field(default=None, init=False, repr=False)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_concurrent < 1:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import textwrap
 from collections.abc import Callable, Iterator
@@ -177,3 +178,10 @@ def env_lines(text: str) -> dict[str, str]:
 
 
 os.environ.setdefault("NO_COLOR", "1")
+
+
+def git(repo: Path, *args: str) -> str:
+    """``git -C repo ARGS``'s output; a failure raises."""
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
+    ).stdout

@@ -7,7 +7,6 @@ a user meets before and around them: what a bad input says, what the bar shows, 
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from spawnkit.errors import ConfigError
 from spawnkit.notebook.batch import _TextBar, prompt_list, static_html
 from spawnkit.worktrees import DiffDoesNotApply, Worktrees, apply_diff, base_commit
 
-from .conftest import REPO
+from .conftest import REPO, git
 
 COUNT = REPO / "notebooks" / "scenarios" / "slow_count.toml"
 
@@ -69,12 +68,6 @@ def test_the_progress_line_counts_every_state_and_the_budget() -> None:
     assert stopped.line().endswith("3 skipped · $1.2000 · budget reached: no new runs")
     assert _TextBar.render(progress).startswith("[############............] 5/10")
     assert '<progress max="100" value="50">' in static_html(progress)
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
-    ).stdout
 
 
 @pytest.fixture

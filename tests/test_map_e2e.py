@@ -8,7 +8,6 @@ its ``completed_at``), the budget on scenarios whose usage gives a known cost.
 from __future__ import annotations
 
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from spawnkit.notebook.hub import Hub
 from spawnkit.store import SessionRecord, SessionStore
 from spawnkit.worktrees import DiffDoesNotApply
 
-from .conftest import REPO, processes_with_env, workspaces_of
+from .conftest import REPO, git, processes_with_env, workspaces_of
 
 pytestmark = [
     pytest.mark.e2e,
@@ -206,12 +205,6 @@ def test_runtimes_side_by_side_give_one_row_per_prompt_and_runtime(
     assert frame.index.names == [None, "runtime"]
     assert frame["success"].all(), frame["error"].tolist()
     assert frame.xs("gemini", level="runtime")["result"].str.contains("has 3 words").iloc[0]
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
-    ).stdout
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ from ..home import spawnkit_home
 from ..store_backend import redact_url
 from . import server_query
 from .rows import Column
-from .store_cache import load_table, save_table
+from .store_cache import load_matching, save_table
 
 FORMAT = "spawnkit-server-cache-1"
 REWRITE_ROWS = 10_000
@@ -75,15 +75,13 @@ class ServerCache:
 
     def read(self, kind: str, state: ServerState, schema: pa.Schema) -> tuple[pa.Table, int] | None:
         """The cached table and its mark, if it was read from this database as it is now."""
-        found = load_table(self.directory / f"{kind}.arrow")
+        found = load_matching(
+            self.directory / f"{kind}.arrow", schema,
+            format=FORMAT, identity=state.identity, epoch=state.epoch,
+        )  # fmt: skip
         if found is None:
             return None
         table, info = found
-        current = (FORMAT, state.identity, state.epoch)
-        if (info.get("format"), info.get("identity"), info.get("epoch")) != current:
-            return None
-        if table.schema != schema:
-            return None  # written by another version of the columns
         return table, int(info["mark"])
 
     def write(self, kind: str, state: ServerState, table: pa.Table) -> None:

@@ -84,15 +84,13 @@ class StoreCache:
 
     def read(self, kind: str, state: StoreState, schema: pa.Schema) -> Cached | None:
         """The cached ``kind`` table if it belongs to this store as it is now."""
-        found = load_table(self.directory / f"{kind}.arrow")
+        found = load_matching(
+            self.directory / f"{kind}.arrow", schema,
+            format=FORMAT, token=state.token, epoch=state.epoch,
+        )  # fmt: skip
         if found is None:
             return None
         table, info = found
-        current = (FORMAT, state.token, state.epoch)
-        if (info.get("format"), info.get("token"), info.get("epoch")) != current:
-            return None
-        if table.schema != schema:
-            return None  # written by another version of the columns
         return Cached(table, int(info["watermark"]), tuple(info.get("open", ())))
 
     def write(self, kind: str, state: StoreState, cached: Cached) -> None:
@@ -100,6 +98,22 @@ class StoreCache:
         info = {"format": FORMAT, "token": state.token, "epoch": state.epoch,
                 "watermark": cached.watermark, "open": list(cached.open)}  # fmt: skip
         save_table(self.directory, kind, cached.table, info)
+
+
+def load_matching(
+    path: Path, schema: pa.Schema, **expected: object
+) -> tuple[pa.Table, dict[str, Any]] | None:
+    """:func:`load_table`, if what was said about the table has every ``expected`` value
+    (its format, the store it came from as it is now) and it has ``schema``."""
+    found = load_table(path)
+    if found is None:
+        return None
+    table, info = found
+    if any(info.get(key) != value for key, value in expected.items()):
+        return None
+    if table.schema != schema:
+        return None  # written by another version of the columns
+    return table, info
 
 
 def load_table(path: Path) -> tuple[pa.Table, dict[str, Any]] | None:
