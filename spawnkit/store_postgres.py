@@ -259,8 +259,11 @@ _MIGRATIONS: tuple[str, ...] = (
         -- An update that changes nothing, or only the lease (renewed every few seconds,
         -- and in no history frame), keeps the row's marker: no reader fetches it again,
         -- and the NOTIFY trigger of step 6 stays silent for it.
+        -- Told cheaply first (a row compare, the lease alone): both rows become jsonb
+        -- only when the lease moved.
         IF TG_OP = 'UPDATE' AND (NEW IS NOT DISTINCT FROM OLD
-                OR (to_jsonb(NEW) - 'lease_until') = (to_jsonb(OLD) - 'lease_until')) THEN
+                OR (NEW.lease_until IS DISTINCT FROM OLD.lease_until
+                    AND (to_jsonb(NEW) - 'lease_until') = (to_jsonb(OLD) - 'lease_until'))) THEN
             RETURN NEW;
         END IF;
         NEW.change_xid := pg_current_xact_id()::text::bigint;

@@ -146,6 +146,30 @@ def test_a_truncate_makes_the_cache_stale(server_store: SessionStore) -> None:
     assert list(_same_as_the_database(server_store)["session_id"]) == ["z"]
 
 
+def test_a_lease_renewal_or_an_update_that_changes_nothing_keeps_the_change_marker(
+    server_store: SessionStore,
+) -> None:
+    """Open runs renew their lease every few seconds: that alone must not make every reader
+    fetch them again; any other change must."""
+    server_store.create_session(
+        "open", butler="health", runtime="codex", model=None, prompt="p", context=None,
+        trigger_source="external",
+    )  # fmt: skip
+
+    def marker() -> int:
+        with psycopg.connect(str(server_store.source), autocommit=True) as conn:
+            row = conn.execute("SELECT change_xid FROM spawnkit.sessions WHERE id = 'open'")
+            return int(row.fetchone()[0])  # type: ignore[index]
+
+    first = marker()
+    assert server_store.renew_leases(["open"]) == 1
+    with psycopg.connect(str(server_store.source), autocommit=True) as conn:
+        conn.execute("UPDATE spawnkit.sessions SET status = status WHERE id = 'open'")
+    assert marker() == first
+    server_store.mark_started("open", started_at=T0, trace_id="t" * 32)
+    assert marker() > first
+
+
 def test_a_cache_from_another_database_is_not_used(
     server_store: SessionStore, postgres: PostgresServer, isolated_home: Path
 ) -> None:
