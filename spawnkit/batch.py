@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Hashable, Sequence
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import SpawnkitError
 from .events import EventSink, RunEvent, Started, UsageUpdate
-from .pricing import default_pricing
+from .pricing import ModelPrice, PricingTable, default_pricing
 from .result import SpawnerResult, Usage
 from .worktrees import Worktrees
 
@@ -158,6 +159,7 @@ class Progress:
 @dataclass
 class _InFlight:
     session_id: str
+    runtime: str
     cost_usd: float = 0.0
 
 
@@ -239,7 +241,7 @@ class Batch:
                     self._stopping = "budget"
                 if self._stopping is not None:
                     break
-                self._flight[item.position] = _InFlight(str(uuid.uuid4()))
+                self._flight[item.position] = _InFlight(str(uuid.uuid4()), item.runtime)
                 tasks.add(asyncio.create_task(self._one(item), name=f"spawnkit-map:{item.key}"))
                 self._report()
             if self._stopping == "stopped":
@@ -270,15 +272,10 @@ class Batch:
             await self._wake.wait()
 
     async def _cancel_in_flight(self) -> None:
-        flights = [(self.items_by_position[p].runtime, f) for p, f in self._flight.items()]
         await asyncio.gather(
-            *(self.runners[runtime].cancel(f.session_id) for runtime, f in flights),
+            *(self.runners[f.runtime].cancel(f.session_id) for f in self._flight.values()),
             return_exceptions=True,
         )
-
-    @property
-    def items_by_position(self) -> dict[int, BatchItem]:
-        return {item.position: item for item in self.items}
 
     # -- one run ---------------------------------------------------------------------
 
@@ -341,12 +338,23 @@ def priced(model: str | None, usage: Usage) -> float | None:
     Codex and Gemini report no cost; a batch prices their runs itself, as the budget of a
     single run does (an unknown model id is priced as its family's).
     """
-    price, _ = default_pricing().resolve(model)
+    price = _price_of(model)
     if price is None:
         return None
     u = usage
     cost = price.cost(u.input_tokens, u.output_tokens, u.cache_write_tokens, 0, u.cache_read_tokens)
     return float(cost)
+
+
+@functools.lru_cache(maxsize=64)
+def _price_of(model: str | None) -> ModelPrice | None:
+    """The model's price, the table read once (usage events come many times a run)."""
+    return _table().resolve(model)[0]
+
+
+@functools.lru_cache(maxsize=1)
+def _table() -> PricingTable:
+    return default_pricing()
 
 
 def _cancelled(session_id: str) -> SpawnerResult:
