@@ -33,6 +33,7 @@ import msgspec
 from msgspec import Raw, Struct
 
 from .rows import INPUT_PREVIEW, OUTPUT_PREVIEW, PROMPT_PREVIEW, FileFacts, Rows
+from .walk import files_under
 
 _SEMVER = re.compile(r"\d+\.\d+\.\d")
 _TOOL_USE = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
@@ -376,4 +377,4 @@ def discover(root: Path) -> list[Path]:
     projects = root / "projects"
     if not projects.is_dir():
         return []
-    return sorted(projects.rglob("*.jsonl"), key=str)
+    return files_under(projects, (".jsonl",))

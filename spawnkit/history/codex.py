@@ -41,6 +41,7 @@ import msgspec
 from msgspec import Raw, Struct
 
 from .rows import INPUT_PREVIEW, OUTPUT_PREVIEW, PROMPT_PREVIEW, FileFacts, Rows, preview
+from .walk import files_under
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _EXIT = re.compile(r"(?:exited with code|Exit code:?)\s*(-?\d+)")
@@ -134,7 +135,7 @@ def discover(root: Path) -> list[Path]:
     found: list[Path] = []
     seen: set[Path] = set()
     for folder in folders:
-        for path in sorted(folder.rglob("*.jsonl"), key=str):
+        for path in files_under(folder, (".jsonl",)):
             relative = path.relative_to(folder)
             if relative not in seen:
                 seen.add(relative)

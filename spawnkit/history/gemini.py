@@ -28,6 +28,7 @@ import msgspec
 from msgspec import Raw, Struct
 
 from .rows import INPUT_PREVIEW, OUTPUT_PREVIEW, PROMPT_PREVIEW, FileFacts, Rows, preview
+from .walk import files_under
 
 _ERROR_STATUSES = frozenset({"error", "cancelled"})
 _EXIT = re.compile(r"Exit Code: (-?\d+)")
@@ -89,7 +90,7 @@ def _chats_folder(root: Path) -> Path:
 def discover(root: Path) -> list[Path]:
     """Every ``.json`` and ``.jsonl`` under ``root/tmp`` (or ``root``), sorted by path."""
     tmp = _chats_folder(root)
-    return sorted((p for p in tmp.rglob("*.json*") if p.suffix in (".json", ".jsonl")), key=str)
+    return files_under(tmp, (".json", ".jsonl"))
 
 
 def identify(path: Path, root: Path) -> tuple[str, str]:

@@ -11,6 +11,7 @@ not placed in time: it is counted as a bad line of its file, with its line numbe
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
@@ -112,6 +113,20 @@ def build_frames(
     source: str, rows: RowTables, pricing: PricingTable, machine: str
 ) -> dict[str, pd.DataFrame]:
     """``sessions``, ``tool_calls``, ``usage``, ``events`` and ``files`` of parsed rows."""
+    # The tool-call frame needs nothing of the usage frame: it is built on a second thread
+    # meanwhile (Arrow, numpy and pandas' joins do most of their work without the GIL).
+    with ThreadPoolExecutor(1, thread_name_prefix="spawnkit-history-frames") as pool:
+        tool_calls = pool.submit(_tool_calls, source, rows, machine)
+        return _build(source, rows, pricing, machine, tool_calls)
+
+
+def _build(
+    source: str,
+    rows: RowTables,
+    pricing: PricingTable,
+    machine: str,
+    tool_calls: Future[tuple[pd.DataFrame, list[pa.Table]]],
+) -> dict[str, pd.DataFrame]:
     files = arrow_frame(rows.files)
     usage_table, lost_usage = _placed(rows.usage)
     usage_table = usage_table.take(deduplicate(usage_table))
@@ -126,7 +141,7 @@ def build_frames(
                  usage["cache_write_5m"] + usage["cache_write_1h"])  # fmt: skip
     usage.insert(1, "source", _constant(source, len(usage)))
     usage.insert(2, "machine", usage_machines.to_numpy())
-    calls, lost_calls = _tool_calls(source, rows, machine)
+    calls, lost_calls = tool_calls.result()
     events_table, lost_events = _placed(rows.events)
     events = arrow_frame(events_table, ("kind",))
     events.insert(1, "source", _constant(source, len(events)))
