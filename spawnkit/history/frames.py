@@ -66,14 +66,17 @@ def first_of(
     if len(order) == 0:
         return np.zeros(0, dtype=bool)
     combined = np.zeros(len(order), dtype=np.int64)
+    span = 1  # combined < span
     for key in keys:
-        # Codes are re-packed after each key, so the product stays below len(order) ** 2.
-        _, combined = np.unique(combined, return_inverse=True)
-        combined = combined.astype(np.int64) * (int(key.max(initial=0)) + 2) + key[order]
-    _, first = np.unique(combined, return_index=True)
-    mask = np.zeros(len(order), dtype=bool)
-    mask[first] = True
-    return mask
+        size = int(key.max(initial=0)) + 2
+        if span * size >= 1 << 62:
+            # Re-pack the codes so far, so the product stays within int64.
+            combined, uniques = pd.factorize(combined)
+            span = len(uniques)
+        combined = combined * size + key[order]
+        span *= size
+    # A hash table, not a sort: duplicated() marks every later sight of a key.
+    return ~pd.Series(combined, copy=False).duplicated().to_numpy()
 
 
 def first_rows(table: pa.Table, columns: list[str]) -> npt.NDArray[np.int64]:

@@ -141,11 +141,11 @@ def _build(
                  usage["cache_write_5m"] + usage["cache_write_1h"])  # fmt: skip
     usage.insert(1, "source", _constant(source, len(usage)))
     usage.insert(2, "machine", usage_machines.to_numpy())
-    calls, lost_calls = tool_calls.result()
     events_table, lost_events = _placed(rows.events)
     events = arrow_frame(events_table, ("kind",))
     events.insert(1, "source", _constant(source, len(events)))
     events.insert(2, "machine", _machines(events_table["path"], machine).to_numpy())
+    calls, lost_calls = tool_calls.result()
     _with_unplaced(files, [lost_usage, *lost_calls, lost_events])
     files.insert(0, "source", source)
     files.insert(1, "machine", _machines(rows.files["path"], machine).to_numpy())
