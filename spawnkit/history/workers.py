@@ -5,31 +5,39 @@ threads would share one core; worker processes do not. The calling process is ne
 a notebook kernel that has run agents and loaded Arrow data has a huge virtual size (pyarrow's
 allocator, mimalloc, reserves writable arenas of 1, 2, 4 GiB... and never gives the address
 space back; docs/history.md has the measurements), and ``fork()`` must account for all of it,
-so it fails with ENOMEM where the memory is not overcommitted. Workers come from
-multiprocessing's forkserver (a fresh interpreter started by fork and an immediate
-exec, which accounts for nothing) with the parser imported, which forks each worker from
-itself in milliseconds. The first parallel load of a process pays the server's start (an
-import of spawnkit); the server lives as long as the process, as multiprocessing arranges.
-Loads under :data:`PARALLEL_MIN_BYTES` are not worth it and are parsed in-process. The sorted
-file list is cut into contiguous runs of about the same number of bytes, a few per worker so
-that a worker that finishes early takes another. Each run's rows are written as Arrow IPC
-files into a temporary folder that the caller memory-maps (sending them back through the
-pool's pipe cost more than parsing half of the files); runs are concatenated in order, so
-the rows keep the path order deduplication relies on.
+so it fails with ENOMEM where the memory is not overcommitted. Nor does a worker import the
+caller's ``__main__``, as multiprocessing's own workers do: a script that loads history at its
+top level would run again in each of them. Workers come from the parse server
+(:mod:`~spawnkit.history.worker_server`), a fresh interpreter started once per process with
+``subprocess`` (vfork and exec, which account for nothing) and the parser imported, which
+forks a pool of workers from itself for each load in milliseconds. The first parallel load
+of a process pays the server's start (an import of spawnkit). Loads under
+:data:`PARALLEL_MIN_BYTES` are not worth it and are parsed in-process. The sorted file list
+is cut into contiguous runs of about the same number of bytes, a few per worker so that a
+worker that finishes early takes another. Each run's rows are written as Arrow IPC files into
+a temporary folder that the caller memory-maps (sending them back through a pipe cost more
+than parsing half of the files); runs are concatenated in order, so the rows keep the path
+order deduplication relies on.
 
 Bounds: at most :data:`MAX_WORKERS` processes, only for loads of at least
-:data:`PARALLEL_MIN_BYTES`, all results awaited at most :data:`RESULT_TIMEOUT_S`; the pool is
-terminated and joined before returning, whatever happens, and the temporary folder removed.
-A failure in a worker is raised in the caller, not swallowed.
+:data:`PARALLEL_MIN_BYTES`, a load awaited at most :data:`RESULT_TIMEOUT_S`. A load that is
+interrupted (Ctrl-C in a notebook), times out or loses its server kills the server's process
+group, workers included; the next load starts a new one. The temporary folder is removed
+whatever happens. A failure in a worker is raised in the caller, not swallowed.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import contextlib
+import json
+import multiprocessing.connection
 import os
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
-import time
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -37,6 +45,7 @@ from typing import TypeVar
 import pyarrow as pa
 
 from .rows import RowTables
+from .worker_server import Job
 
 MAX_WORKERS = 4
 RUNS_PER_WORKER = 4
@@ -81,25 +90,16 @@ def parse_in_workers(
     cuts = runs(sizes, workers * RUNS_PER_WORKER)
     if len(cuts) <= 1:
         return parse(items)
-    chunks = [items[cut.start : cut.stop] for cut in cuts]
-    context = _context()
     with tempfile.TemporaryDirectory(prefix="spawnkit-history-") as tmp:
-        folders = [Path(tmp) / str(i) for i in range(len(chunks))]
-        pool = context.Pool(min(workers, len(chunks)))
-        try:
-            # Largest runs first, so no worker is left with a big one at the end.
-            weights = [sum(sizes[cut.start : cut.stop]) for cut in cuts]
-            biggest_first = sorted(range(len(chunks)), key=lambda i: -weights[i])
-            pending = [
-                pool.apply_async(_parse_to_files, (parse, chunks[i], folders[i]))
-                for i in biggest_first
-            ]
-            deadline = time.monotonic() + RESULT_TIMEOUT_S
-            for result in pending:
-                result.get(timeout=max(0.0, deadline - time.monotonic()))
-        finally:
-            pool.terminate()  # idle or stuck, the workers end here
-            pool.join()
+        folders = [Path(tmp) / str(i) for i in range(len(cuts))]
+        job = Job(
+            parse,
+            chunks=[items[cut.start : cut.stop] for cut in cuts],
+            folders=[str(f) for f in folders],
+            weights=[sum(sizes[cut.start : cut.stop]) for cut in cuts],
+            workers=min(workers, len(cuts)),
+        )
+        SERVER.run(job, RESULT_TIMEOUT_S)
         # Mapped tables stay valid after the folder is removed (Linux keeps unlinked maps).
         parts = [_read_files(folder) for folder in folders]
     return RowTables(
@@ -107,23 +107,70 @@ def parse_in_workers(
     )
 
 
-def _context() -> multiprocessing.context.BaseContext:
-    """The forkserver context, with the parser preloaded in the server (Linux, macOS)."""
-    context = multiprocessing.get_context("forkserver")
-    # The server imports this before forking workers, so they start with it in memory.
-    context.set_forkserver_preload(["spawnkit.history.transcript_loader"])
-    return context
+# The server's bootstrap: the caller's import path, then serve(fd, parent pid).
+_BOOTSTRAP = (
+    "import json, sys; sys.path[:0] = json.loads(sys.argv[3]); "
+    "from spawnkit.history.worker_server import serve; serve(int(sys.argv[1]), int(sys.argv[2]))"
+)
 
 
-def _parse_to_files(
-    parse: Callable[[Sequence[T]], RowTables], chunk: Sequence[T], folder: Path
-) -> None:
-    rows = parse(chunk)
-    folder.mkdir()
-    for kind in RowTables.KINDS:
-        table: pa.Table = getattr(rows, kind)
-        with pa.OSFile(str(folder / kind), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-            w.write_table(table)
+class ParseServer:
+    """This process's parse server, started on first use; one load at a time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._conn: multiprocessing.connection.Connection | None = None
+
+    def run(self, job: Job, timeout: float) -> None:
+        """Run ``job``; raise what a worker raised, or TimeoutError past ``timeout``."""
+        with self._lock:
+            conn = self._connect()
+            try:
+                conn.send(job)
+                if not conn.poll(timeout):
+                    raise TimeoutError(f"parsing transcripts took over {timeout:g} s")
+                status, error = conn.recv()
+            except BaseException:
+                self.stop()  # interrupted, timed out or lost: nothing of the load lives on
+                raise
+        if status != "ok":
+            assert error is not None
+            raise error
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs."""
+        return self._process.pid if self._process and self._process.poll() is None else None
+
+    def stop(self) -> None:
+        """Kill the server and its workers (its process group), and reap it."""
+        process, conn = self._process, self._conn
+        self._process = self._conn = None
+        if conn is not None:
+            conn.close()
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def _connect(self) -> multiprocessing.connection.Connection:
+        if self._process is not None and self._process.poll() is None and self._conn:
+            return self._conn
+        self.stop()
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            fd = theirs.fileno()
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", _BOOTSTRAP, str(fd), str(os.getpid()),
+                 json.dumps([p for p in sys.path if isinstance(p, str)])],
+                pass_fds=(fd,), stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+            self._conn = multiprocessing.connection.Connection(ours.detach())
+        return self._conn
+
+
+SERVER = ParseServer()
 
 
 def _read_files(folder: Path) -> RowTables:

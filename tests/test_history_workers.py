@@ -1,0 +1,157 @@
+"""The parse server and its workers: scripts without a main guard, failures, and cleanup.
+
+Worker processes are real (the parse server of :mod:`spawnkit.history.workers`). A stuck
+worker is a worker reading a named pipe nobody writes to: it blocks until killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from spawnkit.history import workers
+from spawnkit.history.cache import FileStat
+from spawnkit.history.formats import FORMATS
+from spawnkit.history.transcript_loader import parse_files
+
+from .conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import gen_transcripts
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="named pipes, /proc")
+
+
+def _gone(pid: int, timeout: float = 60.0) -> bool:
+    """Whether process group ``pid`` is empty within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _stuck_files(tmp_path: Path, n: int = 2) -> list[FileStat]:
+    paths = []
+    for i in range(n):
+        path = tmp_path / "projects" / "p" / f"s{i}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(path)
+        paths.append(FileStat(str(path), 1 << 20, 0))
+    return paths
+
+
+def test_a_script_without_a_main_guard_loads_history_in_workers(tmp_path: Path) -> None:
+    """multiprocessing's workers import the caller's __main__; ours must not (it hung)."""
+    gen_transcripts.generate(tmp_path / "corpus", 4, seed=5)
+    script = tmp_path / "analysis.py"
+    script.write_text(
+        textwrap.dedent(f"""
+            from spawnkit.history import transcripts
+            print("top level ran", flush=True)
+            loaded = transcripts("claude", {str(tmp_path / "corpus")!r}, cache=False, workers=2)
+            print(len(loaded.sessions), loaded.stats.parsed, flush=True)
+        """)
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "top level ran" and len(lines) == 2  # the script ran once, not per worker
+    sessions, parsed = map(int, lines[1].split())
+    assert sessions > 0 and parsed == len(list((tmp_path / "corpus").rglob("*.jsonl")))
+
+
+def test_a_worker_failure_is_raised_in_the_caller() -> None:
+    # json.loads given a list (each worker's chunk) raises TypeError in the worker.
+    with pytest.raises(TypeError):
+        workers.parse_in_workers(json.loads, ["1", "2"], [1, 1], 2)  # type: ignore[arg-type]
+    # The server survives a failed job and takes the next one.
+    server = workers.SERVER.pid
+    assert server is not None
+    with pytest.raises(TypeError):
+        workers.parse_in_workers(json.loads, ["1", "2"], [1, 1], 2)  # type: ignore[arg-type]
+    assert workers.SERVER.pid == server
+
+
+def test_a_load_past_its_time_kills_its_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fmt = FORMATS["claude-code"]
+    sessions = tmp_path / "ok" / "projects" / "p"
+    sessions.mkdir(parents=True)
+    for i in range(2):
+        (sessions / f"t{i}.jsonl").write_text("{}\n")
+    good = [FileStat(str(p), p.stat().st_size, 0) for p in sorted(sessions.iterdir())]
+    assert parse_files(fmt, tmp_path / "ok", good, workers=2).files.num_rows == 2
+    server = workers.SERVER.pid
+    assert server is not None
+
+    monkeypatch.setattr(workers, "RESULT_TIMEOUT_S", 3.0)
+    with pytest.raises(TimeoutError):
+        parse_files(fmt, tmp_path, _stuck_files(tmp_path), workers=2)
+    # The server's group, its stuck workers included, is gone.
+    assert workers.SERVER.pid is None
+    assert _gone(server), f"left behind: {_group(server)}"
+    # The next load starts a new server.
+    assert parse_files(fmt, tmp_path / "ok", good, workers=2).files.num_rows == 2
+    assert workers.SERVER.pid not in (None, server)
+
+
+def test_the_parse_server_and_workers_end_when_their_caller_is_killed(tmp_path: Path) -> None:
+    files = _stuck_files(tmp_path)
+    script = textwrap.dedent(f"""
+        import sys, threading, time
+        from pathlib import Path
+        from spawnkit.history import workers
+        from spawnkit.history.cache import FileStat
+        from spawnkit.history.formats import FORMATS
+        from spawnkit.history.transcript_loader import parse_files
+        files = [FileStat(p, 1 << 20, 0) for p in {[f.path for f in files]!r}]
+        threading.Thread(
+            target=parse_files, args=(FORMATS["claude-code"], Path({str(tmp_path)!r}), files, 2),
+            daemon=True,
+        ).start()
+        while workers.SERVER.pid is None:
+            time.sleep(0.05)
+        print(workers.SERVER.pid, flush=True)
+        time.sleep(600)
+    """)
+    caller = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert caller.stdout is not None
+        server = int(caller.stdout.readline())
+        # Wait until the server has forked its two workers (children in its group).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(_group(server)) < 3:
+            time.sleep(0.05)
+        assert len(_group(server)) >= 3, _group(server)
+    finally:
+        caller.send_signal(signal.SIGKILL)
+        caller.wait()
+    assert _gone(server), f"left behind: {_group(server)}"
+
+
+def _group(pgid: int) -> list[int]:
+    """Live processes in process group ``pgid``."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
