@@ -48,7 +48,7 @@ from .rows import RowTables
 from .worker_server import Job
 
 MAX_WORKERS = 4
-RUNS_PER_WORKER = 4
+RUNS_PER_WORKER = 8
 PARALLEL_MIN_BYTES = 32 << 20
 RESULT_TIMEOUT_S = 600.0
 
