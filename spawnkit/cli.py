@@ -923,8 +923,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from .dispatch import require_distributed
 
     require_distributed()  # says how to install it when it is missing (exit 2)
-    from .cluster_worker import exec_worker
+    from .cluster_worker import check_worker, exec_worker
 
+    # Checked before Dask starts: once started, a worker whose plugin fails is closed, but
+    # `dask worker` then exits 0, which a supervisor takes for a clean stop.
+    report = check_worker()
+    if not report.ready:
+        _say(f"spawnkit worker: this host cannot run agents: {report.problem}")
+        return EXIT_USAGE
     exec_worker(args.scheduler, args.worker_options)
     return EXIT_OK  # not reached: this process became the worker
 

@@ -183,6 +183,13 @@ class WorkerReport:
     def ready(self) -> bool:
         return self.store_error is None and any(check.found for check in self.runtimes)
 
+    @property
+    def problem(self) -> str | None:
+        """Why this worker cannot run agents, or None when it can."""
+        if self.ready:
+            return None
+        return self.store_error or "no agent CLI (claude, codex, gemini) found"
+
 
 class SpawnkitPlugin(WorkerPlugin):
     """Checks at start-up that the worker can run agents; stops its services at close.
@@ -211,8 +218,8 @@ class SpawnkitPlugin(WorkerPlugin):
                 "spawnkit: %s %s", check.runtime,
                 f"{check.version or ''} at {check.path}" if check.found else "not found",
             )  # fmt: skip
-        if not report.ready:
-            problem = report.store_error or "no agent CLI (claude, codex, gemini) found"
+        problem = report.problem
+        if problem is not None:
             logger.error("spawnkit: this worker cannot run agents: %s", problem)
             if self.strict:
                 # Dask logs a failing plugin or preload and starts the worker anyway: close

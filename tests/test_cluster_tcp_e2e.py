@@ -25,7 +25,7 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from spawnkit.cluster_worker import _worker_report  # noqa: E402
+from spawnkit.cluster_worker import _worker_report, worker_command  # noqa: E402
 from spawnkit.dispatch import WORKER_LOST, Cluster  # noqa: E402
 from spawnkit.events import Finished, RunEvent, Started, ToolCallStarted  # noqa: E402
 from spawnkit.spawner import Spawner  # noqa: E402
@@ -213,9 +213,21 @@ async def test_a_killed_tcp_worker_fails_the_run_once(make_butler, tcp_cluster):
     assert isinstance(events[-1], Finished) and events[-1].result == result
 
 
+def test_spawnkit_worker_refuses_to_start_where_it_cannot_run_agents(tmp_path):
+    """`spawnkit worker` checks before Dask starts: exit 2 and the reason, no worker."""
+    done = subprocess.run(
+        [sys.executable, "-m", "spawnkit", "--store", "/proc/no-such/sessions.db", "worker",
+         "--scheduler", "tcp://127.0.0.1:9"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "this host cannot run agents" in done.stderr and "/proc/no-such" in done.stderr
+    assert "distributed" not in done.stderr  # Dask never started
+
+
 def test_a_worker_that_cannot_run_agents_closes_itself(tmp_path):
-    """The plugin's start-up check fails (the store cannot be opened): the worker and its
-    nanny close rather than take runs that would all fail."""
+    """Started with the preload directly, the plugin's start-up check fails (the store cannot
+    be opened): the worker and its nanny close rather than take runs that would all fail."""
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     scheduler = _start(
@@ -226,9 +238,8 @@ def test_a_worker_that_cannot_run_agents_closes_itself(tmp_path):
     log = tmp_path / "worker.log"
     try:
         worker = _start(
-            [sys.executable, "-m", "spawnkit", "--store", "/proc/no-such/sessions.db", "worker",
-             "--scheduler", address, "--", "--dashboard-address", ":0"],
-            dict(os.environ), log,
+            worker_command(address, ["--dashboard-address", ":0"]),
+            {**os.environ, "SPAWNKIT_STORE": "/proc/no-such/sessions.db"}, log,
         )  # fmt: skip
         try:
             worker.wait(timeout=90)
