@@ -132,6 +132,9 @@ def price(
         codes = np.where(codes < 0, len(models), codes)
         models.append("\x00" + default_model)  # marked: priced as an estimate
     unknown = []
+    # Token columns as plain arrays once (nulls as 0), then sliced per model.
+    tokens = {c: usage[c].fillna(0).to_numpy(dtype=np.int64) for c in _RAW_TOKENS}
+    output = tokens["output_tokens"] + tokens["thinking_tokens"]
     for code, model in enumerate(models):
         name = model.removeprefix("\x00")
         prices, guess = pricing.resolve(name)
@@ -140,16 +143,13 @@ def price(
             unknown.append((code, name))
             continue
         mask = codes == code
-        part = usage[mask]
-        output = part["output_tokens"].to_numpy() + part["thinking_tokens"].fillna(0).to_numpy()
         cost[mask] = prices.cost(
-            part["input_tokens"].to_numpy(), output,
-            part["cache_write_5m"].to_numpy(), part["cache_write_1h"].to_numpy(),
-            part["cache_read_tokens"].to_numpy(),
+            tokens["input_tokens"][mask], output[mask], tokens["cache_write_5m"][mask],
+            tokens["cache_write_1h"][mask], tokens["cache_read_tokens"][mask],
         )  # fmt: skip
         source[mask] = "computed"
         estimated[mask] = guess
-    zero = (usage[list(_RAW_TOKENS)].fillna(0).sum(axis=1) == 0).to_numpy()
+    zero = sum(tokens.values()) == 0
     unpriced = np.isnan(cost) & zero  # nothing used, nothing to price (<synthetic> errors)
     cost[unpriced] = 0.0
     source[unpriced] = "computed"
