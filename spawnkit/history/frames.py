@@ -79,13 +79,6 @@ def first_of(
     return ~pd.Series(combined, copy=False).duplicated().to_numpy()
 
 
-def first_rows(table: pa.Table, columns: list[str]) -> npt.NDArray[np.int64]:
-    """Indices of the first row of each distinct ``columns`` combination, in table order."""
-    order = np.arange(table.num_rows)
-    mask = first_of([codes(table[c]) for c in columns], order)
-    return order[mask]
-
-
 def deduplicate(usage: pa.Table) -> npt.NDArray[np.int64]:
     """Indices of the rows kept, one per API response (see the module docstring), in order."""
     n = usage.num_rows

@@ -23,8 +23,8 @@ from .frames import (
     arrow_frame,
     as_category,
     as_int,
+    codes,
     deduplicate,
-    first_rows,
     price,
     session_cost_source,
     tool_parts,
@@ -52,6 +52,7 @@ TOOL_CALL_COLUMNS = [
 ]  # fmt: skip
 EVENT_COLUMNS = ["session_id", "source", "machine", "timestamp", "kind", "value", "detail",
                  "path", "line"]  # fmt: skip
+STATUSES = ["ok", "error", "no_result"]
 _SUMMED = [*TOKEN_COLUMNS, "web_search_requests", "web_fetch_requests"]
 
 
@@ -161,38 +162,47 @@ def _build(
 
 
 def _tool_calls(source: str, rows: RowTables, machine: str) -> tuple[pd.DataFrame, list[pa.Table]]:
+    """Each tool call (the first row of its session and call id) with its first result."""
     calls_table, lost_calls = _placed(rows.calls)
     results_table, lost_results = _placed(rows.results)
-    calls_table = _first(calls_table, ["session_id", "call_id"])
-    results_table = _first(results_table, ["session_id", "call_id"])
-    call_machines = _machines(calls_table["path"], machine)
-    calls = arrow_frame(calls_table.drop_columns(["path", "line"]), ("name", "model"))
-    calls["machine"] = call_machines.to_numpy()
-    results = arrow_frame(results_table.drop_columns(["path", "line"]))
-    calls = calls.rename(columns={"timestamp": "started_at"})
-    results = results.rename(columns={"timestamp": "finished_at"})
-    frame = calls.merge(results, on=["session_id", "call_id"], how="left", sort=False)
+    # One integer key per (session, call id), over calls and results together: it finds the
+    # first row of each call and result, and each call's result, without a string join.
+    n = calls_table.num_rows
+    keys = [
+        codes(pa.chunked_array([*calls_table[c].chunks, *results_table[c].chunks], pa.string()))
+        for c in ("session_id", "call_id")
+    ]
+    key = keys[0] * (int(keys[1].max(initial=0)) + 1) + keys[1]
+    call_key, result_key = key[:n], key[n:]
+    first_call = ~pd.Series(call_key, copy=False).duplicated().to_numpy()
+    first_result = ~pd.Series(result_key, copy=False).duplicated().to_numpy()
+    if not first_call.all():
+        calls_table, call_key = calls_table.filter(first_call), call_key[first_call]
+    if not first_result.all():
+        results_table, result_key = results_table.filter(first_result), result_key[first_result]
+    match = pd.Index(result_key).get_indexer(call_key)
+    results_table = results_table.select(["timestamp", "is_error", "output"]).take(
+        pa.array(match, mask=match < 0)
+    )
+    frame = arrow_frame(calls_table.drop_columns(["path", "line"]), ("name", "model"))
+    frame = frame.rename(columns={"timestamp": "started_at"})
+    frame["machine"] = _machines(calls_table["path"], machine).to_numpy()
+    results = arrow_frame(results_table)
+    frame["finished_at"] = results["timestamp"].to_numpy()
+    frame["is_error"] = results["is_error"].array
+    frame["output"] = results["output"].to_numpy()
     frame["duration_ms"] = (
         ((frame["finished_at"] - frame["started_at"]).dt.total_seconds() * 1000)
         .round()
         .astype("Int64")
     )
-    has_result = frame["finished_at"].notna()
-    frame["status"] = pd.Categorical(
-        np.where(
-            ~has_result, "no_result", np.where(frame["is_error"].fillna(False), "error", "ok")
-        ),
-        categories=["ok", "error", "no_result"],
-    )
+    has_result = match >= 0
+    is_error = frame["is_error"].fillna(False).to_numpy(dtype=bool)
+    status = np.where(has_result, np.where(is_error, 1, 0), 2).astype(np.int8)
+    frame["status"] = pd.Categorical.from_codes(status, categories=pd.Index(STATUSES))
     frame["server"], frame["tool"] = tool_parts(frame["name"])
     frame["source"] = _constant(source, len(frame))
     return frame[TOOL_CALL_COLUMNS].reset_index(drop=True), [lost_calls, lost_results]
-
-
-def _first(table: pa.Table, keys: list[str]) -> pa.Table:
-    """The first row of each key; no copy when every key is already unique."""
-    keep = first_rows(table, keys)
-    return table if len(keep) == table.num_rows else table.take(keep)
 
 
 def _sessions(
