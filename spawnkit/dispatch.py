@@ -91,6 +91,9 @@ class RemoteTrigger:
     # Where events go, and the event that cancels the run.
     topic: str
     cancel_event: str
+    # The owner (host, pid) of the run's ``queued`` record, made by the client when it
+    # accepted the trigger: the worker adopts that record (and only one still queued).
+    queued_by: tuple[str, int] | None = None
     # The host the trigger came from (logged on the worker).
     client_host: str = field(default_factory=socket.gethostname)
 
@@ -269,7 +272,6 @@ class Cluster:
         Cancelling this coroutine cancels the run on its worker and returns its
         ``cancelled`` result (as a local run's task does), once the worker has recorded it.
         """
-        client = await asyncio.to_thread(lambda: self.client)
         request = RemoteTrigger(
             butler=butler,
             store=store.target,
@@ -280,11 +282,13 @@ class Cluster:
             replay=self.replay,
             topic=self.topic,
             cancel_event=f"spawnkit-cancel-{session_id}",
+            queued_by=store.owner,
         )
         stream = _Stream(asyncio.get_running_loop())
         self._streams[session_id] = stream
         future: Future[Any] | None = None
         try:
+            client = await asyncio.to_thread(lambda: self.client)
             future = client.submit(
                 # A key of its own per submission: Dask answers a key it still holds with
                 # the result it has, so a session id given again would get the old run's.
@@ -301,7 +305,26 @@ class Cluster:
                 result = await self._cancel(future, stream, store, request, deliver)
             if result.error_kind == "worker_lost":
                 await self._reap(request.session_id)
+            # No worker adopted the record (cancelled or lost before it started): closed
+            # here, as the result says. A no-op for a record a worker adopted.
+            await asyncio.to_thread(
+                store.close_queued, session_id, status=result.status, error=result.error,
+                error_kind=result.error_kind,
+            )  # fmt: skip
             return result
+        except SpawnkitError:
+            # Refused before it was accepted (on the worker, or the cluster out of reach):
+            # raised as a local refusal is, which leaves no record.
+            await asyncio.to_thread(store.withdraw_queued, session_id)
+            raise
+        except BaseException as exc:
+            await asyncio.to_thread(
+                store.close_queued, session_id,
+                status="cancelled" if isinstance(exc, asyncio.CancelledError) else "failed",
+                error=f"the run ended before it was sent to a worker: {exc!r}",
+                error_kind="dispatch",
+            )  # fmt: skip
+            raise
         finally:
             self._streams.pop(session_id, None)
             if future is not None:
@@ -433,7 +456,7 @@ class Cluster:
         client = self.client
         await asyncio.to_thread(distributed.Event(request.cancel_event, client=client).set)
         if future.status == "pending" and not await asyncio.to_thread(_started, client, future):
-            future.cancel()  # not on a worker yet: it never starts (nor is recorded)
+            future.cancel()  # not on a worker yet: it never starts (its record is closed here)
         try:
             async with asyncio.timeout(CANCEL_GRACE_S):
                 return await self._follow(future, stream, store, request, deliver)
