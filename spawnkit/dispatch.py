@@ -451,12 +451,25 @@ class Cluster:
         request: RemoteTrigger,
         deliver: Callable[[RunEvent], None],
     ) -> SpawnerResult:
-        """Cancel the run on its worker and wait (bounded) for its ``cancelled`` result."""
+        """Cancel the run: at once while no worker has adopted its record (it is closed
+        here first, so no worker takes it after), else on its worker, waiting (bounded)
+        for its ``cancelled`` result."""
         distributed = require_distributed()
         client = self.client
+        error = "the run was cancelled before it started"
+        if await asyncio.to_thread(
+            store.close_queued, request.session_id, status="cancelled", error=error,
+            error_kind="cancelled",
+        ):  # fmt: skip
+            await asyncio.to_thread(future.cancel)  # it never starts (a worker would refuse)
+            result = SpawnerResult(
+                success=False, status="cancelled", error_kind="cancelled", error=error,
+                session_id=request.session_id, butler=request.butler.name,
+                runtime=request.butler.runtime.type,
+            )  # fmt: skip
+            deliver(Finished(request.session_id, result))
+            return result
         await asyncio.to_thread(distributed.Event(request.cancel_event, client=client).set)
-        if future.status == "pending" and not await asyncio.to_thread(_started, client, future):
-            future.cancel()  # not on a worker yet: it never starts (its record is closed here)
         try:
             async with asyncio.timeout(CANCEL_GRACE_S):
                 return await self._follow(future, stream, store, request, deliver)
@@ -473,14 +486,3 @@ class Cluster:
                 )
             except (OSError, TimeoutError) as exc:  # the scheduler is gone, and the event too
                 logger.debug("could not clear the cancel event of %s: %r", request.session_id, exc)
-
-
-def _started(client: Client, future: Future[Any]) -> bool:
-    """Whether the task is processing on a worker (then only the event stops it)."""
-    key = future.key
-
-    def state(dask_scheduler: Any) -> str | None:
-        task = dask_scheduler.tasks.get(key)
-        return task.state if task is not None else None
-
-    return bool(client.run_on_scheduler(state) == "processing")
