@@ -5,7 +5,9 @@ scheduler address and then owns and closes). :meth:`Cluster.trigger` sends one t
 worker as a task and follows it there: the worker runs the same lifecycle a local trigger
 does (:mod:`spawnkit.cluster_worker`: admission through the shared store's slots, sandbox,
 the butler's MCP server on the worker's loopback, one record carrying the worker's host), and
-this side only moves three things across the network:
+this side writes the run's record ``queued`` when it accepts the trigger (the worker
+adopts it: :meth:`~spawnkit.store.SessionStore.adopt_session`; one no worker adopted is
+closed here) and only moves three things across the network:
 
 - **events**, as they happen: the worker logs each one, with its sequence number, to this
   Cluster's topic (``Worker.log_event``); the client subscribed to the topic before it
