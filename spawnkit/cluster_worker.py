@@ -89,13 +89,30 @@ async def run_trigger(request: RemoteTrigger) -> SpawnerResult | SpawnkitError:
     service = await _service(request, worker)
     store = service.store
     record = await asyncio.to_thread(store.get_session, request.session_id)
-    if record is not None and (
-        record.completed_at is None or (record.error or "").startswith(WORKER_LOST)
+    queued = (  # the record the client made when it accepted the trigger, for us to adopt
+        record is not None and record.completed_at is None and record.started_at is None
+        and request.queued_by == (record.owner_host, record.owner_pid)
+    )  # fmt: skip
+    closed_first = (
+        record is not None and record.completed_at is not None
+        and not (record.error or "").startswith(WORKER_LOST)
+    )  # fmt: skip
+    if record is not None and closed_first and request.queued_by is not None:
+        # Closed before it started: cancelled by its client, or its client died and a
+        # sweep closed the record. Never started here; it stays as it is.
+        return _not_run(
+            request, emit, "cancelled" if record.status == "cancelled" else "crashed",
+            record.error_kind or "cancelled", record.error or "closed before it started",
+        )  # fmt: skip
+    if (
+        record is not None
+        and not queued
+        and (record.completed_at is None or (record.error or "").startswith(WORKER_LOST))
     ):
         # Dask runs a task again when the worker running it died; an agent run is not
-        # idempotent. An open record says it already started (it is made first); so does
-        # one a sweep closed as its worker's. (Another closed one is an id used again: the
-        # trigger refuses it below, as a local one does.)
+        # idempotent. An open record no longer queued by its client says a worker adopted
+        # it (it is adopted first); so does one a sweep closed as its worker's. (Another
+        # closed one is an id used again: the trigger refuses it below, as a local one does.)
         reason = (
             f"{WORKER_LOST}: the Dask worker that ran this session died before it "
             "completed; it is not run again"
@@ -112,7 +129,7 @@ async def run_trigger(request: RemoteTrigger) -> SpawnerResult | SpawnkitError:
     run = asyncio.create_task(
         service.spawner.trigger(
             request.prompt, request.trigger_source, session_id=request.session_id,
-            on_event=emit, **request.options,
+            on_event=emit, queued_by=request.queued_by if queued else None, **request.options,
         )
     )  # fmt: skip
     cancel = asyncio.create_task(worker.scheduler.event_wait(name=request.cancel_event))

@@ -5,7 +5,9 @@ scheduler address and then owns and closes). :meth:`Cluster.trigger` sends one t
 worker as a task and follows it there: the worker runs the same lifecycle a local trigger
 does (:mod:`spawnkit.cluster_worker`: admission through the shared store's slots, sandbox,
 the butler's MCP server on the worker's loopback, one record carrying the worker's host), and
-this side only moves three things across the network:
+this side writes the run's record ``queued`` when it accepts the trigger (the worker
+adopts it: :meth:`~spawnkit.store.SessionStore.adopt_session`; one no worker adopted is
+closed here) and only moves three things across the network:
 
 - **events**, as they happen: the worker logs each one, with its sequence number, to this
   Cluster's topic (``Worker.log_event``); the client subscribed to the topic before it
@@ -91,6 +93,9 @@ class RemoteTrigger:
     # Where events go, and the event that cancels the run.
     topic: str
     cancel_event: str
+    # The owner (host, pid) of the run's ``queued`` record, made by the client when it
+    # accepted the trigger: the worker adopts that record (and only one still queued).
+    queued_by: tuple[str, int] | None = None
     # The host the trigger came from (logged on the worker).
     client_host: str = field(default_factory=socket.gethostname)
 
@@ -269,7 +274,6 @@ class Cluster:
         Cancelling this coroutine cancels the run on its worker and returns its
         ``cancelled`` result (as a local run's task does), once the worker has recorded it.
         """
-        client = await asyncio.to_thread(lambda: self.client)
         request = RemoteTrigger(
             butler=butler,
             store=store.target,
@@ -280,11 +284,13 @@ class Cluster:
             replay=self.replay,
             topic=self.topic,
             cancel_event=f"spawnkit-cancel-{session_id}",
+            queued_by=store.owner,
         )
         stream = _Stream(asyncio.get_running_loop())
         self._streams[session_id] = stream
         future: Future[Any] | None = None
         try:
+            client = await asyncio.to_thread(lambda: self.client)
             future = client.submit(
                 # A key of its own per submission: Dask answers a key it still holds with
                 # the result it has, so a session id given again would get the old run's.
@@ -301,7 +307,26 @@ class Cluster:
                 result = await self._cancel(future, stream, store, request, deliver)
             if result.error_kind == "worker_lost":
                 await self._reap(request.session_id)
+            # No worker adopted the record (cancelled or lost before it started): closed
+            # here, as the result says. A no-op for a record a worker adopted.
+            await asyncio.to_thread(
+                store.close_queued, session_id, status=result.status, error=result.error,
+                error_kind=result.error_kind,
+            )  # fmt: skip
             return result
+        except SpawnkitError:
+            # Refused before it was accepted (on the worker, or the cluster out of reach):
+            # raised as a local refusal is, which leaves no record.
+            await asyncio.to_thread(store.withdraw_queued, session_id)
+            raise
+        except BaseException as exc:
+            await asyncio.to_thread(
+                store.close_queued, session_id,
+                status="cancelled" if isinstance(exc, asyncio.CancelledError) else "failed",
+                error=f"the run ended before it was sent to a worker: {exc!r}",
+                error_kind="dispatch",
+            )  # fmt: skip
+            raise
         finally:
             self._streams.pop(session_id, None)
             if future is not None:
@@ -428,12 +453,25 @@ class Cluster:
         request: RemoteTrigger,
         deliver: Callable[[RunEvent], None],
     ) -> SpawnerResult:
-        """Cancel the run on its worker and wait (bounded) for its ``cancelled`` result."""
+        """Cancel the run: at once while no worker has adopted its record (it is closed
+        here first, so no worker takes it after), else on its worker, waiting (bounded)
+        for its ``cancelled`` result."""
         distributed = require_distributed()
         client = self.client
+        error = "the run was cancelled before it started"
+        if await asyncio.to_thread(
+            store.close_queued, request.session_id, status="cancelled", error=error,
+            error_kind="cancelled",
+        ):  # fmt: skip
+            await asyncio.to_thread(future.cancel)  # it never starts (a worker would refuse)
+            result = SpawnerResult(
+                success=False, status="cancelled", error_kind="cancelled", error=error,
+                session_id=request.session_id, butler=request.butler.name,
+                runtime=request.butler.runtime.type,
+            )  # fmt: skip
+            deliver(Finished(request.session_id, result))
+            return result
         await asyncio.to_thread(distributed.Event(request.cancel_event, client=client).set)
-        if future.status == "pending" and not await asyncio.to_thread(_started, client, future):
-            future.cancel()  # not on a worker yet: it never starts (nor is recorded)
         try:
             async with asyncio.timeout(CANCEL_GRACE_S):
                 return await self._follow(future, stream, store, request, deliver)
@@ -450,14 +488,3 @@ class Cluster:
                 )
             except (OSError, TimeoutError) as exc:  # the scheduler is gone, and the event too
                 logger.debug("could not clear the cancel event of %s: %r", request.session_id, exc)
-
-
-def _started(client: Client, future: Future[Any]) -> bool:
-    """Whether the task is processing on a worker (then only the event stops it)."""
-    key = future.key
-
-    def state(dask_scheduler: Any) -> str | None:
-        task = dask_scheduler.tasks.get(key)
-        return task.state if task is not None else None
-
-    return bool(client.run_on_scheduler(state) == "processing")

@@ -304,6 +304,8 @@ class _Run:
     workdir: Path | None = None  # this run's own working directory (see trigger)
     log: RunLog | None = None
     mcp_secret: str | None = None
+    # A dispatched run: the owner of the queued record its client made, adopted here.
+    queued_by: tuple[str, int] | None = None
 
     @property
     def redactor(self) -> Redactor:
@@ -486,6 +488,7 @@ class Spawner:
         sources: Sequence[Source] = (),
         limits: Limits | None = None,
         workdir: Path | None = None,
+        queued_by: tuple[str, int] | None = None,
     ) -> SpawnerResult:
         """Run ``prompt`` on this butler's runtime and return its result.
 
@@ -525,6 +528,9 @@ class Spawner:
         (:mod:`spawnkit.dispatch`), through this same method there: the events, the result,
         the record and the refusals are a local run's; a run whose worker died comes back
         ``crashed`` ("worker lost") and is never run again. Only ``kind="run"`` is sent.
+        Its record is made ``queued`` here when the trigger is accepted (with a ``Queued``
+        event); the worker adopts it: ``queued_by`` is that record's owner (host, pid), given
+        by :mod:`spawnkit.cluster_worker` on the worker.
         """
         validate_trigger_source(trigger_source)
         # A chat's prompt is only recorded: the user types at the CLI's own prompt.
@@ -604,7 +610,7 @@ class Spawner:
             admitted, prompt, context, trigger_source, run_limits, budget, redactor,
             max_turns=max_turns, on_event=on_event, parent_session_id=parent_session_id,
             resume=resume, session_id=session_id, role=role, kind=kind, sources=sources,
-            workdir=workdir,
+            workdir=workdir, queued_by=queued_by,
         )  # fmt: skip
 
     async def _cluster_admission(
@@ -650,6 +656,7 @@ class Spawner:
         kind: RunKind,
         sources: Sequence[Source],
         workdir: Path | None,
+        queued_by: tuple[str, int] | None = None,
     ) -> SpawnerResult:
         # Accepted: reserve the place synchronously, before the first await.
         try:
@@ -675,6 +682,7 @@ class Spawner:
                 workdir=workdir,
                 budget=budget,
                 timeout_s=run_limits.timeout_s or self.butler.runtime.timeout_s,
+                queued_by=queued_by,
             )
             run.collector.budget = budget
             run.collector.live_calls = _LiveToolCalls(self.store, session_id)
@@ -713,8 +721,12 @@ class Spawner:
     ) -> SpawnerResult:
         """The trigger, run on a worker of ``self.cluster`` (spawnkit.dispatch).
 
-        The worker admits it (its spawner's queue and the store's slots across hosts),
-        records it and streams its events back; here it counts as running until it ends.
+        Its record is made here, ``queued`` and owned by this process (whose leases keep
+        it), the moment the trigger is accepted, and a ``Queued`` event says so: a run
+        waiting in Dask's queue is seen, and one cancelled or lost before it starts is
+        closed. The worker admits it (its spawner's queue and the store's slots across
+        hosts), adopts the record and streams its events back; here it counts as running
+        until it ends.
         """
         assert self.cluster is not None
         if role is not None and not _ROLE_RE.fullmatch(role):
@@ -725,6 +737,32 @@ class Spawner:
             raise InvalidArgument("only runs (not ask or chat) are dispatched to a cluster")
         session_id = session_id if session_id is not None else str(uuid.uuid4())
         sinks = [*self._listeners, *([on_event] if on_event else [])]
+        redactor = Redactor(
+            injected_secrets(
+                self.butler, self.credentials, self.adapter.passthrough_env,
+                self.adapter.other_vendor_keys,
+            )
+        )  # fmt: skip
+        # Accepted: recorded before it is sent (an id used again raises here, as locally).
+        creating = asyncio.ensure_future(
+            asyncio.to_thread(
+                self.store.create_session, session_id, butler=self.butler.name,
+                runtime=self.butler.runtime.type, model=self.model,
+                prompt=redactor.text(prompt), context=redactor.text(options.get("context")),
+                trigger_source=trigger_source, role=role,
+                parent_session_id=options.get("parent_session_id"),
+            )
+        )  # fmt: skip
+        try:
+            await asyncio.shield(creating)
+        except asyncio.CancelledError:  # interrupted as it was accepted: closed, not sent
+            await asyncio.wait({creating})
+            if not creating.cancelled() and creating.exception() is None:
+                await asyncio.to_thread(
+                    self.store.close_queued, session_id, status="cancelled",
+                    error="the run was cancelled before it was sent", error_kind="cancelled",
+                )  # fmt: skip
+            raise
 
         def deliver(event: RunEvent) -> None:
             for sink in sinks:
@@ -748,6 +786,8 @@ class Spawner:
             self._runs.pop(session_id, None)
 
         task.add_done_callback(finished)
+        self._keep_leases()  # the queued record is this host's until a worker adopts it
+        deliver(Queued(session_id, self.butler.name, len(self._runs)))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -876,22 +916,25 @@ class Spawner:
         cluster: SlotClaim | None = None
         try:
             async with self._admission:
-                await asyncio.to_thread(
-                    self.store.create_session,
-                    run.session_id,
-                    butler=butler.name,
-                    runtime=butler.runtime.type,
-                    model=self.model,
-                    prompt=run.redactor.text(run.prompt),
-                    context=run.redactor.text(run.context),
-                    trigger_source=run.trigger_source,
-                    runtime_session_id=run.runtime_session_id or run.resume,
-                    parent_session_id=run.parent_session_id,
-                    log_dir=session_log_dir(run.session_id),
-                    role=run.role,
-                    kind=run.kind,
-                    sources=[source.name for source in run.sources],
-                )
+                if run.queued_by is not None:
+                    await self._adopt(run)
+                else:
+                    await asyncio.to_thread(
+                        self.store.create_session,
+                        run.session_id,
+                        butler=butler.name,
+                        runtime=butler.runtime.type,
+                        model=self.model,
+                        prompt=run.redactor.text(run.prompt),
+                        context=run.redactor.text(run.context),
+                        trigger_source=run.trigger_source,
+                        runtime_session_id=run.runtime_session_id or run.resume,
+                        parent_session_id=run.parent_session_id,
+                        log_dir=session_log_dir(run.session_id),
+                        role=run.role,
+                        kind=run.kind,
+                        sources=[source.name for source in run.sources],
+                    )
                 recorded = True
             run.log = RunLog.for_session(run.session_id, self.log_cap_bytes, run.redactor)
             if position > 0:
@@ -958,6 +1001,22 @@ class Spawner:
                     del self._redactors[key]
         collector.emit(Finished(run.session_id, result))
         return result
+
+    async def _adopt(self, run: _Run) -> None:
+        """Take over the ``queued`` record the dispatching client made (spawnkit.dispatch)."""
+        assert run.queued_by is not None
+        adopted = await asyncio.to_thread(
+            self.store.adopt_session, run.session_id, queued_by=run.queued_by,
+            model=self.model, prompt=run.redactor.text(run.prompt),
+            context=run.redactor.text(run.context),
+            runtime_session_id=run.runtime_session_id or run.resume,
+            log_dir=session_log_dir(run.session_id),
+        )  # fmt: skip
+        if not adopted:
+            raise StoreError(
+                f"session {run.session_id}: its queued record is closed or was taken by "
+                "another worker; it is not run"
+            )
 
     async def _attempts(self, run: _Run) -> SpawnerResult:
         """The run, started again while it fails on a rate limit or overload before any tool.

@@ -381,6 +381,8 @@ class SessionRecord:
     # The host the run belongs to, and until when it holds the record unless it renews it.
     owner_host: str | None = None
     lease_until: datetime | None = None
+    # The process that owns it on that host (a dispatching client's, until a worker adopts it).
+    owner_pid: int | None = None
 
     @classmethod
     def from_row(cls, row: Row) -> SessionRecord:
@@ -425,6 +427,7 @@ class SessionRecord:
             attempts=tuple(Attempt.from_dict(a) for a in json.loads(row["attempts"] or "[]")),
             owner_host=row["owner_host"],
             lease_until=_dt(row["lease_until"]),
+            owner_pid=row["owner_pid"],
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -1368,6 +1371,76 @@ class SessionStore:
             for r in rows
             if r["owner_pid"] is not None
         ]  # fmt: skip
+
+    # -- a run dispatched to a cluster: queued by its client, adopted by a worker -------
+
+    @property
+    def owner(self) -> tuple[str, int]:
+        """(host, pid) the records this process creates carry as their owner."""
+        return self._host, self._pid
+
+    @_translated
+    def adopt_session(
+        self,
+        session_id: str,
+        *,
+        queued_by: tuple[str, int],
+        model: str | None,
+        prompt: str,
+        context: str | None,
+        runtime_session_id: str | None,
+        log_dir: Path | None,
+    ) -> bool:
+        """Make the ``queued`` record a dispatching client (``queued_by``, its owner) made
+        for this run this process's, with the run's details known here (spawnkit.dispatch).
+        False when it is not that client's unstarted open record any more: closed, or
+        adopted already (by a worker that died: the run is not taken twice)."""
+        params = (
+            self._host, self._pid, self._pid_start, self._lease_end(), model, prompt, context,
+            runtime_session_id, str(log_dir) if log_dir else None, session_id, *queued_by,
+        )  # fmt: skip
+        with self._db.transaction() as tx:
+            return (
+                tx.execute(
+                    "UPDATE sessions SET owner_host = ?, owner_pid = ?, owner_start = ?, "
+                    "lease_until = ?, model = COALESCE(?, model), prompt = ?, context = ?, "
+                    "runtime_session_id = ?, log_dir = ? WHERE id = ? AND completed_at IS NULL "
+                    "AND started_at IS NULL AND owner_host = ? AND owner_pid = ?",
+                    params,
+                )
+                > 0
+            )
+
+    @_translated
+    def close_queued(
+        self, session_id: str, *, status: str, error: str | None, error_kind: str | None
+    ) -> bool:
+        """Close this process's record of a dispatched run no worker adopted (cancelled
+        before it started, say); False when a worker adopted it or it is closed."""
+        with self._db.transaction() as tx:
+            return (
+                tx.execute(
+                    "UPDATE sessions SET status = ?, success = 0, error = ?, error_kind = ?, "
+                    "completed_at = ? WHERE id = ? AND completed_at IS NULL "
+                    "AND started_at IS NULL AND owner_host = ? AND owner_pid = ?",
+                    (status, error, error_kind, _iso(utcnow()), session_id, *self.owner),
+                )
+                > 0
+            )
+
+    @_translated
+    def withdraw_queued(self, session_id: str) -> bool:
+        """Delete this process's record of a dispatched run that a worker refused before
+        accepting it (raised to the caller, as a local refusal is, with no record)."""
+        with self._db.transaction() as tx:
+            return (
+                tx.execute(
+                    "DELETE FROM sessions WHERE id = ? AND completed_at IS NULL "
+                    "AND started_at IS NULL AND owner_host = ? AND owner_pid = ?",
+                    (session_id, *self.owner),
+                )
+                > 0
+            )
 
     @_translated
     def mark_crashed(self, session_id: str, reason: str) -> bool:

@@ -74,6 +74,7 @@ class MockSpawner:
         sources: Sequence[Source] = (),
         limits: Limits | None = None,
         workdir: Path | None = None,
+        queued_by: tuple[str, int] | None = None,  # a dispatched run's (see Spawner)
     ) -> SpawnerResult:
         validate_trigger_source(trigger_source)
         self.invocations.append(

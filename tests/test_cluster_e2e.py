@@ -24,6 +24,7 @@ from spawnkit.dispatch import WORKER_LOST, Cluster  # noqa: E402
 from spawnkit.errors import MissingEnvError, StoreError  # noqa: E402
 from spawnkit.events import (  # noqa: E402
     Finished,
+    Queued,
     RunEvent,
     Started,
     TextDelta,
@@ -66,11 +67,14 @@ def scenario(text: str) -> Scenario:
 
 
 @pytest.fixture
-def client(isolated_home: Any) -> Iterator[Any]:
-    """2 worker processes (each behind a nanny) on this test's SPAWNKIT_HOME."""
+def client(isolated_home: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """2 worker processes (each behind a nanny) on this test's SPAWNKIT_HOME; a test may
+    ask for other numbers, (workers, threads each), by indirect parametrization."""
+    workers, threads = getattr(request, "param", (2, 2))
     with (
         distributed.LocalCluster(
-            processes=True, n_workers=2, threads_per_worker=2, dashboard_address=None,
+            processes=True, n_workers=workers, threads_per_worker=threads,
+            dashboard_address=None,
             env={"SPAWNKIT_HOST": WORKER_HOST},
         ) as cluster,
         distributed.Client(cluster) as dask_client,
@@ -100,7 +104,9 @@ async def test_remote_events_stream_in_order_like_a_local_run(make_butler, store
     assert "72.4 kg" in result.output
     events = [e for _, e in arrived]
     assert all(e.session_id == result.session_id for e in events)
-    assert isinstance(events[0], Started) and isinstance(events[-1], Finished)
+    # Queued as the client accepted it (recorded before it was sent), then the worker's.
+    assert isinstance(events[0], Queued) and isinstance(events[1], Started)
+    assert isinstance(events[-1], Finished)
     assert events[-1].result == result
     # Each call is seen starting, then finishing, in the order they were made.
     calls = [(type(e).__name__, e.call.tool) for e in events
@@ -120,7 +126,7 @@ async def test_remote_events_stream_in_order_like_a_local_run(make_butler, store
         with pytest.raises(StoreError):
             await service.trigger("Again", session_id=here.session_id)
     assert here.success, here.error
-    assert shape(events) == shape(local)
+    assert shape(events[1:]) == shape(local)
 
     # One record, written on the worker: its host, its MCP server, the shared store.
     record = store.get_session(result.session_id)
@@ -248,6 +254,73 @@ async def test_a_killed_worker_is_one_crashed_record_and_never_runs_twice(
         "Started", "Finished"
     ]  # fmt: skip
     assert isinstance(events[-1], Finished) and events[-1].result == result
+
+
+# The first run holds the only worker thread until the test opens its gate.
+GATED = """
+[[turn]]
+shell = "while [ ! -e {gate} ]; do sleep 0.1; done; echo open"
+[[turn]]
+text = "through the gate"
+"""
+
+
+@pytest.mark.parametrize("client", [(1, 1)], indirect=True)
+async def test_a_trigger_waiting_in_dasks_queue_is_recorded_queued(
+    make_butler, store, client, tmp_path
+):
+    """One worker thread, three triggers: the first runs (held at a gate), the other two
+    wait in Dask's queue, each with its ``queued`` record and a ``Queued`` event. One of
+    them is cancelled there: one ``cancelled`` record, never run. The others succeed."""
+    butler = make_butler(extra=sleeper(sandbox="none"))
+    gate = tmp_path / "gate"
+    events: dict[str, list[RunEvent]] = {"first": [], "second": [], "dropped": []}
+    with Cluster(client, replay=scenario(GATED.format(gate=gate))) as cluster:
+        spawner = Spawner(butler, store=store, cluster=cluster)
+
+        def start(name: str) -> asyncio.Task[Any]:
+            return asyncio.create_task(
+                spawner.trigger(name, session_id=f"q-{name}", on_event=events[name].append)
+            )
+
+        first = start("first")
+        async with asyncio.timeout(120):
+            while not any(isinstance(e, Started) for e in events["first"]):
+                await asyncio.sleep(0.05)
+        second, dropped = start("second"), start("dropped")
+        async with asyncio.timeout(60):
+            while not (events["second"] and events["dropped"]):
+                await asyncio.sleep(0.05)
+        # Accepted, waiting behind the first: recorded and announced, not started.
+        for name in ("second", "dropped"):
+            assert [type(e) for e in events[name]] == [Queued], events[name]
+            record = store.get_session(f"q-{name}")
+            assert record is not None and record.status == "queued", record
+            assert record.owner_host == store.host and record.started_at is None
+        assert store.get_session("q-first").status == "running"  # type: ignore[union-attr]
+
+        assert await spawner.cancel("q-dropped")
+        cancelled = await dropped
+        gate.touch()
+        async with asyncio.timeout(120):
+            results = await asyncio.gather(first, second)
+    assert all(r.success for r in results), [r.error for r in results]
+    assert cancelled.status == "cancelled" and not cancelled.success
+    records = {r.id: r for r in store.list_sessions(limit=10)}
+    assert {sid: r.status for sid, r in records.items()} == {
+        "q-first": "success", "q-second": "success", "q-dropped": "cancelled",
+    }  # fmt: skip
+    # The worker adopted the queued record: same id, its host now, started there.
+    second_record = records["q-second"]
+    assert second_record.owner_host == WORKER_HOST and second_record.started_at is not None
+    assert "through the gate" in results[1].output
+    kinds = [type(e).__name__ for e in events["second"]]
+    assert kinds[:2] == ["Queued", "Started"] and kinds[-1] == "Finished"
+    # The cancelled one never ran: no start, no worker, closed by its client.
+    assert [type(e).__name__ for e in events["dropped"]] == ["Queued", "Finished"]
+    dropped_record = records["q-dropped"]
+    assert dropped_record.started_at is None and dropped_record.owner_host == store.host
+    assert dropped_record.completed_at is not None
 
 
 DEMO = REPO / "roster" / "health" / "scenarios" / "demo.toml"

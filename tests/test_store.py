@@ -503,6 +503,55 @@ def test_a_run_whose_lease_ran_out_elsewhere_is_crashed_once(target: str) -> Non
         assert store.expire_leases() == [], "closed once"
 
 
+def test_a_dispatched_runs_queued_record_is_adopted_once_or_closed_by_its_client(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's ``queued`` record (spawnkit.dispatch): a worker adopts it once, with the
+    run's details; one no worker adopted is closed or withdrawn by its client only."""
+    with SessionStore(target) as client:
+        monkeypatch.setenv("SPAWNKIT_HOST", "worker-host")
+        with SessionStore(target) as worker:
+            assert worker.owner == ("worker-host", client.owner[1])
+            for sid in ("adopted", "cancelled", "refused"):
+                create(client, sid, model="m-client", prompt="client's text")
+            details = {"model": None, "prompt": "worker's text", "context": "c",
+                       "runtime_session_id": "rt-1", "log_dir": Path("/logs/adopted")}  # fmt: skip
+            assert worker.adopt_session("adopted", queued_by=client.owner, **details)
+            record = worker.get_session("adopted")
+            assert record is not None and (record.status, record.started_at) == ("queued", None)
+            assert (record.owner_host, record.owner_pid) == worker.owner
+            assert (record.model, record.prompt, record.context, record.runtime_session_id,
+                    record.log_dir) == ("m-client", "worker's text", "c", "rt-1",
+                                        Path("/logs/adopted"))  # fmt: skip
+            # Once adopted: no second worker takes it, its client no longer closes it.
+            assert not worker.adopt_session("adopted", queued_by=client.owner, **details)
+            assert not client.close_queued(
+                "adopted", status="cancelled", error="x", error_kind="cancelled"
+            )
+            assert not client.withdraw_queued("adopted")
+
+            assert not worker.close_queued(  # not the worker's record
+                "cancelled", status="cancelled", error="x", error_kind="cancelled"
+            )
+            assert client.close_queued(
+                "cancelled", status="cancelled", error="cancelled before it started",
+                error_kind="cancelled",
+            )  # fmt: skip
+            closed = client.get_session("cancelled")
+            assert closed is not None and closed.completed_at is not None
+            assert (closed.status, closed.success, closed.error_kind, closed.error) == (
+                "cancelled",
+                False,
+                "cancelled",
+                "cancelled before it started",
+            )
+            assert not worker.adopt_session("cancelled", queued_by=client.owner, **details)
+
+            assert client.withdraw_queued("refused")
+            assert client.get_session("refused") is None
+            assert sorted(r.id for r in client.list_sessions()) == ["adopted", "cancelled"]
+
+
 # -- several processes at once ---------------------------------------------------------------
 
 WRITER = """
