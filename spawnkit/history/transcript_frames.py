@@ -188,9 +188,9 @@ def _tool_calls(source: str, rows: RowTables, machine: str) -> tuple[pd.DataFram
     frame = frame.rename(columns={"timestamp": "started_at"})
     frame["machine"] = _machines(calls_table["path"], machine).to_numpy()
     results = arrow_frame(results_table)
-    frame["finished_at"] = results["timestamp"].to_numpy()
+    frame["finished_at"] = results["timestamp"].array
     frame["is_error"] = results["is_error"].array
-    frame["output"] = results["output"].to_numpy()
+    frame["output"] = results["output"].array
     frame["duration_ms"] = (
         ((frame["finished_at"] - frame["started_at"]).dt.total_seconds() * 1000)
         .round()
