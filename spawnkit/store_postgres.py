@@ -290,6 +290,59 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE TRIGGER sessions_truncated AFTER TRUNCATE ON sessions
         FOR EACH STATEMENT EXECUTE FUNCTION bump_history_epoch()
     """,
+    # 7 -> 8: the same notifications and markers for less of the server's time (a run's
+    # record costs three writes, each its own transaction, and their triggers had come to
+    # cost the server more than the writes themselves). A session's INSERT or UPDATE now
+    # has one trigger instead of three: the BEFORE trigger that moves the marker also
+    # sends the NOTIFY, exactly when it moves the marker (an update that changes nothing
+    # or only the lease stays silent, as before), so the row needs no AFTER trigger and
+    # the server no queue of AFTER events for it. A NOTIFY is only delivered when its
+    # transaction commits, so one sent before the row is written goes nowhere if the
+    # write fails. The cheap compare comes first: a status that moved is a change, and
+    # the rows are compared whole only when it did not. A DELETE keeps its AFTER trigger
+    # (step 5). A tool call's NOTIFY looks up its session's butler and host in the same
+    # query that sends it (before, a query and then an expression).
+    """
+    DROP TRIGGER IF EXISTS sessions_notify_update ON sessions;
+    DROP TRIGGER IF EXISTS sessions_notify ON sessions;
+    DROP TRIGGER IF EXISTS sessions_change ON sessions;
+    DROP FUNCTION IF EXISTS mark_session_change();
+    CREATE OR REPLACE FUNCTION session_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP = 'UPDATE' AND NEW.status IS NOT DISTINCT FROM OLD.status
+                AND (NEW IS NOT DISTINCT FROM OLD
+                    OR (NEW.lease_until IS DISTINCT FROM OLD.lease_until
+                        AND (to_jsonb(NEW) - 'lease_until') = (to_jsonb(OLD) - 'lease_until')))
+                THEN
+            RETURN NEW;
+        END IF;
+        NEW.change_xid := pg_current_xact_id()::text::bigint;
+        PERFORM pg_notify('spawnkit', jsonb_build_object('table', 'sessions', 'op', TG_OP,
+            'session', NEW.id, 'butler', NEW.butler, 'status', NEW.status,
+            'host', NEW.owner_host)::text);
+        RETURN NEW;
+    END
+    $$;
+    CREATE TRIGGER sessions_change BEFORE INSERT OR UPDATE ON sessions
+        FOR EACH ROW EXECUTE FUNCTION session_changed();
+    CREATE TRIGGER sessions_notify AFTER DELETE ON sessions
+        FOR EACH ROW EXECUTE FUNCTION notify_change();
+    DROP TRIGGER IF EXISTS tool_calls_notify ON tool_calls;
+    CREATE OR REPLACE FUNCTION tool_call_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE
+        rec RECORD;
+    BEGIN
+        IF TG_OP = 'DELETE' THEN rec := OLD; ELSE rec := NEW; END IF;
+        PERFORM pg_notify('spawnkit', jsonb_build_object('table', 'tool_calls', 'op', TG_OP,
+            'session', rec.session_id, 'seq', rec.seq, 'status', rec.status,
+            'name', left(rec.name, 200), 'butler', s.butler, 'host', s.owner_host)::text)
+            FROM (SELECT rec.session_id AS id) c LEFT JOIN spawnkit.sessions s ON s.id = c.id;
+        RETURN NULL;
+    END
+    $$;
+    CREATE TRIGGER tool_calls_notify AFTER INSERT OR UPDATE OR DELETE ON tool_calls
+        FOR EACH ROW EXECUTE FUNCTION tool_call_changed()
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 # The NOTIFY channel of migration 5's triggers.
