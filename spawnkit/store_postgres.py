@@ -292,16 +292,17 @@ _MIGRATIONS: tuple[str, ...] = (
     """,
     # 7 -> 8: the same notifications and markers for less of the server's time (a run's
     # record costs three writes, each its own transaction, and their triggers had come to
-    # cost the server more than the writes themselves). A session's INSERT or UPDATE now
-    # has one trigger instead of three: the BEFORE trigger that moves the marker also
-    # sends the NOTIFY, exactly when it moves the marker (an update that changes nothing
-    # or only the lease stays silent, as before), so the row needs no AFTER trigger and
-    # the server no queue of AFTER events for it. A NOTIFY is only delivered when its
-    # transaction commits, so one sent before the row is written goes nowhere if the
-    # write fails. The cheap compare comes first: a status that moved is a change, and
-    # the rows are compared whole only when it did not. A DELETE keeps its AFTER trigger
-    # (step 5). A tool call's NOTIFY looks up its session's butler and host in the same
-    # query that sends it (before, a query and then an expression).
+    # cost the server more than the writes themselves; PL/pgSQL prepares each expression
+    # it evaluates once per transaction, so here fewer calls and fewer expressions are
+    # what counts). A session's INSERT or UPDATE has one trigger instead of two: the
+    # BEFORE trigger that moves the marker also sends the NOTIFY, exactly when it moves
+    # the marker (an update that changes nothing or only the lease stays silent, as
+    # before), so the row needs no AFTER trigger and the server keeps no AFTER event for
+    # it. A NOTIFY is delivered only when its transaction commits, so one sent before the
+    # row is written goes nowhere if the write then fails. A status that moved is a
+    # change: the rows are compared whole only when it did not. A written tool call's
+    # NOTIFY looks up its session's butler and host in the query that sends it; a
+    # DELETE of either keeps step 5's trigger function.
     """
     DROP TRIGGER IF EXISTS sessions_notify_update ON sessions;
     DROP TRIGGER IF EXISTS sessions_notify ON sessions;
@@ -309,12 +310,11 @@ _MIGRATIONS: tuple[str, ...] = (
     DROP FUNCTION IF EXISTS mark_session_change();
     CREATE OR REPLACE FUNCTION session_changed() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
-        IF TG_OP = 'UPDATE' AND NEW.status IS NOT DISTINCT FROM OLD.status
-                AND (NEW IS NOT DISTINCT FROM OLD
-                    OR (NEW.lease_until IS DISTINCT FROM OLD.lease_until
-                        AND (to_jsonb(NEW) - 'lease_until') = (to_jsonb(OLD) - 'lease_until')))
-                THEN
-            RETURN NEW;
+        IF TG_OP = 'UPDATE' AND NEW.status IS NOT DISTINCT FROM OLD.status THEN
+            IF NEW IS NOT DISTINCT FROM OLD OR (NEW.lease_until IS DISTINCT FROM OLD.lease_until
+                    AND (to_jsonb(NEW) - 'lease_until') = (to_jsonb(OLD) - 'lease_until')) THEN
+                RETURN NEW;
+            END IF;
         END IF;
         NEW.change_xid := pg_current_xact_id()::text::bigint;
         PERFORM pg_notify('spawnkit', jsonb_build_object('table', 'sessions', 'op', TG_OP,
@@ -328,20 +328,19 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE TRIGGER sessions_notify AFTER DELETE ON sessions
         FOR EACH ROW EXECUTE FUNCTION notify_change();
     DROP TRIGGER IF EXISTS tool_calls_notify ON tool_calls;
-    CREATE OR REPLACE FUNCTION tool_call_changed() RETURNS trigger LANGUAGE plpgsql AS $$
-    DECLARE
-        rec RECORD;
+    CREATE OR REPLACE FUNCTION tool_call_written() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
-        IF TG_OP = 'DELETE' THEN rec := OLD; ELSE rec := NEW; END IF;
         PERFORM pg_notify('spawnkit', jsonb_build_object('table', 'tool_calls', 'op', TG_OP,
-            'session', rec.session_id, 'seq', rec.seq, 'status', rec.status,
-            'name', left(rec.name, 200), 'butler', s.butler, 'host', s.owner_host)::text)
-            FROM (SELECT rec.session_id AS id) c LEFT JOIN spawnkit.sessions s ON s.id = c.id;
+            'session', NEW.session_id, 'seq', NEW.seq, 'status', NEW.status,
+            'name', left(NEW.name, 200), 'butler', s.butler, 'host', s.owner_host)::text)
+            FROM (SELECT NEW.session_id AS id) c LEFT JOIN spawnkit.sessions s ON s.id = c.id;
         RETURN NULL;
     END
     $$;
-    CREATE TRIGGER tool_calls_notify AFTER INSERT OR UPDATE OR DELETE ON tool_calls
-        FOR EACH ROW EXECUTE FUNCTION tool_call_changed()
+    CREATE TRIGGER tool_calls_notify AFTER INSERT OR UPDATE ON tool_calls
+        FOR EACH ROW EXECUTE FUNCTION tool_call_written();
+    CREATE TRIGGER tool_calls_notify_delete AFTER DELETE ON tool_calls
+        FOR EACH ROW EXECUTE FUNCTION notify_change()
     """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)

@@ -86,7 +86,7 @@ def test_a_schema_3_database_gains_leases_and_keeps_its_records(postgres_url: st
         )  # fmt: skip
     with psycopg.connect(postgres_url, autocommit=True) as conn:  # as schema 3 left it
         for name in (
-            "session_changed", "tool_call_changed", "note_deleted_sessions", "bump_history_epoch",
+            "session_changed", "tool_call_written", "note_deleted_sessions", "bump_history_epoch",
         ):  # fmt: skip
             conn.execute(f"DROP FUNCTION spawnkit.{name}() CASCADE")  # 7's and 8's triggers too
         conn.execute("DROP TABLE spawnkit.history_epoch, spawnkit.deleted_sessions")
@@ -113,7 +113,8 @@ SCHEMA_8_TRIGGERS = [
     ("sessions", "sessions_change", "session_changed", "BEFORE INSERT OR UPDATE"),
     ("sessions", "sessions_notify", "notify_change", "AFTER DELETE"),
     ("state", "state_notify", "notify_change", "AFTER INSERT OR DELETE OR UPDATE"),
-    ("tool_calls", "tool_calls_notify", "tool_call_changed", "AFTER INSERT OR DELETE OR UPDATE"),
+    ("tool_calls", "tool_calls_notify", "tool_call_written", "AFTER INSERT OR UPDATE"),
+    ("tool_calls", "tool_calls_notify_delete", "notify_change", "AFTER DELETE"),
 ]
 
 
