@@ -539,12 +539,15 @@ class PostgresBackend:
 
     @contextmanager
     def transaction(self, single: bool = False) -> Iterator[_Transaction]:
-        with self._connection() as conn:
+        conn = self._pool.getconn()  # as _connection(), without a second context manager
+        try:
             if single:  # the one statement commits on its own: no BEGIN and COMMIT
                 yield _Transaction(conn)
                 return
             with conn.transaction():
                 yield _Transaction(conn)
+        finally:
+            self._pool.putconn(conn)
 
     def error(self, exc: Exception) -> StoreError:
         """Unreachable (down, refused, wrong password) or another failure, in one line."""
