@@ -328,6 +328,7 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE TRIGGER sessions_notify AFTER DELETE ON sessions
         FOR EACH ROW EXECUTE FUNCTION notify_change();
     DROP TRIGGER IF EXISTS tool_calls_notify ON tool_calls;
+    DROP TRIGGER IF EXISTS tool_calls_notify_delete ON tool_calls;
     CREATE OR REPLACE FUNCTION tool_call_written() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
         PERFORM pg_notify('spawnkit', jsonb_build_object('table', 'tool_calls', 'op', TG_OP,
