@@ -355,9 +355,7 @@ def test_a_schema_7_database_migrates_to_8_with_the_same_notifications_and_marke
         )  # fmt: skip  # replaces the live calls: seq 0 updated, seq 1 deleted
         assert marker("n1") > started
         listener.execute("DELETE FROM spawnkit.sessions WHERE id = 'old'")
-        got = [
-            json.loads(n.payload) for n in listener.notifies(timeout=TIMEOUT_S, stop_after=7)
-        ]
+        got = [json.loads(n.payload) for n in listener.notifies(timeout=TIMEOUT_S, stop_after=7)]
         tombstones = listener.execute("SELECT id FROM spawnkit.deleted_sessions").fetchall()
         assert _triggers(listener) == SCHEMA_8_TRIGGERS
         functions = listener.execute(
