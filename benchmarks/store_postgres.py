@@ -137,6 +137,7 @@ def measure_records(url: str, sqlite_path: Path, rounds: int, runs: int) -> dict
     return {
         "runs_per_round": runs,
         "rounds": rounds,
+        "postgresql_backends": len(pids),  # the pool's connections (one thread: one)
         "postgresql_per_run_ms": round(med(pg_s) * 1000, 3),
         "sqlite_per_run_ms": round(med(lite_s) * 1000, 3),
         "ratio": round(med(pg_s) / med(lite_s), 3),

@@ -12,6 +12,7 @@ import sys
 import textwrap
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -21,8 +22,8 @@ from spawnkit.credentials import CredentialStore
 from spawnkit.errors import StoreTooNew, StoreUnreachable
 from spawnkit.result import SpawnerResult, ToolCall, Usage
 from spawnkit.store import SessionStore
-from spawnkit.store_backend import redact_url
-from spawnkit.store_postgres import SCHEMA_VERSION
+from spawnkit.store_backend import redact_url, statements
+from spawnkit.store_postgres import _MIGRATIONS, SCHEMA_VERSION
 
 from .conftest import REPO
 from .postgres import PASSWORD, PostgresServer
@@ -84,8 +85,10 @@ def test_a_schema_3_database_gains_leases_and_keeps_its_records(postgres_url: st
             trigger_source="external",
         )  # fmt: skip
     with psycopg.connect(postgres_url, autocommit=True) as conn:  # as schema 3 left it
-        for name in ("mark_session_change", "note_deleted_sessions", "bump_history_epoch"):
-            conn.execute(f"DROP FUNCTION spawnkit.{name}() CASCADE")  # 7's triggers go too
+        for name in (
+            "session_changed", "tool_call_written", "note_deleted_sessions", "bump_history_epoch",
+        ):  # fmt: skip
+            conn.execute(f"DROP FUNCTION spawnkit.{name}() CASCADE")  # 7's and 8's triggers too
         conn.execute("DROP TABLE spawnkit.history_epoch, spawnkit.deleted_sessions")
         conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN change_xid")
         conn.execute("DROP FUNCTION spawnkit.notify_change() CASCADE")  # 5's triggers go too
@@ -100,15 +103,34 @@ def test_a_schema_3_database_gains_leases_and_keeps_its_records(postgres_url: st
         assert renewed is not None and renewed.lease_until is not None
     with psycopg.connect(postgres_url) as conn:
         versions = conn.execute("SELECT version FROM spawnkit.schema_version ORDER BY 1")
-        assert versions.fetchall() == [(1,), (2,), (3,), (4,), (5,), (6,), (7,)]
-        triggers = conn.execute(
-            "SELECT tgname FROM pg_trigger WHERE tgname LIKE '%_notify%' ORDER BY 1"
-        ).fetchall()
-        assert triggers == [
-            ("sessions_notify",), ("sessions_notify_update",), ("state_notify",),
-            ("tool_calls_notify",),
-        ]  # fmt: skip
-    assert SCHEMA_VERSION == 7
+        assert versions.fetchall() == [(v,) for v in range(1, 9)]
+        assert _triggers(conn) == SCHEMA_8_TRIGGERS
+    assert SCHEMA_VERSION == 8
+
+
+# The row triggers of schema 8, by table: (name, function, timing and events).
+SCHEMA_8_TRIGGERS = [
+    ("sessions", "sessions_change", "session_changed", "BEFORE INSERT OR UPDATE"),
+    ("sessions", "sessions_notify", "notify_change", "AFTER DELETE"),
+    ("state", "state_notify", "notify_change", "AFTER INSERT OR DELETE OR UPDATE"),
+    ("tool_calls", "tool_calls_notify", "tool_call_written", "AFTER INSERT OR UPDATE"),
+    ("tool_calls", "tool_calls_notify_delete", "notify_change", "AFTER DELETE"),
+]
+
+
+def _triggers(conn: psycopg.Connection[Any]) -> list[tuple[str, str, str, str]]:
+    rows = conn.execute(
+        "SELECT c.relname, t.tgname, p.proname, pg_get_triggerdef(t.oid) FROM pg_trigger t "
+        "JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_proc p ON p.oid = t.tgfoid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'spawnkit' AND NOT t.tgisinternal AND (t.tgtype & 1) = 1 "
+        "ORDER BY 1, 2"
+    ).fetchall()
+    found = []
+    for table, name, function, definition in rows:
+        when = definition.split(f"{name} ", 1)[1].split(" ON ", 1)[0]
+        found.append((table, name, function, when))
+    return found
 
 
 def test_a_completion_notifies_its_record_and_calls_and_a_lease_renewal_alone_is_silent(
@@ -272,3 +294,88 @@ def test_the_store_is_chosen_by_variable_then_config_file(
     monkeypatch.delenv("SPAWNKIT_STORE")
     with SessionStore() as store:
         assert store.state_get("b", "k") == "from config"
+
+
+def test_a_schema_7_database_migrates_to_8_with_the_same_notifications_and_markers(
+    postgres_url: str,
+) -> None:
+    """Step 8 folds a session's marker and NOTIFY into one trigger: a database made by
+    steps 1-7 keeps its records, and every change is still told (and marked) as before,
+    a lease renewal still is not."""
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # as step 7 left it
+        conn.execute("CREATE SCHEMA spawnkit")
+        conn.execute("SET search_path = spawnkit")
+        conn.execute(
+            "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
+            "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+        for step in range(7):
+            for statement in statements(_MIGRATIONS[step]):
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (step + 1,))
+        conn.execute(
+            "INSERT INTO sessions (id, butler, runtime, prompt, trigger_source, status, "
+            "created_at, owner_host) VALUES ('old', 'b', 'codex', 'p', 'external', 'success', "
+            "'2026-09-01T00:00:00+00:00', 'elsewhere')"
+        )
+        old_marker = conn.execute("SELECT change_xid FROM sessions").fetchone()
+    at = datetime.now(UTC)
+    call = ToolCall.start("c0", "Bash", {"i": 0}, at)
+    with (
+        SessionStore(postgres_url, lease_s=20) as store,
+        psycopg.connect(postgres_url, autocommit=True) as listener,
+    ):
+        old = store.get_session("old")
+        assert old is not None and (old.status, old.butler) == ("success", "b")
+        store.create_session(
+            "n1", butler="b", runtime="codex", model=None, prompt="p", context=None,
+            trigger_source="external",
+        )  # fmt: skip
+
+        def marker(session: str) -> int:
+            row = listener.execute(
+                "SELECT change_xid FROM spawnkit.sessions WHERE id = %s", (session,)
+            ).fetchone()
+            assert row is not None
+            return int(row[0])
+
+        created = marker("n1")
+        listener.execute("LISTEN spawnkit")
+        assert store.renew_leases(["n1"]) == 1  # silent, marker kept
+        assert marker("n1") == created
+        store.mark_started("n1", started_at=at, trace_id="t" * 32)
+        started = marker("n1")
+        assert started > created
+        assert store.record_tool_call("n1", 0, call)  # live: an INSERT
+        assert store.record_tool_call("n1", 1, ToolCall.start("c1", "Bash", {"i": 1}, at))
+        done = call.finish("out", False, at)
+        store.complete_session(
+            "n1", SpawnerResult(output="ok", tool_calls=[done], success=True, session_id="n1",
+                                duration_ms=5, usage=Usage(1, 1, 0, 0), status="success"),
+        )  # fmt: skip  # replaces the live calls: seq 0 updated, seq 1 deleted
+        assert marker("n1") > started
+        listener.execute("DELETE FROM spawnkit.sessions WHERE id = 'old'")
+        got = [json.loads(n.payload) for n in listener.notifies(timeout=TIMEOUT_S, stop_after=7)]
+        tombstones = listener.execute("SELECT id FROM spawnkit.deleted_sessions").fetchall()
+        assert _triggers(listener) == SCHEMA_8_TRIGGERS
+        functions = listener.execute(
+            "SELECT proname FROM pg_proc WHERE proname = 'mark_session_change'"
+        ).fetchall()
+    seen = [(g["table"], g["op"], g["status"], g.get("seq"), g["butler"], g["host"]) for g in got]
+    host = store.host
+    assert seen[:3] == [
+        ("sessions", "UPDATE", "running", None, "b", host),
+        ("tool_calls", "INSERT", "running", 0, "b", host),
+        ("tool_calls", "INSERT", "running", 1, "b", host),
+    ]
+    assert sorted(seen[3:6], key=str) == sorted(  # one statement: in no set order
+        [
+            ("sessions", "UPDATE", "success", None, "b", host),
+            ("tool_calls", "DELETE", "running", 1, "b", host),
+            ("tool_calls", "UPDATE", "ok", 0, "b", host),
+        ],
+        key=str,
+    )
+    assert seen[6] == ("sessions", "DELETE", "success", None, "b", "elsewhere")
+    assert old_marker is not None and old_marker[0] is not None
+    assert tombstones == [("old",)] and functions == []
