@@ -506,6 +506,8 @@ def test_a_long_run_is_navigable(lab: int, browser: Any) -> None:
 
 
 def test_the_dashboard_shows_states_labels_and_transcripts(lab: int, browser: Any) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     ARTIFACTS.mkdir(exist_ok=True)
     page = open_notebook(browser, lab, "dashboard.ipynb", height=2400)
     run_all(page)
@@ -527,14 +529,19 @@ def test_the_dashboard_shows_states_labels_and_transcripts(lab: int, browser: An
     trigger.click()
     labels = page.locator(".sk-in-flight .sk-run-label")
     # Both labels are redrawn as the runs move on: wait for the view showing both states.
-    page.wait_for_function(
-        "() => { const t = [...document.querySelectorAll('.sk-in-flight .sk-run-label')]"
-        ".map(e => e.textContent);"
-        " return t.some(x => x.includes('queued') && x.includes('position 1')"
-        " && x.includes('second slow one'))"
-        " && t.some(x => x.includes('running') && x.includes('first slow one')); }",
-        timeout=60_000,
-    )
+    try:
+        page.wait_for_function(
+            "() => { const t = [...document.querySelectorAll('.sk-in-flight .sk-run-label')]"
+            ".map(e => e.textContent);"
+            " return t.some(x => x.includes('queued') && x.includes('position 1')"
+            " && x.includes('second slow one'))"
+            " && t.some(x => x.includes('running') && x.includes('first slow one')); }",
+            timeout=60_000,
+        )
+    except PlaywrightTimeout as exc:  # say what the dashboard showed instead (it has flaked)
+        shown = labels.all_inner_texts()
+        finished = page.locator(".sk-finished .sk-run-label").all_inner_texts()
+        raise AssertionError(f"in flight: {shown}; finished: {finished}") from exc
     texts = labels.all_inner_texts()
     running = next(t for t in texts if "running" in t)
     queued = next(t for t in texts if "queued" in t)
