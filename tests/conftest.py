@@ -90,6 +90,11 @@ description = "A test butler"
 
 RosterFactory = Callable[..., ButlerConfig]
 
+# The test butlers' ports: 18101 on, 100 more for each pytest-xdist worker after the first
+# (gw1 from 18201), so that tests serving a butler on its port in parallel workers never
+# meet on one.
+BUTLER_PORTS = 18101 + 100 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+
 
 @pytest.fixture
 def make_butler(tmp_path: Path) -> RosterFactory:
@@ -99,7 +104,7 @@ def make_butler(tmp_path: Path) -> RosterFactory:
     open further tables); ``prompt`` is its CLAUDE.md.
     """
     roster_dir = tmp_path / "roster"
-    ports = iter(range(18101, 18200))
+    ports = iter(range(BUTLER_PORTS, BUTLER_PORTS + 99))
 
     def make(
         name: str = "health",
