@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -155,3 +156,29 @@ def _group(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             members.append(int(stat.parent.name))
     return members
+
+
+def test_a_parse_server_killed_mid_load_is_a_clear_error(tmp_path: Path) -> None:
+    fmt = FORMATS["claude-code"]
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            parse_files(fmt, tmp_path, _stuck_files(tmp_path), workers=2)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at what it is
+            errors.append(exc)
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while (server := workers.SERVER.pid) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server is not None
+    while len(_group(server)) < 3 and time.monotonic() < deadline:  # its workers are stuck
+        time.sleep(0.05)
+    os.kill(server, signal.SIGKILL)
+    thread.join(60)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], RuntimeError), errors
+    assert "parse server ended while parsing" in str(errors[0])
+    assert _gone(server), f"left behind: {_group(server)}"

@@ -131,6 +131,12 @@ class ParseServer:
                 if not conn.poll(timeout):
                     raise TimeoutError(f"parsing transcripts took over {timeout:g} s")
                 status, error = conn.recv()
+            except EOFError as exc:  # the server died (killed, out of memory)
+                code = self._process.poll() if self._process else None
+                self.stop()
+                raise RuntimeError(
+                    f"the history parse server ended while parsing (exit status {code})"
+                ) from exc
             except BaseException:
                 self.stop()  # interrupted, timed out or lost: nothing of the load lives on
                 raise
