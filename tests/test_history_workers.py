@@ -130,7 +130,12 @@ def test_the_parse_server_and_workers_end_when_their_caller_is_killed(tmp_path: 
         print(workers.SERVER.pid, flush=True)
         time.sleep(600)
     """)
-    caller = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    # A caller killed with SIGKILL cannot remove its folder of worker outputs: keep it here.
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+    caller = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert caller.stdout is not None
         server = int(caller.stdout.readline())
