@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -79,12 +80,15 @@ exit 3
 """
 
 
-@pytest.fixture
-def failing_cli(tmp_path: Path) -> Path:
-    path = tmp_path / "failing-cli"
-    path.write_text(FAKE_CLI)
+def _script(path: Path, text: str) -> Path:
+    path.write_text(text)
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path
+
+
+@pytest.fixture
+def failing_cli(tmp_path: Path) -> Path:
+    return _script(tmp_path / "failing-cli", FAKE_CLI)
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -101,6 +105,31 @@ async def test_a_cli_that_exits_at_once_reports_its_code_and_stderr(
     error = result.error or ""
     assert "exited with code 3: error: unexpected argument '--bogus' found" in error, error
     assert "Connection lost" not in error and "For more information" not in error
+
+
+async def test_a_cli_gone_before_its_first_input_still_reports_its_code(
+    failing_cli: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race a loaded machine runs into: the CLI has exited before the SDK writes.
+
+    The SDK then reports a lost connection first; the exit code must still be found.
+    """
+    from claude_agent_sdk._internal.transport.subprocess_cli import SubprocessCLITransport
+
+    connect = SubprocessCLITransport.connect
+
+    async def connect_then_stall(self: SubprocessCLITransport) -> None:
+        await connect(self)
+        await asyncio.sleep(1.0)  # the failing CLI exits in milliseconds
+
+    monkeypatch.setattr(SubprocessCLITransport, "connect", connect_then_stall)
+    monkeypatch.setenv("SPAWNKIT_CLAUDE_CLI", str(failing_cli))
+    butler = general_on("claude-code", free_port())
+    async with ButlerService(butler, replay=SCENARIO) as service:
+        result = await service.trigger("hello")
+    assert not result.success
+    error = result.error or ""
+    assert "exited with code 3: error: unexpected argument '--bogus' found" in error, error
 
 
 def spawnkit(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:

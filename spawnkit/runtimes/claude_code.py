@@ -48,6 +48,7 @@ from claude_agent_sdk import (
 )
 from claude_agent_sdk._errors import MessageParseError
 from claude_agent_sdk._internal.message_parser import parse_message
+from claude_agent_sdk._internal.transport.subprocess_cli import SubprocessCLITransport
 from claude_agent_sdk.types import McpHttpServerConfig, McpSSEServerConfig, SystemPromptFile
 
 from .. import _process
@@ -426,6 +427,23 @@ class ClaudeStreamParser(LineParser):
         return outcome
 
 
+class _Transport(SubprocessCLITransport):
+    """The SDK's own transport, which also keeps the CLI's exit code when it closes.
+
+    A CLI that exits at once (a bad flag) can be gone before the SDK writes to
+    it; the SDK then reports a lost connection, closes the transport and drops
+    the process, all before its reader has seen the exit.
+    """
+
+    exit_code: int | None = None
+
+    async def close(self) -> None:
+        process = self._process  # the SDK keeps no public handle on it
+        await super().close()  # waits for the CLI to end
+        if process is not None:
+            self.exit_code = process.returncode
+
+
 class ClaudeCodeAdapter(RuntimeAdapter):
     type: ClassVar[str] = "claude-code"
     binary_name: ClassVar[str] = "claude"
@@ -665,7 +683,12 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         return state.outcome()
 
     async def _consume(self, prompt: str, options: ClaudeAgentOptions, state: _RunState) -> None:
-        messages: AsyncIterator[Message] = query(prompt=prompt, options=options)
+        # Our own transport, so that a CLI that died before reading its prompt
+        # still tells its exit code.
+        transport = _Transport(prompt=prompt, options=options)
+        messages: AsyncIterator[Message] = query(
+            prompt=prompt, options=options, transport=transport
+        )
         try:
             async for message in messages:
                 state.handle(message)
@@ -684,7 +707,7 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             # Writing to a CLI that already exited (a bad flag, missing auth) loses the
             # connection: what the CLI said says why, not "Connection lost".
             if state.stderr:
-                raise self._failure(None, state) from exc
+                raise self._failure(transport.exit_code, state) from exc
             raise RuntimeCrashed(f"cannot start Claude Code: {exc}") from exc
         except ClaudeSDKError as exc:
             raise RuntimeFailure(f"Claude Code failed: {exc}", "runtime_error") from exc
