@@ -250,7 +250,8 @@ def open_notebook(browser: Any, port: int, name: str, height: int = 1000) -> Any
     # ?reset: do not restore the previous page's tabs (Run All would run the wrong one).
     page.goto(f"http://127.0.0.1:{port}/lab/tree/{name}?reset")
     # The execution indicator can say idle before the kernel is up; the status bar cannot.
-    page.get_by_text("| Idle").first.wait_for(timeout=90_000)
+    # A kernel may take minutes to start on a loaded machine (tests run in parallel workers).
+    page.get_by_text("| Idle").first.wait_for(timeout=240_000)
     return page
 
 

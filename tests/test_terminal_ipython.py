@@ -33,7 +33,9 @@ def shell(tmp_path: Path, isolated_home: Path) -> pexpect.spawn:
     shutil.copytree(REPO / "roster", roster)
     for name, text in {"story": STORY, "stopped": STOPPED, "overload": OVERLOAD}.items():
         (tmp_path / f"{name}.toml").write_text(text)
-    env = {**os.environ, "NO_COLOR": "1", "TERM": "xterm", "SPAWNKIT_HOME": str(isolated_home)}
+    # The pty's own size counts, not COLUMNS/LINES (pytest-xdist's workers set them to 80x24).
+    inherited = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env = {**inherited, "NO_COLOR": "1", "TERM": "xterm", "SPAWNKIT_HOME": str(isolated_home)}
     child = pexpect.spawn(
         sys.executable, ["-m", "IPython", "--simple-prompt", "--colors=NoColor", "--no-banner",
                          "--HistoryManager.enabled=False"],
