@@ -272,7 +272,8 @@ def test_a_damaged_cache_is_rebuilt_not_trusted(tmp_path: Path) -> None:
     shutil.copytree(FIXTURES / "claude", root)
     first = transcripts("claude", root)
     folder = cache_dir("claude-code", root)
-    (folder / "usage.arrow").write_bytes(b"not arrow")
+    manifest = json.loads((folder / "current.json").read_text())
+    (folder / manifest["generation"] / manifest["runs"][0] / "usage").write_bytes(b"not arrow")
     rebuilt = transcripts("claude", root)
     assert rebuilt.stats.parsed == 3
     pd.testing.assert_frame_equal(rebuilt.sessions, first.sessions)

@@ -2,26 +2,33 @@
 
 A load stats every file, reuses the cached rows of files whose size and modification time
 are unchanged, parses only the files that are new, grew or changed, and writes the merged
-rows back (on a thread, while the frames are built). The rows live in five Arrow IPC files
-(usage, calls, results, events, files) under
+rows back (on a thread, while the frames are built). The rows live in Arrow IPC files under
 ``$SPAWNKIT_HOME/history-cache/<source>-<hash of the root>/``; they are memory-mapped on
 read, so a warm load of a large history costs little more than the stats.
 
-Each file is written to a temporary name and renamed into place, and all five carry the same
-generation token in their schema metadata: a set whose tokens disagree (two writers raced,
-or a write was interrupted) or whose format version is old is ignored and rebuilt, never
-trusted. The cache only holds previews of tool inputs and outputs (see
-:mod:`spawnkit.history.rows`), so its size is bounded by the number of rows, not by what the
-tools returned.
+A set of rows is a generation: a folder of runs, each run a folder with one file per kind of
+row (usage, calls, results, events, files). ``current.json`` names the generation in use and
+its runs in order; it is replaced by a rename only once the generation is complete, so a
+reader sees a whole generation or none, and a cache whose manifest or files do not read (a
+crash, a full disk, an older format) is ignored and rebuilt, never trusted. A cold load
+parsed by worker processes adopts the files the workers wrote as its generation, so its rows
+are written once, not once by the workers and again by the cache. The cache only holds
+previews of tool inputs and outputs (see :mod:`spawnkit.history.rows`), so its size is
+bounded by the number of rows, not by what the tools returned.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import shutil
+import tempfile
 import threading
+import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,10 +36,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..home import spawnkit_home
-from .rows import RowTables
+from .rows import CALL_SCHEMA, EVENT_SCHEMA, FILE_SCHEMA, RESULT_SCHEMA, USAGE_SCHEMA, RowTables
 
-FORMAT = b"spawnkit-history-cache-3"
+FORMAT = "spawnkit-history-cache-4"
+MANIFEST = "current.json"
+GENERATION_PREFIX = "gen-"
+# A generation that is not current and older than this is a writer's that lost a race or
+# died: removed. A writer takes well under this between creating a generation and adopting it.
+STALE_AFTER_S = 3600.0
 _KINDS = RowTables.KINDS
+SCHEMAS = dict(
+    zip(_KINDS, (USAGE_SCHEMA, CALL_SCHEMA, RESULT_SCHEMA, EVENT_SCHEMA, FILE_SCHEMA), strict=True)
+)
 log = logging.getLogger(__name__)
 
 
@@ -51,34 +66,67 @@ def cache_dir(source: str, root: Path) -> Path:
 
 
 class RowCache:
-    """Read and write the cached rows of one source folder."""
+    """Read and write the cached rows of one source folder.
+
+    The folder holds generations, each a folder of runs (``<generation>/<run>/<kind>``, Arrow
+    IPC files), and a manifest, ``current.json``, naming the generation in use and its runs
+    in order. A generation is complete before the manifest names it (written under a new
+    name, then the manifest replaced by a rename), so a reader sees one whole generation or
+    none. A load that parsed everything in worker processes adopts the workers' own files as
+    the new generation (:meth:`new_generation`, :meth:`adopt`): nothing is written twice.
+    """
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
 
+    @property
+    def manifest(self) -> Path:
+        return self.directory / MANIFEST
+
     def read(self) -> RowTables | None:
         """The cached rows, or None when there is no complete, current cache."""
-        tables: dict[str, pa.Table] = {}
-        generations = set()
-        for kind in _KINDS:
-            path = self.directory / f"{kind}.arrow"
-            try:
-                with pa.memory_map(str(path)) as source:
-                    table = pa.ipc.open_file(source).read_all()
-            except FileNotFoundError:
+        try:
+            meta = json.loads(self.manifest.read_bytes())
+            if meta.get("format") != FORMAT:
                 return None
-            except (OSError, pa.ArrowInvalid) as exc:
-                log.warning("ignoring the unreadable history cache %s: %s", path, exc)
-                return None
-            meta = table.schema.metadata or {}
-            if meta.get(b"format") != FORMAT:
-                return None
-            generations.add(meta.get(b"generation"))
-            tables[kind] = table.replace_schema_metadata(None)
-        if len(generations) != 1:
-            log.warning("ignoring the history cache %s: its files disagree", self.directory)
+            generation = self.directory / _plain(meta["generation"])
+            runs = [generation / _plain(run) for run in meta["runs"]]
+            tables = [_concat([_map(run / kind) for run in runs], kind) for kind in _KINDS]
+            return RowTables(*tables)
+        except FileNotFoundError:
+            return None  # none yet, or a generation replaced while we read: parse again
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid) as exc:
+            log.warning("ignoring the unreadable history cache %s: %s", self.directory, exc)
             return None
-        return RowTables(**tables)
+
+    def new_generation(self) -> Path:
+        """An empty folder for a generation's runs, which :meth:`adopt` makes current."""
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return Path(tempfile.mkdtemp(prefix=GENERATION_PREFIX, dir=self.directory))
+
+    def adopt(self, generation: Path, runs: Sequence[str]) -> bool:
+        """Make ``generation`` (complete, its ``runs`` in order) the cache's rows; False
+        (logged) when the manifest cannot be written."""
+        meta = {"format": FORMAT, "generation": generation.name, "runs": list(runs)}
+        try:
+            before = json.loads(self.manifest.read_bytes()).get("generation")
+        except (OSError, ValueError, AttributeError):
+            before = None
+        tmp = self.directory / f".{MANIFEST}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+        try:
+            tmp.write_text(json.dumps(meta), encoding="utf-8")
+            tmp.replace(self.manifest)
+        except OSError as exc:
+            log.warning("could not write the history cache %s: %s", self.directory, exc)
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+        replaced = isinstance(before, str) and before.startswith(GENERATION_PREFIX)
+        if replaced and before != generation.name and Path(str(before)).name == before:
+            # Readers that mapped its files keep them.
+            shutil.rmtree(self.directory / str(before), ignore_errors=True)
+        self._remove_stale(keep=generation.name)
+        return True
 
     def write_in_background(self, rows: RowTables) -> threading.Thread:
         """Write ``rows`` on a thread (Arrow writes without the GIL); join it before relying
@@ -95,19 +143,66 @@ class RowCache:
         return thread
 
     def write(self, rows: RowTables) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        generation = uuid.uuid4().hex.encode()
-        for kind in _KINDS:
-            table: pa.Table = getattr(rows, kind)
-            table = table.replace_schema_metadata({b"format": FORMAT, b"generation": generation})
-            final = self.directory / f"{kind}.arrow"
-            tmp = final.with_name(f".{kind}.{os.getpid()}.{generation.decode()}.tmp")
+        generation = self.new_generation()
+        try:
+            write_run(rows, generation / "0")
+        except BaseException:
+            shutil.rmtree(generation, ignore_errors=True)
+            raise
+        if not self.adopt(generation, ["0"]):
+            shutil.rmtree(generation, ignore_errors=True)
+
+    def _remove_stale(self, keep: str) -> None:
+        """Remove generations other than ``keep`` once no writer can still be filling them
+        (older than :data:`STALE_AFTER_S`), and the files of an older cache format. A reader
+        that mapped a removed generation's files keeps them (POSIX keeps unlinked maps)."""
+        now = time.time()
+        for entry in self.directory.iterdir():
+            name = entry.name
             try:
-                with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-                    w.write_table(table, max_chunksize=1 << 20)
-                tmp.replace(final)
-            finally:
-                tmp.unlink(missing_ok=True)
+                if entry.is_dir() and name.startswith(GENERATION_PREFIX) and name != keep:
+                    if now - entry.stat().st_mtime > STALE_AFTER_S:
+                        shutil.rmtree(entry, ignore_errors=True)
+                elif name.endswith(".arrow") or (
+                    name.endswith(".tmp") and now - entry.stat().st_mtime > STALE_AFTER_S
+                ):
+                    entry.unlink(missing_ok=True)  # format 3's files, or a writer's leftovers
+            except FileNotFoundError:
+                continue  # another process removed it first
+
+
+def write_run(rows: RowTables, folder: Path) -> None:
+    """Write ``rows`` as one run: a folder of Arrow IPC files, one per kind of row."""
+    folder.mkdir()
+    for kind in _KINDS:
+        table: pa.Table = getattr(rows, kind)
+        with pa.OSFile(str(folder / kind), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+            w.write_table(table, max_chunksize=1 << 20)
+
+
+def read_run(folder: Path) -> RowTables:
+    """The rows of a run :func:`write_run` wrote (memory-mapped)."""
+    return RowTables(*(_map(folder / kind) for kind in _KINDS))
+
+
+def _plain(name: object) -> str:
+    """A manifest's folder name, which must name a folder right there."""
+    if not isinstance(name, str) or not name or Path(name).name != name:
+        raise ValueError(f"the manifest names {name!r}")
+    return name
+
+
+def _map(path: Path) -> pa.Table:
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_file(source).read_all()
+
+
+def _concat(tables: list[pa.Table], kind: str) -> pa.Table:
+    schema = SCHEMAS[kind]
+    for table in tables:
+        if not table.schema.equals(schema):
+            raise ValueError(f"its {kind} rows have another schema")
+    return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 def unchanged(cached: RowTables, stats: list[FileStat]) -> set[str]:

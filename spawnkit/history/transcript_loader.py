@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import shutil
 import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -224,16 +225,28 @@ def load_cached(
     cached = store.read() if store else None
     keep = unchanged(cached, stats) if cached is not None else set()
     todo = [s for s in stats if s.path not in keep]
-    fresh = parse_files(fmt, root, todo, workers, read)
-    if cached is None:
-        rows = fresh
-    elif not todo and len(keep) == cached.files.num_rows:
+    parsed = (len(todo), sum(s.size for s in todo))
+    if cached is not None and not todo and len(keep) == cached.files.num_rows:
         return cached, (0, 0)
+    if store is not None and not keep and todo:
+        # Nothing to keep: the workers' files, if the load is shared out, become the cache.
+        generation = store.new_generation()
+        adopted = False
+        try:
+            fresh, runs = _parse(fmt, root, todo, workers, read, into=generation)
+            if runs:
+                adopted = store.adopt(generation, runs)
+        finally:
+            if not adopted:  # parsed here, failed or interrupted: written as usual, or not
+                shutil.rmtree(generation, ignore_errors=True)
+        if adopted:
+            return fresh, parsed
     else:
-        rows = merge(keep_paths(cached, keep), fresh)
+        fresh = parse_files(fmt, root, todo, workers, read)
+    rows = fresh if cached is None or not keep else merge(keep_paths(cached, keep), fresh)
     if store is not None:
         writes.append(store.write_in_background(rows))
-    return rows, (len(todo), sum(s.size for s in todo))
+    return rows, parsed
 
 
 def parse_files(
@@ -245,13 +258,26 @@ def parse_files(
 ) -> RowTables:
     """Rows of ``files``, in their order; several worker processes for large loads of files
     on disk (``read`` reads files from elsewhere, in this process)."""
+    return _parse(fmt, root, files, workers, read)[0]
+
+
+def _parse(
+    fmt: SourceFormat,
+    root: Path,
+    files: Sequence[FileStat],
+    workers: int | None,
+    read: Reader | None,
+    into: Path | None = None,
+) -> tuple[RowTables, list[str]]:
+    """:func:`parse_files`, and with ``into`` the worker runs kept there for the cache (the
+    names of their folders; none when the files were parsed in this process)."""
     if read is not None:
-        return parse_serial(fmt.name, root, files, read)
+        return parse_serial(fmt.name, root, files, read), []
     count = default_workers(sum(s.size for s in files)) if workers is None else workers
     if count > 1 and len(files) > 1:
         parse = functools.partial(parse_serial, fmt.name, root)
-        return parse_in_workers(parse, files, [s.size for s in files], count)
-    return parse_serial(fmt.name, root, files)
+        return parse_in_workers(parse, files, [s.size for s in files], count, into)
+    return parse_serial(fmt.name, root, files), []
 
 
 def _read_file(stat: FileStat) -> bytes:

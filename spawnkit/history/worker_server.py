@@ -31,8 +31,7 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
+from .cache import write_run
 from .rows import RowTables
 
 PR_SET_PDEATHSIG = 1
@@ -80,13 +79,7 @@ def run(context: BaseContext, job: Job) -> tuple[str, BaseException | None]:
 
 
 def parse_to_files(parse: Callable[[Sequence[Any]], RowTables], chunk: Any, folder: str) -> None:
-    rows = parse(chunk)
-    out = Path(folder)
-    out.mkdir()
-    for kind in RowTables.KINDS:
-        table: pa.Table = getattr(rows, kind)
-        with pa.OSFile(str(out / kind), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-            w.write_table(table)
+    write_run(parse(chunk), Path(folder))
 
 
 def serve(fd: int, parent: int) -> None:

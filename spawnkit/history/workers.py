@@ -15,9 +15,9 @@ of a process pays the server's start (an import of spawnkit). Loads under
 :data:`PARALLEL_MIN_BYTES` are not worth it and are parsed in-process. The sorted file list
 is cut into contiguous runs of about the same number of bytes, a few per worker so that a
 worker that finishes early takes another. Each run's rows are written as Arrow IPC files into
-a temporary folder that the caller memory-maps (sending them back through a pipe cost more
-than parsing half of the files); runs are concatenated in order, so the rows keep the path
-order deduplication relies on.
+a folder that the caller memory-maps (sending them back through a pipe cost more than parsing
+half of the files): a temporary one, or the cache's new generation, which then keeps them.
+Runs are concatenated in order, so the rows keep the path order deduplication relies on.
 
 Bounds: at most :data:`MAX_WORKERS` processes, only for loads of at least
 :data:`PARALLEL_MIN_BYTES`, a load awaited at most :data:`RESULT_TIMEOUT_S`. A load that is
@@ -44,6 +44,7 @@ from typing import TypeVar
 
 import pyarrow as pa
 
+from .cache import read_run
 from .rows import RowTables
 from .worker_server import Job
 
@@ -51,6 +52,7 @@ MAX_WORKERS = 4
 RUNS_PER_WORKER = 8
 PARALLEL_MIN_BYTES = 32 << 20
 RESULT_TIMEOUT_S = 600.0
+TEMP = "spawnkit-history-"
 
 T = TypeVar("T")
 
@@ -81,30 +83,36 @@ def parse_in_workers(
     items: Sequence[T],
     sizes: Sequence[int],
     workers: int,
-) -> RowTables:
-    """``parse`` applied to runs of ``items`` in ``workers`` processes, in order.
+    into: Path | None = None,
+) -> tuple[RowTables, list[str]]:
+    """``parse`` applied to runs of ``items`` in ``workers`` processes, in order, and the
+    names of the runs' folders in ``into`` (:func:`~spawnkit.history.cache.write_run`), kept
+    for the caller; none when ``into`` is None (a temporary folder) or the load was too small
+    to share, and parsed here.
 
     ``parse`` is sent to the workers by reference, so it must be importable (a module-level
     function or a partial of one)."""
     # More runs than workers: a worker that finishes early takes the next run.
     cuts = runs(sizes, workers * RUNS_PER_WORKER)
     if len(cuts) <= 1:
-        return parse(items)
-    with tempfile.TemporaryDirectory(prefix="spawnkit-history-") as tmp:
-        folders = [Path(tmp) / str(i) for i in range(len(cuts))]
+        return parse(items), []
+    with contextlib.ExitStack() as stack:
+        folder = into or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=TEMP)))
+        names = [str(i) for i in range(len(cuts))]
         job = Job(
             parse,
             chunks=[items[cut.start : cut.stop] for cut in cuts],
-            folders=[str(f) for f in folders],
+            folders=[str(folder / name) for name in names],
             weights=[sum(sizes[cut.start : cut.stop]) for cut in cuts],
             workers=min(workers, len(cuts)),
         )
         SERVER.run(job, RESULT_TIMEOUT_S)
-        # Mapped tables stay valid after the folder is removed (Linux keeps unlinked maps).
-        parts = [_read_files(folder) for folder in folders]
-    return RowTables(
+        # Mapped tables stay valid after the folder is removed (POSIX keeps unlinked maps).
+        parts = [read_run(folder / name) for name in names]
+    rows = RowTables(
         *(pa.concat_tables([getattr(p, kind) for p in parts]) for kind in RowTables.KINDS)
     )
+    return rows, names if into is not None else []
 
 
 # The server's bootstrap: the caller's import path, then serve(fd, parent pid).
@@ -177,11 +185,3 @@ class ParseServer:
 
 
 SERVER = ParseServer()
-
-
-def _read_files(folder: Path) -> RowTables:
-    tables = []
-    for kind in RowTables.KINDS:
-        with pa.memory_map(str(folder / kind)) as source:
-            tables.append(pa.ipc.open_file(source).read_all())
-    return RowTables(*tables)
