@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -111,7 +112,9 @@ def test_a_load_past_its_time_kills_its_workers(
     assert workers.SERVER.pid not in (None, server)
 
 
-def test_the_parse_server_and_workers_end_when_their_caller_is_killed(tmp_path: Path) -> None:
+def test_the_parse_server_and_workers_end_when_their_caller_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     files = _stuck_files(tmp_path)
     script = textwrap.dedent(f"""
         import sys, threading, time
@@ -148,6 +151,16 @@ def test_the_parse_server_and_workers_end_when_their_caller_is_killed(tmp_path: 
         caller.send_signal(signal.SIGKILL)
         caller.wait()
     assert _gone(server), f"left behind: {_group(server)}"
+    # The killed caller's folder of worker outputs stays, until the next load removes it.
+    (left,) = (tmp_path / "tmp").iterdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    sessions = tmp_path / "ok" / "projects" / "p"
+    sessions.mkdir(parents=True)
+    for i in range(2):
+        (sessions / f"t{i}.jsonl").write_text("{}\n")
+    good = [FileStat(str(p), p.stat().st_size, 0) for p in sorted(sessions.iterdir())]
+    assert parse_files(FORMATS["claude-code"], tmp_path / "ok", good, workers=2).files.num_rows
+    assert not left.exists()
 
 
 def _group(pgid: int) -> list[int]:

@@ -23,7 +23,9 @@ Bounds: at most :data:`MAX_WORKERS` processes, only for loads of at least
 :data:`PARALLEL_MIN_BYTES`, a load awaited at most :data:`RESULT_TIMEOUT_S`. A load that is
 interrupted (Ctrl-C in a notebook), times out or loses its server kills the server's process
 group, workers included; the next load starts a new one. The temporary folder is removed
-whatever happens. A failure in a worker is raised in the caller, not swallowed.
+whatever happens; one that a caller killed with SIGKILL left behind (its name holds the
+caller's pid) is removed by the next load. A failure in a worker is raised in the caller,
+not swallowed.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import contextlib
 import json
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -97,7 +100,11 @@ def parse_in_workers(
     if len(cuts) <= 1:
         return parse(items), []
     with contextlib.ExitStack() as stack:
-        folder = into or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=TEMP)))
+        folder = into
+        if folder is None:
+            sweep_orphans()
+            temp = tempfile.TemporaryDirectory(prefix=f"{TEMP}{os.getpid()}-")
+            folder = Path(stack.enter_context(temp))
         names = [str(i) for i in range(len(cuts))]
         job = Job(
             parse,
@@ -113,6 +120,24 @@ def parse_in_workers(
         *(pa.concat_tables([getattr(p, kind) for p in parts]) for kind in RowTables.KINDS)
     )
     return rows, names if into is not None else []
+
+
+def sweep_orphans() -> None:
+    """Remove the temporary folders of loads whose caller died (SIGKILL leaves them)."""
+    for entry in Path(tempfile.gettempdir()).glob(f"{TEMP}*-*"):
+        pid = entry.name.removeprefix(TEMP).split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
 
 
 # The server's bootstrap: the caller's import path, then serve(fd, parent pid).
