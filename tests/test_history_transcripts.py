@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -302,6 +303,50 @@ def test_worker_processes_give_the_same_frames_and_never_fork_this_process(
     pd.testing.assert_frame_equal(serial.sessions, parallel.sessions)
     pd.testing.assert_frame_equal(serial.tool_calls, parallel.tool_calls)
     pd.testing.assert_frame_equal(serial.usage, parallel.usage)
+
+
+def test_a_load_shared_out_keeps_the_workers_files_as_its_cache(tmp_path: Path) -> None:
+    root = tmp_path / "corpus"
+    gen_transcripts.generate(root, 4, seed=5)
+    cold = transcripts("claude", root, workers=2)
+    folder = cache_dir("claude-code", root)
+    manifest = json.loads((folder / "current.json").read_text())
+    generation = folder / manifest["generation"]
+    # The runs the workers wrote, as they wrote them: nothing written a second time.
+    assert len(manifest["runs"]) > 1
+    assert sorted(p.name for p in generation.iterdir()) == sorted(manifest["runs"])
+    warm = transcripts("claude", root, workers=2)
+    assert warm.stats.parsed == 0
+    for name in ("sessions", "tool_calls", "usage", "events", "files"):
+        pd.testing.assert_frame_equal(getattr(cold, name), getattr(warm, name))
+
+    # One file grows: the merged rows become a new generation, and the old one goes.
+    grown = sorted(root.rglob("*.jsonl"))[0]
+    with grown.open("a") as f:
+        f.write("\n")
+    assert transcripts("claude", root, workers=2).stats.parsed == 1
+    assert not generation.exists()
+    (current,) = [p for p in folder.iterdir() if p.is_dir()]
+    assert json.loads((folder / "current.json").read_text())["generation"] == current.name
+    assert transcripts("claude", root, workers=2).stats.parsed == 0
+
+
+def test_loads_racing_on_one_cache_leave_a_whole_one(tmp_path: Path) -> None:
+    root = tmp_path / "corpus"
+    gen_transcripts.generate(root, 4, seed=6)
+    script = (
+        "import sys; from spawnkit.history import transcripts; "
+        "print(len(transcripts('claude', sys.argv[1], workers=2).usage))"
+    )
+    racers = [
+        subprocess.Popen([sys.executable, "-c", script, str(root)], stdout=subprocess.PIPE,
+                         text=True, env=dict(os.environ))
+        for _ in range(3)
+    ]  # fmt: skip
+    counts = {racer.communicate(timeout=300)[0].strip() for racer in racers}
+    assert all(racer.returncode == 0 for racer in racers)
+    after = transcripts("claude", root, workers=2)
+    assert after.stats.parsed == 0 and counts == {str(len(after.usage))}
 
 
 def test_default_folders_are_the_users_and_spawnkits_runs(
