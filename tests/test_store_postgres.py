@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,11 @@ import pytest
 
 from spawnkit.credential_file import CredentialFile
 from spawnkit.credentials import CredentialStore
-from spawnkit.errors import StoreTooNew, StoreUnreachable
+from spawnkit.errors import StoreError, StoreTooNew, StoreUnreachable
 from spawnkit.result import SpawnerResult, ToolCall, Usage
 from spawnkit.store import SessionStore
 from spawnkit.store_backend import redact_url, statements
-from spawnkit.store_postgres import _MIGRATIONS, SCHEMA_VERSION
+from spawnkit.store_postgres import _MIGRATIONS, SCHEMA_VERSION, PostgresBackend
 
 from .conftest import REPO
 from .postgres import PASSWORD, PostgresServer
@@ -379,3 +380,83 @@ def test_a_schema_7_database_migrates_to_8_with_the_same_notifications_and_marke
     assert seen[6] == ("sessions", "DELETE", "success", None, "b", "elsewhere")
     assert old_marker is not None and old_marker[0] is not None
     assert tombstones == [("old",)] and functions == []
+
+
+def test_writes_through_libpq_keep_what_psycopg_did(postgres_url: str) -> None:
+    """The store's writes go through libpq as statements each connection prepared once
+    (store_postgres._Connection.run_prepared): values round trip exactly, a refused write
+    is psycopg's own error, and what that path does not take goes through psycopg."""
+    at = datetime.now(UTC)
+    big = "72.4 kg ✓ " * 300_000  # 3.3 MB: more than one socket buffer
+    result = SpawnerResult(
+        output=big, tool_calls=[ToolCall.start("c0", "Bash", {"é": 1}, at).finish("o", False, at)],
+        success=True, session_id="w1", duration_ms=2**40, usage=Usage(1, 2, 3, 4),
+        cost_usd=0.1 + 0.2, status="success",
+    )  # fmt: skip
+    with SessionStore(postgres_url) as store:
+        store.create_session(
+            "w1", butler="b", runtime="codex", model=None, prompt="naïve 🙂 'quoted' ?",
+            context=None, trigger_source="external",
+        )  # fmt: skip
+        store.mark_started("w1", started_at=at, trace_id="t" * 32)
+        store.complete_session("w1", result)
+        record = store.get_session("w1")
+        assert record is not None
+        assert (record.prompt, record.output, record.cost_usd, record.duration_ms) == (
+            "naïve 🙂 'quoted' ?", big, 0.1 + 0.2, 2**40,
+        )  # fmt: skip
+        assert [c.input for c in record.tool_calls] == [{"é": 1}]
+        with pytest.raises(StoreError, match="duplicate key value"):  # psycopg's message
+            store.create_session(
+                "w1", butler="b", runtime="codex", model=None, prompt="p", context=None,
+                trigger_source="external",
+            )  # fmt: skip
+        backend = store._db
+        assert isinstance(backend, PostgresBackend)
+        with backend.transaction(single=True) as tx:
+            # A NUL, a bool, an int past 64 bits: psycopg's path, which refuses or adapts.
+            with pytest.raises(psycopg.DataError, match="NUL"):
+                tx.execute("UPDATE sessions SET error = ? WHERE id = ?", ("a\x00b", "w1"))
+            assert tx.execute("UPDATE sessions SET success = ?::int WHERE id = ?", (True, "w1"))
+            with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+                tx.execute("UPDATE sessions SET duration_ms = ? WHERE id = ?", (2**70, "w1"))
+            # One the server will not prepare untyped: refused once, then psycopg's.
+            with pytest.raises(psycopg.errors.IndeterminateDatatype):
+                tx.execute("SELECT ? IS NULL", (None,))
+            with pytest.raises(psycopg.errors.IndeterminateDatatype):
+                tx.execute("SELECT ? IS NULL", (None,))
+            assert tx.execute("UPDATE sessions SET error = ? WHERE id = ?", ("still fine", "w1"))
+            prepared = tx._conn._statements  # the fast path took this one
+            assert ("UPDATE sessions SET error = ? WHERE id = ?", (0, 0)) in prepared
+
+        # Inside a transaction a failing write rolls the whole transaction back.
+        def fails_halfway() -> None:
+            with backend.transaction() as tx:
+                tx.execute("UPDATE sessions SET error = ? WHERE id = ?", ("rolled back", "w1"))
+                tx.execute(
+                    "INSERT INTO tool_calls (session_id, seq, call_id, name, tool, status, "
+                    "started_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    ("w1", 0, "dup", "Bash", "Bash", "ok", "t"),
+                )
+
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            fails_halfway()
+        record = store.get_session("w1")
+        assert record is not None and record.error == "still fine"
+        # Connections the server dropped are an OperationalError, as psycopg's: the store
+        # makes the write again on a fresh connection (or keeps it in its journal a moment).
+        store.create_session(
+            "w2", butler="b", runtime="codex", model=None, prompt="p", context=None,
+            trigger_source="external",
+        )  # fmt: skip
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'spawnkit' AND pid <> pg_backend_pid()"
+            )
+        store.mark_started("w2", started_at=at, trace_id="t" * 32)
+        deadline = time.monotonic() + TIMEOUT_S
+        while store.pending_writes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = store.get_session("w2")
+        assert second is not None and second.status == "running"
