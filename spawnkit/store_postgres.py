@@ -393,6 +393,8 @@ class _Connection(psycopg.Connection[dict[str, Any]]):
     def run_prepared(self, sql: str, params: Params) -> int | None:
         """How many rows ``sql`` changed, or None when it is not for the fast path (its
         parameters, or the server would not prepare it): psycopg runs it then."""
+        if self.pgconn.parameter_status(b"client_encoding") != b"UTF8":
+            return None  # text is encoded here as UTF-8 only
         try:
             types = tuple([_PARAM_TYPES[type(value)] for value in params])
         except KeyError:

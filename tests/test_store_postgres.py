@@ -460,3 +460,23 @@ def test_writes_through_libpq_keep_what_psycopg_did(postgres_url: str) -> None:
             time.sleep(0.05)
         second = store.get_session("w2")
         assert second is not None and second.status == "running"
+
+
+def test_a_connection_in_another_client_encoding_writes_through_psycopg(
+    postgres_url: str,
+) -> None:
+    """The libpq path encodes text as UTF-8 only: a connection set to another encoding
+    (a server's default can be one) is left to psycopg, which encodes for it."""
+    with SessionStore(f"{postgres_url}?client_encoding=LATIN1") as store:
+        store.create_session(
+            "e1", butler="b", runtime="codex", model=None, prompt="café", context=None,
+            trigger_source="external",
+        )  # fmt: skip
+        store.mark_started("e1", started_at=datetime.now(UTC), trace_id="t" * 32)
+        record = store.get_session("e1")
+        assert record is not None and (record.prompt, record.status) == ("café", "running")
+        backend = store._db
+        assert isinstance(backend, PostgresBackend)
+        with backend.transaction(single=True) as tx:
+            assert tx.execute("UPDATE sessions SET error = ? WHERE id = ?", ("né", "e1")) == 1
+            assert tx._conn._statements == {}
