@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg.generators
 import psycopg_pool
 from psycopg.rows import dict_row
 
@@ -371,6 +372,9 @@ _INT8 = range(-(2**63), 2**63)
 _COMMAND_OK, _TUPLES_OK = psycopg.pq.ExecStatus.COMMAND_OK, psycopg.pq.ExecStatus.TUPLES_OK
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 _BAD = psycopg.pq.ConnStatus.BAD
+# psycopg's own generator for a command sent (C, in psycopg's binary build): flushes it
+# and reads its results without blocking, yielding whenever the socket must be waited on.
+_EXECUTE = psycopg.generators.execute
 # Statements the server would not prepare with untyped parameters (``? IS NULL``): these
 # keep going through psycopg, on every connection.
 _UNPREPARABLE: set[tuple[str, tuple[int, ...]]] = set()
@@ -383,17 +387,24 @@ class _Connection(psycopg.Connection[dict[str, Any]]):
     write's time was the client's: psycopg's cursor, adaptation of two dozen parameters
     and its result machinery cost about 0.04 ms a statement. :meth:`run_prepared` sends a
     write as a statement this connection prepared once (named, so the server parses and
-    plans it once), with its parameters encoded here, through libpq directly.
+    plans it once), with its parameters encoded here, through libpq's asynchronous calls,
+    and waits for its result the way psycopg's cursor does (:meth:`_result`): on the
+    socket, in short polls, so Ctrl-C interrupts a write whose server stopped answering
+    (psycopg then cancels the query on the server before the KeyboardInterrupt goes on).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._statements: dict[tuple[str, tuple[int, ...]], bytes] = {}
+        # Names are never reused: a prepare interrupted before its answer came may
+        # have been made on the server all the same.
+        self._named = 0
 
     def run_prepared(self, sql: str, params: Params) -> int | None:
         """How many rows ``sql`` changed, or None when it is not for the fast path (its
         parameters, or the server would not prepare it): psycopg runs it then."""
-        if self.pgconn.parameter_status(b"client_encoding") != b"UTF8":
+        pgconn = self.pgconn
+        if pgconn.parameter_status(b"client_encoding") != b"UTF8":
             return None  # text is encoded here as UTF-8 only
         try:
             types = tuple([_PARAM_TYPES[type(value)] for value in params])
@@ -412,28 +423,44 @@ class _Connection(psycopg.Connection[dict[str, Any]]):
             else:
                 values.append(repr(value).encode())
         key = (sql, types)
-        pgconn = self.pgconn
-        name = self._statements.get(key)
-        if name is None:
-            # Prepared only outside a transaction: a statement the server refuses to
-            # prepare must not abort one (it then goes through psycopg, as always).
-            if key in _UNPREPARABLE or pgconn.transaction_status != _IDLE:
-                return None
-            name = f"spawnkit_{len(self._statements)}".encode()
-            prepared = pgconn.prepare(name, _numbered(sql), types)
-            if prepared.status != _COMMAND_OK:
-                self._raise_if_broken(prepared)
-                _UNPREPARABLE.add(key)
-                return None
-            self._statements[key] = name
-        # A None value is a NULL (libpq's own convention; psycopg's stub omits it).
-        result = pgconn.exec_prepared(name, values)  # type: ignore[arg-type]
+        with self.lock:  # as psycopg's own calls on a connection
+            name = self._statements.get(key)
+            if name is None:
+                # Prepared only outside a transaction: a statement the server refuses to
+                # prepare must not abort one (it then goes through psycopg, as always).
+                if key in _UNPREPARABLE or pgconn.transaction_status != _IDLE:
+                    return None
+                self._named += 1
+                name = f"spawnkit_{self._named}".encode()
+                pgconn.send_prepare(name, _numbered(sql), types)
+                prepared = self._result()
+                if prepared.status != _COMMAND_OK:
+                    self._raise_if_broken(prepared)
+                    _UNPREPARABLE.add(key)
+                    return None
+                self._statements[key] = name
+            # A None value is a NULL (libpq's own convention; psycopg's stub omits it).
+            pgconn.send_query_prepared(name, values)
+            result = self._result()
         if result.status not in (_COMMAND_OK, _TUPLES_OK):
             self._raise_if_broken(result)
             if result.error_field(psycopg.pq.DiagnosticField.SQLSTATE) == b"26000":
                 self._statements.clear()  # deallocated behind our back: prepare again
             raise psycopg.errors.error_from_result(result, encoding=self.info.encoding)
         return result.command_tuples or 0
+
+    def _result(self) -> psycopg.pq.abc.PGresult:
+        """The result of the one command just sent, waited for as psycopg's cursor waits:
+        :meth:`psycopg.Connection.wait` polls the socket with a timeout, so a signal's
+        handler runs; on KeyboardInterrupt it cancels the query on the server, takes its
+        answer (or closes a connection that gives none) and raises again."""
+        results: list[psycopg.pq.abc.PGresult] = self.wait(_EXECUTE(self.pgconn))
+        if not results:  # never from a command sent; psycopg's cursor says the same
+            raise psycopg.InternalError("got no result from the query")
+        for result in results:
+            if result.status not in (_COMMAND_OK, _TUPLES_OK):
+                return result
+        return results[-1]
 
     def _raise_if_broken(self, result: psycopg.pq.abc.PGresult) -> None:
         if self.pgconn.status == _BAD:
