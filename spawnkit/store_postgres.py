@@ -400,7 +400,7 @@ class _Connection(psycopg.Connection[dict[str, Any]]):
         # have been made on the server all the same.
         self._named = 0
 
-    def run_prepared(self, sql: str, params: Params) -> int | None:
+    def run_prepared(self, sql: str, params: Params, again: bool = True) -> int | None:
         """How many rows ``sql`` changed, or None when it is not for the fast path (its
         parameters, or the server would not prepare it): psycopg runs it then."""
         pgconn = self.pgconn
@@ -445,7 +445,11 @@ class _Connection(psycopg.Connection[dict[str, Any]]):
         if result.status not in (_COMMAND_OK, _TUPLES_OK):
             self._raise_if_broken(result)
             if result.error_field(psycopg.pq.DiagnosticField.SQLSTATE) == b"26000":
-                self._statements.clear()  # deallocated behind our back: prepare again
+                # Deallocated behind our back (DISCARD ALL, a pooler): prepared again, and
+                # outside a transaction, where nothing was written, the write made again.
+                self._statements.clear()
+                if again and pgconn.transaction_status == _IDLE:
+                    return self.run_prepared(sql, params, again=False)
             raise psycopg.errors.error_from_result(result, encoding=self.info.encoding)
         return result.command_tuples or 0
 

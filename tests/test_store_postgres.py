@@ -7,9 +7,11 @@ tests/test_store.py; everything here runs against a real PostgreSQL (tests/postg
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -427,7 +429,15 @@ def test_writes_through_libpq_keep_what_psycopg_did(postgres_url: str) -> None:
                 tx.execute("SELECT ? IS NULL", (None,))
             assert tx.execute("UPDATE sessions SET error = ? WHERE id = ?", ("still fine", "w1"))
             prepared = tx._conn._statements  # the fast path took this one
-            assert ("UPDATE sessions SET error = ? WHERE id = ?", (0, 0)) in prepared
+            key = ("UPDATE sessions SET error = ? WHERE id = ?", (0, 0))
+            assert key in prepared
+            # Deallocated behind the store's back (DISCARD ALL, a pooler): the write is
+            # made again under a statement prepared again (it cannot have been made).
+            name = prepared[key]
+            tx._conn.execute("DEALLOCATE ALL")
+            assert tx.execute("UPDATE sessions SET error = ? WHERE id = ?", ("again", "w1"))
+            assert key in prepared and prepared[key] != name
+            assert tx.execute("UPDATE sessions SET error = ? WHERE id = ?", ("still fine", "w1"))
 
         # Inside a transaction a failing write rolls the whole transaction back.
         def fails_halfway() -> None:
@@ -480,3 +490,72 @@ def test_a_connection_in_another_client_encoding_writes_through_psycopg(
         with backend.transaction(single=True) as tx:
             assert tx.execute("UPDATE sessions SET error = ? WHERE id = ?", ("né", "e1")) == 1
             assert tx._conn._statements == {}
+
+
+INTERRUPTED_WITHIN_S = 30
+
+
+def test_ctrl_c_interrupts_a_write_whose_server_stopped_answering(postgres_url: str) -> None:
+    """A write waits for its server as psycopg's cursor does, so Ctrl-C stops it: the query
+    is cancelled on the server, KeyboardInterrupt reaches the caller, and the store goes on.
+    Here the server stops answering because another connection holds the write's row; a
+    write blocked inside libpq's synchronous call would wait for the lock to go (the holder
+    lets go after INTERRUPTED_WITHIN_S), and only then see the interrupt."""
+    at = datetime.now(UTC)
+    main = threading.get_ident()
+    assert threading.current_thread() is threading.main_thread(), "signals reach main only"
+    locked, done = threading.Event(), threading.Event()
+    interrupted_at: list[float] = []
+
+    def hold_the_row_then_interrupt() -> None:
+        with (
+            psycopg.connect(postgres_url, autocommit=False) as holder,
+            psycopg.connect(postgres_url, autocommit=True) as watcher,
+        ):
+            holder.execute("SELECT 1 FROM spawnkit.sessions WHERE id = 'i1' FOR UPDATE")
+            locked.set()
+            deadline = time.monotonic() + TIMEOUT_S
+            while time.monotonic() < deadline and not done.is_set():
+                row = watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name = 'spawnkit' AND wait_event_type = 'Lock'"
+                ).fetchone()
+                if row and row[0]:  # the store's write waits on the row: Ctrl-C
+                    interrupted_at.append(time.monotonic())
+                    signal.pthread_kill(main, signal.SIGINT)
+                    break
+                time.sleep(0.05)
+            done.wait(INTERRUPTED_WITHIN_S)
+            holder.rollback()
+
+    with SessionStore(postgres_url) as store:
+        for session_id in ("i0", "i1"):
+            store.create_session(
+                session_id, butler="b", runtime="codex", model=None, prompt="p",
+                context=None, trigger_source="external",
+            )  # fmt: skip
+        store.mark_started("i0", started_at=at, trace_id="t" * 32)
+        backend = store._db
+        assert isinstance(backend, PostgresBackend)
+        with backend._connection() as conn:  # the write below goes through libpq
+            written = [sql for sql, _ in conn._statements]
+        assert any(sql.startswith("UPDATE sessions SET status = 'running'") for sql in written)
+        holder = threading.Thread(target=hold_the_row_then_interrupt, daemon=True)
+        holder.start()
+        try:
+            assert locked.wait(TIMEOUT_S)
+            with pytest.raises(KeyboardInterrupt):
+                store.mark_started("i1", started_at=at, trace_id="u" * 32)
+            stopped_at = time.monotonic()
+        finally:
+            done.set()
+            holder.join(TIMEOUT_S)
+        assert len(interrupted_at) == 1, "the write waited on the row before Ctrl-C"
+        assert stopped_at - interrupted_at[0] < INTERRUPTED_WITHIN_S
+        # The lock is gone: the interrupted write was cancelled, not made late.
+        blocked = store.get_session("i1")
+        assert blocked is not None and (blocked.status, blocked.trace_id) == ("queued", None)
+        assert store.pending_writes() == 0
+        store.mark_started("i1", started_at=at, trace_id="v" * 32)
+        record = store.get_session("i1")
+        assert record is not None and (record.status, record.trace_id) == ("running", "v" * 32)
