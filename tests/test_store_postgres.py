@@ -7,9 +7,12 @@ tests/test_store.py; everything here runs against a real PostgreSQL (tests/postg
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,11 +22,11 @@ import pytest
 
 from spawnkit.credential_file import CredentialFile
 from spawnkit.credentials import CredentialStore
-from spawnkit.errors import StoreTooNew, StoreUnreachable
+from spawnkit.errors import StoreError, StoreTooNew, StoreUnreachable
 from spawnkit.result import SpawnerResult, ToolCall, Usage
 from spawnkit.store import SessionStore
 from spawnkit.store_backend import redact_url, statements
-from spawnkit.store_postgres import _MIGRATIONS, SCHEMA_VERSION
+from spawnkit.store_postgres import _MIGRATIONS, SCHEMA_VERSION, PostgresBackend
 
 from .conftest import REPO
 from .postgres import PASSWORD, PostgresServer
@@ -379,3 +382,180 @@ def test_a_schema_7_database_migrates_to_8_with_the_same_notifications_and_marke
     assert seen[6] == ("sessions", "DELETE", "success", None, "b", "elsewhere")
     assert old_marker is not None and old_marker[0] is not None
     assert tombstones == [("old",)] and functions == []
+
+
+def test_writes_through_libpq_keep_what_psycopg_did(postgres_url: str) -> None:
+    """The store's writes go through libpq as statements each connection prepared once
+    (store_postgres._Connection.run_prepared): values round trip exactly, a refused write
+    is psycopg's own error, and what that path does not take goes through psycopg."""
+    at = datetime.now(UTC)
+    big = "72.4 kg ✓ " * 300_000  # 3.3 MB: more than one socket buffer
+    result = SpawnerResult(
+        output=big, tool_calls=[ToolCall.start("c0", "Bash", {"é": 1}, at).finish("o", False, at)],
+        success=True, session_id="w1", duration_ms=2**40, usage=Usage(1, 2, 3, 4),
+        cost_usd=0.1 + 0.2, status="success",
+    )  # fmt: skip
+    with SessionStore(postgres_url) as store:
+        store.create_session(
+            "w1", butler="b", runtime="codex", model=None, prompt="naïve 🙂 'quoted' ?",
+            context=None, trigger_source="external",
+        )  # fmt: skip
+        store.mark_started("w1", started_at=at, trace_id="t" * 32)
+        store.complete_session("w1", result)
+        record = store.get_session("w1")
+        assert record is not None
+        assert (record.prompt, record.output, record.cost_usd, record.duration_ms) == (
+            "naïve 🙂 'quoted' ?", big, 0.1 + 0.2, 2**40,
+        )  # fmt: skip
+        assert [c.input for c in record.tool_calls] == [{"é": 1}]
+        with pytest.raises(StoreError, match="duplicate key value"):  # psycopg's message
+            store.create_session(
+                "w1", butler="b", runtime="codex", model=None, prompt="p", context=None,
+                trigger_source="external",
+            )  # fmt: skip
+        backend = store._db
+        assert isinstance(backend, PostgresBackend)
+        with backend.transaction(single=True) as tx:
+            # A NUL, a bool, an int past 64 bits: psycopg's path, which refuses or adapts.
+            with pytest.raises(psycopg.DataError, match="NUL"):
+                tx.execute("UPDATE sessions SET error = ? WHERE id = ?", ("a\x00b", "w1"))
+            assert tx.execute("UPDATE sessions SET success = ?::int WHERE id = ?", (True, "w1"))
+            with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+                tx.execute("UPDATE sessions SET duration_ms = ? WHERE id = ?", (2**70, "w1"))
+            # One the server will not prepare untyped: refused once, then psycopg's.
+            with pytest.raises(psycopg.errors.IndeterminateDatatype):
+                tx.execute("SELECT ? IS NULL", (None,))
+            with pytest.raises(psycopg.errors.IndeterminateDatatype):
+                tx.execute("SELECT ? IS NULL", (None,))
+            assert tx.execute("UPDATE sessions SET error = ? WHERE id = ?", ("still fine", "w1"))
+            prepared = tx._conn._statements  # the fast path took this one
+            key = ("UPDATE sessions SET error = ? WHERE id = ?", (0, 0))
+            assert key in prepared
+            # Deallocated behind the store's back (DISCARD ALL, a pooler): the write is
+            # made again under a statement prepared again (it cannot have been made).
+            name = prepared[key]
+            tx._conn.execute("DEALLOCATE ALL")
+            assert tx.execute("UPDATE sessions SET error = ? WHERE id = ?", ("again", "w1"))
+            assert key in prepared and prepared[key] != name
+            assert tx.execute("UPDATE sessions SET error = ? WHERE id = ?", ("still fine", "w1"))
+
+        # Inside a transaction a failing write rolls the whole transaction back.
+        def fails_halfway() -> None:
+            with backend.transaction() as tx:
+                tx.execute("UPDATE sessions SET error = ? WHERE id = ?", ("rolled back", "w1"))
+                tx.execute(
+                    "INSERT INTO tool_calls (session_id, seq, call_id, name, tool, status, "
+                    "started_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    ("w1", 0, "dup", "Bash", "Bash", "ok", "t"),
+                )
+
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            fails_halfway()
+        record = store.get_session("w1")
+        assert record is not None and record.error == "still fine"
+        # Connections the server dropped are an OperationalError, as psycopg's: the store
+        # makes the write again on a fresh connection (or keeps it in its journal a moment).
+        store.create_session(
+            "w2", butler="b", runtime="codex", model=None, prompt="p", context=None,
+            trigger_source="external",
+        )  # fmt: skip
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'spawnkit' AND pid <> pg_backend_pid()"
+            )
+        store.mark_started("w2", started_at=at, trace_id="t" * 32)
+        deadline = time.monotonic() + TIMEOUT_S
+        while store.pending_writes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = store.get_session("w2")
+        assert second is not None and second.status == "running"
+
+
+def test_a_connection_in_another_client_encoding_writes_through_psycopg(
+    postgres_url: str,
+) -> None:
+    """The libpq path encodes text as UTF-8 only: a connection set to another encoding
+    (a server's default can be one) is left to psycopg, which encodes for it."""
+    with SessionStore(f"{postgres_url}?client_encoding=LATIN1") as store:
+        store.create_session(
+            "e1", butler="b", runtime="codex", model=None, prompt="café", context=None,
+            trigger_source="external",
+        )  # fmt: skip
+        store.mark_started("e1", started_at=datetime.now(UTC), trace_id="t" * 32)
+        record = store.get_session("e1")
+        assert record is not None and (record.prompt, record.status) == ("café", "running")
+        backend = store._db
+        assert isinstance(backend, PostgresBackend)
+        with backend.transaction(single=True) as tx:
+            assert tx.execute("UPDATE sessions SET error = ? WHERE id = ?", ("né", "e1")) == 1
+            assert tx._conn._statements == {}
+
+
+INTERRUPTED_WITHIN_S = 30
+
+
+def test_ctrl_c_interrupts_a_write_whose_server_stopped_answering(postgres_url: str) -> None:
+    """A write waits for its server as psycopg's cursor does, so Ctrl-C stops it: the query
+    is cancelled on the server, KeyboardInterrupt reaches the caller, and the store goes on.
+    Here the server stops answering because another connection holds the write's row; a
+    write blocked inside libpq's synchronous call would wait for the lock to go (the holder
+    lets go after INTERRUPTED_WITHIN_S), and only then see the interrupt."""
+    at = datetime.now(UTC)
+    main = threading.get_ident()
+    assert threading.current_thread() is threading.main_thread(), "signals reach main only"
+    locked, done = threading.Event(), threading.Event()
+    interrupted_at: list[float] = []
+
+    def hold_the_row_then_interrupt() -> None:
+        with (
+            psycopg.connect(postgres_url, autocommit=False) as holder,
+            psycopg.connect(postgres_url, autocommit=True) as watcher,
+        ):
+            holder.execute("SELECT 1 FROM spawnkit.sessions WHERE id = 'i1' FOR UPDATE")
+            locked.set()
+            deadline = time.monotonic() + TIMEOUT_S
+            while time.monotonic() < deadline and not done.is_set():
+                row = watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name = 'spawnkit' AND wait_event_type = 'Lock'"
+                ).fetchone()
+                if row and row[0]:  # the store's write waits on the row: Ctrl-C
+                    interrupted_at.append(time.monotonic())
+                    signal.pthread_kill(main, signal.SIGINT)
+                    break
+                time.sleep(0.05)
+            done.wait(INTERRUPTED_WITHIN_S)
+            holder.rollback()
+
+    with SessionStore(postgres_url) as store:
+        for session_id in ("i0", "i1"):
+            store.create_session(
+                session_id, butler="b", runtime="codex", model=None, prompt="p",
+                context=None, trigger_source="external",
+            )  # fmt: skip
+        store.mark_started("i0", started_at=at, trace_id="t" * 32)
+        backend = store._db
+        assert isinstance(backend, PostgresBackend)
+        with backend._connection() as conn:  # the write below goes through libpq
+            written = [sql for sql, _ in conn._statements]
+        assert any(sql.startswith("UPDATE sessions SET status = 'running'") for sql in written)
+        holder = threading.Thread(target=hold_the_row_then_interrupt, daemon=True)
+        holder.start()
+        try:
+            assert locked.wait(TIMEOUT_S)
+            with pytest.raises(KeyboardInterrupt):
+                store.mark_started("i1", started_at=at, trace_id="u" * 32)
+            stopped_at = time.monotonic()
+        finally:
+            done.set()
+            holder.join(TIMEOUT_S)
+        assert len(interrupted_at) == 1, "the write waited on the row before Ctrl-C"
+        assert stopped_at - interrupted_at[0] < INTERRUPTED_WITHIN_S
+        # The lock is gone: the interrupted write was cancelled, not made late.
+        blocked = store.get_session("i1")
+        assert blocked is not None and (blocked.status, blocked.trace_id) == ("queued", None)
+        assert store.pending_writes() == 0
+        store.mark_started("i1", started_at=at, trace_id="v" * 32)
+        record = store.get_session("i1")
+        assert record is not None and (record.status, record.trace_id) == ("running", "v" * 32)
