@@ -35,6 +35,8 @@ from .cache import write_run
 from .rows import RowTables
 
 PR_SET_PDEATHSIG = 1
+# How a job's end is told: ("ok", None) or ("error", what a worker raised).
+Answer = Callable[[str, BaseException | None], None]
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,12 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def run(context: BaseContext, job: Job) -> tuple[str, BaseException | None]:
-    """``("ok", None)``, or ``("error", the first exception a worker raised)``."""
+def run(context: BaseContext, job: Job, answer: Answer) -> None:
+    """Run ``job`` and ``answer`` ``("ok", None)`` or ``("error", the first exception a worker
+    raised)``. A success is told before the idle workers are stopped and reaped; a failure
+    only once none is left that could still write into the job's folders."""
     pool = context.Pool(job.workers, initializer=die_with_parent, initargs=(os.getpid(),))
+    failure: BaseException | None = None
     try:
         # Largest runs first, so no worker is left with a big one at the end.
         order = sorted(range(len(job.chunks)), key=lambda i: -job.weights[i])
@@ -68,14 +73,18 @@ def run(context: BaseContext, job: Job) -> tuple[str, BaseException | None]:
             pool.apply_async(parse_to_files, (job.parse, job.chunks[i], job.folders[i]))
             for i in order
         ]
-        for result in pending:
-            result.get()  # the caller bounds the wait, and kills this process past it
-    except Exception as exc:  # noqa: BLE001 - whatever a worker raised, the caller raises
-        return "error", exc
+        try:
+            for result in pending:
+                result.get()  # the caller bounds the wait, and kills this process past it
+        except Exception as exc:  # noqa: BLE001 - whatever a worker raised, the caller raises
+            failure = exc
+        else:
+            answer("ok", None)
     finally:
         pool.terminate()  # idle or stuck, the workers end here
         pool.join()
-    return "ok", None
+    if failure is not None:
+        answer("error", failure)
 
 
 def parse_to_files(parse: Callable[[Sequence[Any]], RowTables], chunk: Any, folder: str) -> None:
@@ -92,14 +101,17 @@ def serve(fd: int, parent: int) -> None:
     method = "fork" if sys.platform == "linux" else "spawn"
     context = multiprocessing.get_context(method)
     conn = Connection(fd)
-    while True:
-        try:
-            job = conn.recv()
-        except EOFError:
-            return
-        status, error = run(context, job)
+
+    def answer(status: str, error: BaseException | None) -> None:
         try:
             pickle.dumps(error)
         except (pickle.PicklingError, TypeError, AttributeError):
             error = RuntimeError(f"a parse worker failed: {error!r}")
         conn.send((status, error))
+
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        run(context, job, answer)
