@@ -174,7 +174,9 @@ COST_SOURCES = ["reported", "computed", "mixed", "partial", "unpriced"]
 
 
 def session_cost_source(sessions: pd.Series, sources: pd.Series) -> pd.Series:
-    """Per session: reported, computed, mixed (both), partial (some unpriced) or unpriced."""
+    """Per session: reported, computed, mixed (both), partial (some unpriced) or unpriced.
+
+    ``sessions`` may be a category column: its codes are used as they are (no strings)."""
     session_codes, uniques = pd.factorize(sessions)
     n = len(uniques)
     has = {
@@ -191,7 +193,8 @@ def session_cost_source(sessions: pd.Series, sources: pd.Series) -> pd.Series:
         ["unpriced", "partial", "mixed", "reported"],
         default="computed",
     )
-    return pd.Series(pd.Categorical(out, categories=COST_SOURCES), index=pd.Index(uniques))
+    index = pd.Index(np.asarray(uniques, dtype=object), dtype=object)
+    return pd.Series(pd.Categorical(out, categories=COST_SOURCES), index=index)
 
 
 def tool_parts(names: pd.Series) -> tuple[pd.Series, pd.Series]:

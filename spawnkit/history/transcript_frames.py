@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,7 +30,7 @@ from .frames import (
     session_cost_source,
     tool_parts,
 )
-from .imported_files import machine_of
+from .imported_files import PREFIX, machine_of
 from .pricing import PricingTable
 from .rows import BAD_LINES_KEPT, META_FIELDS, Column, RowTables
 
@@ -97,8 +98,14 @@ def _constant(value: str, n: int) -> pd.Series:
     return pd.Series(pd.Categorical.from_codes(codes, categories=pd.Index([value])))
 
 
-def _machines(paths: Column, here: str) -> pd.Series:
-    """The ``machine`` of each row, from its file's path (computed once per file)."""
+def _machines(paths: Column, here: str, rows: npt.NDArray[np.int64] | None = None) -> pd.Series:
+    """The ``machine`` of each row (of the ``rows`` of ``paths`` if given), from its file's
+    path (computed once per file)."""
+    if len(paths) and not pc.any(pc.starts_with(paths, PREFIX)).as_py():
+        # No imported file: all from this machine.
+        return _constant(here, len(paths) if rows is None else len(rows))
+    if rows is not None:
+        paths = paths.take(rows)
     encoded: Column = pc.dictionary_encode(paths)
     if isinstance(encoded, pa.ChunkedArray):
         encoded = encoded.combine_chunks()
@@ -130,13 +137,14 @@ def _build(
 ) -> dict[str, pd.DataFrame]:
     files = arrow_frame(rows.files)
     usage_table, lost_usage = _placed(rows.usage)
-    usage_table = usage_table.take(deduplicate(usage_table))
-    usage_machines = _machines(usage_table["path"], machine)
+    kept = deduplicate(usage_table)
+    usage_machines = _machines(usage_table["path"], machine, kept)
+    usage_table = usage_table.drop_columns(["path", "line"]).take(kept)
     # Codex sessions too old to name their model are priced as gpt-5, as ccusage does.
     default = "gpt-5" if source == "codex" else None
     usage_categories = ("session_id", "model", "service_tier", "stop_reason", "agent_type",
                         "skill", "plugin")  # fmt: skip
-    usage = arrow_frame(usage_table.drop_columns(["path", "line"]), usage_categories)
+    usage = arrow_frame(usage_table, usage_categories)
     usage = price(usage, pricing, default)
     usage.insert(len(usage.columns) - 3, "cache_write_tokens",
                  usage["cache_write_5m"] + usage["cache_write_1h"])  # fmt: skip
@@ -228,9 +236,7 @@ def _sessions(
         side.groupby("session_id", observed=True)[TOKEN_COLUMNS].sum().sum(axis=1)
     )
     frame["cost_usd"] = grouped["cost_usd"].sum(min_count=1)
-    frame["cost_source"] = session_cost_source(
-        usage["session_id"].astype(str), usage["cost_source"]
-    )
+    frame["cost_source"] = session_cost_source(usage["session_id"], usage["cost_source"])
     frame["cost_estimated"] = grouped["cost_estimated"].any()
     frame["service_tier"] = grouped["service_tier"].last()
     # A session the table cannot price fully, or prices only by estimate, takes the cost its
