@@ -111,13 +111,15 @@ def deduplicate(usage: pa.Table) -> npt.NDArray[np.int64]:
 def price(
     usage: pd.DataFrame, pricing: PricingTable, default_model: str | None = None
 ) -> pd.DataFrame:
-    """Add ``cost_usd``, ``cost_source`` and ``cost_estimated`` to deduplicated usage rows.
+    """Add ``cost_usd``, ``cost_source`` and ``cost_estimated`` to deduplicated usage rows
+    (in place: ``usage`` is returned).
 
     Thinking tokens are billed as output. Rows without a model are priced as
     ``default_model`` when one is given, as an estimate.
     """
     cost = np.full(len(usage), np.nan)
-    source = np.full(len(usage), "unpriced", dtype=object)
+    # Cost sources as codes of COST_SOURCES (a category column built from them directly).
+    source = np.full(len(usage), _UNPRICED, dtype=np.int8)
     estimated = np.zeros(len(usage), dtype=bool)
     codes, names = pd.factorize(usage["model"], use_na_sentinel=True)
     models = [str(m) for m in names]
@@ -140,22 +142,21 @@ def price(
             tokens["input_tokens"][mask], output[mask], tokens["cache_write_5m"][mask],
             tokens["cache_write_1h"][mask], tokens["cache_read_tokens"][mask],
         )  # fmt: skip
-        source[mask] = "computed"
+        source[mask] = _COMPUTED
         estimated[mask] = guess
     zero = sum(tokens.values()) == 0
     unpriced = np.isnan(cost) & zero  # nothing used, nothing to price (<synthetic> errors)
     cost[unpriced] = 0.0
-    source[unpriced] = "computed"
+    source[unpriced] = _COMPUTED
     reported = usage["reported_cost"].notna().to_numpy()
     cost[reported] = usage["reported_cost"].to_numpy()[reported]
-    source[reported] = "reported"
+    source[reported] = _REPORTED
     estimated[reported] = False
     warn_unpriced(name for code, name in unknown if np.isnan(cost[codes == code]).any())
-    return usage.assign(
-        cost_usd=cost,
-        cost_source=pd.Categorical(source, categories=COST_SOURCES),
-        cost_estimated=pd.array(estimated, dtype="boolean"),
-    )
+    usage["cost_usd"] = cost
+    usage["cost_source"] = pd.Categorical.from_codes(source, categories=pd.Index(COST_SOURCES))
+    usage["cost_estimated"] = pd.array(estimated, dtype="boolean")
+    return usage
 
 
 def warn_unpriced(models: Any) -> None:
@@ -171,6 +172,9 @@ def warn_unpriced(models: Any) -> None:
 
 
 COST_SOURCES = ["reported", "computed", "mixed", "partial", "unpriced"]
+_REPORTED, _COMPUTED, _UNPRICED = (
+    COST_SOURCES.index(s) for s in ("reported", "computed", "unpriced")
+)
 
 
 def session_cost_source(sessions: pd.Series, sources: pd.Series) -> pd.Series:
