@@ -53,9 +53,11 @@ _WARNED: set[str] = set()  # models already warned about in this process
 
 def codes(column: Column) -> npt.NDArray[np.int64]:
     """Integer codes of a column's values, nulls included as one more value."""
+    if isinstance(column, pa.ChunkedArray):
+        # One dictionary for the whole column: encoding each chunk and then unifying
+        # their dictionaries hashes every value twice.
+        column = column.combine_chunks()
     encoded: Column = pc.dictionary_encode(column, null_encoding="encode")
-    if isinstance(encoded, pa.ChunkedArray):
-        encoded = encoded.combine_chunks()
     return np.asarray(encoded.indices, dtype=np.int64)
 
 
@@ -240,7 +242,10 @@ def arrow_frame(table: pa.Table, categories: tuple[str, ...] = ()) -> pd.DataFra
     ``categories`` become ``category`` columns, encoded by Arrow (faster than pandas)."""
     for name in categories:
         i = table.schema.get_field_index(name)
-        table = table.set_column(i, name, pc.dictionary_encode(table[name]))
+        column: Column = table[name]
+        if column.num_chunks > 1:  # one dictionary, not one per chunk unified afterwards
+            column = column.combine_chunks()
+        table = table.set_column(i, name, pc.dictionary_encode(column))
     return table.to_pandas(
         types_mapper={pa.bool_(): pd.BooleanDtype(), pa.int64(): pd.Int64Dtype()}.get,
         split_blocks=True,
