@@ -151,7 +151,8 @@ def test_the_parse_server_and_workers_end_when_their_caller_is_killed(
         caller.send_signal(signal.SIGKILL)
         caller.wait()
     assert _gone(server), f"left behind: {_group(server)}"
-    # The killed caller's folder of worker outputs stays, until the next load removes it.
+    # The killed caller's folder of worker outputs stays, until a load removes it once it is
+    # older than any load may last.
     (left,) = (tmp_path / "tmp").iterdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     sessions = tmp_path / "ok" / "projects" / "p"
@@ -159,6 +160,9 @@ def test_the_parse_server_and_workers_end_when_their_caller_is_killed(
     for i in range(2):
         (sessions / f"t{i}.jsonl").write_text("{}\n")
     good = [FileStat(str(p), p.stat().st_size, 0) for p in sorted(sessions.iterdir())]
+    assert parse_files(FORMATS["claude-code"], tmp_path / "ok", good, workers=2).files.num_rows
+    assert left.exists()  # young: it might be a load whose caller this process cannot see
+    monkeypatch.setattr(workers, "ORPHAN_AGE_S", 0.0)
     assert parse_files(FORMATS["claude-code"], tmp_path / "ok", good, workers=2).files.num_rows
     assert not left.exists()
 

@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -56,6 +57,7 @@ RUNS_PER_WORKER = 8
 PARALLEL_MIN_BYTES = 32 << 20
 RESULT_TIMEOUT_S = 600.0
 TEMP = "spawnkit-history-"
+ORPHAN_AGE_S = RESULT_TIMEOUT_S  # a dead caller's folder older than this is removed
 
 T = TypeVar("T")
 
@@ -123,11 +125,17 @@ def parse_in_workers(
 
 
 def sweep_orphans() -> None:
-    """Remove the temporary folders of loads whose caller died (SIGKILL leaves them)."""
+    """Remove the temporary folders of loads whose caller died (SIGKILL leaves them), once
+    older than any load may last (a caller in another pid namespace that shares this
+    temporary folder looks dead from here)."""
+    now = time.time()
     for entry in Path(tempfile.gettempdir()).glob(f"{TEMP}*-*"):
         pid = entry.name.removeprefix(TEMP).split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(entry, ignore_errors=True)
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):  # another load removed it first
+            if now - entry.stat().st_mtime > ORPHAN_AGE_S:
+                shutil.rmtree(entry, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
