@@ -24,8 +24,8 @@ Bounds: at most :data:`MAX_WORKERS` processes, only for loads of at least
 interrupted (Ctrl-C in a notebook), times out or loses its server kills the server's process
 group, workers included; the next load starts a new one. The temporary folder is removed
 whatever happens; one that a caller killed with SIGKILL left behind (its name holds the
-caller's pid) is removed by the next load. A failure in a worker is raised in the caller,
-not swallowed.
+caller's pid) is removed by a later load once older than any load may last. A failure in a
+worker is raised in the caller, not swallowed.
 """
 
 from __future__ import annotations
