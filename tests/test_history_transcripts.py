@@ -369,3 +369,26 @@ def test_default_folders_are_the_users_and_spawnkits_runs(
     # No ~/.codex or ~/.gemini: spawnkit's runs alone.
     assert transcripts("codex", cache=False).roots == (runs / "codex",)
     assert len(transcripts("gemini", cache=False).sessions) == 1
+
+
+def test_previews_of_tool_inputs_and_outputs_take_the_ascii_shortcut_only_when_equal() -> None:
+    import random
+
+    import msgspec
+
+    from spawnkit.history.claude import _preview, _text
+
+    rng = random.Random(7)
+    odd = ['"', "\\\\", "é", "€", "𝄞", " ", "\\n"]
+    values = [b"", b'"', b'""', b'"abc"', b'{"command": "ls"}', '"é"'.encode()]
+    for n in (*range(195, 210), 400, 799, 800, 801, 5000):
+        for quoted in (True, False):
+            body = "".join(rng.choice(odd) if rng.random() < 0.05 else "a" for _ in range(n))
+            text = f'"{body}"' if quoted else body
+            values += [text.encode(), text.encode()[:-1], ("é" + text).encode()]
+    for value in values:
+        for limit in (200, 3):
+            expected = _text(value[: limit * 4], limit)  # the whole rule, on every value
+            assert _preview(msgspec.Raw(value), limit) == expected, (value[:40], limit)
+    assert _preview(msgspec.Raw(b'"' + b"x" * 300 + b'"'), 200) == "x" * 200
+    assert _preview(msgspec.Raw(b'"short"'), 200) == "short"

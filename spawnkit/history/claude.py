@@ -293,8 +293,7 @@ def parse_claude_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
                 if type(content) is list:
                     for block in content:
                         if block.type == "tool_result" and block.tool_use_id:
-                            out = memoryview(block.content)[: OUTPUT_PREVIEW * 4].tobytes()
-                            text = _text(out, OUTPUT_PREVIEW)
+                            text = _preview(block.content, OUTPUT_PREVIEW)
                             result_rows.append(
                                 (number, session, block.tool_use_id, ts, block.is_error, text)
                             )
@@ -314,9 +313,8 @@ def parse_claude_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
         if type(content) is list:
             for block in content:
                 if block.type in tool_use and block.id:
-                    args = memoryview(block.input)[: INPUT_PREVIEW * 4].tobytes()
                     known = model if model is not ABSENT else None
-                    preview = _text(args, INPUT_PREVIEW)
+                    preview = _preview(block.input, INPUT_PREVIEW)
                     call_rows.append((number, session, block.id, block.name or "", preview, ts,
                                       known, sidechain, agent))  # fmt: skip
         # ccusage's filter: an explicit null or an empty identifier drops the line.
@@ -363,6 +361,20 @@ def parse_claude_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
     facts.lines += lines
     facts.seen(first)
     facts.seen(last)
+
+
+def _preview(raw: Raw, limit: int) -> str:
+    """The first ``limit`` characters of a raw JSON value, a string without its quotes.
+
+    Most values start with plain ASCII: then ``limit`` + 2 bytes are all it takes (a value
+    longer than that keeps its first ``limit`` characters after the opening quote, which is
+    what :func:`_text` gives too, at a third of the cost). Others go through :func:`_text`.
+    """
+    view = memoryview(raw)
+    head = view[: limit + 2].tobytes()
+    if len(view) > limit + 2 and head.isascii():
+        return (head[1 : limit + 1] if head[:1] == b'"' else head[:limit]).decode("ascii")
+    return _text(view[: limit * 4].tobytes(), limit)
 
 
 def _text(raw: bytes, limit: int) -> str:
