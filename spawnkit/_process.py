@@ -39,6 +39,7 @@ KEEP_VAR = "SPAWNKIT_ENV_KEEP"
 BINARY_VAR = "SPAWNKIT_REAL_CLI"
 PIDFILE_VAR = "SPAWNKIT_PIDFILE"
 TERMINATE_GRACE_S = 2.0
+STDOUT_PREFIX = "spawnkit-stdout-"  # + the owner's pid: run_lines' folder for a CLI's stdout
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -102,6 +103,12 @@ def filtered_env(
         BINARY_VAR: str(binary),
         PIDFILE_VAR: str(pidfile),
     }
+
+
+def stdout_scratch_of(pid: int) -> list[Path]:
+    """The folders of output files that :func:`run_lines` made in process ``pid`` and has
+    not removed yet (all of them, once ``pid`` was killed)."""
+    return sorted(Path(tempfile.gettempdir()).glob(f"{STDOUT_PREFIX}{pid}-*"))
 
 
 def read_pidfile(pidfile: Path) -> int | None:
@@ -282,7 +289,10 @@ async def run_lines(
     a pipe, so the end of a large output (the Gemini CLI echoing a 1 MB prompt) is lost;
     writes to a file are synchronous in Node and never are.
     """
-    scratch = Path(tempfile.mkdtemp(prefix="spawnkit-stdout-")) if stdout_via_file else None
+    # Named after this process, so a sweep can remove it should this process be killed.
+    scratch = (
+        Path(tempfile.mkdtemp(prefix=f"{STDOUT_PREFIX}{os.getpid()}-")) if stdout_via_file else None
+    )
     try:
         return await _run_lines(
             argv, env=env, cwd=cwd, on_stdout=on_stdout, on_stderr=on_stderr, stdin=stdin,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from spawnkit._process import stdout_scratch_of
 from spawnkit.spawner import Spawner
 from spawnkit.store import SessionStore
 from spawnkit.sweep import kill_processes, process_start, remove_workspace, sweep
@@ -78,6 +79,10 @@ def test_sigkill_of_spawnkit_run_then_spawnkit_sessions_sweeps(
         assert (record["status"], record["workspace"]) == ("running", str(workspace))
         assert sleeping_tool(session_id) and workspace.is_dir()
 
+        # Gemini's stdout goes to a file in a folder of the owner's, outside the workspace.
+        scratch = stdout_scratch_of(proc.pid)
+        assert len(scratch) == (1 if runtime == "gemini" else 0), scratch
+
         proc.kill()
         proc.wait(30)
         left = processes_with_env("SPAWNKIT_SESSION_ID", session_id)
@@ -96,6 +101,7 @@ def test_sigkill_of_spawnkit_run_then_spawnkit_sessions_sweeps(
             assert 1 <= int(done.group(2)) <= len(left), error
         assert survivors(session_id) == [], "the sweep left a process of the run running"
         assert not workspace.exists()
+        assert not any(folder.exists() for folder in scratch)
         # A second sweep finds nothing more to do and leaves the reason alone.
         assert spawnkit_sessions()[session_id]["error"] == error
     finally:
