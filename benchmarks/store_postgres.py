@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -296,7 +297,15 @@ def main(argv: list[str] | None = None) -> int:
         "--out, if any, are kept)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    os.environ["SPAWNKIT_HOME"] = tempfile.mkdtemp(prefix="spawnkit-store-bench-")
+    home = tempfile.mkdtemp(prefix="spawnkit-store-bench-")
+    os.environ["SPAWNKIT_HOME"] = home
+    try:
+        return _run(args)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)  # its columnar caches: gigabytes at full size
+
+
+def _run(args: argparse.Namespace) -> int:
     WORK.mkdir(exist_ok=True)
     report: dict[str, Any] = (
         json.loads(args.out.read_text()) if args.only and args.out.exists() else {}
