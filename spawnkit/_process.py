@@ -118,6 +118,17 @@ def read_pidfile(pidfile: Path) -> int | None:
         return None
 
 
+def pid_exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists (another user's counts; a zombie does too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _group_alive(pgid: int) -> bool:
     """Whether any process of the group still runs (zombies, already dead, do not count)."""
     try:

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from . import signals
+from ._process import pid_exists
 from .errors import MissingApiKeyError, RuntimeNotFoundError, SpawnkitError
 from .home import spawnkit_home
 from .result import RunStatus, SpawnerResult
@@ -151,19 +152,9 @@ def check_status(session_id: str, store: SessionStore | None = None) -> str:
     if status in ("completed", "failed") and record.status != "crashed":
         meta = _read_meta(session_id)
         worker = meta.get("worker_pid")
-        if meta and not meta.get("done") and isinstance(worker, int) and _alive(worker):
+        if meta and not meta.get("done") and isinstance(worker, int) and pid_exists(worker):
             return "active"
     return status
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ._process import stdout_scratch_of
+from ._process import pid_exists, stdout_scratch_of
 from .workspace import PREFIX as WORKSPACE_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -308,7 +308,7 @@ def sweep(store: SweptStore) -> list[SweptRun]:
         killed = kill_processes(found)
         survivors = tuple(pid for pid, start in found if _live_start(pid) == start)
         removed = remove_workspace(run.workspace) if run.workspace is not None else None
-        if not _exists(run.owner_pid):  # a pid taken again: its new process's folders stay
+        if not pid_exists(run.owner_pid):  # a pid taken again: its new process's folders stay
             for folder in stdout_scratch_of(run.owner_pid):
                 shutil.rmtree(folder, ignore_errors=True)
         reason = _reason(run, len(killed), survivors, removed)
@@ -321,16 +321,6 @@ def sweep(store: SweptStore) -> list[SweptRun]:
             )
         )  # fmt: skip
     return swept
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _reason(run: OpenRun, killed: int, survivors: Sequence[int], removed: bool | None) -> str:

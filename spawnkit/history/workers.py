@@ -48,6 +48,7 @@ from typing import TypeVar
 
 import pyarrow as pa
 
+from .._process import pid_exists
 from .cache import read_run
 from .rows import RowTables
 from .worker_server import Job
@@ -131,21 +132,11 @@ def sweep_orphans() -> None:
     now = time.time()
     for entry in Path(tempfile.gettempdir()).glob(f"{TEMP}*-*"):
         pid = entry.name.removeprefix(TEMP).split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or pid_exists(int(pid)):
             continue
         with contextlib.suppress(OSError):  # another load removed it first
             if now - entry.stat().st_mtime > ORPHAN_AGE_S:
                 shutil.rmtree(entry, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's
-    return True
 
 
 # The server's bootstrap: the caller's import path, then serve(fd, parent pid).
