@@ -88,6 +88,42 @@ def test_a_worker_failure_is_raised_in_the_caller() -> None:
     assert workers.SERVER.pid == server
 
 
+def test_failing_loads_in_a_row_each_raise_and_leave_no_worker() -> None:
+    """Stopping multiprocessing's Pool after a failed task deadlocked (Pool.terminate waiting
+    on a killed worker's queue lock): the second or third failing load of a process hung."""
+    for _ in range(20):
+        with pytest.raises(TypeError):
+            workers.parse_in_workers(json.loads, ["1", "2", "3"], [1, 1, 1], 2)  # type: ignore[arg-type]
+    server = workers.SERVER.pid
+    assert server is not None
+    assert _children(server) == []
+
+
+def test_a_worker_that_dies_fails_the_load_at_once() -> None:
+    """A worker that exits mid-task (here sys.exit; the kernel's OOM killer alike) fails
+    the load with its exit status, rather than leaving it to wait for its time limit."""
+    with pytest.raises(RuntimeError, match=r"parse worker ended while parsing \(exit status 1\)"):
+        workers.parse_in_workers(sys.exit, ["1", "2"], [1, 1], 2)  # type: ignore[arg-type]
+    assert workers.SERVER.pid is not None  # the server lives on
+    assert _children(workers.SERVER.pid) == []
+
+
+def _children(pid: int) -> list[int]:
+    """The live (not zombie) children of ``pid``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(entry.name))
+    return out
+
+
 def test_a_load_past_its_time_kills_its_workers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

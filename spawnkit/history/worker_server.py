@@ -26,7 +26,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any
@@ -62,29 +62,92 @@ def die_with_parent(parent: int) -> None:
 
 def run(context: BaseContext, job: Job, answer: Answer) -> None:
     """Run ``job`` and ``answer`` ``("ok", None)`` or ``("error", the first exception a worker
-    raised)``. A success is told before the idle workers are stopped and reaped; a failure
-    only once none is left that could still write into the job's folders."""
-    pool = context.Pool(job.workers, initializer=die_with_parent, initargs=(os.getpid(),))
+    raised)``. A success is told before the idle workers are killed and reaped; a failure
+    only once none is left that could still write into the job's folders.
+
+    The workers are ours, one pipe each, not a ``multiprocessing.Pool``: stopping a pool whose
+    task was failing deadlocked in ``Pool.terminate`` (its task thread waiting on the queue
+    lock of a killed worker), and a pool replaces a worker that died without telling anyone
+    who waits for its task."""
+    # Largest runs first (popped from the end), so no worker is left with a big one at the end.
+    todo = sorted(range(len(job.chunks)), key=lambda i: job.weights[i])
+    crew = [_Worker(context, job.parse) for _ in range(job.workers)]
     failure: BaseException | None = None
     try:
-        # Largest runs first, so no worker is left with a big one at the end.
-        order = sorted(range(len(job.chunks)), key=lambda i: -job.weights[i])
-        pending = [
-            pool.apply_async(parse_to_files, (job.parse, job.chunks[i], job.folders[i]))
-            for i in order
-        ]
-        try:
-            for result in pending:
-                result.get()  # the caller bounds the wait, and kills this process past it
-        except Exception as exc:  # noqa: BLE001 - whatever a worker raised, the caller raises
-            failure = exc
-        else:
+        busy: dict[object, _Worker] = {}
+        idle = list(crew)
+        while failure is None and (todo or busy):
+            while todo and idle:
+                worker, i = idle.pop(), todo.pop()
+                worker.conn.send((job.chunks[i], job.folders[i]))
+                busy[worker.conn] = worker
+            # The caller bounds the wait, and kills this process past it.
+            for conn in wait([worker.conn for worker in busy.values()]):
+                worker = busy.pop(conn)
+                outcome = worker.outcome()
+                failure = failure or outcome
+                idle.append(worker)
+        if failure is None:
             answer("ok", None)
     finally:
-        pool.terminate()  # idle or stuck, the workers end here
-        pool.join()
+        for worker in crew:  # idle or stuck, the workers end here
+            worker.kill()
     if failure is not None:
         answer("error", failure)
+
+
+class _Worker:
+    """A forked worker and its end of a pipe: it gets ``(chunk, folder)`` and answers None
+    (done) or the exception its parse raised."""
+
+    def __init__(self, context: BaseContext, parse: Callable[[Sequence[Any]], RowTables]) -> None:
+        self.conn, theirs = context.Pipe()
+        self.process = context.Process(  # type: ignore[attr-defined]
+            target=_work, args=(theirs, parse, os.getpid()), daemon=True
+        )
+        self.process.start()
+        theirs.close()
+
+    def outcome(self) -> BaseException | None:
+        """What the worker answered for its task: None when it wrote its run."""
+        try:
+            error: BaseException | None = self.conn.recv()
+        except EOFError:  # killed (out of memory?), or it exited
+            self.process.join()
+            return RuntimeError(
+                f"a parse worker ended while parsing (exit status {self.process.exitcode})"
+            )
+        return error
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+
+def _work(conn: Connection, parse: Callable[[Sequence[Any]], RowTables], server: int) -> None:
+    die_with_parent(server)
+    while True:
+        try:
+            chunk, folder = conn.recv()
+        except EOFError:  # the server ended
+            return
+        try:
+            parse_to_files(parse, chunk, folder)
+        except Exception as exc:  # noqa: BLE001 - whatever the parse raised, the caller raises
+            conn.send(_picklable(exc))
+        else:
+            conn.send(None)
+
+
+def _picklable(error: BaseException) -> BaseException:
+    """``error``, or a RuntimeError naming it when it cannot be sent."""
+    try:
+        pickle.dumps(error)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return RuntimeError(f"a parse worker failed: {error!r}")
+    return error
 
 
 def parse_to_files(parse: Callable[[Sequence[Any]], RowTables], chunk: Any, folder: str) -> None:
@@ -103,11 +166,7 @@ def serve(fd: int, parent: int) -> None:
     conn = Connection(fd)
 
     def answer(status: str, error: BaseException | None) -> None:
-        try:
-            pickle.dumps(error)
-        except (pickle.PicklingError, TypeError, AttributeError):
-            error = RuntimeError(f"a parse worker failed: {error!r}")
-        conn.send((status, error))
+        conn.send((status, None if error is None else _picklable(error)))
 
     while True:
         try:
