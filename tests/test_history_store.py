@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -287,9 +288,9 @@ def test_the_cache_serves_what_it_holds_and_reads_only_what_is_new(
     queries: list[str] = []
     real_query = store_frames.query
 
-    def counted(path: Path, sql: str, params: object = ()) -> object:
+    def counted(path: Path, sql: str, params: object = (), **how: bool) -> object:
         queries.append(sql)
-        return real_query(path, sql, params)  # type: ignore[arg-type]
+        return real_query(path, sql, params, **how)  # type: ignore[arg-type]
 
     monkeypatch.setattr(store_frames, "query", counted)
     # The open session completes, a new one arrives: both come from the database, once.
@@ -301,6 +302,40 @@ def test_the_cache_serves_what_it_holds_and_reads_only_what_is_new(
     assert frame.set_index("session_id").loc["late", "status"] == "success"
     assert len(queries) == 1 and "rowid > ?" in queries[0]
     assert "WHERE rowid > ? OR rowid IN (?)" in queries[0]
+
+
+@pytest.mark.parametrize("small_rows", [20_000, 0])
+def test_a_warm_read_takes_its_few_new_rows_without_the_child(
+    filled_file: SessionStore, monkeypatch: pytest.MonkeyPatch, small_rows: int
+) -> None:
+    """A large store is read by a child process (about 0.3 s to start); once the cache holds
+    its history, the few rows written since are read in this process."""
+    from spawnkit.history import store_frames, store_query
+
+    monkeypatch.setattr(store_query, "CHILD_MIN_BYTES", 0)  # every store counts as large
+    monkeypatch.setattr(store_frames, "SMALL_ROWS", small_rows)
+    history.sessions(filled_file, cache=True)
+    history.tool_calls(filled_file, cache=True)
+    children: list[str] = []
+    real_child = store_query._in_child
+
+    def child(path: Path, sql: str, params: object) -> object:
+        children.append(sql)
+        return real_child(path, sql, params)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_query, "_in_child", child)
+    record(filled_file, "new", butler="health", at=T0 + timedelta(days=6), calls=3)
+    warm = (history.sessions(filled_file, cache=True), history.tool_calls(filled_file, cache=True))
+    direct = (
+        history.sessions(filled_file, cache=False),
+        history.tool_calls(filled_file, cache=False),
+    )
+    for got, want in zip(warm, direct, strict=True):
+        pd.testing.assert_frame_equal(got, want)
+    assert list(warm[1]["session_id"]).count("new") == 3
+    # cache=False read everything through the child (2 queries); the warm reads did not...
+    # unless no tail counts as small, when their tails went there too.
+    assert len(children) == (2 if small_rows else 4)
 
 
 def test_a_change_to_completed_history_makes_the_cache_stale(filled_file: SessionStore) -> None:
@@ -385,3 +420,21 @@ def test_a_server_and_a_file_give_the_same_frames(filled: SessionStore, tmp_path
             pd.testing.assert_frame_equal(*calls)
         assert len(history.tool_calls(filled)) == 7
     assert history.sessions(filled.source).equals(history.sessions(filled))  # path or URL
+
+
+def test_categories_are_those_present_sorted_as_pandas_would() -> None:
+    """The frames' categoricals keep the categories present, sorted (the same frame from the
+    database and from the cache); done by counting codes, checked against pandas' own rule."""
+    from spawnkit.history.store_frames import _present_sorted
+
+    rng = np.random.default_rng(7)
+    names = np.array(["mcp__b__x", "Bash", "Read", "zeta", "Édit", "a", "Write"], dtype=object)
+    for size in (0, 1, 50, 5000):
+        values = names[rng.integers(0, 4, size)].astype(object)  # only some categories used
+        values[rng.random(size) < 0.1] = None
+        column = pd.Series(pd.Categorical(values, categories=names[::-1]), name="tool")
+        want = column.cat.remove_unused_categories()
+        want = want.cat.reorder_categories(sorted(want.cat.categories))
+        pd.testing.assert_series_equal(_present_sorted(column), want)
+    done = pd.Series(pd.Categorical(["a", "b", None], categories=["a", "b"]))
+    pd.testing.assert_series_equal(_present_sorted(done), done)  # already tidy

@@ -38,6 +38,8 @@ from ..store import _SCHEMA as STORE_SCHEMA
 from .errors import HistoryError
 
 CHILD_MIN_BYTES = 24 << 20
+# Rows that cost less to build in this process than a child costs to start (~0.3 s).
+SMALL_ROWS = 20_000
 QUERY_TIMEOUT_S = 900.0
 _CHILD_SCRIPT = Path(__file__).with_name("_sqlite_arrow.py")
 
@@ -64,13 +66,24 @@ def store_bytes(path: Path) -> int:
     return size
 
 
-def query(path: Path | None, sql: str, params: Sequence[object] = ()) -> pa.Table:
-    """Run ``sql`` read-only on the store at ``path`` (None: an empty store of today's schema)."""
+def query(
+    path: Path | None, sql: str, params: Sequence[object] = (), *, small: bool = False
+) -> pa.Table:
+    """Run ``sql`` read-only on the store at ``path`` (None: an empty store of today's schema).
+
+    ``small``: the answer is known to be a few rows (:data:`SMALL_ROWS` at most), read in
+    this process however large the store: a child costs more to start than they take."""
     if path is None:
         return _in_process(None, sql, params)
-    if store_bytes(path) >= CHILD_MIN_BYTES:
+    if not small and store_bytes(path) >= CHILD_MIN_BYTES:
         return _in_child(path, sql, params)
     return _in_process(path, sql, params)
+
+
+def count(path: Path, table: str, where: str, params: Sequence[object]) -> int:
+    """How many rows of ``table`` match ``where`` (read in this process: it is one number)."""
+    found = _in_process(path, f"SELECT count(*) AS n FROM {table}{where}", params)["n"]
+    return int(found[0].as_py())
 
 
 def table_columns(path: Path | None, table: str) -> list[str]:
