@@ -39,7 +39,6 @@ KEEP_VAR = "SPAWNKIT_ENV_KEEP"
 BINARY_VAR = "SPAWNKIT_REAL_CLI"
 PIDFILE_VAR = "SPAWNKIT_PIDFILE"
 TERMINATE_GRACE_S = 2.0
-STDOUT_PREFIX = "spawnkit-stdout-"  # + the owner's pid: run_lines' folder for a CLI's stdout
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -103,12 +102,6 @@ def filtered_env(
         BINARY_VAR: str(binary),
         PIDFILE_VAR: str(pidfile),
     }
-
-
-def stdout_scratch_of(pid: int) -> list[Path]:
-    """The folders of output files that :func:`run_lines` made in process ``pid`` and has
-    not removed yet (all of them, once ``pid`` was killed)."""
-    return sorted(Path(tempfile.gettempdir()).glob(f"{STDOUT_PREFIX}{pid}-*"))
 
 
 def read_pidfile(pidfile: Path) -> int | None:
@@ -250,24 +243,27 @@ async def _feed(pipe: asyncio.StreamWriter, data: bytes) -> None:
         logger.debug("the CLI closed its stdin before reading all of it: %s", exc)
 
 
-async def _pump_file(path: Path, exited: asyncio.Task[int], sink: LineSink, max_line: int) -> None:
-    """Hand over the lines a child writes to ``path`` as they arrive, until it has exited.
+async def _pump_file(fd: int, exited: asyncio.Task[int], sink: LineSink, max_line: int) -> None:
+    """Hand over the lines a child writes to the file ``fd`` as they arrive, until it has
+    exited. Read at offsets of our own (``pread``): the child's descriptor shares the file
+    position of ``fd``, and its writes move it.
 
     A file has no end-of-stream while its writer lives, so new data is polled for
     (every :data:`FILE_POLL_S`); once the child has exited, the rest is read at once.
     """
     framer = LineFramer(max_line)
-    with open(path, "rb") as fh:  # noqa: ASYNC230 - a local file the child just got
-        while True:
-            finished = exited.done()  # before the read: what it wrote before exiting is in
-            chunk = fh.read(READ_CHUNK)
-            if chunk:
-                for text, truncated in framer.feed(chunk):
-                    sink(text, truncated)
-                continue
-            if finished:
-                break
-            await asyncio.sleep(FILE_POLL_S)
+    offset = 0
+    while True:
+        finished = exited.done()  # before the read: what it wrote before exiting is in
+        chunk = os.pread(fd, READ_CHUNK, offset)
+        if chunk:
+            offset += len(chunk)
+            for text, truncated in framer.feed(chunk):
+                sink(text, truncated)
+            continue
+        if finished:
+            break
+        await asyncio.sleep(FILE_POLL_S)
     last = framer.flush()
     if last is not None:
         sink(*last)
@@ -294,24 +290,23 @@ async def run_lines(
     (SIGTERM, then SIGKILL) before the cancellation propagates; on any exit,
     processes the CLI left in its group are terminated too.
 
-    ``stdout_via_file``: the child writes its stdout to a private temporary file instead
-    of a pipe, and its lines are read from there as they are written; the file is deleted
-    afterwards. Node programs need it: ``process.exit()`` drops what is still queued for
-    a pipe, so the end of a large output (the Gemini CLI echoing a 1 MB prompt) is lost;
-    writes to a file are synchronous in Node and never are.
+    ``stdout_via_file``: the child writes its stdout to a temporary file instead of a pipe,
+    and its lines are read from there as they are written. Node programs need it:
+    ``process.exit()`` drops what is still queued for a pipe, so the end of a large output
+    (the Gemini CLI echoing a 1 MB prompt) is lost; writes to a file are synchronous in
+    Node and never are. The file has no name (``O_TMPFILE``, or unlinked at once where
+    that is missing): it ends with the last descriptor of it, so nothing is left behind
+    whatever kills this process and the child.
     """
-    # Named after this process, so a sweep can remove it should this process be killed.
-    scratch = (
-        Path(tempfile.mkdtemp(prefix=f"{STDOUT_PREFIX}{os.getpid()}-")) if stdout_via_file else None
-    )
+    stdout_file = tempfile.TemporaryFile() if stdout_via_file else None  # noqa: SIM115
     try:
         return await _run_lines(
             argv, env=env, cwd=cwd, on_stdout=on_stdout, on_stderr=on_stderr, stdin=stdin,
-            max_line=max_line, stdout_file=scratch / "stdout" if scratch else None,
+            max_line=max_line, stdout_fd=stdout_file.fileno() if stdout_file else None,
         )  # fmt: skip
     finally:
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+        if stdout_file is not None:
+            stdout_file.close()
 
 
 async def _run_lines(
@@ -323,28 +318,22 @@ async def _run_lines(
     on_stderr: LineSink,
     stdin: bytes | None,
     max_line: int,
-    stdout_file: Path | None,
+    stdout_fd: int | None,
 ) -> int:
-    # A new local file, handed to the child; the blocking open costs microseconds.
-    sink_file = open(stdout_file, "xb") if stdout_file is not None else None  # noqa: ASYNC230, SIM115
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=sink_file if sink_file is not None else asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=dict(env),
-            cwd=cwd,
-            start_new_session=True,
-        )
-    finally:
-        if sink_file is not None:
-            sink_file.close()  # the child holds its own descriptor
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=stdout_fd if stdout_fd is not None else asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(env),
+        cwd=cwd,
+        start_new_session=True,
+    )
     assert proc.stderr is not None
     exited = asyncio.create_task(proc.wait())
     try:
-        if stdout_file is not None:
-            stdout_pump = _pump_file(stdout_file, exited, on_stdout, max_line)
+        if stdout_fd is not None:
+            stdout_pump = _pump_file(stdout_fd, exited, on_stdout, max_line)
         else:
             assert proc.stdout is not None
             stdout_pump = _pump(proc.stdout, on_stdout, max_line)

@@ -19,9 +19,9 @@ extension loading. :func:`sweep`
    process of another store's run that reused a chosen id is not taken for it;
 3. kills them with SIGKILL (their owner is gone and nobody waits for a graceful exit),
    each through a pidfd opened *before* its start time is checked again, so a pid reused
-   between the scan and the kill is never signalled; removes the workspace and the folder
-   of the CLI's output file (:func:`~spawnkit._process.stdout_scratch_of`, unless the
-   owner's pid was taken again); and marks the record ``crashed`` with what it did.
+   between the scan and the kill is never signalled; removes the workspace; and marks the
+   record ``crashed`` with what it did. (A CLI's output file, where its stdout is not a
+   pipe, has no name: it went with the last process that had it open.)
 
 The store is reached through :class:`SweptStore` only, so this module sits below the
 store, which sweeps whenever it is opened.
@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ._process import pid_exists, stdout_scratch_of
 from .workspace import PREFIX as WORKSPACE_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -308,9 +307,6 @@ def sweep(store: SweptStore) -> list[SweptRun]:
         killed = kill_processes(found)
         survivors = tuple(pid for pid, start in found if _live_start(pid) == start)
         removed = remove_workspace(run.workspace) if run.workspace is not None else None
-        if not pid_exists(run.owner_pid):  # a pid taken again: its new process's folders stay
-            for folder in stdout_scratch_of(run.owner_pid):
-                shutil.rmtree(folder, ignore_errors=True)
         reason = _reason(run, len(killed), survivors, removed)
         if store.mark_crashed(run.session_id, reason):
             logger.warning("session %s: %s", run.session_id, reason)

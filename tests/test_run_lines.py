@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,30 @@ async def test_background_children_die_with_a_finished_run(tmp_path: Path) -> No
     )  # fmt: skip
     assert code == 0
     assert processes_with_env(marker, "1") == []
+
+
+async def test_stdout_via_a_file_with_no_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Node CLI's stdout goes to a file (a pipe loses its end at process.exit()): every
+    line arrives, written before and after a pause, and the file never has a name in the
+    temp folder, so nothing of it can be left there whatever kills us."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    seen: list[list[str]] = []
+    out: list[str] = []
+
+    def line(text: str, _: bool) -> None:
+        out.append(text)
+        seen.append(sorted(p.name for p in scratch.iterdir()))
+
+    script = "seq 1 20000; sleep 0.3; echo last; printf tail"
+    code = await run_lines(
+        ["bash", "-c", script], env={"PATH": os.environ["PATH"]}, cwd=tmp_path,
+        on_stdout=line, on_stderr=lambda *_: None, stdout_via_file=True,
+    )  # fmt: skip
+    assert code == 0
+    assert out == [str(n) for n in range(1, 20001)] + ["last", "tail"]
+    assert seen and all(names == [] for names in seen)
+    assert list(scratch.iterdir()) == []

@@ -8,6 +8,7 @@ its workspace and starts "tool" processes carrying the run's marker, as a CLI's 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from spawnkit._process import stdout_scratch_of
 from spawnkit.spawner import Spawner
 from spawnkit.store import SessionStore
 from spawnkit.sweep import kill_processes, process_start, remove_workspace, sweep
@@ -58,6 +58,16 @@ def spawnkit_sessions() -> dict[str, dict[str, object]]:
     return {record["id"]: record for record in json.loads(done.stdout)}
 
 
+def cli_stdouts(session_id: str) -> set[str]:
+    """Where the run's processes' stdout goes, as /proc shows it: ``pipe:[…]``, or a file's
+    path (`` (deleted)`` after it when the file has no name any more)."""
+    found = set()
+    for pid in processes_with_env("SPAWNKIT_SESSION_ID", session_id):
+        with contextlib.suppress(OSError):
+            found.add(str(Path(f"/proc/{pid}/fd/1").readlink()))
+    return found
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_sigkill_of_spawnkit_run_then_spawnkit_sessions_sweeps(
@@ -79,9 +89,13 @@ def test_sigkill_of_spawnkit_run_then_spawnkit_sessions_sweeps(
         assert (record["status"], record["workspace"]) == ("running", str(workspace))
         assert sleeping_tool(session_id) and workspace.is_dir()
 
-        # Gemini's stdout goes to a file in a folder of the owner's, outside the workspace.
-        scratch = stdout_scratch_of(proc.pid)
-        assert len(scratch) == (1 if runtime == "gemini" else 0), scratch
+        # Gemini's stdout goes to a file with no name (a SIGKILLed owner cannot leave it).
+        outputs = cli_stdouts(session_id)
+        assert outputs, "the run's processes were found"
+        unnamed = [out for out in outputs if out.endswith(" (deleted)")]
+        assert len(unnamed) == (1 if runtime == "gemini" else 0), outputs
+        if unnamed:
+            assert not Path(unnamed[0].removesuffix(" (deleted)")).exists()
 
         proc.kill()
         proc.wait(30)
@@ -101,7 +115,6 @@ def test_sigkill_of_spawnkit_run_then_spawnkit_sessions_sweeps(
             assert 1 <= int(done.group(2)) <= len(left), error
         assert survivors(session_id) == [], "the sweep left a process of the run running"
         assert not workspace.exists()
-        assert not any(folder.exists() for folder in scratch)
         # A second sweep finds nothing more to do and leaves the reason alone.
         assert spawnkit_sessions()[session_id]["error"] == error
     finally:
