@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -86,13 +87,8 @@ async def measure(rounds: int, client: Any, butler: Any, store: Any) -> dict[str
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-
-    home = Path(tempfile.mkdtemp(prefix="spawnkit-dispatch-bench-"))
+def _measure_in(home: Path, rounds: int) -> dict[str, Any]:
+    """The measurements, with the roster, store and state in ``home``."""
     os.environ["SPAWNKIT_HOME"] = str(home / "state")  # before the workers start
     roster = home / "roster" / "bench"
     roster.mkdir(parents=True)
@@ -114,8 +110,22 @@ def main() -> None:
         distributed.Client(cluster) as client,
         SessionStore(home / "sessions.db") as store,
     ):
-        report = asyncio.run(measure(args.rounds, client, butler, store))
+        report = asyncio.run(measure(rounds, client, butler, store))
     report["distributed"] = distributed.__version__
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    home = Path(tempfile.mkdtemp(prefix="spawnkit-dispatch-bench-"))
+    try:
+        report = _measure_in(home, args.rounds)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(

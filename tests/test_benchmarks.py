@@ -7,6 +7,7 @@ the figures of full runs.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -128,12 +129,16 @@ def test_batch_benchmark_runs(tmp_path: Path) -> None:
 def test_dispatch_benchmark_runs(tmp_path: Path) -> None:
     pytest.importorskip("distributed")
     out = tmp_path / "dispatch.json"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "dispatch.py"), "--rounds", "1",
          "--out", str(out)],
         capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "TMPDIR": str(scratch)},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
+    assert list(scratch.glob("spawnkit-*")) == []  # its home is removed
     report = json.loads(out.read_text())
     assert report["rounds"] == 1
     for side in ("in_process", "dask"):
