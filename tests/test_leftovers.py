@@ -64,3 +64,20 @@ def test_a_kernel_deletes_the_notebook_scratch_folder_when_it_stops(
         "spawnkit-notebook-"
     )
     assert list(scratch_tmp.glob("spawnkit-notebook-*")) == []
+
+
+def test_a_notebook_run_under_nbval_leaves_no_scratch_folder(tmp_path: Path) -> None:
+    """nbval kills each notebook's kernel (SIGKILL), so the kernel never deletes its
+    scratch folder; notebooks/conftest.py gives kernels a temp folder that the test
+    process removes at its end."""
+    scratch_tmp = tmp_path / "tmp"
+    scratch_tmp.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-p", "no:xdist",
+         "notebooks/your_own_butler.ipynb"],
+        capture_output=True, text=True, timeout=300, check=False, cwd=REPO,
+        env={**os.environ, "TMPDIR": str(scratch_tmp)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "passed" in done.stdout
+    assert sorted(p.name for p in scratch_tmp.iterdir()) == []
