@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -18,11 +21,22 @@ pytestmark = [
 
 
 def test_binder_environment_runs_every_notebook() -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "check-binder")],
-        capture_output=True, text=True, timeout=1100, check=False,
-    )  # fmt: skip
+    # A temp folder of its own that other users can pass through, as /tmp (the team
+    # notebook's PostgreSQL runs as another user; pytest's tmp_path is the owner's only).
+    scratch_tmp = Path(tempfile.mkdtemp(prefix="spawnkit-binder-tmp-"))
+    scratch_tmp.chmod(0o1777)
+    try:
+        done = subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "check-binder")],
+            capture_output=True, text=True, timeout=1100, check=False,
+            env={**os.environ, "TMPDIR": str(scratch_tmp)},
+        )  # fmt: skip
+        # Nothing is left: the environment, nor any notebook's scratch folder.
+        left = sorted(p.name for p in scratch_tmp.iterdir())
+    finally:
+        shutil.rmtree(scratch_tmp, ignore_errors=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert left == []
     tracked = subprocess.run(
         ["git", "ls-files", "notebooks/*.ipynb"], capture_output=True, text=True, cwd=REPO,
         check=True,
