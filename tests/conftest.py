@@ -148,6 +148,21 @@ def workspaces_of(butler: str, root: Path | None = None) -> list[Path]:
     return sorted(base.glob(f"butler_{butler}_*"))
 
 
+def live_processes() -> Iterator[tuple[int, str, list[str]]]:
+    """Each live (not zombie) process: its pid, command name, and the fields of its
+    /proc stat after the name (state, parent pid, process group, ...)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z":
+            yield int(entry.name), stat[stat.index("(") + 1 : stat.rindex(")")], fields
+
+
 def processes_with_env(name: str, value: str) -> list[int]:
     """Live pids whose environment has ``name=value`` (Linux /proc).
 

@@ -24,7 +24,7 @@ from spawnkit.history.cache import FileStat
 from spawnkit.history.formats import FORMATS
 from spawnkit.history.transcript_loader import parse_files
 
-from .conftest import REPO
+from .conftest import REPO, live_processes
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import gen_transcripts
@@ -110,18 +110,7 @@ def test_a_worker_that_dies_fails_the_load_at_once() -> None:
 
 def _children(pid: int) -> list[int]:
     """The live (not zombie) children of ``pid``."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(entry.name))
-    return out
+    return [child for child, _, fields in live_processes() if int(fields[1]) == pid]
 
 
 def test_a_load_past_its_time_kills_its_workers(

@@ -15,14 +15,21 @@ from .conftest import REPO
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 
-def test_a_test_session_removes_its_scratch_home(tmp_path: Path) -> None:
-    scratch_tmp = tmp_path / "tmp"
+def pytest_in(scratch_tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A pytest run of this repository in a process of its own, its TMPDIR ``scratch_tmp``."""
     scratch_tmp.mkdir()
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=",
-         "tests/test_runtime_names.py::test_the_alias_table_maps_to_registered_runtimes"],
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
         capture_output=True, text=True, timeout=300, check=False, cwd=REPO,
         env={**os.environ, "TMPDIR": str(scratch_tmp)},
+    )  # fmt: skip
+
+
+def test_a_test_session_removes_its_scratch_home(tmp_path: Path) -> None:
+    scratch_tmp = tmp_path / "tmp"
+    done = pytest_in(
+        scratch_tmp, "-o", "addopts=",
+        "tests/test_runtime_names.py::test_the_alias_table_maps_to_registered_runtimes",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:]
     assert sorted(p.name for p in scratch_tmp.glob("spawnkit-tests-*")) == []
@@ -71,13 +78,7 @@ def test_a_notebook_run_under_nbval_leaves_no_scratch_folder(tmp_path: Path) -> 
     scratch folder; notebooks/conftest.py gives kernels a temp folder that the test
     process removes at its end."""
     scratch_tmp = tmp_path / "tmp"
-    scratch_tmp.mkdir()
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-p", "no:xdist",
-         "notebooks/your_own_butler.ipynb"],
-        capture_output=True, text=True, timeout=300, check=False, cwd=REPO,
-        env={**os.environ, "TMPDIR": str(scratch_tmp)},
-    )  # fmt: skip
+    done = pytest_in(scratch_tmp, "-p", "no:xdist", "notebooks/your_own_butler.ipynb")
     assert done.returncode == 0, done.stdout[-3000:]
     assert "passed" in done.stdout
     assert sorted(p.name for p in scratch_tmp.iterdir()) == []

@@ -32,6 +32,8 @@ from spawnkit._process import (
     write_env_filter,
 )
 
+from .conftest import live_processes
+
 RUN_TIMEOUT_S = 30
 WAIT_S = 10.0
 ENV_BINARY = Path("/usr/bin/env")
@@ -247,19 +249,7 @@ def test_read_pidfile_missing(tmp_path: Path) -> None:
 
 def group_members(pgid: int) -> dict[int, str]:
     """Live (non-zombie) pids in process group ``pgid``, with their command names."""
-    members = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members[int(entry.name)] = comm
-    return members
+    return {pid: comm for pid, comm, fields in live_processes() if int(fields[2]) == pgid}
 
 
 def ignores_sigterm(pid: int) -> bool:
