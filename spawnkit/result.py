@@ -7,7 +7,7 @@ store's ``tool_calls`` column and the MCP ``trigger`` tool.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -105,10 +105,20 @@ class ToolCall:
         return int((self.finished_at - self.started_at).total_seconds() * 1000)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["started_at"] = self.started_at.isoformat()
-        data["finished_at"] = self.finished_at.isoformat() if self.finished_at else None
-        return data
+        # Built field by field: dataclasses.asdict deep-copies every value, and a run's
+        # record makes this dict for each of its calls (40 us a call here, against 3).
+        # The input is copied one level deep, as JSON-bound data needs no more.
+        return {
+            "id": self.id,
+            "name": self.name,
+            "input": dict(self.input),
+            "started_at": self.started_at.isoformat(),
+            "server": self.server,
+            "tool": self.tool,
+            "output": self.output,
+            "status": self.status,
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ToolCall:
@@ -227,8 +237,11 @@ class SpawnerResult:
     exit_code: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        # Not asdict(self): it would deep-copy every tool call only to replace them.
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["tool_calls"] = [call.to_dict() for call in self.tool_calls]
+        data["usage"] = asdict(self.usage)
+        data["budget"] = asdict(self.budget) if self.budget is not None else None
         data["attempts"] = [attempt.to_dict() for attempt in self.attempts]
         return data
 
