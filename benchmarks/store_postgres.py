@@ -5,7 +5,9 @@ Two parts, each against a baseline measured in the same run:
 * records: what a run writes to its record (create, mark started, complete with three tool
   calls), per run, on a PostgreSQL store against a SQLite store. Rounds alternate between
   the two so drift on a shared machine hits both alike; the ratio is of the medians
-  (target: at most 2).
+  (target: at most 2). Then the same with 2 and 4 threads writing at once (concurrent runs
+  write their records from threads of their own), and the floor: a bare round trip to the
+  server (a prepared ``SELECT 1``), of which a run's three statements make three.
 * scale: a store of ``--sessions`` sessions with ``--calls`` tool calls each (default 1M
   and 10), on both backends: the latest 20 sessions as ``spawnkit sessions`` reads them
   (``SessionStore.list_sessions(limit=20)``, target under 50 ms; the whole command, a
@@ -38,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -111,11 +114,42 @@ def server_cpu_s(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def records_at_once(store: SessionStore, prefix: str, runs: int, threads: int) -> float:
+    """Seconds per run for ``runs`` records written by ``threads`` threads at once, as
+    concurrent runs write theirs (each from a thread of its own: ``asyncio.to_thread``)."""
+    workers = [
+        threading.Thread(target=record_runs, args=(store, f"{prefix}-{t}", runs // threads))
+        for t in range(threads)
+    ]
+    start = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return (time.perf_counter() - start) / (runs // threads * threads)
+
+
+def round_trip_s(url: str, times: int = 2000) -> float:
+    """Seconds for the least a statement costs: a prepared ``SELECT 1`` through libpq."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        pgconn = conn.pgconn
+        pgconn.prepare(b"floor", b"SELECT 1")
+        samples = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(times // 5):
+                pgconn.exec_prepared(b"floor", [])
+            samples.append((time.perf_counter() - start) / (times // 5))
+    return statistics.median(samples)
+
+
 def measure_records(url: str, sqlite_path: Path, rounds: int, runs: int) -> dict[str, Any]:
     """Wall time per run, and the CPU a run costs: this process's (client; for SQLite the
     whole store) and, for PostgreSQL, the server backends' too. The CPU figures vary far
-    less than wall time with the load of a shared machine."""
+    less than wall time with the load of a shared machine. Then the same records written
+    by 2 and 4 threads at once (wall time per run), and a bare round trip to the server."""
     pg_s, lite_s, pg_client, pg_server, lite_cpu = [], [], [], [], []
+    at_once: dict[int, tuple[list[float], list[float]]] = {2: ([], []), 4: ([], [])}
     with SessionStore(url) as pg, SessionStore(sqlite_path) as lite:
         record_runs(pg, "warm", 20)  # connections made, statements planned
         record_runs(lite, "warm", 20)
@@ -133,8 +167,14 @@ def measure_records(url: str, sqlite_path: Path, rounds: int, runs: int) -> dict
             cpu = time.process_time()
             lite_s.append(record_runs(lite, f"r{r}", runs))
             lite_cpu.append((time.process_time() - cpu) / runs)
+        for threads, (pg_at_once, lite_at_once) in at_once.items():
+            records_at_once(pg, f"warm{threads}", 4 * threads, threads)  # the pool grown
+            for r in range(rounds):
+                pg_at_once.append(records_at_once(pg, f"t{threads}r{r}", runs, threads))
+                lite_at_once.append(records_at_once(lite, f"t{threads}r{r}", runs, threads))
     med = statistics.median
     pg_cpu = med(pg_client) + med(pg_server)
+    trip = round_trip_s(url)
     return {
         "runs_per_round": runs,
         "rounds": rounds,
@@ -142,12 +182,23 @@ def measure_records(url: str, sqlite_path: Path, rounds: int, runs: int) -> dict
         "postgresql_per_run_ms": round(med(pg_s) * 1000, 3),
         "sqlite_per_run_ms": round(med(lite_s) * 1000, 3),
         "ratio": round(med(pg_s) / med(lite_s), 3),
+        # Three statements a run: what their round trips alone cost, at the least.
+        "round_trip_ms": round(trip * 1000, 3),
+        "round_trips_per_run_ms": round(3 * trip * 1000, 3),
         "cpu_per_run_ms": {
             "postgresql_client": round(med(pg_client) * 1000, 3),
             "postgresql_server": round(med(pg_server) * 1000, 3),
             "postgresql": round(pg_cpu * 1000, 3),
             "sqlite": round(med(lite_cpu) * 1000, 3),
             "ratio": round(pg_cpu / med(lite_cpu), 3),
+        },
+        "at_once": {
+            f"{threads}_threads": {
+                "postgresql_per_run_ms": round(med(pg_at_once) * 1000, 3),
+                "sqlite_per_run_ms": round(med(lite_at_once) * 1000, 3),
+                "ratio": round(med(pg_at_once) / med(lite_at_once), 3),
+            }
+            for threads, (pg_at_once, lite_at_once) in at_once.items()
         },
         "samples_ms": {
             "postgresql": [round(s * 1000, 3) for s in pg_s],
@@ -342,8 +393,15 @@ def measure_records_into(report: dict[str, Any], server: Any, args: argparse.Nam
         f"records: PostgreSQL {rec['postgresql_per_run_ms']} ms per run, SQLite "
         f"{rec['sqlite_per_run_ms']} ms: ratio {rec['ratio']} (target at most 2); CPU per "
         f"run: PostgreSQL {cpu['postgresql']} ms (client {cpu['postgresql_client']}, server "
-        f"{cpu['postgresql_server']}), SQLite {cpu['sqlite']} ms: ratio {cpu['ratio']}"
+        f"{cpu['postgresql_server']}), SQLite {cpu['sqlite']} ms: ratio {cpu['ratio']}; "
+        f"a bare round trip {rec['round_trip_ms']} ms"
     )
+    for threads, found in rec["at_once"].items():
+        print(
+            f"records, {threads.replace('_', ' ')} at once: PostgreSQL "
+            f"{found['postgresql_per_run_ms']} ms per run, SQLite {found['sqlite_per_run_ms']} "
+            f"ms: ratio {found['ratio']}"
+        )
 
 
 def measure_scale_into(report: dict[str, Any], server: Any, args: argparse.Namespace) -> None:

@@ -165,6 +165,13 @@ def test_store_postgres_benchmark_runs(tmp_path: Path) -> None:
     assert records["ratio"] == pytest.approx(
         records["postgresql_per_run_ms"] / records["sqlite_per_run_ms"], rel=0.01
     )
+    assert 0 < records["round_trip_ms"] < records["postgresql_per_run_ms"]
+    for found in records["at_once"].values():
+        assert found["postgresql_per_run_ms"] > 0 and found["sqlite_per_run_ms"] > 0
+        assert found["ratio"] == pytest.approx(
+            found["postgresql_per_run_ms"] / found["sqlite_per_run_ms"], rel=0.01
+        )
+    assert "2 threads at once" in done.stdout and "4 threads at once" in done.stdout
     cpu = records["cpu_per_run_ms"]  # the server's is read from /proc: ticks, may round to 0
     assert cpu["postgresql_client"] > 0 and cpu["postgresql_server"] >= 0 and cpu["sqlite"] > 0
     assert cpu["postgresql"] == pytest.approx(
