@@ -617,6 +617,17 @@ def _write_complete_one_statement(tx: Transaction, payload: Any, replace: bool) 
         tx.execute(_COMPLETE_WITH_CALLS, [*payload["session"], rows])
 
 
+# A tool call written live (record_tool_call), only while its record is open. The casts
+# type the two numbers a server cannot infer in a SELECT list (a NULL would be text).
+_LIVE_CALL = """INSERT INTO tool_calls (session_id, seq, call_id, name, server, tool, input,
+        output, status, started_at, finished_at, duration_ms)
+    SELECT ?, CAST(? AS INTEGER), ?, ?, ?, ?, ?, ?, ?, ?, ?, CAST(? AS BIGINT)
+    WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ? AND completed_at IS NULL)
+    ON CONFLICT (session_id, seq) DO UPDATE SET call_id = excluded.call_id,
+        name = excluded.name, server = excluded.server, tool = excluded.tool,
+        input = excluded.input, output = excluded.output, status = excluded.status,
+        started_at = excluded.started_at, finished_at = excluded.finished_at,
+        duration_ms = excluded.duration_ms"""
 _CALL_INSERT = """INSERT INTO tool_calls (session_id, seq, call_id, name, server, tool, input,
     output, status, started_at, finished_at, duration_ms) VALUES """
 # Rows per multi-row INSERT: one statement (one round trip on a server) for a run's calls,
@@ -1173,31 +1184,26 @@ class SessionStore:
         """One tool call of a run still going, written as it starts and again as it ends,
         so that other hosts sharing the store see it live; ``seq`` is its place in the run.
         A completed record is left alone (its calls are the ones ``complete_session``
-        wrote). Whether it was written."""
-        with self._db.transaction() as tx:
-            open_rows = tx.query(
-                "SELECT 1 AS open FROM sessions WHERE id = ? AND completed_at IS NULL",
-                (session_id,),
-            )
-            if not open_rows:
-                return False
-            self._live_calls.add(session_id)
-            tx.execute(
-                """INSERT INTO tool_calls (session_id, seq, call_id, name, server, tool, input,
-                       output, status, started_at, finished_at, duration_ms)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                   ON CONFLICT (session_id, seq) DO UPDATE SET call_id = excluded.call_id,
-                       name = excluded.name, server = excluded.server, tool = excluded.tool,
-                       input = excluded.input, output = excluded.output,
-                       status = excluded.status, started_at = excluded.started_at,
-                       finished_at = excluded.finished_at, duration_ms = excluded.duration_ms""",
+        wrote). Whether it was written.
+
+        One statement, the record's check in it: one round trip on a server, where a
+        transaction of a query and an insert took four."""
+        # Counted as written live before the write: one that fails after the server
+        # committed it is there all the same, and the result's write must replace it.
+        self._live_calls.add(session_id)
+        with self._db.transaction(single=True) as tx:
+            written = tx.execute(
+                _LIVE_CALL,
                 (
                     session_id, seq, call.id, call.name, call.server, call.tool,
                     json.dumps(call.input, ensure_ascii=False), call.output, call.status,
                     _iso(call.started_at), _iso(call.finished_at), call.duration_ms,
+                    session_id,
                 ),
             )  # fmt: skip
-        return True
+        if not written:  # the record is closed: no result's write comes for it here
+            self._live_calls.discard(session_id)
+        return bool(written)
 
     @_translated
     def spent_since(self, butler: str, since: datetime) -> float:
