@@ -7,7 +7,8 @@ Two parts, each against a baseline measured in the same run:
   the two so drift on a shared machine hits both alike; the ratio is of the medians
   (target: at most 2). Then the same with 2 and 4 threads writing at once (concurrent runs
   write their records from threads of their own), and the floor: a bare round trip to the
-  server (a prepared ``SELECT 1``), of which a run's three statements make three.
+  server (a prepared ``SELECT 1``), of which a run's three statements make three. And a
+  tool call written live as a run makes it (``record_tool_call``), per write.
 * scale: a store of ``--sessions`` sessions with ``--calls`` tool calls each (default 1M
   and 10), on both backends: the latest 20 sessions as ``spawnkit sessions`` reads them
   (``SessionStore.list_sessions(limit=20)``, target under 50 ms; the whole command, a
@@ -114,6 +115,25 @@ def server_cpu_s(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def live_calls(store: SessionStore, prefix: str, runs: int) -> float:
+    """Seconds per write of a tool call written live (as it starts, then as it ends: each
+    a write), in ``runs`` open records of three calls each; only those writes are timed."""
+    at = datetime.now(UTC)
+    for n in range(runs):
+        store.create_session(
+            f"{prefix}-{n}", butler="health", runtime="claude-code", model=None,
+            prompt="I weighed 72.4 kg", context=None, trigger_source="external",
+        )  # fmt: skip
+    calls = _result(prefix, at).tool_calls
+    started = [ToolCall.start(c.id, c.name, c.input, c.started_at) for c in calls]
+    start = time.perf_counter()
+    for n in range(runs):
+        for seq, (running, ended) in enumerate(zip(started, calls, strict=True)):
+            store.record_tool_call(f"{prefix}-{n}", seq, running)
+            store.record_tool_call(f"{prefix}-{n}", seq, ended)
+    return (time.perf_counter() - start) / (runs * 2 * len(calls))
+
+
 def records_at_once(store: SessionStore, prefix: str, runs: int, threads: int) -> float:
     """Seconds per run for ``runs`` records written by ``threads`` threads at once, as
     concurrent runs write theirs (each from a thread of its own: ``asyncio.to_thread``)."""
@@ -167,6 +187,10 @@ def measure_records(url: str, sqlite_path: Path, rounds: int, runs: int) -> dict
             cpu = time.process_time()
             lite_s.append(record_runs(lite, f"r{r}", runs))
             lite_cpu.append((time.process_time() - cpu) / runs)
+        pg_live, lite_live = [], []
+        for r in range(rounds):
+            pg_live.append(live_calls(pg, f"live{r}", runs // 4))
+            lite_live.append(live_calls(lite, f"live{r}", runs // 4))
         for threads, (pg_at_once, lite_at_once) in at_once.items():
             records_at_once(pg, f"warm{threads}", 4 * threads, threads)  # the pool grown
             for r in range(rounds):
@@ -191,6 +215,11 @@ def measure_records(url: str, sqlite_path: Path, rounds: int, runs: int) -> dict
             "postgresql": round(pg_cpu * 1000, 3),
             "sqlite": round(med(lite_cpu) * 1000, 3),
             "ratio": round(pg_cpu / med(lite_cpu), 3),
+        },
+        "live_tool_call_write_ms": {
+            "postgresql": round(med(pg_live) * 1000, 3),
+            "sqlite": round(med(lite_live) * 1000, 3),
+            "ratio": round(med(pg_live) / med(lite_live), 3),
         },
         "at_once": {
             f"{threads}_threads": {
@@ -395,6 +424,11 @@ def measure_records_into(report: dict[str, Any], server: Any, args: argparse.Nam
         f"run: PostgreSQL {cpu['postgresql']} ms (client {cpu['postgresql_client']}, server "
         f"{cpu['postgresql_server']}), SQLite {cpu['sqlite']} ms: ratio {cpu['ratio']}; "
         f"a bare round trip {rec['round_trip_ms']} ms"
+    )
+    live = rec["live_tool_call_write_ms"]
+    print(
+        f"a tool call written live: PostgreSQL {live['postgresql']} ms, SQLite "
+        f"{live['sqlite']} ms: ratio {live['ratio']}"
     )
     for threads, found in rec["at_once"].items():
         print(
