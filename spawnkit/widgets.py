@@ -31,6 +31,7 @@ import ipywidgets as w
 
 from .notebook.hub import Hub, RunHandle, Target, default_hub
 from .notebook.live import LiveStatus
+from .notebook.prompt_box import PromptBox
 from .notebook.session_table import SessionTable
 from .notebook.static_view import static_html
 from .notebook.view import RunView
@@ -234,9 +235,12 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
         self.butler_choice = w.Dropdown(options=names, description="Butler")
         self.scenario_choice = w.Dropdown(description="Model")
         self.butler_choice.observe(lambda _: self._scenarios(), names="value")
-        self.prompt = w.Textarea(placeholder="What should the butler do?", layout={"width": "60%"})
-        self.trigger = w.Button(description="Trigger", button_style="primary", icon="paper-plane")
-        self.trigger.on_click(lambda _: self.trigger_run())
+        # The Trigger button sends the text it was clicked with (see PromptBox).
+        self.prompt = PromptBox(
+            placeholder="What should the butler do? (Ctrl+Enter triggers)", label="Trigger",
+            layout={"width": "70%"},
+        )  # fmt: skip
+        self.prompt.on_submit(self.trigger_run)
         self.message = w.HTML()
         self.in_flight = w.VBox()
         self.in_flight.add_class("sk-in-flight")
@@ -264,7 +268,7 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
                     [card.box for card in self.cards.values()], layout={"flex_flow": "row wrap"}
                 ),
                 w.HBox([self.butler_choice, self.scenario_choice]),
-                w.HBox([self.prompt, self.trigger]),
+                self.prompt,
                 self.message,
                 w.HTML("<b>In flight</b>"),
                 self.in_flight,

@@ -27,6 +27,7 @@ from ..sources import Source
 from ..store import SessionStore
 from .hub import Hub, default_hub
 from .loop import Job
+from .prompt_box import PromptBox
 from .runner import in_kernel, wait_job
 from .view import RunView
 
@@ -98,12 +99,14 @@ class ChatWidget(w.VBox):  # type: ignore[misc]
         self._stack = AsyncExitStack()
         self._url: str | None = None
         self.transcript = w.VBox()
-        self.entry = w.Text(placeholder="Ask about " + ", ".join(s.name for s in self.sources))
-        self.button = w.Button(description="Send", button_style="primary")
-        self.button.on_click(lambda _: self.send(self.entry.value))
-        self.entry.on_submit(lambda _: self.send(self.entry.value))
+        # Enter or Send submits the text the entry showed (see PromptBox), and empties it.
+        self.entry = PromptBox(
+            placeholder="Ask about " + ", ".join(s.name for s in self.sources), label="Send",
+            multiline=False, clear_on_submit=True,
+        )  # fmt: skip
+        self.entry.on_submit(self.send)
         self.status = w.HTML()
-        super().__init__([self.transcript, w.HBox([self.entry, self.button]), self.status])
+        super().__init__([self.transcript, self.entry, self.status])
         atexit.register(self.close)
 
     def send(self, text: str) -> Job[AskResult] | None:
@@ -111,8 +114,7 @@ class ChatWidget(w.VBox):  # type: ignore[misc]
         text = text.strip()
         if not text or self.closed:
             return None
-        self.entry.value = ""
-        self.button.disabled = True
+        self.entry.disabled = True
         view = RunView(schedule=self.hub.schedule)
         answer = w.HTML()
         self.transcript.children = (
@@ -138,7 +140,7 @@ class ChatWidget(w.VBox):  # type: ignore[misc]
                 answer.value = f'<span style="color:#c62828">{html.escape(str(exc))}</span>'
                 raise
             finally:
-                self.button.disabled = False
+                self.entry.disabled = False
             self.turns.append(result)
             answer.value = f'<div style="white-space:pre-wrap">{html.escape(result.answer)}</div>'
             return result
