@@ -526,11 +526,11 @@ def test_the_dashboard_shows_states_labels_and_transcripts(lab: int, browser: An
     page.locator(".widget-dropdown select").nth(1).select_option(label="replay: b_very_slow")
     page.locator("textarea").first.fill("first slow one")
     trigger.click()
-    # The next prompt typed at once, as a quick user does: each click carries the text the
-    # field showed (a click overtook ipywidgets' throttled syncs of a plain Textarea's value,
-    # and both runs were labelled with the second prompt).
+    # The next prompt typed at once, as a quick user does, and sent with Ctrl+Enter: each
+    # submit carries the text the field showed (a click overtook ipywidgets' throttled syncs
+    # of a plain Textarea's value, and both runs were labelled with the second prompt).
     page.locator("textarea").first.fill("second slow one")
-    trigger.click()
+    page.locator("textarea").first.press("Control+Enter")
     labels = page.locator(".sk-in-flight .sk-run-label")
     # Both labels are redrawn as the runs move on: wait for the view showing both states.
     try:
