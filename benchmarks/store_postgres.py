@@ -8,7 +8,8 @@ Two parts, each against a baseline measured in the same run:
   (target: at most 2). Then the same with 2 and 4 threads writing at once (concurrent runs
   write their records from threads of their own), and the floor: a bare round trip to the
   server (a prepared ``SELECT 1``), of which a run's three statements make three. And a
-  tool call written live as a run makes it (``record_tool_call``), per write.
+  tool call written live as a run makes it (``record_tool_call``), per write, and a run's
+  slot across hosts on PostgreSQL (claimed, taken and given back).
 * scale: a store of ``--sessions`` sessions with ``--calls`` tool calls each (default 1M
   and 10), on both backends: the latest 20 sessions as ``spawnkit sessions`` reads them
   (``SessionStore.list_sessions(limit=20)``, target under 50 ms; the whole command, a
@@ -134,6 +135,18 @@ def live_calls(store: SessionStore, prefix: str, runs: int) -> float:
     return (time.perf_counter() - start) / (runs * 2 * len(calls))
 
 
+def slot_cycles_s(store: SessionStore, times: int) -> float:
+    """Seconds per run for a butler's slot across hosts (PostgreSQL only): claimed, taken
+    and given back, as a run does around its work."""
+    start = time.perf_counter()
+    for _ in range(times):
+        claim = store.slot_claim("health", 3)
+        if claim is None or claim.try_acquire() is None:
+            raise SystemExit("no slot of the benchmark's butler was free")
+        claim.release()
+    return (time.perf_counter() - start) / times
+
+
 def records_at_once(store: SessionStore, prefix: str, runs: int, threads: int) -> float:
     """Seconds per run for ``runs`` records written by ``threads`` threads at once, as
     concurrent runs write theirs (each from a thread of its own: ``asyncio.to_thread``)."""
@@ -187,6 +200,7 @@ def measure_records(url: str, sqlite_path: Path, rounds: int, runs: int) -> dict
             cpu = time.process_time()
             lite_s.append(record_runs(lite, f"r{r}", runs))
             lite_cpu.append((time.process_time() - cpu) / runs)
+        slot_cycles = [slot_cycles_s(pg, runs // 4) for _ in range(rounds)]
         pg_live, lite_live = [], []
         for r in range(rounds):
             pg_live.append(live_calls(pg, f"live{r}", runs // 4))
@@ -216,6 +230,8 @@ def measure_records(url: str, sqlite_path: Path, rounds: int, runs: int) -> dict
             "sqlite": round(med(lite_cpu) * 1000, 3),
             "ratio": round(pg_cpu / med(lite_cpu), 3),
         },
+        # PostgreSQL only: SQLite's limits hold in one process, with no server to ask.
+        "slot_per_run_ms": round(med(slot_cycles) * 1000, 3),
         "live_tool_call_write_ms": {
             "postgresql": round(med(pg_live) * 1000, 3),
             "sqlite": round(med(lite_live) * 1000, 3),
@@ -426,6 +442,7 @@ def measure_records_into(report: dict[str, Any], server: Any, args: argparse.Nam
         f"a bare round trip {rec['round_trip_ms']} ms"
     )
     live = rec["live_tool_call_write_ms"]
+    print(f"a run's slot across hosts (claimed, taken, given back): {rec['slot_per_run_ms']} ms")
     print(
         f"a tool call written live: PostgreSQL {live['postgresql']} ms, SQLite "
         f"{live['sqlite']} ms: ratio {live['ratio']}"

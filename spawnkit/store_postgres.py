@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,13 @@ STALE_CONNECTION_S = 1.0
 # A slot holder's connection: the server drops it (and frees the slot) this many ms after
 # its host stops acknowledging, rather than minutes later (keepalives alone do not).
 SLOT_TCP_USER_TIMEOUT_MS = 5000
+# Slot holders' connections are kept for the next run (see _SlotConnections): a new one
+# costs a connection's start-up and password exchange, 5 to 9 ms here, against about 1 ms
+# for a run's whole record. At most this many wait idle, each for at most SLOT_IDLE_S (an
+# idle one is a server process; older ones are closed at the next claim or release).
+SLOT_IDLE_MAX = 2
+SLOT_IDLE_S = 60.0
+SLOT_ANSWER_S = 2.0
 
 # _MIGRATIONS[v] takes the schema from version v to v + 1; version 1 is the SQLite
 # store's schema 9 (sessions, tool calls, MCP calls, state, episodes), without the
@@ -371,10 +378,11 @@ _PARAM_TYPES: dict[type, int] = {str: 0, type(None): 0, int: 20, float: 701}
 _INT8 = range(-(2**63), 2**63)
 _COMMAND_OK, _TUPLES_OK = psycopg.pq.ExecStatus.COMMAND_OK, psycopg.pq.ExecStatus.TUPLES_OK
 _IDLE = psycopg.pq.TransactionStatus.IDLE
-_BAD = psycopg.pq.ConnStatus.BAD
+_BAD, _OK = psycopg.pq.ConnStatus.BAD, psycopg.pq.ConnStatus.OK
 # psycopg's own generator for a command sent (C, in psycopg's binary build): flushes it
 # and reads its results without blocking, yielding whenever the socket must be waited on.
 _EXECUTE = psycopg.generators.execute
+_FETCH_MANY = psycopg.generators.fetch_many
 # Statements the server would not prepare with untyped parameters (``? IS NULL``): these
 # keep going through psycopg, on every connection.
 _UNPREPARABLE: set[tuple[str, tuple[int, ...]]] = set()
@@ -504,6 +512,7 @@ class PostgresBackend:
         self.local_dir = spawnkit_home()
         self._admissions: dict[str, _AdvisoryPlaces] = {}
         self._admissions_lock = threading.Lock()
+        self._slots = _SlotConnections(lambda: self._dedicated("spawnkit-slot"))
         self._kwargs: dict[str, Any] = {
             "row_factory": dict_row,
             "options": f"-c search_path={SCHEMA}",
@@ -604,7 +613,7 @@ class PostgresBackend:
         return StoreError(f"the session store {self.location}: {detail}")
 
     def slot_claim(self, name: str, capacity: int) -> _AdvisorySlots:
-        return _AdvisorySlots(self, self._dedicated("spawnkit-slot"), name, capacity)
+        return _AdvisorySlots(self, self._slots.take(), name, capacity)
 
     def _dedicated(self, name: str) -> psycopg.Connection[Any]:
         """A connection of its own whose advisory locks the server frees when the process
@@ -631,6 +640,7 @@ class PostgresBackend:
             for places in self._admissions.values():
                 places.close()
             self._admissions.clear()
+        self._slots.close()
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.close()
@@ -731,7 +741,7 @@ class _AdvisorySlots:
         self, backend: PostgresBackend, conn: psycopg.Connection[Any], name: str, capacity: int
     ) -> None:
         self._backend = backend
-        self._conn = conn
+        self._conn: psycopg.Connection[Any] | None = conn
         self._key = lock_key("slots", name)
         self._capacity = capacity
         self.slot: int | None = None
@@ -740,17 +750,126 @@ class _AdvisorySlots:
         if self.slot is not None:
             return self.slot
         try:
-            for slot in range(self._capacity):
-                row = self._conn.execute(
-                    "SELECT pg_try_advisory_lock(%s, %s)", (self._key, slot)
-                ).fetchone()
-                if row is not None and row[0]:
-                    self.slot = slot
-                    return slot
+            try:
+                row = self._first_free()
+            except psycopg.OperationalError:
+                # The server dropped the connection while it waited idle (a restart, or
+                # ended by hand), with nothing held on it: a new one, once.
+                self._replace()
+                row = self._first_free()
         except psycopg.Error as exc:
             raise self._backend.error(exc) from exc
-        return None
+        if row is not None:
+            self.slot = int(row[0])
+        return self.slot
+
+    def _first_free(self) -> tuple[Any, ...] | None:
+        """Take the first free slot, in one round trip: the scan stops at the first lock."""
+        if self._conn is None:
+            raise RuntimeError("this slot claim was released")
+        return self._conn.execute(
+            "SELECT n FROM generate_series(0, %s - 1) AS n "
+            "WHERE pg_try_advisory_lock(%s, n) LIMIT 1",
+            (self._capacity, self._key),
+        ).fetchone()
+
+    def _replace(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+        self._conn = self._backend._dedicated("spawnkit-slot")
 
     def release(self) -> None:
-        self.slot = None
-        self._conn.close()  # ends the session: its advisory locks go with it
+        """Give the slot back, without waiting for the server (the caller may be an event
+        loop); the connection is kept for another claim."""
+        conn, self._conn, self.slot = self._conn, None, None
+        if conn is not None:
+            self._backend._slots.give_back(conn)
+
+
+class _SlotConnections:
+    """Slot holders' connections, kept between runs rather than closed after each.
+
+    A connection comes back still holding its slot. :meth:`give_back` sends
+    ``pg_advisory_unlock_all()`` and does not wait for the answer, so the server frees the
+    slot as promptly as it did when the connection was closed, and nothing blocks;
+    :meth:`take` reads that answer before it hands the connection out again. One that
+    cannot be read (the server restarted, the network went) is closed, and a new one made.
+    """
+
+    def __init__(self, connect: Callable[[], psycopg.Connection[Any]]) -> None:
+        self._connect = connect
+        self._idle: list[tuple[float, psycopg.Connection[Any]]] = []  # (since, connection)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def take(self) -> psycopg.Connection[Any]:
+        while (conn := self._take_idle()) is not None:
+            if _unlock_answered(conn):
+                return conn
+            conn.close()
+        return self._connect()
+
+    def give_back(self, conn: psycopg.Connection[Any]) -> None:
+        kept = _send_unlock(conn)
+        with self._lock:
+            stale = self._expired()
+            kept = kept and not self._closed and len(self._idle) < SLOT_IDLE_MAX
+            if kept:
+                self._idle.append((time.monotonic(), conn))
+        for old in stale if kept else [*stale, conn]:
+            old.close()  # its locks go with its session, as before
+
+    def _take_idle(self) -> psycopg.Connection[Any] | None:
+        with self._lock:
+            stale = self._expired()
+            conn = self._idle.pop()[1] if self._idle else None
+        for old in stale:
+            old.close()
+        return conn
+
+    def _expired(self) -> list[psycopg.Connection[Any]]:
+        """Take out the connections idle longer than SLOT_IDLE_S (the lock held)."""
+        oldest = time.monotonic() - SLOT_IDLE_S
+        stale = [conn for since, conn in self._idle if since < oldest]
+        self._idle = [(since, conn) for since, conn in self._idle if since >= oldest]
+        return stale
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for _, conn in idle:
+            conn.close()
+
+
+def _send_unlock(conn: psycopg.Connection[Any]) -> bool:
+    """Ask the server to free ``conn``'s advisory locks, without waiting for its answer;
+    False when that could not be sent whole (the connection is then closed instead)."""
+    pgconn = conn.pgconn
+    try:
+        with conn.lock:
+            if conn.closed or pgconn.transaction_status != _IDLE:
+                return False
+            pgconn.send_query(b"SELECT pg_advisory_unlock_all()")
+            return pgconn.flush() == 0
+    except psycopg.Error:
+        return False
+
+
+def _unlock_answered(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server answered :func:`_send_unlock`'s query on ``conn`` (which is then
+    as a new connection: idle, holding nothing)."""
+    pgconn = conn.pgconn
+    try:
+        with conn.lock:
+            results = conn.wait(_FETCH_MANY(pgconn), timeout=SLOT_ANSWER_S)
+            if not results or any(result.status != _TUPLES_OK for result in results):
+                return False
+            # What came after the answer: a server that has ended the connection since
+            # said so (and closed it), unless that was a moment ago (try_acquire then
+            # makes a new one).
+            pgconn.consume_input()
+            return pgconn.status == _OK and pgconn.transaction_status == _IDLE
+    except psycopg.Error:  # a timeout too: the answer came long ago, if it ever will
+        return False

@@ -173,6 +173,7 @@ def test_store_postgres_benchmark_runs(tmp_path: Path) -> None:
         )
     live = records["live_tool_call_write_ms"]
     assert live["postgresql"] > 0 and live["sqlite"] > 0 and "written live" in done.stdout
+    assert records["slot_per_run_ms"] > 0 and "slot across hosts" in done.stdout
     assert "2 threads at once" in done.stdout and "4 threads at once" in done.stdout
     cpu = records["cpu_per_run_ms"]  # the server's is read from /proc: ticks, may round to 0
     assert cpu["postgresql_client"] > 0 and cpu["postgresql_server"] >= 0 and cpu["sqlite"] > 0

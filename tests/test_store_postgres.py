@@ -559,3 +559,69 @@ def test_ctrl_c_interrupts_a_write_whose_server_stopped_answering(postgres_url: 
         store.mark_started("i1", started_at=at, trace_id="v" * 32)
         record = store.get_session("i1")
         assert record is not None and (record.status, record.trace_id) == ("running", "v" * 32)
+
+
+def slot_backends(url: str) -> set[int]:
+    """The server processes of slot holders' connections (idle or holding) on ``url``."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'spawnkit-slot' "
+            "AND datname = current_database()"
+        ).fetchall()
+    return {int(row[0]) for row in rows}
+
+
+def take_all(store: SessionStore, capacity: int) -> list[Any]:
+    """Every slot of ``capacity``, waiting (bounded) for ones another claim just released."""
+    claims, deadline = [], time.monotonic() + 10
+    while len(claims) < capacity:
+        claim = store.slot_claim("health", capacity)
+        assert claim is not None
+        while claim.try_acquire() is None:
+            assert time.monotonic() < deadline, f"only {len(claims)} of {capacity} slots free"
+            time.sleep(0.02)
+        claims.append(claim)
+    return claims
+
+
+def test_a_slots_connection_is_kept_for_the_next_run_and_its_slot_freed(
+    postgres_url: str,
+) -> None:
+    """A released slot is free for any host at once, while its connection is kept (a new
+    one costs a start-up and a password exchange); one the server dropped is replaced."""
+    with SessionStore(postgres_url) as here, SessionStore(postgres_url) as there:
+        mine = take_all(here, 2)
+        extra = here.slot_claim("health", 2)
+        assert extra is not None and extra.try_acquire() is None, "both held"
+        assert sorted(c.slot for c in mine) == [0, 1]
+        for claim in [*mine, extra]:
+            claim.release()
+        for claim in take_all(there, 2):  # the other host gets both
+            claim.release()
+        kept = slot_backends(postgres_url)
+        assert len(kept) == 4, "two idle connections kept by each store"
+        for _ in range(10):
+            for store in (here, there):
+                for claim in take_all(store, 2):
+                    claim.release()
+        assert slot_backends(postgres_url) == kept, "no connection made or lost since"
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            for pid in kept:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        claims = take_all(here, 2)  # on new connections
+        assert sorted(c.slot for c in claims) == [0, 1]
+        fresh = slot_backends(postgres_url)
+        assert fresh and not fresh & kept
+        for claim in claims:
+            claim.release()
+        late = here.slot_claim("health", 2)  # a kept connection, ended after it was taken
+        assert late is not None
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            for pid in slot_backends(postgres_url):
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        assert late.try_acquire() == 0
+        late.release()
+    deadline = time.monotonic() + 10
+    while slot_backends(postgres_url):  # closing the stores closed their idle connections
+        assert time.monotonic() < deadline, slot_backends(postgres_url)
+        time.sleep(0.05)
