@@ -1,6 +1,6 @@
 """The session store on PostgreSQL against SQLite, in one run.
 
-Two parts, each against a baseline measured in the same run:
+Three parts, each against a baseline measured in the same run:
 
 * records: what a run writes to its record (create, mark started, complete with three tool
   calls), per run, on a PostgreSQL store against a SQLite store. Rounds alternate between
@@ -10,6 +10,9 @@ Two parts, each against a baseline measured in the same run:
   server (a prepared ``SELECT 1``), of which a run's three statements make three. And a
   tool call written live as a run makes it (``record_tool_call``), per write, and a run's
   slot across hosts on PostgreSQL (claimed, taken and given back).
+* runs: whole runs, the real Claude Code CLI in its sandbox making one MCP call on the
+  replay model, recorded on each store (``--run-rounds`` each, alternating): what the store
+  adds to what a user waits for.
 * scale: a store of ``--sessions`` sessions with ``--calls`` tool calls each (default 1M
   and 10), on both backends: the latest 20 sessions as ``spawnkit sessions`` reads them
   (``SessionStore.list_sessions(limit=20)``, target under 50 ms; the whole command, a
@@ -28,13 +31,16 @@ the same values (faster here than streaming rows in with COPY). Generated files 
 ``benchmarks/.work/``; results go to ``benchmarks/results/store_postgres.json``. Usage::
 
     .venv/bin/python benchmarks/store_postgres.py [--rounds 7] [--runs 200]
-        [--sessions 1000000] [--calls 10] [--only records|scale]
+        [--sessions 1000000] [--calls 10] [--run-rounds 15]
+        [--only records|runs|scale]
         [--backend postgresql|sqlite] [--call-rounds 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -44,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -252,6 +259,79 @@ def measure_records(url: str, sqlite_path: Path, rounds: int, runs: int) -> dict
     }
 
 
+# -- whole runs ----------------------------------------------------------------------------------
+
+RUN_SCENARIO = """
+[[turn]]
+tool = "mcp__*__state_get"
+input = { key = "measurements/weight" }
+usage = { input_tokens = 10, output_tokens = 2 }
+
+[[turn]]
+text = "done"
+usage = { input_tokens = 12, output_tokens = 2 }
+"""
+
+
+async def _whole_runs(
+    butlers: dict[str, Any], stores: dict[str, SessionStore], rounds: int
+) -> dict[str, list[float]]:
+    from spawnkit.replay import Scenario
+    from spawnkit.service import ButlerService
+
+    scenario = Scenario.from_dict(tomllib.loads(RUN_SCENARIO), source="<store benchmark>")
+    walls: dict[str, list[float]] = {name: [] for name in stores}
+    async with contextlib.AsyncExitStack() as stack:
+        services = {
+            name: await stack.enter_async_context(
+                ButlerService(butlers[name], store=stores[name], replay=scenario)
+            )
+            for name in stores
+        }
+        for service in services.values():  # warm-ups: servers up, the CLI's files cached
+            await service.trigger("Say done.")
+        for _ in range(rounds):
+            for name, service in services.items():
+                start = time.perf_counter()
+                result = await service.trigger("Say done.")
+                walls[name].append(time.perf_counter() - start)
+                if not result.success or len(result.tool_calls) != 1:
+                    raise SystemExit(f"a run on {name} failed: {result.error}")
+    return walls
+
+
+def measure_whole_runs(url: str, sqlite_path: Path, rounds: int) -> dict[str, Any]:
+    """A whole run (the real Claude Code CLI in its sandbox, one MCP tool call, on the
+    replay model) recorded on each store, rounds alternating: what the store adds to what a
+    user waits for (PostgreSQL also takes the butler's slot across hosts)."""
+    roster = Path(os.environ["SPAWNKIT_HOME"]) / "bench-roster"
+    for name, port in (("postgresql", 18996), ("sqlite", 18997)):
+        folder = roster / f"bench-{name}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "butler.toml").write_text(
+            f'[butler]\nname = "bench-{name}"\nport = {port}\ndescription = "store benchmark"\n'
+        )
+        (folder / "CLAUDE.md").write_text("Be brief.")
+    from spawnkit.roster import load_roster
+
+    loaded = load_roster(roster)
+    butlers = {name: loaded[f"bench-{name}"] for name in ("postgresql", "sqlite")}
+    with SessionStore(url) as pg, SessionStore(sqlite_path) as lite:
+        walls = asyncio.run(_whole_runs(butlers, {"postgresql": pg, "sqlite": lite}, rounds))
+    med = statistics.median
+    pg_s, lite_s = med(walls["postgresql"]), med(walls["sqlite"])
+    return {
+        "rounds": rounds,
+        "postgresql_median_s": round(pg_s, 4),
+        "sqlite_median_s": round(lite_s, 4),
+        "ratio": round(pg_s / lite_s, 3),
+        "paired_difference_median_ms": round(
+            med(p - q for p, q in zip(walls["postgresql"], walls["sqlite"], strict=True)) * 1000,
+            1,
+        ),
+    }
+
+
 # -- scale ---------------------------------------------------------------------------------------
 
 
@@ -380,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--runs", type=int, default=200, help="records per round")
+    parser.add_argument("--run-rounds", type=int, default=15, help="whole runs per store")
     parser.add_argument("--sessions", type=int, default=1_000_000)
     parser.add_argument("--calls", type=int, default=10, help="tool calls per session")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -389,8 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--call-rounds", type=int, default=2, help="tool_calls() reads timed")
     parser.add_argument(
-        "--only", choices=["records", "scale"], help="run one part (the other's figures in "
-        "--out, if any, are kept)",
+        "--only", choices=["records", "runs", "scale"], help="run one part (the others' "
+        "figures in --out, if any, are kept)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     home = tempfile.mkdtemp(prefix="spawnkit-store-bench-")
@@ -417,9 +498,11 @@ def _run(args: argparse.Namespace) -> int:
         with server.admin() as conn:
             version = conn.execute("SHOW server_version").fetchone()
         report["postgresql"] = version[0] if version else None
-        if args.only != "scale":
+        if args.only in (None, "records"):
             measure_records_into(report, server, args)
-        if args.only != "records":
+        if args.only in (None, "runs"):
+            measure_whole_runs_into(report, server, args)
+        if args.only in (None, "scale"):
             measure_scale_into(report, server, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
@@ -453,6 +536,18 @@ def measure_records_into(report: dict[str, Any], server: Any, args: argparse.Nam
             f"{found['postgresql_per_run_ms']} ms per run, SQLite {found['sqlite_per_run_ms']} "
             f"ms: ratio {found['ratio']}"
         )
+
+
+def measure_whole_runs_into(report: dict[str, Any], server: Any, args: argparse.Namespace) -> None:
+    lite = WORK / "store-runs.db"
+    lite.unlink(missing_ok=True)
+    found = measure_whole_runs(server.url(server.create_database()), lite, args.run_rounds)
+    report["runs"] = {"date": report["date"], **found}
+    print(
+        f"whole runs: PostgreSQL {found['postgresql_median_s']} s, SQLite "
+        f"{found['sqlite_median_s']} s: ratio {found['ratio']} (paired difference "
+        f"{found['paired_difference_median_ms']} ms)"
+    )
 
 
 def measure_scale_into(report: dict[str, Any], server: Any, args: argparse.Namespace) -> None:

@@ -155,7 +155,8 @@ def test_store_postgres_benchmark_runs(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "store_postgres.py"), "--rounds", "1",
-         "--runs", "20", "--sessions", "3000", "--calls", "2", "--out", str(out)],
+         "--runs", "20", "--run-rounds", "1", "--sessions", "3000", "--calls", "2",
+         "--out", str(out)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -174,6 +175,9 @@ def test_store_postgres_benchmark_runs(tmp_path: Path) -> None:
     live = records["live_tool_call_write_ms"]
     assert live["postgresql"] > 0 and live["sqlite"] > 0 and "written live" in done.stdout
     assert records["slot_per_run_ms"] > 0 and "slot across hosts" in done.stdout
+    runs = report["runs"]
+    assert runs["postgresql_median_s"] > 0 and runs["sqlite_median_s"] > 0
+    assert "whole runs" in done.stdout
     assert "2 threads at once" in done.stdout and "4 threads at once" in done.stdout
     cpu = records["cpu_per_run_ms"]  # the server's is read from /proc: ticks, may round to 0
     assert cpu["postgresql_client"] > 0 and cpu["postgresql_server"] >= 0 and cpu["sqlite"] > 0
