@@ -56,7 +56,11 @@ def test_a_failing_callback_does_not_stop_the_others(caplog: pytest.LogCaptureFi
     box.on_submit(broken)
     box.on_submit(got.append)
     from_browser(box, {"event": "submit", "text": "x"})
-    assert got == ["x"] and "prompt box callback" in caplog.text
+    assert got == ["x"] and "Exception in callback" in caplog.text
+    box.on_submit(broken, remove=True)
+    caplog.clear()
+    box.submit("y")
+    assert got == ["x", "y"] and not caplog.text
 
 
 @pytest.mark.e2e

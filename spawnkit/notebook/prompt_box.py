@@ -10,16 +10,15 @@ text: ``on_submit`` callbacks get exactly what the field showed.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anywidget
 import traitlets
+from ipywidgets import CallbackDispatcher
 
 _HERE = Path(__file__).parent
-logger = logging.getLogger(__name__)
 
 
 class PromptBox(anywidget.AnyWidget):
@@ -41,21 +40,19 @@ class PromptBox(anywidget.AnyWidget):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._submitted: list[Callable[[str], object]] = []
+        # As a Button's clicks: every callback is called, and one that raises is shown as
+        # IPython shows a traceback (logged outside IPython).
+        self._submitted = CallbackDispatcher()
         self.on_msg(self._message)
 
-    def on_submit(self, callback: Callable[[str], object]) -> None:
-        """Call ``callback(text)`` on each submit, with the text the field showed."""
-        self._submitted.append(callback)
+    def on_submit(self, callback: Callable[[str], object], remove: bool = False) -> None:
+        """Call ``callback(text)`` on each submit, with the text the field showed (or stop
+        calling it, with ``remove``)."""
+        self._submitted.register_callback(callback, remove=remove)
 
     def submit(self, text: str | None = None) -> None:
         """Submit ``text`` (by default the current ``value``), as the button does."""
-        text = self.value if text is None else text
-        for callback in self._submitted:
-            try:
-                callback(text)
-            except Exception:  # one listener's bug must not stop the others
-                logger.exception("prompt box callback %r failed", callback)
+        self._submitted(self.value if text is None else text)
 
     def _message(self, _: object, content: Any, buffers: object) -> None:
         if isinstance(content, dict) and content.get("event") == "submit":
