@@ -57,10 +57,10 @@ STALE_CONNECTION_S = 1.0
 SLOT_TCP_USER_TIMEOUT_MS = 5000
 # Slot holders' connections are kept for the next run (see _SlotConnections): a new one
 # costs a connection's start-up and password exchange, 5 to 9 ms here, against about 1 ms
-# for a run's whole record. At most this many wait idle, each for at most SLOT_IDLE_S (an
-# idle one is a server process; older ones are closed at the next claim or release).
+# for a run's whole record. At most this many wait idle, each for at most SLOT_IDLE_S: an
+# idle one is a server process, which a quiet notebook should not keep.
 SLOT_IDLE_MAX = 2
-SLOT_IDLE_S = 60.0
+SLOT_IDLE_S = 30.0
 SLOT_ANSWER_S = 2.0
 
 # _MIGRATIONS[v] takes the schema from version v to v + 1; version 1 is the SQLite
@@ -802,6 +802,7 @@ class _SlotConnections:
         self._idle: list[tuple[float, psycopg.Connection[Any]]] = []  # (since, connection)
         self._lock = threading.Lock()
         self._closed = False
+        self._timer: threading.Timer | None = None  # closes idle ones as they expire
 
     def take(self) -> psycopg.Connection[Any]:
         while (conn := self._take_idle()) is not None:
@@ -817,6 +818,7 @@ class _SlotConnections:
             kept = kept and not self._closed and len(self._idle) < SLOT_IDLE_MAX
             if kept:
                 self._idle.append((time.monotonic(), conn))
+                self._expire_later()
         for old in stale if kept else [*stale, conn]:
             old.close()  # its locks go with its session, as before
 
@@ -827,6 +829,23 @@ class _SlotConnections:
         for old in stale:
             old.close()
         return conn
+
+    def _expire_later(self) -> None:
+        """Close the idle connections once they expire, even if no run comes (the lock
+        held)."""
+        if self._timer is None and self._idle and not self._closed:
+            wait = self._idle[0][0] + SLOT_IDLE_S - time.monotonic()
+            self._timer = threading.Timer(max(wait, 0.0) + 0.01, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _expire(self) -> None:
+        with self._lock:
+            self._timer = None
+            stale = self._expired()
+            self._expire_later()
+        for conn in stale:
+            conn.close()
 
     def _expired(self) -> list[psycopg.Connection[Any]]:
         """Take out the connections idle longer than SLOT_IDLE_S (the lock held)."""
@@ -839,6 +858,9 @@ class _SlotConnections:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
         for _, conn in idle:
             conn.close()
 

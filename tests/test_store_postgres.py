@@ -625,3 +625,21 @@ def test_a_slots_connection_is_kept_for_the_next_run_and_its_slot_freed(
     while slot_backends(postgres_url):  # closing the stores closed their idle connections
         assert time.monotonic() < deadline, slot_backends(postgres_url)
         time.sleep(0.05)
+
+
+def test_idle_slot_connections_close_in_a_quiet_process(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kept connection is a server process: one not used again soon is closed, with the
+    store still open and no run coming."""
+    monkeypatch.setattr("spawnkit.store_postgres.SLOT_IDLE_S", 0.5)
+    with SessionStore(postgres_url) as store:
+        for claim in take_all(store, 2):
+            claim.release()
+        assert len(slot_backends(postgres_url)) == 2
+        deadline = time.monotonic() + 10
+        while slot_backends(postgres_url):
+            assert time.monotonic() < deadline, slot_backends(postgres_url)
+            time.sleep(0.05)
+        for claim in take_all(store, 2):  # new ones, as needed
+            claim.release()
