@@ -98,6 +98,15 @@ shell = "echo started"
 delay_ms = 120000
 text = "too late"
 """
+CHAT = """
+[[turn]]
+delay_ms = 4000
+shell = "cat ./notes/todo.txt"
+[[turn]]
+text = "Your todo: {{ last_tool_result }}"
+[[turn]]
+text = "Nothing else was asked before: {{ prompt }}"
+"""
 VERY_SLOW = '[[turn]]\ndelay_ms = 120000\ntext = "too late"\n'
 OVERLOAD = '[[turn]]\nerror = { status = 529, type = "overloaded_error", message = "Overloaded" }\n'
 
@@ -151,7 +160,7 @@ def workdir(tmp_path: Path) -> Path:
     (roster / "health" / "scenarios" / "a_slow_demo.toml").write_text(SLOW_DEMO)
     (roster / "health" / "scenarios" / "b_very_slow.toml").write_text(VERY_SLOW)
     for name, text in {"story": STORY, "stopped": STOPPED, "overload": OVERLOAD,
-                       "long": long_scenario()}.items():  # fmt: skip
+                       "long": long_scenario(), "chat": CHAT}.items():  # fmt: skip
         (tmp_path / f"{name}.toml").write_text(text)
     # The story's butler has its CLI's telemetry on: the view shows its timing line.
     timed = tmp_path / "roster-timed"
@@ -171,7 +180,15 @@ def workdir(tmp_path: Path) -> Path:
         "dashboard.ipynb": [
             f"from spawnkit.widgets import ButlerDashboard\nButlerDashboard({str(roster)!r})"
         ],
+        "chat.ipynb": [
+            "from spawnkit.sources import SourceRegistry\n"
+            f"_ = SourceRegistry().add('notes', {str(tmp_path / 'notes')!r})",
+            "from spawnkit.notebook import chat\n"
+            "conversation = chat('notes', replay='chat.toml')\nconversation",
+        ],
     }  # fmt: skip
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("buy milk")
     for name, sources in notebooks.items():
         write_notebook(tmp_path / name, sources)
     return tmp_path
@@ -590,6 +607,36 @@ def test_the_dashboard_shows_states_labels_and_transcripts(lab: int, browser: An
     page.close()
     statuses = sorted(r.status for r in SessionStore().list_sessions())
     assert statuses == ["cancelled", "cancelled", "success"]
+
+
+def test_the_chat_entry_sends_on_enter_and_keeps_a_message_it_could_not_send(
+    lab: int, browser: Any
+) -> None:
+    page = open_notebook(browser, lab, "chat.ipynb")
+    run_all(page)
+    entry = page.locator(".spawnkit-prompt-box input")
+    entry.wait_for(timeout=90_000)
+    entry.fill("what is on my todo?")
+    entry.press("Enter")
+    # Taken by the kernel: the entry empties, and Send waits while the turn runs.
+    page.wait_for_function(
+        "() => document.querySelector('.spawnkit-prompt-box input').value === ''"
+        " && document.querySelector('.spawnkit-prompt-box button').disabled",
+        timeout=60_000,
+    )
+    entry.fill("and the meeting?")
+    entry.press("Enter")  # refused while the first turn runs: the text stays
+    page.get_by_text("Your todo: buy milk").first.wait_for(timeout=120_000)
+    assert entry.input_value() == "and the meeting?"
+    page.wait_for_function(
+        "() => !document.querySelector('.spawnkit-prompt-box button').disabled",
+        timeout=60_000,
+    )
+    page.get_by_role("button", name="Send").click()
+    page.get_by_text("Nothing else was asked before").first.wait_for(timeout=120_000)
+    assert entry.input_value() == ""
+    assert page.get_by_text("you: and the meeting?").count() == 1
+    page.close()
 
 
 def test_dashboard_as_a_voila_app(workdir: Path, browser: Any, tmp_path: Path) -> None:

@@ -46,6 +46,22 @@ def test_what_is_not_a_submit_is_ignored_and_a_disabled_box_submits_nothing() ->
     assert got == ["now"]
 
 
+def test_a_chat_entry_is_emptied_only_once_its_text_was_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    box = PromptBox(multiline=False, clear_on_submit=True)
+    to_browser: list[Any] = []
+    monkeypatch.setattr(box, "send", lambda content, buffers=None: to_browser.append(content))
+    got: list[str] = []
+    box.on_submit(got.append)
+    from_browser(box, {"event": "submit", "text": "what is on my todo?"})
+    assert got == ["what is on my todo?"]
+    assert to_browser == [{"event": "accepted", "text": "what is on my todo?"}]
+    box.disabled = True  # a turn under way: a submit sent before the browser heard of it
+    from_browser(box, {"event": "submit", "text": "and the meeting?"})
+    assert got == ["what is on my todo?"] and len(to_browser) == 1, "refused: the text stays"
+
+
 def test_a_failing_callback_does_not_stop_the_others(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,7 +21,11 @@ function render({ model, el }) {
   function submit() {
     if (model.get("disabled")) return;
     model.send({ event: "submit", text: field.value });
-    if (model.get("clear_on_submit")) {
+  }
+
+  // The kernel took a submit (clear_on_submit): empty the field unless typing went on.
+  function onMessage(msg) {
+    if (msg && msg.event === "accepted" && field.value === msg.text) {
       field.value = "";
       model.set("value", "");
       model.save_changes();
@@ -42,7 +46,11 @@ function render({ model, el }) {
   button.addEventListener("click", submit);
   draw();
   model.on("change", draw);
-  return () => model.off("change", draw);
+  model.on("msg:custom", onMessage);
+  return () => {
+    model.off("change", draw);
+    model.off("msg:custom", onMessage);
+  };
 }
 
 export default { render };

@@ -26,7 +26,8 @@ class PromptBox(anywidget.AnyWidget):
 
     ``value`` follows what is typed (as any widget's value does); a submit calls each
     ``on_submit`` callback with the text of the field at that moment. ``clear_on_submit``
-    empties the field in the browser as it submits (a chat's entry).
+    empties the field once the kernel took the text (a chat's entry); a submit refused
+    (``disabled`` in the kernel before the browser heard of it) keeps it.
     """
 
     _esm = _HERE / "prompt_box.js"
@@ -55,7 +56,13 @@ class PromptBox(anywidget.AnyWidget):
         self._submitted(self.value if text is None else text)
 
     def _message(self, _: object, content: Any, buffers: object) -> None:
-        if isinstance(content, dict) and content.get("event") == "submit":
-            text = content.get("text")
-            if isinstance(text, str) and not self.disabled:
-                self.submit(text)
+        if not isinstance(content, dict) or content.get("event") != "submit":
+            return
+        text = content.get("text")
+        if not isinstance(text, str) or self.disabled:
+            return  # refused: the text stays in the field
+        if self.clear_on_submit:
+            # The browser empties the field if it still shows this text (typing may have
+            # gone on); a refused or lost submit leaves it there.
+            self.send({"event": "accepted", "text": text})
+        self.submit(text)
