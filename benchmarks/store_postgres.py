@@ -98,16 +98,21 @@ def _result(session_id: str, at: datetime) -> SpawnerResult:
     )  # fmt: skip
 
 
+def create(store: SessionStore, session_id: str) -> None:
+    """A record as a run creates its own (queued)."""
+    store.create_session(
+        session_id, butler="health", runtime="claude-code", model=None,
+        prompt="I weighed 72.4 kg", context=None, trigger_source="external",
+    )  # fmt: skip
+
+
 def record_runs(store: SessionStore, prefix: str, runs: int) -> float:
     """Seconds per run for ``runs`` records written the way a run writes its own."""
     start = time.perf_counter()
     for n in range(runs):
         sid = f"{prefix}-{n}"
         at = datetime.now(UTC)
-        store.create_session(
-            sid, butler="health", runtime="claude-code", model=None, prompt="I weighed 72.4 kg",
-            context=None, trigger_source="external",
-        )  # fmt: skip
+        create(store, sid)
         store.mark_started(sid, started_at=at, trace_id="0" * 32)
         store.complete_session(sid, _result(sid, at))
     return (time.perf_counter() - start) / runs
@@ -128,10 +133,7 @@ def live_calls(store: SessionStore, prefix: str, runs: int) -> float:
     a write), in ``runs`` open records of three calls each; only those writes are timed."""
     at = datetime.now(UTC)
     for n in range(runs):
-        store.create_session(
-            f"{prefix}-{n}", butler="health", runtime="claude-code", model=None,
-            prompt="I weighed 72.4 kg", context=None, trigger_source="external",
-        )  # fmt: skip
+        create(store, f"{prefix}-{n}")
     calls = _result(prefix, at).tool_calls
     started = [ToolCall.start(c.id, c.name, c.input, c.started_at) for c in calls]
     start = time.perf_counter()

@@ -591,6 +591,10 @@ _CALL_KEYS = (
 _CALL_ROWS = """json_to_recordset(?::json) AS c(session_id TEXT, seq INTEGER, call_id TEXT,
     name TEXT, server TEXT, tool TEXT, input TEXT, output TEXT, status TEXT, started_at TEXT,
     finished_at TEXT, duration_ms BIGINT)"""
+# A call written again (live, then by the result) replaces the row of its place in the run.
+_CALL_UPSERT = "ON CONFLICT (session_id, seq) DO UPDATE SET " + ", ".join(
+    f"{key} = excluded.{key}" for key in _CALL_KEYS[2:]
+)
 _COMPLETE_WITH_CALLS = f"""WITH done AS ({_COMPLETE} RETURNING id)
     INSERT INTO tool_calls ({", ".join(_CALL_KEYS)})
     SELECT c.* FROM {_CALL_ROWS} WHERE EXISTS (SELECT 1 FROM done)"""
@@ -598,11 +602,7 @@ _COMPLETE_REPLACING_CALLS = f"""WITH done AS ({_COMPLETE} RETURNING id),
     gone AS (DELETE FROM tool_calls WHERE session_id IN (SELECT id FROM done) AND seq >= ?)
     INSERT INTO tool_calls ({", ".join(_CALL_KEYS)})
     SELECT c.* FROM {_CALL_ROWS} WHERE EXISTS (SELECT 1 FROM done)
-    ON CONFLICT (session_id, seq) DO UPDATE SET call_id = excluded.call_id,
-        name = excluded.name, server = excluded.server, tool = excluded.tool,
-        input = excluded.input, output = excluded.output, status = excluded.status,
-        started_at = excluded.started_at, finished_at = excluded.finished_at,
-        duration_ms = excluded.duration_ms"""
+    {_CALL_UPSERT}"""
 
 
 def _write_complete_one_statement(tx: Transaction, payload: Any, replace: bool) -> None:
@@ -619,15 +619,10 @@ def _write_complete_one_statement(tx: Transaction, payload: Any, replace: bool) 
 
 # A tool call written live (record_tool_call), only while its record is open. The casts
 # type the two numbers a server cannot infer in a SELECT list (a NULL would be text).
-_LIVE_CALL = """INSERT INTO tool_calls (session_id, seq, call_id, name, server, tool, input,
-        output, status, started_at, finished_at, duration_ms)
+_LIVE_CALL = f"""INSERT INTO tool_calls ({", ".join(_CALL_KEYS)})
     SELECT ?, CAST(? AS INTEGER), ?, ?, ?, ?, ?, ?, ?, ?, ?, CAST(? AS BIGINT)
     WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ? AND completed_at IS NULL)
-    ON CONFLICT (session_id, seq) DO UPDATE SET call_id = excluded.call_id,
-        name = excluded.name, server = excluded.server, tool = excluded.tool,
-        input = excluded.input, output = excluded.output, status = excluded.status,
-        started_at = excluded.started_at, finished_at = excluded.finished_at,
-        duration_ms = excluded.duration_ms"""
+    {_CALL_UPSERT}"""
 _CALL_INSERT = """INSERT INTO tool_calls (session_id, seq, call_id, name, server, tool, input,
     output, status, started_at, finished_at, duration_ms) VALUES """
 # Rows per multi-row INSERT: one statement (one round trip on a server) for a run's calls,

@@ -777,7 +777,7 @@ class _AdvisorySlots:
         if self._conn is not None:
             self._conn.close()
         self._conn = None
-        self._conn = self._backend._dedicated("spawnkit-slot")
+        self._conn = self._backend._slots.new()
 
     def release(self) -> None:
         """Give the slot back, without waiting for the server (the caller may be an event
@@ -805,10 +805,14 @@ class _SlotConnections:
         self._timer: threading.Timer | None = None  # closes idle ones as they expire
 
     def take(self) -> psycopg.Connection[Any]:
+        """A kept connection, ready, or else a new one."""
         while (conn := self._take_idle()) is not None:
             if _unlock_answered(conn):
                 return conn
             conn.close()
+        return self.new()
+
+    def new(self) -> psycopg.Connection[Any]:
         return self._connect()
 
     def give_back(self, conn: psycopg.Connection[Any]) -> None:
