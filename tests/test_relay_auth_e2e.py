@@ -6,7 +6,8 @@ base URL its CLI is given carries a per-run secret: a request without it must be
 before it is forwarded (the upstream replay server sees nothing) or metered (the run does
 not stop on a budget someone else spent). The intruder is the real user ``nobody``
 (``setpriv``), the CLIs are the real ones against the replay server, and the relay's
-address is found as an intruder would: its listening socket.
+address is found as an intruder would: its listening socket. The secret is on no command
+line, and the run's redactor hides it where the run's own agent prints its URL.
 """
 
 from __future__ import annotations
@@ -235,3 +236,31 @@ async def test_claude_code_keeps_the_secret_path_of_its_base_url() -> None:
     assert json.loads(out)["result"] == "Done."
     assert any(r.path == "/v1/messages" for r in server.requests)
     assert totals == [Usage(input_tokens=600, output_tokens=100)]
+
+
+SHOW_THE_URL = """
+[[turn]]
+shell = "cat \\"$HOME/.codex/config.toml\\" 2>/dev/null; echo \\"url=$GOOGLE_GEMINI_BASE_URL\\""
+usage = { input_tokens = 10, output_tokens = 1 }
+[[turn]]
+text = "The shell said: {{ last_tool_result }}"
+usage = { input_tokens = 10, output_tokens = 1 }
+"""
+REDACTED_URL = re.compile(r"127\.0\.0\.1:\d+/\[redacted:SPAWNKIT_RELAY_SECRET\]")
+
+
+@needs_node_clis
+@pytest.mark.parametrize("runtime", ["codex", "gemini"])
+async def test_the_relay_secret_is_redacted_from_what_the_run_keeps(
+    make_butler, store, runtime
+) -> None:
+    """The agent can see its own relay URL (its shell prints it): the secret is redacted."""
+    scenario = Scenario.from_dict(tomllib.loads(SHOW_THE_URL), source="<test>")
+    butler = with_runtime(make_butler(extra="[butler.limits]\nmax_tokens = 100000\n"), runtime)
+    async with ButlerService(butler, store=store, replay=scenario, model=MODELS[runtime]) as svc:
+        result = await svc.trigger("show the url")
+    assert result.success, result.error
+    assert REDACTED_URL.search(result.output), result.output
+    assert result.tool_calls and REDACTED_URL.search(result.tool_calls[0].output or "")
+    record = store.get_session(result.session_id or "")
+    assert record is not None and REDACTED_URL.search(record.output or "")
