@@ -1244,11 +1244,15 @@ class Spawner:
                 "meter; its limits are checked on what it reports", run.session_id, worker.type,
             )  # fmt: skip
             return self.base_url
-        from .metering import Meter, metered  # starts a web server: only for metered runs
+        # Starts a web server: only for metered runs.
+        from .metering import RELAY_SECRET, Meter, metered
 
         meter = Meter(run.collector.metered_usage)
         run.collector.metered = True
-        return await stack.enter_async_context(metered(upstream, meter))
+        relay = await stack.enter_async_context(metered(upstream, meter))
+        # Its URL carries the secret, and a CLI may print its URL (in an error, say).
+        run.redactor.add({RELAY_SECRET: relay.secret})
+        return relay.url
 
     async def _cli_receiver(
         self, run: _Run, span: RunSpan, stack: contextlib.AsyncExitStack

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import re
 import threading
@@ -65,6 +66,9 @@ _RESPONSE_HEADERS_DROPPED = frozenset(
     {"content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive"}
 )
 _DISCONNECT_POLL_S = 0.05
+# A relay's secret: the first segment of every path it accepts (secrets.token_urlsafe(32)).
+MIN_RELAY_SECRET_CHARS = 32
+_URL_SAFE = re.compile(r"[A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True)
@@ -398,12 +402,59 @@ async def _pause(request: Request, seconds: float) -> bool:
     return True
 
 
-def relay_app(upstream: str, sink: TurnSink) -> Starlette:
-    """A transparent proxy to ``upstream`` (an origin) handing every model turn to ``sink``.
+def relay_app(upstream: str, sink: TurnSink, *, secret: str) -> ASGIApplication:
+    """A transparent proxy to ``upstream`` (an origin) handing every model turn to ``sink``,
+    for the one client that knows ``secret``.
 
-    Record mode's app without its request log: what :mod:`spawnkit.metering` serves.
+    Record mode's app without its request log: what :mod:`spawnkit.metering` serves. It
+    listens on loopback, where any local user can connect, so the path of every request
+    must begin with ``/<secret>`` (the base URL its CLI was given carries it); the prefix
+    is removed before the request is forwarded. Any other request is answered 401 at once:
+    never forwarded, never handed to ``sink``.
     """
-    return _record_app(upstream.rstrip("/"), sink, _RequestLog(0))
+    if len(secret) < MIN_RELAY_SECRET_CHARS or not _URL_SAFE.fullmatch(secret):
+        raise ValueError("a relay secret is at least 32 URL-safe characters")
+    app = _record_app(upstream.rstrip("/"), sink, _RequestLog(0))
+    return cast(ASGIApplication, _SecretPrefix(app, secret))
+
+
+class _SecretPrefix:
+    """An ASGI app that lets through only HTTP requests whose first path segment is ``secret``.
+
+    The segment is compared in constant time (:func:`hmac.compare_digest`) and removed; a
+    request without it gets 401 before its body is read. Lifespan events pass.
+    """
+
+    def __init__(self, app: Starlette, secret: str) -> None:
+        self.app = app
+        self._secret = secret.encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        rest = self._after_secret(scope["path"])
+        if rest is None:
+            refusal = _api_error(
+                401, "authentication_error", "spawnkit relay: the path lacks this run's secret"
+            )
+            await refusal(scope, receive, send)
+            return
+        scope = {**scope, "path": rest}
+        if raw := scope.get("raw_path"):
+            # Its first segment is the secret's (percent-encoded or not: it has no "/").
+            scope["raw_path"] = b"/" + raw.removeprefix(b"/").partition(b"/")[2]
+        await self.app(scope, receive, send)
+
+    def _after_secret(self, path: str) -> str | None:
+        """``path`` without its leading ``/<secret>``; None if it does not begin so."""
+        first, _, rest = path.removeprefix("/").partition("/")
+        if not hmac.compare_digest(first.encode("utf-8", "replace"), self._secret):
+            return None
+        return "/" + rest
 
 
 def _record_app(upstream: str, recording: TurnSink, log: _RequestLog) -> Starlette:
