@@ -206,8 +206,10 @@ class _Reader:
         value = self.data.get(name, default)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.error(name, f"must be a number, not {type(value).__name__}")
-        if not math.isfinite(value) or value <= 0:
-            raise self.error(name, f"must be positive (and finite), not {value}")
+        if not math.isfinite(value):  # TOML has inf and nan
+            raise self.error(name, f"must be a finite number, not {value}")
+        if value <= 0:
+            raise self.error(name, "must be positive")
         return float(value)
 
     def names(self, name: str, pattern: re.Pattern[str] = _ENV_NAME_RE) -> tuple[str, ...]:
