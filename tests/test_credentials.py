@@ -106,7 +106,7 @@ def test_file_and_home_permissions(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert sorted(p.name for p in home.iterdir()) == [".credentials.lock", "credentials.json"]
 
 
-@pytest.mark.parametrize("loose", [0o644, 0o640, 0o604, 0o660, 0o602, 0o610])
+@pytest.mark.parametrize("loose", [0o644, 0o640, 0o604, 0o660, 0o602, 0o610], ids=oct)
 def test_a_file_others_may_read_or_write_is_refused_until_chmod_600(
     tmp_path: Path, loose: int
 ) -> None:
