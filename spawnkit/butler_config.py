@@ -112,6 +112,33 @@ class CommandConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     events: EventMapping = field(default_factory=EventMapping)
 
+    def prompt_on_command_line(self) -> str | None:
+        """A warning when a command line passes ``{prompt}``, else None.
+
+        An argument is readable by every local user (``/proc/PID/cmdline``, ``ps``) and
+        bounded by the kernel (a prompt of a few hundred KB fails with "Argument list too
+        long"); ``{prompt_file}`` (a 0600 file in the run's 0700 workspace) and
+        ``stdin = "prompt"`` are neither.
+        """
+        keys = [
+            key
+            for key, argv in (
+                ("command", self.argv),
+                ("resume_command", self.resume_argv),
+                ("chat_command", self.chat_argv),
+            )
+            if any("prompt" in placeholders(arg) for arg in argv)
+        ]
+        if not keys:
+            return None
+        return (
+            f"[butler.runtime] {' and '.join(keys)} {'puts' if len(keys) == 1 else 'put'} "
+            "the prompt on the command line "
+            "({prompt}), where every local user can read it (/proc/PID/cmdline) and a long "
+            'prompt fails ("Argument list too long"): use {prompt_file} (a file only you can '
+            'read) or stdin = "prompt" instead'
+        )
+
 
 @dataclass(frozen=True)
 class RuntimeConfig:
@@ -285,6 +312,24 @@ class Roster:
         return self.directory / SHARED_DIR
 
 
+def decode_utf8(path: Path, data: bytes) -> str:
+    """``data``, the bytes of the roster file ``path``, as text; a RosterError naming the
+    first byte that is not UTF-8 and where it is (roster files are UTF-8, as TOML is)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RosterError(
+            path,
+            f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}): "
+            "save it as UTF-8",
+        ) from None
+
+
+def read_utf8(path: Path) -> str:
+    """The text of the roster file ``path`` (see :func:`decode_utf8`)."""
+    return decode_utf8(path, path.read_bytes())
+
+
 def check_inside(path: Path, root: Path) -> Path:
     """``path`` resolved, if it stays inside ``root``; else a RosterError naming ``path``.
 
@@ -322,5 +367,7 @@ __all__ = [
     "SandboxMode",
     "Schedule",
     "check_inside",
+    "decode_utf8",
     "placeholders",
+    "read_utf8",
 ]

@@ -24,11 +24,12 @@ import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
 from .errors import SpawnkitError
 from .home import STORE_VAR
+from .limits import positive_number
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -41,6 +42,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 DEMO_BUTLER = "health"
 DEMO_SCENARIO = "scenarios/demo.toml"
 DEMO_PROMPT = "I weighed 72.4 kg this morning"
+# The most rows `-n` lists: a sane bound, far below what a database's LIMIT overflows at.
+MAX_ROWS = 1_000_000
 
 
 def read_prompt(value: str) -> str:
@@ -81,8 +84,27 @@ STORE_HELP = (
 PROMPT_HELP = "the prompt; - reads it from stdin, @FILE from a file"
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line and exit 2, like every other error of the command line
+    (its subcommands' parsers are of this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"spawnkit: error: {message} (see {self.prog} --help)\n")
+
+
+def row_count(text: str) -> int:
+    """``-n``: a number of rows from 1 to :data:`MAX_ROWS`."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= MAX_ROWS:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_ROWS}, not {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="spawnkit",
         description="Spawn agent CLIs as ephemeral, locked-down butler runs, and log every one.",
     )
@@ -97,11 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--runtime", help="run on this runtime instead of the butler's (claude-code, codex, gemini)"
     )
     run.add_argument("--max-turns", type=int, default=None, help="override max_turns")
-    run.add_argument("--max-cost-usd", type=float, default=None, help="stop the run at this spend")
+    run.add_argument(
+        "--max-cost-usd", type=positive_number, default=None, help="stop the run at this spend"
+    )
     run.add_argument(
         "--max-tokens", type=int, default=None, help="stop the run at this many tokens (in + out)"
     )
-    run.add_argument("--timeout-s", type=float, default=None, help="override timeout_s")
+    run.add_argument("--timeout-s", type=positive_number, default=None, help="override timeout_s")
     run.add_argument(
         "--replay", type=Path, metavar="SCENARIO", help="play model turns from a scenario"
     )
@@ -134,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.add_argument("session_id", nargs="?", help="show this session (a prefix is enough)")
     sessions.add_argument("--butler", help="only this butler")
     sessions.add_argument("--status", help="only this status (success, failed, cancelled, ...)")
-    sessions.add_argument("-n", "--limit", type=int, default=20)
+    sessions.add_argument("-n", "--limit", type=row_count, default=20, help="at most this many")
     sessions.add_argument("--json", action="store_true")
 
     serve = commands.add_parser("serve", help="serve a butler's MCP server and schedule")
@@ -295,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     hist.add_argument("--root", type=Path, help="the CLI's transcript folder (default: its own)")
     hist.add_argument("--machine", help="only this machine's imported transcripts")
     hist.add_argument("--prices", type=Path, help="a pricing table replacing the shipped one")
-    hist.add_argument("-n", "--limit", type=int, default=None, help="at most this many rows")
+    hist.add_argument("-n", "--limit", type=row_count, default=None, help="at most this many rows")
     hist.add_argument("--json", action="store_true")
     hist_commands = hist.add_subparsers(dest="history_command", required=False)
     h_import = hist_commands.add_parser(
@@ -554,6 +578,8 @@ def cmd_roster(args: argparse.Namespace) -> int:
             f"slots {r.max_concurrent_sessions}, queue {r.max_queued_sessions}, "
             f"{len(b.schedules)} schedule(s), {len(b.skills())} skill(s)"
         )
+        if r.command is not None and (warning := r.command.prompt_on_command_line()):
+            print(f"spawnkit: warning: {b.config_file}: {warning}", file=sys.stderr)
     return EXIT_OK
 
 

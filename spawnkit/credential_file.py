@@ -11,7 +11,10 @@ lock, always see a whole file. Older spawnkit versions kept credentials in the s
 them here (see there).
 
 The file is JSON, ``{"format": 1, "credentials": {NAME: {"value": ..., "updated_at":
-ISO-8601}}}``; a file that is not valid is reported, never overwritten.
+ISO-8601}}}``; a file that is not valid is reported, never overwritten. A file that other
+users may read or write, or that another user owns, is refused with the ``chmod 600`` that
+fixes it (:func:`check_private`), as ssh refuses such a private key and spawnkit refuses
+such an MCP token file.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import stat
 import tempfile
 import time
@@ -75,6 +79,22 @@ def validate_value(name: str, value: str) -> str:
     return value
 
 
+def check_private(path: Path, info: os.stat_result) -> None:
+    """Refuse a credentials file another user owns, or that group or others may read,
+    write or run: its values are then not the owner's secrets, or not only theirs."""
+    if info.st_uid != os.geteuid():
+        raise CredentialError(
+            f"the credentials file {path} belongs to another user (uid {info.st_uid}), "
+            f"so its values may not be yours: move it away, or `chown {os.geteuid()} "
+            f"{shlex.quote(str(path))} && chmod 600 {shlex.quote(str(path))}` if they are"
+        )
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        raise CredentialError(
+            f"the credentials file {path} is open to other users (mode "
+            f"{stat.S_IMODE(info.st_mode):o}): run `chmod 600 {shlex.quote(str(path))}`"
+        )
+
+
 @dataclass(frozen=True)
 class StoredCredential:
     name: str
@@ -115,24 +135,29 @@ class CredentialFile:
     # -- reading -------------------------------------------------------------------
 
     def load(self) -> dict[str, StoredCredential]:
-        """Every stored credential by name; empty when there is no file yet."""
+        """Every stored credential by name; empty when there is no file yet.
+
+        A file that other users could read or change, or that another user owns, is
+        refused (see :func:`check_private`), as ssh refuses such a private key.
+        """
         try:
-            info = self.path.stat()
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return {}
-        key = (info.st_ino, info.st_mtime_ns, info.st_size)
-        if self._cache is not None and self._cache[0] == key:
-            return self._cache[1]
-        if info.st_mode & 0o077:
-            logger.warning(
-                "%s is readable by other users (mode %o); spawnkit rewrites it with mode 600 "
-                "on the next change: chmod 600 it now",
-                self.path,
-                stat.S_IMODE(info.st_mode),
-            )
+        except OSError as exc:
+            raise CredentialError(
+                f"cannot read the credentials file {self.path}: {exc.strerror or exc}"
+            ) from exc
+        with os.fdopen(fd, "rb") as fh:
+            info = os.fstat(fh.fileno())  # the file read, whatever the path names by then
+            check_private(self.path, info)
+            key = (info.st_ino, info.st_mtime_ns, info.st_size)
+            if self._cache is not None and self._cache[0] == key:
+                return self._cache[1]
+            raw = fh.read()
         try:
-            document = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            document = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CredentialError(
                 f"cannot read the credentials file {self.path}: {exc}; fix or move it away"
             ) from exc

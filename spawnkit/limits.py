@@ -11,6 +11,8 @@ from its records in the store (so every process sharing the store keeps to it).
 
 from __future__ import annotations
 
+import argparse
+import math
 from dataclasses import dataclass, fields, replace
 
 from .errors import InvalidArgument
@@ -44,10 +46,15 @@ class Limits:
         return replace(base, **changes)
 
     def validate(self) -> Limits:
-        """These limits, or InvalidArgument naming one that is not a positive number."""
+        """These limits, or InvalidArgument naming one that is not a positive number.
+
+        ``inf`` and ``nan`` are refused: no limit is ``None``, never an infinite one.
+        """
         for name in ("max_cost_usd", "max_tokens", "max_turns", "timeout_s", "daily_cost_usd"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or value <= 0):
+            if value is not None and (
+                isinstance(value, bool) or not math.isfinite(value) or value <= 0
+            ):
                 raise InvalidArgument(f"{name} must be positive, not {value!r}")
         return self
 
@@ -60,3 +67,19 @@ class Limits:
     def dollar_limits(self) -> list[str]:
         """The names of the limits given in dollars."""
         return [n for n in ("max_cost_usd", "daily_cost_usd") if getattr(self, n) is not None]
+
+
+def positive_number(text: str) -> float:
+    """An option's text as a finite number above zero: the ``type=`` of every option of
+    the command line and the magics that gives a limit in seconds or dollars.
+
+    ``float()`` alone takes ``inf`` and ``nan`` (a timeout that never fires, a budget no
+    comparison reaches); those, zero and negatives are usage errors.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text!r}")
+    return value

@@ -19,6 +19,7 @@ reads them; they are re-exported here, where users import them.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import tomllib
 from collections.abc import Mapping
@@ -51,7 +52,9 @@ from .butler_config import (
     SandboxMode,
     Schedule,
     check_inside,
+    decode_utf8,
     placeholders,
+    read_utf8,
 )
 from .errors import ConfigError, RosterError
 from .limits import Limits
@@ -124,8 +127,7 @@ def load_butler(directory: str | Path, roster_dir: str | Path | None = None) -> 
     folder = Path(directory).expanduser().resolve()
     path = folder / "butler.toml"
     try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+        data = tomllib.loads(read_utf8(path))
     except FileNotFoundError:
         raise RosterError(path, "file not found") from None
     except tomllib.TOMLDecodeError as exc:
@@ -133,7 +135,9 @@ def load_butler(directory: str | Path, roster_dir: str | Path | None = None) -> 
     butler = _parse(_Reader(path, data), folder, Path(roster_dir or folder.parent).resolve())
     if not butler.system_prompt_file.is_file():
         raise RosterError(butler.system_prompt_file, "missing: every butler needs a system prompt")
-    check_inside(butler.system_prompt_file, butler.roster_dir)
+    # Refused now, with the words a run would refuse it with (system_prompt.read_prompt_file).
+    prompt = butler.system_prompt_file
+    decode_utf8(prompt, check_inside(prompt, butler.roster_dir).read_bytes())
     butler.skills()  # refuses skills that lead out of the roster now, not at the first run
     return butler
 
@@ -202,6 +206,8 @@ class _Reader:
         value = self.data.get(name, default)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.error(name, f"must be a number, not {type(value).__name__}")
+        if not math.isfinite(value):  # TOML has inf and nan
+            raise self.error(name, f"must be a finite number, not {value}")
         if value <= 0:
             raise self.error(name, "must be positive")
         return float(value)
@@ -313,7 +319,7 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
             prompt_path = (folder / r_.string("prompt_file")).resolve()
             if not prompt_path.is_relative_to(folder) or not prompt_path.is_file():
                 raise r_.error("prompt_file", f"no such file inside the butler: {prompt_path}")
-            prompt_text = prompt_path.read_text(encoding="utf-8")
+            prompt_text = read_utf8(prompt_path)
         else:
             prompt_text = r_.string("prompt")
         agents[role] = AgentRole(

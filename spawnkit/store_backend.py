@@ -8,12 +8,16 @@ ones, close. Two backends implement it: SQLite, the embedded default (one file u
 (:mod:`spawnkit.store_postgres`). Each one creates and migrates its own schema when it
 opens; nothing else differs, so one test suite runs on both.
 
-A store is named by a path or a ``postgresql://`` URL. URLs carry passwords, and no
-message, log line or record ever shows one: :func:`redact_url` is what they print.
+A store is named by a path or a ``postgresql://`` (or ``postgres://``) URL; a URL of any
+other scheme (``mysql://``, ``sqlite://``) is refused, never taken for a relative path
+(``mysql://x/y`` would otherwise become a SQLite file ``./mysql:/x/y``). URLs carry
+passwords, and no message, log line or record ever shows one: :func:`redact_url` is what
+they print.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -26,11 +30,25 @@ Row = Mapping[str, Any]
 Params = Sequence[object]
 
 URL_SCHEMES = ("postgresql", "postgres")
+# `scheme://`, as RFC 3986 spells a scheme: what a store target must not be unless supported.
+_URL_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
 def is_postgres_url(target: str | Path) -> bool:
-    """Whether ``target`` names a PostgreSQL store rather than a SQLite file."""
-    return isinstance(target, str) and target.split(":", 1)[0].lower() in URL_SCHEMES
+    """Whether ``target`` names a PostgreSQL store rather than a SQLite file.
+
+    A string that is a URL of another scheme is neither: a StoreError naming what is
+    supported.
+    """
+    if not isinstance(target, str):
+        return False
+    url = _URL_RE.match(target)
+    if url is not None and url.group(1).lower() not in URL_SCHEMES:
+        raise StoreError(
+            f"unsupported session store {redact_url(target)!r}: use a SQLite file path "
+            "or a postgresql:// (or postgres://) URL"
+        )
+    return target.split(":", 1)[0].lower() in URL_SCHEMES
 
 
 def redact_url(url: str) -> str:

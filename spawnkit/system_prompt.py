@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .butler_config import SHARED_DIR, ButlerConfig, check_inside
+from .butler_config import SHARED_DIR, ButlerConfig, check_inside, decode_utf8
 from .errors import RosterError
 
 INCLUDE_RE = re.compile(r"<!--\s*@include\s+(?P<path>[^\s>]+)\s*-->")
@@ -53,11 +53,9 @@ def resolve_includes(text: str, source: Path, roster_dir: Path, _depth: int = 0)
 def read_prompt_file(path: Path, roster_dir: Path) -> str:
     """The prompt file with its includes resolved; it must lie inside ``roster_dir``."""
     try:
-        text = check_inside(path, roster_dir).read_text(encoding="utf-8")
+        text = decode_utf8(path, check_inside(path, roster_dir).read_bytes())
     except FileNotFoundError:
         raise RosterError(path, "file not found") from None
-    except UnicodeDecodeError as exc:
-        raise RosterError(path, f"not UTF-8 text: {exc.reason}") from None
     return resolve_includes(text, path, roster_dir)
 
 

@@ -107,6 +107,29 @@ def _with_source(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return spawnkit(*args)
 
 
+def _roster_with(tmp: Path, butler_toml: bytes, claude_md: bytes = b"Be brief.") -> Path:
+    folder = tmp / "roster" / "broken"
+    folder.mkdir(parents=True)
+    (folder / "butler.toml").write_bytes(butler_toml)
+    (folder / "CLAUDE.md").write_bytes(claude_md)
+    return folder
+
+
+GOOD_TOML = b'[butler]\nname = "broken"\nport = 18999\n'
+LATIN1_TOML = GOOD_TOML + b"# caf\xe9\n"  # "café" in Latin-1: 0xe9 is no UTF-8 sequence
+LATIN1_PROMPT = b"You are the caf\xe9 butler.\n"
+
+
+def _latin1_butler_toml(tmp: Path) -> subprocess.CompletedProcess[str]:
+    folder = _roster_with(tmp, LATIN1_TOML)
+    return spawnkit("roster", "--roster", str(folder.parent))
+
+
+def _latin1_claude_md(tmp: Path) -> subprocess.CompletedProcess[str]:
+    folder = _roster_with(tmp, GOOD_TOML, claude_md=LATIN1_PROMPT)
+    return spawnkit("roster", "--roster", str(folder.parent))
+
+
 CASES: dict[str, tuple[BadInput, tuple[str, ...]]] = {
     "empty prompt": (lambda tmp: spawnkit(*_run("")), ("the prompt is empty",)),
     "blank prompt on stdin": (
@@ -153,6 +176,53 @@ CASES: dict[str, tuple[BadInput, tuple[str, ...]]] = {
         lambda tmp: spawnkit("chat", "--sources", "x", stdin=""),
         ("needs a terminal",),
     ),
+    "butler.toml not UTF-8": (
+        _latin1_butler_toml,
+        (
+            f"broken/butler.toml: not UTF-8 text (byte 0xe9 at offset {LATIN1_TOML.index(0xE9)})",
+            "save it as UTF-8",
+        ),
+    ),
+    "CLAUDE.md not UTF-8": (
+        _latin1_claude_md,
+        (f"broken/CLAUDE.md: not UTF-8 text (byte 0xe9 at offset {LATIN1_PROMPT.index(0xE9)})",),
+    ),
+    "sessions -n beyond any store's range": (
+        lambda tmp: spawnkit("sessions", "-n", "100000000000000000000"),
+        ("argument -n/--limit: must be from 1 to 1000000", "spawnkit sessions --help"),
+    ),
+    "sessions -n 0": (
+        lambda tmp: spawnkit("sessions", "-n", "0"),
+        ("argument -n/--limit: must be from 1 to 1000000, not 0",),
+    ),
+    "history -n negative": (
+        lambda tmp: spawnkit("history", "-n", "-5"),
+        ("argument -n/--limit: must be from 1 to 1000000, not -5",),
+    ),
+    "store URL of an unsupported scheme": (
+        lambda tmp: spawnkit("sessions", "--store", "mysql://x/y", cwd=tmp),
+        (
+            "unsupported session store 'mysql://x/y'",
+            "a SQLite file path",
+            "postgresql:// (or postgres://)",
+        ),
+    ),
+    "store URL of an unsupported scheme, as a global option": (
+        lambda tmp: spawnkit("--store", "sqlite:///x.db", "sessions", cwd=tmp),
+        ("unsupported session store 'sqlite:///x.db'",),
+    ),
+    **{
+        f"run {option} {value}": (
+            lambda tmp, option=option, value=value: spawnkit(*_run(option, value, "hi")),
+            (f"argument {option}: must be a finite number above 0, not '{value}'",),
+        )
+        for option in ("--timeout-s", "--max-cost-usd")
+        for value in ("inf", "nan", "0", "-1")
+    },
+    "run --timeout-s not a number": (
+        lambda tmp: spawnkit(*_run("--timeout-s", "soon", "hi")),
+        ("argument --timeout-s: 'soon' is not a number",),
+    ),
 }
 
 
@@ -161,6 +231,13 @@ def test_a_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
     make, fragments = CASES[case]
     assert_one_line(make(tmp_path), *fragments)
     assert SessionStore().count_sessions() == 0, "nothing was accepted"
+    assert not (tmp_path / "mysql:").exists() and not (tmp_path / "sqlite:").exists()
+
+
+def test_a_store_given_as_a_plain_path_still_works(tmp_path: Path) -> None:
+    done = spawnkit("sessions", "--store", "plain.db", "-n", "1000000", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "plain.db").is_file()
 
 
 def test_chat_without_a_terminal_checks_that_before_the_sources(tmp_path: Path) -> None:

@@ -8,16 +8,26 @@ one of two registered sources and checks, from inside the run, what the agent ca
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
+import logging
+import os
+import shutil
+import stat
+import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from spawnkit.ask import BUILTIN_AGENTS, AgentCommand, ask, runtime_config
 from spawnkit.errors import RosterError
-from spawnkit.events import RunEvent, ToolCallFinished
+from spawnkit.events import RunEvent, TextDelta, ToolCallFinished
+from spawnkit.result import SpawnerResult
 from spawnkit.roster import CommandConfig, RuntimeConfig
 from spawnkit.runtimes.base import RunSpec
 from spawnkit.runtimes.claude_code import ClaudeStreamParser
@@ -25,7 +35,7 @@ from spawnkit.runtimes.command import TextParser, detect_output
 from spawnkit.sources import SourceRegistry
 from spawnkit.spawner import Spawner
 from spawnkit.store import SessionStore
-from tests.conftest import RosterFactory
+from tests.conftest import REPO, RosterFactory, processes_with_env
 
 JSON_AGENT = """
 import json, os, sys
@@ -49,6 +59,21 @@ TEXT_AGENT = """
 import sys
 print("plain answer to:", sys.stdin.read().strip())
 print("second line")
+"""
+
+
+# Reads its prompt (from the file argv names, else stdin), says where it runs, then waits
+# until the test has looked at the run's processes and files (a `go` file in its
+# workspace, which the test writes at the same path: the workspace is bound at its own).
+WAITING_AGENT = """
+import hashlib, os, sys, time
+workspace, *prompt_file = sys.argv[1:]
+prompt = open(prompt_file[0]).read() if prompt_file else sys.stdin.read()
+print("ready", workspace, prompt_file[0] if prompt_file else "-", flush=True)
+deadline = time.monotonic() + 120
+while not os.path.exists(os.path.join(workspace, "go")) and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(f"chars={len(prompt)} sha256={hashlib.sha256(prompt.encode()).hexdigest()}")
 """
 
 
@@ -301,3 +326,211 @@ def test_text_parser_and_output_detection() -> None:
     assert detect_output('{"answer": 42}') == "text"
     assert detect_output("# Plain markdown") == "text"
     assert detect_output("[1, 2]") == "text"
+
+
+# -- the prompt stays off the command line ------------------------------------------------
+
+BIG_PROMPT_CHARS = 200_000  # over Linux's 128 KiB bound on one argument
+
+
+def big_prompt(canary: str) -> str:
+    body = ("all work and no play " * 10_000)[: BIG_PROMPT_CHARS - 2 * len(canary) - 2]
+    return f"{canary}\n{body}\n{canary}"
+
+
+def waiting_butler(make_butler: RosterFactory, tmp_path: Path, name: str, how: str) -> Any:
+    agent = write(tmp_path / "waiting_agent.py", WAITING_AGENT)
+    argv = [sys.executable, str(agent), "{workspace}"]
+    if how == "prompt_file":
+        argv.append("{prompt_file}")
+    return make_butler(
+        name,
+        extra=f"""
+        [butler.runtime]
+        type = "command"
+        command = {json.dumps(argv)}
+        stdin = "{"prompt" if how == "stdin" else "none"}"
+        """,
+    )
+
+
+def cmdlines() -> dict[int, bytes]:
+    """Every live process's command line (/proc/PID/cmdline), by pid."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found[int(entry.name)] = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+    return found
+
+
+def read_as_nobody(path: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+         "/usr/bin/python3", "-c", "import sys; print(open(sys.argv[1]).read()[:40])", path],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}, cwd="/",
+    )  # fmt: skip
+
+
+def look(session: str, workspace: Path, prompt_file: str) -> dict[str, Any]:
+    """What a run shows while it waits: its processes, every command line, and (when it
+    reads a prompt file) that file's and its workspace's modes and what nobody can read."""
+    seen: dict[str, Any] = {
+        "workspace": workspace,
+        "prompt_file": prompt_file,
+        "run_pids": processes_with_env("SPAWNKIT_SESSION_ID", session),
+        "cmdlines": cmdlines(),
+    }
+    if prompt_file != "-":
+        seen["file_mode"] = stat.S_IMODE(Path(prompt_file).stat().st_mode)
+        seen["workspace_mode"] = stat.S_IMODE(workspace.stat().st_mode)
+        if os.geteuid() == 0 and shutil.which("setpriv"):
+            seen["nobody"] = read_as_nobody(prompt_file)
+    return seen
+
+
+async def run_and_look(
+    butler: Any, store: SessionStore, prompt: str
+) -> tuple[SpawnerResult, dict[str, Any]]:
+    """Trigger a run of the waiting agent; while it waits, :func:`look` at it; then let it
+    finish. Returns the result and what was seen."""
+    ready: asyncio.Future[TextDelta] = asyncio.get_running_loop().create_future()
+
+    def on_event(event: RunEvent) -> None:
+        if isinstance(event, TextDelta) and event.text.startswith("ready ") and not ready.done():
+            ready.set_result(event)
+
+    run = asyncio.create_task(Spawner(butler, store=store).trigger(prompt, on_event=on_event))
+    workspace: Path | None = None
+    try:
+        async with asyncio.timeout(120):
+            said = await ready
+        _, where, prompt_file = said.text.split()
+        workspace = Path(where)
+        seen = look(said.session_id, workspace, prompt_file)
+    finally:
+        if workspace is not None:
+            (workspace / "go").touch()
+        async with asyncio.timeout(120):
+            result = await run
+    return result, seen
+
+
+def digest_line(prompt: str) -> str:
+    return f"chars={len(prompt)} sha256={hashlib.sha256(prompt.encode()).hexdigest()}"
+
+
+async def test_a_200_kb_prompt_through_prompt_file_never_shows_on_a_command_line(
+    make_butler: RosterFactory, store: SessionStore, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    canary = f"PROMPT-CANARY-{uuid.uuid4().hex}"
+    prompt = big_prompt(canary)
+    butler = waiting_butler(make_butler, tmp_path, "filed", "prompt_file")
+
+    with caplog.at_level(logging.WARNING, logger="spawnkit"):
+        result, seen = await run_and_look(butler, store, prompt)
+
+    assert result.success, result.error
+    assert result.output.splitlines()[-1] == digest_line(prompt)  # the whole prompt, intact
+    # The path the agent was given is the path on the host: the workspace is bound at its own.
+    assert Path(seen["prompt_file"]).parent == seen["workspace"]
+    assert (seen["file_mode"], seen["workspace_mode"]) == (0o600, 0o700)
+    run_pids = seen["run_pids"]
+    assert any(b"waiting_agent.py" in seen["cmdlines"].get(pid, b"") for pid in run_pids), (
+        "the agent itself was among the processes looked at"
+    )
+    leaking = [pid for pid, line in seen["cmdlines"].items() if canary.encode() in line]
+    assert leaking == [], "the prompt is on no command line of the run, nor any other"
+    assert not [r for r in caplog.records if "{prompt}" in r.getMessage()]
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists(),
+    reason="needs root (to act as the user nobody), setpriv and /usr/bin/python3",
+)
+async def test_another_local_user_cannot_read_the_prompt_file(
+    make_butler: RosterFactory, store: SessionStore, tmp_path: Path
+) -> None:
+    canary = f"PROMPT-CANARY-{uuid.uuid4().hex}"
+    butler = waiting_butler(make_butler, tmp_path, "private", "prompt_file")
+
+    result, seen = await run_and_look(butler, store, f"{canary} what now?")
+
+    assert result.success, result.error
+    nobody = seen["nobody"]
+    assert nobody.returncode != 0 and "PermissionError" in nobody.stderr, nobody
+    assert canary not in nobody.stdout
+
+
+async def test_a_200_kb_prompt_on_stdin_arrives_intact(
+    make_butler: RosterFactory, store: SessionStore, tmp_path: Path
+) -> None:
+    canary = f"PROMPT-CANARY-{uuid.uuid4().hex}"
+    prompt = big_prompt(canary)
+    butler = waiting_butler(make_butler, tmp_path, "piped", "stdin")
+
+    result, seen = await run_and_look(butler, store, prompt)
+
+    assert result.success, result.error
+    assert result.output.splitlines()[-1] == digest_line(prompt)
+    assert seen["run_pids"]
+    assert [pid for pid, line in seen["cmdlines"].items() if canary.encode() in line] == []
+
+
+async def test_prompt_on_the_command_line_warns_naming_the_fix(
+    make_butler: RosterFactory, store: SessionStore, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    agent = write(tmp_path / "echo_agent.py", "import sys\nprint('got', sys.argv[1])\n")
+    butler = make_butler(
+        "leaky",
+        extra=f"""
+        [butler.runtime]
+        type = "command"
+        command = [{json.dumps(sys.executable)}, {json.dumps(str(agent))}, "{{prompt}}"]
+        """,
+    )
+
+    with caplog.at_level(logging.WARNING, logger="spawnkit"):
+        result = await Spawner(butler, store=store).trigger("short and public")
+
+    assert result.success and result.output == "got short and public", result.error
+    (warning,) = [r.getMessage() for r in caplog.records if "{prompt}" in r.getMessage()]
+    for fragment in ("'leaky'", result.session_id, "/proc/PID/cmdline", "{prompt_file}",
+                     'stdin = "prompt"'):  # fmt: skip
+        assert fragment in warning, (fragment, warning)
+
+
+def test_the_roster_check_warns_of_prompt_on_the_command_line(
+    make_butler: RosterFactory, tmp_path: Path
+) -> None:
+    agent = write(tmp_path / "echo_agent.py", "import sys\nprint('got', sys.argv[1])\n")
+    butler = make_butler(
+        "leaky",
+        extra=f"""
+        [butler.runtime]
+        type = "command"
+        command = [{json.dumps(sys.executable)}, {json.dumps(str(agent))}, "{{prompt_file}}"]
+        resume_command = [{json.dumps(sys.executable)}, "{{resume}}", "{{prompt}}"]
+        """,
+    )
+    make_butler(
+        "tight", extra='[butler.runtime]\ntype = "command"\ncommand = ["x", "{prompt_file}"]\n'
+    )
+
+    # `spawnkit roster`, the check of a roster, says so (and still passes), once, for the
+    # butler whose command lines pass {prompt}.
+    done = subprocess.run(
+        [sys.executable, "-m", "spawnkit", "roster", "--roster", str(butler.roster_dir)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(
+        f"spawnkit: warning: {butler.config_file}: [butler.runtime] resume_command puts"
+    ), line
+    assert "{prompt_file}" in line and 'stdin = "prompt"' in line

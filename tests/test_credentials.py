@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import pty
+import pwd
 import select
 import sqlite3
 import stat
@@ -100,15 +101,78 @@ def test_file_and_home_permissions(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert file.path == home / "credentials.json"
     assert mode(home) == 0o700 and mode(file.path) == 0o600
     assert mode(home / ".credentials.lock") == 0o600
-    file.path.chmod(0o644)  # loosened by hand: the next write tightens it again
     file.set("OTHER", "value-two")
     assert mode(file.path) == 0o600
     assert sorted(p.name for p in home.iterdir()) == [".credentials.lock", "credentials.json"]
 
 
+@pytest.mark.parametrize("loose", [0o644, 0o640, 0o604, 0o660, 0o602, 0o610], ids=oct)
+def test_a_file_others_may_read_or_write_is_refused_until_chmod_600(
+    tmp_path: Path, loose: int
+) -> None:
+    """As ssh refuses such a private key: refused for reading and writing alike, with the
+    command that fixes it, and left as it is."""
+    path = tmp_path / "credentials.json"
+    CredentialFile(path).set("TOKEN", SECRET)
+    path.chmod(loose)
+    before = path.read_bytes()
+    fix = f"run `chmod 600 {path}`"
+
+    for use in (
+        lambda file: file.get("TOKEN"),
+        lambda file: file.names(),
+        lambda file: file.set("OTHER", "value"),
+        lambda file: CredentialStore(file=file, environ={}).resolve("TOKEN"),
+    ):
+        with pytest.raises(CredentialError) as refused:
+            use(CredentialFile(path))
+        assert str(refused.value) == (
+            f"the credentials file {path} is open to other users (mode {loose:o}): {fix}"
+        )
+    assert path.read_bytes() == before and mode(path) == loose
+
+    path.chmod(0o600)
+    assert CredentialStore(file=CredentialFile(path), environ={}).resolve("TOKEN") == SECRET
+
+
+def test_a_file_that_turns_loose_after_a_read_is_refused(tmp_path: Path) -> None:
+    """A chmod changes no size or mtime: what the file object remembers is not trusted."""
+    file = CredentialFile(tmp_path / "credentials.json")
+    file.set("TOKEN", SECRET)
+    assert file.get("TOKEN") == SECRET
+    file.path.chmod(0o644)
+    with pytest.raises(CredentialError, match="chmod 600"):
+        file.get("TOKEN")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the file to user nobody")
+def test_a_file_another_user_owns_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "credentials.json"
+    CredentialFile(path).set("TOKEN", SECRET)
+    nobody = pwd.getpwnam("nobody").pw_uid
+    os.chown(path, nobody, -1)
+    with pytest.raises(CredentialError) as refused:
+        CredentialFile(path).get("TOKEN")
+    message = str(refused.value)
+    assert message.startswith(f"the credentials file {path} belongs to another user (uid {nobody})")
+    assert f"chown {os.geteuid()} {path} && chmod 600 {path}" in message
+
+
+def test_the_cli_refuses_a_loose_file_in_one_line(isolated_home: Path) -> None:
+    CredentialFile.default().set("TOKEN", SECRET)
+    path = isolated_home / "credentials.json"
+    path.chmod(0o644)
+    line = one_line_error(spawnkit("credentials", "list"), f"run `chmod 600 {path}`")
+    assert SECRET not in line
+    path.chmod(0o600)
+    done = spawnkit("credentials", "list")
+    assert (done.returncode, done.stdout) == (0, "TOKEN\n"), done.stderr
+
+
 def test_a_damaged_file_is_reported_and_never_overwritten(tmp_path: Path) -> None:
     path = tmp_path / "credentials.json"
     path.write_text('{"credentials": {"TOKEN": {"value": "kept"')
+    path.chmod(0o600)
     file = CredentialFile(path)
     with pytest.raises(CredentialError, match="cannot read the credentials file"):
         file.get("TOKEN")

@@ -119,6 +119,9 @@ def test_help_lists_the_options(ip: Any) -> None:
         ("--replay /no/such/scenario.toml", "hi", "no scenario file"),
         ("--max-turns 0", "hi", "--max-turns must be at least 1"),
         ("--max-turns many", "hi", "invalid int value"),
+        ("--timeout-s inf", "hi", "--timeout-s: must be a finite number above 0, not 'inf'"),
+        ("--max-cost-usd nan", "hi", "--max-cost-usd: must be a finite number above 0, not 'nan'"),
+        ("--timeout-s 0", "hi", "--timeout-s: must be a finite number above 0, not '0'"),
         ("--context undefined_name_xyz", "hi", "--context 'undefined_name_xyz' failed: NameError"),
         ("", "   \n", "needs a prompt"),
         ("--no-such-flag", "hi", "unrecognized arguments"),
@@ -139,6 +142,8 @@ def test_line_magic_errors(ip: Any) -> None:
         ip.run_line_magic("spawn_cancel", "abc")
     with pytest.raises(UsageError, match="usage: %spawn_drain"):
         ip.run_line_magic("spawn_drain", "soon")
+    with pytest.raises(UsageError, match="must be a finite number above 0, not 'inf'"):
+        ip.run_line_magic("spawn_drain", "inf")
 
 
 @pytest.mark.e2e

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import spawnkit
 from spawnkit.errors import ConfigError, RosterError, UnknownRuntimeError
 from spawnkit.roster import DEFAULT_TOOLS, load_butler, load_roster
+from spawnkit.spawner import Spawner
+from spawnkit.store import SessionStore
 
 from .conftest import REPO, RosterFactory
+from .fakes import FakeAdapter
 
 FULL = """
 [butler]
@@ -370,6 +374,8 @@ def test_unknown_runtime_type_is_refused_at_load(tmp_path: Path) -> None:
         ("max_turns = false", "max_turns", "must be an integer, not bool"),
         ("max_queued_sessions = -1", "max_queued_sessions", "must be at least 0"),
         ("timeout_s = 0", "timeout_s", "must be positive"),
+        ("timeout_s = inf", "timeout_s", "must be a finite number, not inf"),
+        ("timeout_s = nan", "timeout_s", "must be a finite number, not nan"),
         ("timeout_s = true", "timeout_s", "must be a number, not bool"),
         ('timeout_s = "10"', "timeout_s", "must be a number, not str"),
         ("model = 3", "model", "must be a string, not int"),
@@ -585,3 +591,49 @@ def test_telemetry_cli_is_a_bool(tmp_path: Path) -> None:
         tmp_path, MINIMAL.format(name="health", port=8201) + '[butler.telemetry]\ncli = "yes"\n'
     )
     assert message == f"{path}: [butler.telemetry.cli]: must be true or false"
+
+
+async def test_a_prompt_that_is_not_utf8_is_refused_when_loaded_and_when_run(
+    make_butler: RosterFactory, store: SessionStore
+) -> None:
+    """The roster check reports it; a run (the file changed after loading) refuses it with
+    the same words."""
+    butler = make_butler("cafe")
+    butler.system_prompt_file.write_bytes(b"You are the caf\xe9 butler.\n")
+    with pytest.raises(RosterError) as loading:
+        load_roster(butler.roster_dir)
+    assert str(loading.value) == (
+        f"{butler.system_prompt_file}: not UTF-8 text (byte 0xe9 at offset 15): save it as UTF-8"
+    )
+
+    result = await Spawner(butler, store=store, adapter=FakeAdapter()).trigger("hi")
+
+    assert (result.status, result.error_kind) == ("failed", "config")
+    assert result.error == str(loading.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "make_bad"),
+    [
+        ("butler.toml", lambda folder: folder / "butler.toml"),
+        ("a role's prompt_file", lambda folder: folder / "roles" / "helper.md"),
+    ],
+)
+def test_roster_files_that_are_not_utf8_name_the_byte(
+    make_butler: RosterFactory, name: str, make_bad: Any
+) -> None:
+    butler = make_butler(
+        "cafe",
+        extra="""
+        [butler.agents.helper]
+        description = "helps"
+        prompt_file = "roles/helper.md"
+        """,
+        files={"cafe/roles/helper.md": "Help."},
+    )
+    bad = make_bad(butler.directory)
+    bad.write_bytes(bad.read_bytes() + b"\n# caf\xe9\n")
+    with pytest.raises(RosterError) as caught:
+        load_roster(butler.roster_dir)
+    offset = bad.read_bytes().index(0xE9)
+    assert str(caught.value).startswith(f"{bad}: not UTF-8 text (byte 0xe9 at offset {offset})")

@@ -197,7 +197,7 @@ def test_read_prompt_file_not_utf8(roster: Path) -> None:
     path.write_bytes(b"caf\xe9\n")
     with pytest.raises(RosterError) as info:
         read_prompt_file(path, roster)
-    assert str(info.value) == f"{path}: not UTF-8 text: invalid continuation byte"
+    assert str(info.value) == f"{path}: not UTF-8 text (byte 0xe9 at offset 3): save it as UTF-8"
 
 
 def test_included_file_not_utf8_is_a_roster_error(roster: Path) -> None:

@@ -8,6 +8,7 @@ background loop through the kernel's :class:`~spawnkit.notebook.hub.Hub`.
 
 from __future__ import annotations
 
+from argparse import ArgumentTypeError
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -17,7 +18,7 @@ from traitlets import Enum, Integer, Unicode
 
 from ..ask import AskResult
 from ..errors import ConfigError, InvalidArgument
-from ..limits import Limits
+from ..limits import Limits, positive_number
 from ..result import SpawnerResult
 from .asking import ask_cell
 from .failures import RunCancelled, RunFailed, debug_report, remember
@@ -70,9 +71,9 @@ class SpawnMagics(Magics):
     @argument("--butler", help="a butler from the roster (default: the notebook butler)")
     @argument("--roster", help="roster directory (default: SpawnMagics.roster)")
     @argument("--max-turns", type=int, help="maximum agent turns")
-    @argument("--max-cost-usd", type=float, help="stop the run when it has spent this")
+    @argument("--max-cost-usd", type=positive_number, help="stop the run when it has spent this")
     @argument("--max-tokens", type=int, help="stop the run at this many tokens (in + out)")
-    @argument("--timeout-s", type=float, help="stop the run after this many seconds")
+    @argument("--timeout-s", type=positive_number, help="stop the run after this many seconds")
     @argument("--model", help="model name for the runtime")
     @argument("--replay", help="play model turns from this scenario (offline)")
     @argument("--background", action="store_true", help="return a run handle at once")
@@ -162,7 +163,9 @@ class SpawnMagics(Magics):
     @argument("--roster", help="roster directory (default: SpawnMagics.roster)")
     @argument("--runtimes", help="comma-separated runtimes, side by side (default: the butler's)")
     @argument("--max-concurrent", type=int, help="runs at once (default: the butler's slots)")
-    @argument("--max-cost-usd", type=float, help="dispatch nothing more once this is spent")
+    @argument(
+        "--max-cost-usd", type=positive_number, help="dispatch nothing more once this is spent"
+    )
     @argument("--repo", help="give each run its own git worktree of this repository")
     @argument("--on", help="run on a Dask cluster: dask (the default client) or its address")
     @argument("--model", help="model name for the runtime")
@@ -286,9 +289,9 @@ class SpawnMagics(Magics):
     def spawn_drain(self, line: str) -> dict[str, int]:
         """Wait for in-flight runs (default 30 s), then cancel what remains."""
         try:
-            timeout = float(line.strip() or 30)
-        except ValueError:
-            raise UsageError("usage: %spawn_drain [TIMEOUT_SECONDS]") from None
+            timeout = positive_number(line.strip() or "30")
+        except ArgumentTypeError as exc:
+            raise UsageError(f"usage: %spawn_drain [TIMEOUT_SECONDS]: {exc}") from None
         return self.hub.drain(timeout)
 
     @line_magic

@@ -6,7 +6,10 @@ prompt, written to the workspace), ``{system_prompt_file}``, ``{mcp_config}`` (t
 butler's MCP server, or none, as ``{"mcpServers": {...}}``), ``{workspace}`` (the run's
 HOME), ``{cwd}``, ``{prompt}``, ``{base_url}``, ``{model}``, ``{sources}`` (an ask's
 ``- ./name/`` list) and ``{claude}``/``{codex}``/``{gemini}`` (those CLIs as spawnkit
-finds them). What it prints is read by ``output``:
+finds them). ``{prompt}`` puts the prompt in the process's arguments, which every local
+user can read and the kernel bounds: each run that uses it logs a warning naming
+``{prompt_file}`` and ``stdin = "prompt"``, which are neither. What it prints is read by
+``output``:
 
 * ``text``: stdout is the answer;
 * ``json-lines``: one JSON object a line, mapped to spawnkit's events by
@@ -363,7 +366,14 @@ class CommandAdapter(StreamingCliAdapter):
         env.update({k: expand(v, values) for k, v in self.command_config.env.items()})
         return env
 
+    def _warn_of_prompt_in_argv(self, spec: RunSpec) -> None:
+        """Once per run: ``{prompt}`` puts the prompt where every local user can read it."""
+        warning = self.command_config.prompt_on_command_line()
+        if warning is not None:
+            logger.warning("butler %r, session %s: %s", spec.butler, spec.session_id, warning)
+
     def command(self, spec: RunSpec) -> list[str]:
+        self._warn_of_prompt_in_argv(spec)
         write_private(spec.workspace / PROMPT_FILE, spec.prompt)
         write_private(spec.workspace / SYSTEM_PROMPT_FILE, spec.system_prompt)
         template = self.command_config.argv
@@ -391,6 +401,7 @@ class CommandAdapter(StreamingCliAdapter):
     def interactive_command(self, spec: RunSpec) -> list[str]:
         """``chat_command``, expanded like ``command`` (``{resume}``: the session it continues)."""
         self.check_interactive()
+        self._warn_of_prompt_in_argv(spec)
         write_private(spec.workspace / SYSTEM_PROMPT_FILE, spec.system_prompt)
         template = self.command_config.chat_argv
         argv = [expand(arg, self._values(spec)) for arg in template]
