@@ -1426,8 +1426,9 @@ class SessionStore:
             return (
                 tx.execute(
                     "UPDATE sessions SET owner_host = ?, owner_pid = ?, owner_start = ?, "
-                    "owner_seal = ?, lease_until = ?, model = COALESCE(?, model), prompt = ?, context = ?, "
-                    "runtime_session_id = ?, log_dir = ? WHERE id = ? AND completed_at IS NULL "
+                    "owner_seal = ?, lease_until = ?, model = COALESCE(?, model), prompt = ?, "
+                    "context = ?, runtime_session_id = ?, log_dir = ? "
+                    "WHERE id = ? AND completed_at IS NULL "
                     "AND started_at IS NULL AND owner_host = ? AND owner_pid = ?",
                     params,
                 )

@@ -306,9 +306,7 @@ def dead_pid() -> int:
     return proc.pid
 
 
-def forge(
-    store: SessionStore, session_id: str, workspace: Path, seal: str | None = None
-) -> None:
+def forge(store: SessionStore, session_id: str, workspace: Path, seal: str | None = None) -> None:
     """Insert an open record naming this host, a dead owner and ``workspace``, as anyone who
     can write the store can (a team member on a shared PostgreSQL store)."""
     with store._db.transaction() as tx:
