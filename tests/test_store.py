@@ -1040,7 +1040,34 @@ def _as_schema_10(db: Path) -> None:
     execute(db, "PRAGMA user_version = 10")
 
 
+def _as_schema_12(db: Path) -> None:
+    execute(db, "ALTER TABLE sessions DROP COLUMN owner_seal")
+    execute(db, "PRAGMA user_version = 12")
+
+
+@sqlite_only
+def test_a_version_12_file_is_migrated(tmp_path: Path) -> None:
+    """A record from before seals, whose owner died, is closed, and nothing is killed or
+    removed for it (the sweep cannot tell which home wrote it)."""
+    db = tmp_path / "sessions.db"
+    proc = run_python(CRASHING_OWNER, str(db), "old")
+    assert (proc.returncode, proc.stderr) == (0, "")
+    _as_schema_12(db)
+    with SessionStore(db) as store:
+        create(store, "new")
+        old, new = store.get_session("old"), store.get_session("new")
+        seals = rows(store, "SELECT id, owner_seal IS NOT NULL FROM sessions ORDER BY id")
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(13,)]
+    assert seals == [("new", 1), ("old", 0)]
+    assert old is not None and old.status == "crashed"
+    assert (old.error or "").endswith(
+        "its record does not carry this home's seal, so nothing was killed or removed for it"
+    )
+    assert new is not None and new.status == "queued"
+
+
 def _as_schema_11(db: Path) -> None:
+    _as_schema_12(db)
     execute(db, "DROP INDEX sessions_lease")
     execute(db, "ALTER TABLE sessions DROP COLUMN lease_until")
     execute(db, "PRAGMA user_version = 11")

@@ -97,6 +97,7 @@ def test_a_schema_3_database_gains_leases_and_keeps_its_records(postgres_url: st
         conn.execute("DROP FUNCTION spawnkit.notify_change() CASCADE")  # 5's triggers go too
         conn.execute("DROP INDEX spawnkit.sessions_lease")
         conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN lease_until")
+        conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN owner_seal")  # step 9's
         conn.execute("DELETE FROM spawnkit.schema_version WHERE version >= 4")
     with SessionStore(postgres_url, lease_s=20) as store:
         old = store.get_session("old")
