@@ -101,7 +101,7 @@ from .runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
 from .sources import Source, sources_list
 from .store import SessionStore
 from .store_backend import Admission, SlotClaim
-from .sweep import reap
+from .sweep import HOME_VAR, reap, run_home
 from .system_prompt import append_memory, compose_system_prompt
 from .telemetry import RunSpan, run_span
 from .workspace import files_in, link_sources, mcp_url, run_workspace, source_paths
@@ -1381,6 +1381,7 @@ class Spawner:
             "SPAWNKIT_BUTLER": butler.name,
             "SPAWNKIT_ROLE": run.role or "butler",
             "SPAWNKIT_WORKSPACE": str(workspace),
+            HOME_VAR: run_home(),  # which home's sweep may kill what is left of the run
         }
         traceparent = span.traceparent()
         if traceparent:

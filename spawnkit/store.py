@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 from urllib.parse import quote
 
 from .credential_file import CredentialError, CredentialFile, StoredCredential
@@ -55,11 +55,11 @@ from .store_backend import (
     statements,
 )
 from .store_journal import StoreJournal
-from .sweep import OpenRun, process_start, sweep
+from .sweep import HomeSeal, OpenRun, process_start, sweep
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 BUSY_TIMEOUT_MS = 15_000
 
 _SCHEMA = """
@@ -103,7 +103,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     sources TEXT,
     budget TEXT,
     attempts TEXT,
-    lease_until TEXT
+    lease_until TEXT,
+    owner_seal TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_at);
 CREATE INDEX IF NOT EXISTS sessions_by_butler ON sessions (butler, created_at);
@@ -240,6 +241,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX IF NOT EXISTS sessions_lease ON sessions (lease_until) "
         "WHERE completed_at IS NULL",
     ),
+    # Which home wrote a record, sealed with that home's key (spawnkit.sweep.HomeSeal).
+    ("ALTER TABLE sessions ADD COLUMN owner_seal TEXT",),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION - 1
 
@@ -539,9 +542,12 @@ class _SqliteTransaction:
 
 
 def _write_started(tx: Transaction, params: Any, replayed: bool) -> None:
+    if len(params) == 4:  # journaled before records were sealed: the record keeps its seal
+        params = [*params[:3], None, params[3]]
     tx.execute(
         "UPDATE sessions SET status = 'running', started_at = COALESCE(started_at, ?), "
-        "trace_id = ?, workspace = ? WHERE id = ? AND completed_at IS NULL",
+        "trace_id = ?, workspace = ?, owner_seal = COALESCE(?, owner_seal) "
+        "WHERE id = ? AND completed_at IS NULL",
         params,
     )
 
@@ -910,6 +916,8 @@ class SessionStore:
         self.lease_s = lease_s if lease_s is not None else lease_seconds()
         self._pid = os.getpid()
         self._pid_start = process_start(self._pid)
+        # This home's key for sealing records, read when the first is written (False: none).
+        self._sealer: HomeSeal | Literal[False] | None = None
         # A server's writes that could not be made wait in this machine's journal; SQLite
         # is on this machine: its writes succeed or fail at once, with nothing to replay.
         self._journal = StoreJournal(self.local_dir, self.location) if self.path is None else None
@@ -1111,14 +1119,14 @@ class SessionStore:
                 """INSERT INTO sessions (id, butler, runtime, model, prompt, context,
                        trigger_source, status, runtime_session_id, parent_session_id,
                        created_at, owner_host, owner_pid, owner_start, log_dir, role,
-                       kind, sources, lease_until)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                       kind, sources, lease_until, owner_seal)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (
                     session_id, butler, runtime, model, prompt, context, trigger_source,
                     runtime_session_id, parent_session_id, _iso(created_at or utcnow()),
                     self._host, self._pid, self._pid_start, str(log_dir) if log_dir else None,
                     role, kind, json.dumps(list(sources)) if sources else None,
-                    self._lease_end(),
+                    self._lease_end(), self._seal(session_id, None),
                 ),
             )  # fmt: skip
 
@@ -1131,7 +1139,10 @@ class SessionStore:
         workspace: Path | None = None,
     ) -> None:
         """The run is running; ``workspace`` is kept so a sweep can remove it if we die."""
-        params = [_iso(started_at), trace_id, str(workspace) if workspace else None, session_id]
+        params = [
+            _iso(started_at), trace_id, str(workspace) if workspace else None,
+            self._seal(session_id, workspace), session_id,
+        ]  # fmt: skip
         self._write("started", session_id, params)
 
     def record_setup(self, session_id: str, *, sandbox: str, given: dict[str, Any]) -> None:
@@ -1359,21 +1370,31 @@ class SessionStore:
 
     @_translated
     def open_runs_here(self) -> list[OpenRun]:
-        """This host's records that have not completed, with their owner and workspace."""
+        """This host's records that have not completed, with their owner, workspace and
+        seal (which home on this host wrote them: :class:`~spawnkit.sweep.HomeSeal`)."""
         rows = self._db.query(
-            "SELECT id, owner_pid, owner_start, workspace, given FROM sessions "
+            "SELECT id, owner_pid, owner_start, workspace, given, owner_seal FROM sessions "
             "WHERE completed_at IS NULL AND owner_host = ?",
             (self._host,),
         )
         return [
             OpenRun(r["id"], r["owner_pid"], r["owner_start"],
                     Path(r["workspace"]) if r["workspace"] else None,
-                    _dispatched_worker(r["given"]))
+                    _dispatched_worker(r["given"]), self._host, r["owner_seal"])
             for r in rows
             if r["owner_pid"] is not None
         ]  # fmt: skip
 
     # -- a run dispatched to a cluster: queued by its client, adopted by a worker -------
+
+    def _seal(self, session_id: str, workspace: Path | None) -> str | None:
+        """This home's seal on a record this process owns (spawnkit.sweep.HomeSeal); None
+        when the home has no key (the sweep then kills and removes nothing for the run)."""
+        if self._sealer is None:
+            self._sealer = HomeSeal.of_home(create=True) or False
+        if self._sealer is False:
+            return None
+        return self._sealer.seal(session_id, self._host, self._pid, self._pid_start, workspace)
 
     @property
     def owner(self) -> tuple[str, int]:
@@ -1397,15 +1418,17 @@ class SessionStore:
         False when it is not that client's unstarted open record any more: closed, or
         adopted already (by a worker that died: the run is not taken twice)."""
         params = (
-            self._host, self._pid, self._pid_start, self._lease_end(), model, prompt, context,
-            runtime_session_id, str(log_dir) if log_dir else None, session_id, *queued_by,
+            self._host, self._pid, self._pid_start, self._seal(session_id, None),
+            self._lease_end(), model, prompt, context, runtime_session_id,
+            str(log_dir) if log_dir else None, session_id, *queued_by,
         )  # fmt: skip
         with self._db.transaction() as tx:
             return (
                 tx.execute(
                     "UPDATE sessions SET owner_host = ?, owner_pid = ?, owner_start = ?, "
-                    "lease_until = ?, model = COALESCE(?, model), prompt = ?, context = ?, "
-                    "runtime_session_id = ?, log_dir = ? WHERE id = ? AND completed_at IS NULL "
+                    "owner_seal = ?, lease_until = ?, model = COALESCE(?, model), prompt = ?, "
+                    "context = ?, runtime_session_id = ?, log_dir = ? "
+                    "WHERE id = ? AND completed_at IS NULL "
                     "AND started_at IS NULL AND owner_host = ? AND owner_pid = ?",
                     params,
                 )

@@ -351,6 +351,12 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE TRIGGER tool_calls_notify_delete AFTER DELETE ON tool_calls
         FOR EACH ROW EXECUTE FUNCTION notify_change()
     """,
+    # 8 -> 9: which home wrote a record, sealed with that home's key, so a row another
+    # member writes naming this host is never swept here (spawnkit.sweep.HomeSeal;
+    # SQLite schema 13).
+    """
+    ALTER TABLE sessions ADD COLUMN owner_seal TEXT
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 # The NOTIFY channel of migration 5's triggers.

@@ -13,15 +13,25 @@ extension loading. :func:`sweep`
    when every owner lives (the common case, so it is cheap on every start). An owner pid
    that is alive but started at another time than the record says was reused by another
    process: that owner is dead too, and nothing of that pid is signalled;
-2. finds what is left of those runs: the processes whose environment carries
-   ``SPAWNKIT_SESSION_ID=<id>`` (every run's child environment does, and the CLI's tools
-   inherit it) and, when both know it, the run's own ``SPAWNKIT_WORKSPACE``, so a
-   process of another store's run that reused a chosen id is not taken for it;
-3. kills them with SIGKILL (their owner is gone and nobody waits for a graceful exit),
+2. trusts a record only as far as this home wrote it. A record is a row anyone who can
+   write the store can forge (a team member on a shared PostgreSQL store, naming this
+   host). Each record carries a seal (:class:`HomeSeal`): an HMAC, under a key only this
+   home holds (``<home>/sweep.key``, 0600), of its id, host, owner pid and start time, and
+   workspace. A record sealed by another home on this host is that home's to sweep and is
+   left alone; one with no valid seal of this home is only marked ``crashed``: nothing is
+   killed or removed for it;
+3. finds what is left of a sealed run: the processes of this user whose environment
+   carries ``SPAWNKIT_SESSION_ID=<id>`` (every run's child environment does, and the CLI's
+   tools inherit it), this home's ``SPAWNKIT_RUN_HOME`` and, when the record names one,
+   the run's own ``SPAWNKIT_WORKSPACE``, so a process of another home's run that shares
+   the id is never taken for it;
+4. kills them with SIGKILL (their owner is gone and nobody waits for a graceful exit),
    each through a pidfd opened *before* its start time is checked again, so a pid reused
-   between the scan and the kill is never signalled; removes the workspace; and marks the
-   record ``crashed`` with what it did. (A CLI's output file, where its stdout is not a
-   pipe, has no name: it went with the last process that had it open.)
+   between the scan and the kill is never signalled; removes the workspace, only if it is
+   a real folder of this user directly inside this home's ``workspaces`` folder (symlinks
+   resolved); and marks the record ``crashed`` with what it did. (A CLI's output file,
+   where its stdout is not a pipe, has no name: it went with the last process that had it
+   open.)
 
 The store is reached through :class:`SweptStore` only, so this module sits below the
 store, which sweeps whenever it is opened.
@@ -30,8 +40,12 @@ store, which sweeps whenever it is opened.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import logging
 import os
+import re
+import secrets
 import select
 import shutil
 import signal
@@ -40,14 +54,23 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
+from .errors import HomeNotWritable
+from .home import home_path, spawnkit_home
 from .workspace import PREFIX as WORKSPACE_PREFIX
+from .workspace import WORKSPACES_DIR
 
 logger = logging.getLogger(__name__)
 
 SESSION_VAR = "SPAWNKIT_SESSION_ID"
 WORKSPACE_VAR = "SPAWNKIT_WORKSPACE"
+# The real path of the home whose spawner started the run, in every run's environment.
+HOME_VAR = "SPAWNKIT_RUN_HOME"
+# The home's sealing key (random, owner-only); never leaves the home.
+KEY_FILE = "sweep.key"
+# butler_<name>_<32 hex digits of a uuid4> (spawnkit.workspace.workspace_path).
+_WORKSPACE_NAME = re.compile(re.escape(WORKSPACE_PREFIX) + r".+_[0-9a-f]{32}")
 # How long the sweep waits for the processes it killed to be gone.
 KILL_WAIT_S = 5.0
 _PROC = Path("/proc")
@@ -63,6 +86,9 @@ class OpenRun:
     workspace: Path | None
     # The Dask worker that ran it, for a run dispatched to a cluster (spawnkit.dispatch).
     worker: str | None = None
+    # The host the record names, and its seal (HomeSeal.seal); None on an older record.
+    host: str = ""
+    seal: str | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +114,82 @@ class SweptStore(Protocol):
     def mark_crashed(self, session_id: str, reason: str) -> bool:
         """Close the record as ``crashed``; False if it was already completed."""
         ...
+
+
+# -- which records this home wrote ------------------------------------------------------------
+
+Verdict = Literal["ours", "unproven", "foreign"]
+
+
+class HomeSeal:
+    """A home's key, which seals the records its runs write and tells them apart.
+
+    A seal is ``<home id>.<HMAC-SHA256>``: the home id (a digest of the key, not secret)
+    says which home wrote a record, the HMAC that the record's owner and workspace are
+    the ones that home wrote. Whoever can write the store can copy a home id, not make an
+    HMAC without the key.
+    """
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+        self.home_id = hashlib.sha256(b"spawnkit home id\0" + key).hexdigest()[:16]
+
+    def seal(
+        self, session_id: str, host: str, pid: int, start: str | None, workspace: Path | None
+    ) -> str:
+        fields = (session_id, host, str(pid), start or "", os.fsdecode(workspace or ""))
+        mac = hmac.new(self._key, "\0".join(fields).encode(), hashlib.sha256).hexdigest()
+        return f"{self.home_id}.{mac}"
+
+    def verdict(self, run: OpenRun) -> Verdict:
+        """Whether this home wrote ``run`` as it stands: "ours"; another home on this host
+        did ("foreign", left to that home's sweep); or nobody can tell ("unproven": no
+        seal, or one with this home's id that does not match)."""
+        if run.seal is None:
+            return "unproven"
+        if run.seal.partition(".")[0] != self.home_id:
+            return "foreign"
+        expected = self.seal(run.session_id, run.host, run.owner_pid, run.owner_start,
+                             run.workspace)  # fmt: skip
+        return "ours" if hmac.compare_digest(run.seal, expected) else "unproven"
+
+    @classmethod
+    def of_home(cls, create: bool = False) -> HomeSeal | None:
+        """The seal of the current home (``$SPAWNKIT_HOME``): its key file, created when
+        ``create`` and missing; None when there is none (or it cannot be made or read)."""
+        try:
+            home = spawnkit_home() if create else home_path()
+            path = home / KEY_FILE
+            if create and not path.exists():
+                _create_key(path)
+            key = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except (OSError, HomeNotWritable) as exc:
+            logger.warning("sweep: no sealing key in the home (%s): records go unsealed", exc)
+            return None
+        return cls(key) if len(key) >= 32 else None
+
+
+def _create_key(path: Path) -> None:
+    """Write a new random key at ``path`` unless another process wrote one first."""
+    spare = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, secrets.token_bytes(32))
+    finally:
+        os.close(fd)
+    try:
+        os.link(spare, path)  # never replaces a key records may be sealed with
+    except FileExistsError:
+        pass
+    finally:
+        spare.unlink()
+
+
+def run_home() -> str:
+    """What :data:`HOME_VAR` says in the environment of this home's runs: its real path."""
+    return os.path.realpath(home_path())
 
 
 # -- process facts (Linux /proc) -----------------------------------------------------------
@@ -142,19 +244,28 @@ def _ancestry() -> set[int]:
 
 
 def _environ(pid: str) -> bytes | None:
+    """The environment of ``pid`` if it is a process of this user; None otherwise."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
+            if os.fstat(fh.fileno()).st_uid != os.getuid():
+                return None  # another user's (root can read it): never this home's run
             return fh.read()
     except OSError:  # gone, or another user's process
         return None
 
 
 def run_processes(runs: Sequence[OpenRun]) -> dict[str, list[tuple[int, str]]]:
-    """Live processes of each run, as (pid, start time), found by their environment markers."""
+    """Live processes of each run of this home, as (pid, start time).
+
+    A process is a run's when it is this user's and its environment carries the run's
+    session id, this home (:func:`run_home`) and, when the record names it, the run's
+    workspace: a process of another home's run that shares the id is never taken for it.
+    """
     found: dict[str, list[tuple[int, str]]] = {run.session_id: [] for run in runs}
     if not runs or not _PROC.is_dir():
         return found
     markers = {f"{SESSION_VAR}={run.session_id}".encode(): run for run in runs}
+    home = f"{HOME_VAR}={run_home()}".encode()
     spared = _ancestry()
     tag = f"{SESSION_VAR}=".encode()
     # Runs at the end of every failed or cancelled run: plain listdir and open, and most
@@ -166,6 +277,8 @@ def run_processes(runs: Sequence[OpenRun]) -> dict[str, list[tuple[int, str]]]:
         if not raw or tag not in raw:
             continue
         env = set(raw.split(b"\0"))
+        if home not in env:
+            continue
         for marker in env & markers.keys():
             run = markers[marker]
             if run.workspace is not None and not _same_workspace(env, run.workspace):
@@ -187,10 +300,8 @@ def reap(session_id: str, workspace: Path | None) -> list[int]:
 
 
 def _same_workspace(env: set[bytes], workspace: Path) -> bool:
-    """True unless the process names a different workspace than the record does."""
-    prefix = f"{WORKSPACE_VAR}=".encode()
-    named = [item[len(prefix) :] for item in env if item.startswith(prefix)]
-    return not named or os.fsencode(workspace) in named
+    """Whether the process names the workspace the record does."""
+    return f"{WORKSPACE_VAR}=".encode() + os.fsencode(workspace) in env
 
 
 # -- killing ----------------------------------------------------------------------------------
@@ -263,51 +374,77 @@ def _wait_gone(handles: Sequence[tuple[int, int | None]], wait: float) -> None:
 # -- workspaces -----------------------------------------------------------------------------------
 
 
-def remove_workspace(path: Path) -> bool | None:
+def remove_workspace(path: Path, root: Path | None = None) -> bool | None:
     """Remove a run's workspace; True if removed, None if already gone, False if refused.
 
-    The path comes from a record, so it is checked before anything is deleted: an absolute
-    ``butler_*`` directory (not a symlink) owned by this user.
+    The path comes from a record, so it is checked before anything is deleted: it must
+    resolve (symlinks followed) to a direct child of the real ``root`` (by default this
+    home's workspaces folder), named like a workspace, itself a real directory (not a
+    symlink) owned by this user. What is removed is that resolved path.
     """
+    if root is None:
+        root = home_path() / WORKSPACES_DIR
+    target = _own_workspace(path, root)
+    if target is None:
+        return None if not os.path.lexists(path) else False
+    shutil.rmtree(target, ignore_errors=True)
+    if os.path.lexists(target):
+        logger.warning("sweep: could not remove the workspace %s", target)
+        return False
+    return True
+
+
+def _own_workspace(path: Path, root: Path) -> Path | None:
+    """The real path of ``path`` if it is a workspace the sweep may remove, else None."""
+    if not path.is_absolute():
+        logger.warning("sweep: the workspace %s is not an absolute path; left alone", path)
+        return None
+    real_root = Path(os.path.realpath(root))
+    target = Path(os.path.realpath(path))
+    if target.parent != real_root or target.name != path.name:
+        if os.path.lexists(path):
+            logger.warning("sweep: %s is not inside %s; left alone", path, real_root)
+        return None
     try:
-        info = os.lstat(path)
+        info = os.lstat(target)
     except FileNotFoundError:
         return None
     except OSError as exc:
         logger.warning("sweep: cannot inspect the workspace %s: %s", path, exc)
-        return False
+        return None
     if (
-        not path.is_absolute()
-        or not path.name.startswith(WORKSPACE_PREFIX)
+        not _WORKSPACE_NAME.fullmatch(target.name)
         or not stat.S_ISDIR(info.st_mode)
         or info.st_uid != os.getuid()
     ):
         logger.warning("sweep: %s does not look like a run workspace; left alone", path)
-        return False
-    shutil.rmtree(path, ignore_errors=True)
-    if path.exists():
-        logger.warning("sweep: could not remove the workspace %s", path)
-        return False
-    return True
+        return None
+    return target
 
 
 # -- the sweep ---------------------------------------------------------------------------------
 
 
 def sweep(store: SweptStore) -> list[SweptRun]:
-    """Kill, remove and record what this host's dead owners left behind; what was done."""
+    """Kill, remove and record what this home's dead owners left behind; what was done."""
     runs = store.open_runs_here()
     dead = [run for run in runs if not owner_alive(run.owner_pid, run.owner_start)]
     if not dead:
         return []
-    processes = run_processes(dead)
+    verdicts = _verdicts(dead)
+    dead = [run for run in dead if verdicts[run.session_id] != "foreign"]
+    processes = run_processes([run for run in dead if verdicts[run.session_id] == "ours"])
     swept = []
     for run in dead:
-        found = processes[run.session_id]
-        killed = kill_processes(found)
-        survivors = tuple(pid for pid, start in found if _live_start(pid) == start)
-        removed = remove_workspace(run.workspace) if run.workspace is not None else None
-        reason = _reason(run, len(killed), survivors, removed)
+        if verdicts[run.session_id] == "ours":
+            found = processes[run.session_id]
+            killed = kill_processes(found)
+            survivors = tuple(pid for pid, start in found if _live_start(pid) == start)
+            removed = remove_workspace(run.workspace) if run.workspace is not None else None
+            reason = _reason(run, len(killed), survivors, removed)
+        else:
+            killed, survivors, removed = [], (), False
+            reason = _unproven_reason(run)
         if store.mark_crashed(run.session_id, reason):
             logger.warning("session %s: %s", run.session_id, reason)
         swept.append(
@@ -317,6 +454,28 @@ def sweep(store: SweptStore) -> list[SweptRun]:
             )
         )  # fmt: skip
     return swept
+
+
+def _verdicts(runs: Sequence[OpenRun]) -> dict[str, Verdict]:
+    """Which of ``runs`` this home wrote (:meth:`HomeSeal.verdict`); another home's are
+    left to its own sweep, and logged."""
+    seal = HomeSeal.of_home()
+    verdicts: dict[str, Verdict] = {}
+    for run in runs:
+        if seal is None:
+            verdicts[run.session_id] = "unproven" if run.seal is None else "foreign"
+        else:
+            verdicts[run.session_id] = seal.verdict(run)
+        if verdicts[run.session_id] == "foreign":
+            logger.info("sweep: session %s belongs to another home; left alone", run.session_id)
+    return verdicts
+
+
+def _unproven_reason(run: OpenRun) -> str:
+    return (
+        f"the process that ran this session (pid {run.owner_pid}) died before it completed; "
+        "its record does not carry this home's seal, so nothing was killed or removed for it"
+    )
 
 
 def _reason(run: OpenRun, killed: int, survivors: Sequence[int], removed: bool | None) -> str:

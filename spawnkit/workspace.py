@@ -35,10 +35,12 @@ from .sources import Source
 logger = logging.getLogger(__name__)
 
 PREFIX = "butler_"
+# The folder of the home that holds every run's workspace (the only one the sweep empties).
+WORKSPACES_DIR = "workspaces"
 
 
 def workspaces_root() -> Path:
-    root = spawnkit_home() / "workspaces"
+    root = spawnkit_home() / WORKSPACES_DIR
     root.mkdir(mode=0o700, exist_ok=True)
     return root
 

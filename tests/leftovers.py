@@ -116,6 +116,7 @@ import os, subprocess, sys, time
 from datetime import UTC, datetime
 from pathlib import Path
 from spawnkit.store import SessionStore
+from spawnkit.sweep import run_home
 
 db, session_id, workspace = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 store = SessionStore(db)
@@ -125,7 +126,7 @@ workspace.mkdir(parents=True)
 (workspace / "notes.txt").write_text("written by the run")
 store.mark_started(session_id, started_at=datetime.now(UTC), workspace=workspace)
 env = {"PATH": os.environ["PATH"], "SPAWNKIT_SESSION_ID": session_id,
-       "SPAWNKIT_WORKSPACE": str(workspace)}
+       "SPAWNKIT_WORKSPACE": str(workspace), "SPAWNKIT_RUN_HOME": run_home()}
 # A tool in a session of its own, with a child of its own, as Gemini's would be.
 tool = subprocess.Popen(["sh", "-c", "sleep 600 & wait"], env=env, start_new_session=True)
 print(tool.pid, flush=True)
@@ -150,17 +151,19 @@ class Owner:
 
 
 @contextmanager
-def staged_owner(db: Path) -> Iterator[Owner]:
+def staged_owner(db: Path | str, home: Path | None = None) -> Iterator[Owner]:
     """An owner recording into ``db``, with its workspace and two tool processes running.
 
-    The workspace lies under this test's ``$SPAWNKIT_HOME``, as a real run's does, so that
-    :func:`processes_with_env` counts its tools as this test's.
+    The workspace lies under ``home`` (by default this test's ``$SPAWNKIT_HOME``), as a
+    real run's does, so that :func:`processes_with_env` counts its tools as this test's.
     """
     session_id = f"staged-{uuid.uuid4()}"
-    workspace = Path(os.environ["SPAWNKIT_HOME"]) / "workspaces" / f"butler_b_{uuid.uuid4().hex}"
+    home = home or Path(os.environ["SPAWNKIT_HOME"])
+    workspace = home / "workspaces" / f"butler_b_{uuid.uuid4().hex}"
     proc = subprocess.Popen(
         [sys.executable, "-c", OWNER, str(db), session_id, str(workspace)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "SPAWNKIT_HOME": str(home)},
     )  # fmt: skip
     try:
         assert proc.stdout is not None

@@ -566,7 +566,7 @@ def test_a_plain_text_agent_answers_on_stdout(
     # sets it where it starts the agent).
     expected = sorted(
         ["PATH", "PWD", "HOME", "TMPDIR", "NO_COLOR", "X_KEY", "SPAWNKIT_SESSION_ID",
-         "SPAWNKIT_BUTLER", "SPAWNKIT_ROLE", "SPAWNKIT_WORKSPACE"]
+         "SPAWNKIT_BUTLER", "SPAWNKIT_ROLE", "SPAWNKIT_WORKSPACE", "SPAWNKIT_RUN_HOME"]
     )  # fmt: skip
     assert lines[2] == f"Environment: {expected}"
     assert result.runtime == "plain"

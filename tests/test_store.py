@@ -683,7 +683,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         old = store.get_session("old")
         create(store, "new", log_dir=tmp_path / "logs", role="researcher")
         new = store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(12,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(13,)]
     assert old is not None and old.log_dir is None and old.status == "queued"
     assert new is not None and new.log_dir == tmp_path / "logs" and new.role == "researcher"
 
@@ -727,7 +727,7 @@ def test_a_version_6_file_is_migrated(tmp_path: Path) -> None:
             trigger_source="external", kind="ask", sources=["notes", "repo"],
         )  # fmt: skip
         old, asked = store.get_session("old"), store.get_session("asked")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(12,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(13,)]
     assert old is not None and (old.kind, old.sources) == ("run", ())
     assert asked is not None and (asked.kind, asked.sources) == ("ask", ("notes", "repo"))
     assert asked.to_dict()["sources"] == ["notes", "repo"]
@@ -793,7 +793,7 @@ def test_a_version_7_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         store.complete_session("new", full_result())
         new, old = store.get_session("new"), store.get_session("old")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(12,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(13,)]
     assert new is not None and new.budget is not None and new.budget.tokens == 120
     assert old is not None and old.budget is None
 
@@ -1040,7 +1040,34 @@ def _as_schema_10(db: Path) -> None:
     execute(db, "PRAGMA user_version = 10")
 
 
+def _as_schema_12(db: Path) -> None:
+    execute(db, "ALTER TABLE sessions DROP COLUMN owner_seal")
+    execute(db, "PRAGMA user_version = 12")
+
+
+@sqlite_only
+def test_a_version_12_file_is_migrated(tmp_path: Path) -> None:
+    """A record from before seals, whose owner died, is closed, and nothing is killed or
+    removed for it (the sweep cannot tell which home wrote it)."""
+    db = tmp_path / "sessions.db"
+    proc = run_python(CRASHING_OWNER, str(db), "old")
+    assert (proc.returncode, proc.stderr) == (0, "")
+    _as_schema_12(db)
+    with SessionStore(db) as store:
+        create(store, "new")
+        old, new = store.get_session("old"), store.get_session("new")
+        seals = rows(store, "SELECT id, owner_seal IS NOT NULL FROM sessions ORDER BY id")
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(13,)]
+    assert seals == [("new", 1), ("old", 0)]
+    assert old is not None and old.status == "crashed"
+    assert (old.error or "").endswith(
+        "its record does not carry this home's seal, so nothing was killed or removed for it"
+    )
+    assert new is not None and new.status == "queued"
+
+
 def _as_schema_11(db: Path) -> None:
+    _as_schema_12(db)
     execute(db, "DROP INDEX sessions_lease")
     execute(db, "ALTER TABLE sessions DROP COLUMN lease_until")
     execute(db, "PRAGMA user_version = 11")
@@ -1056,7 +1083,7 @@ def test_a_version_11_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         new, old = store.get_session("new"), store.get_session("old")
         assert store.expire_leases() == [], "a record without a lease never expires"
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(12,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(13,)]
     assert old is not None and old.lease_until is None and old.status == "queued"
     assert new is not None and new.lease_until is not None
     assert timedelta(seconds=29) < new.lease_until - new.created_at < timedelta(seconds=31)
@@ -1096,7 +1123,7 @@ def test_a_version_10_file_is_migrated(tmp_path: Path) -> None:
     with SessionStore(db) as store:
         assert store.record_cli_events([CLI_EVENT]) == 1
         assert store.cli_events("old") == [CLI_EVENT]
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(12,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(13,)]
 
 
 @sqlite_only
@@ -1113,7 +1140,7 @@ def test_a_version_9_file_is_migrated(tmp_path: Path) -> None:
     with SessionStore(db) as store:
         assert store.record_cli_spans([span]) == 1
         assert store.cli_spans("old") == [span]
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(12,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(13,)]
 
 
 def _as_schema_8(db: Path) -> None:
@@ -1136,7 +1163,7 @@ def test_a_version_8_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         store.complete_session("new", replace(full_result(), attempts=(limited, retried)))
         new, old = store.get_session("new"), store.get_session("old")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(12,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(13,)]
     assert new is not None and new.attempts == (limited, retried)
     assert new.to_dict()["attempts"][1]["cooldown_s"] == 2.0
     assert new.to_dict()["attempts"][0]["started_at"] == T0.isoformat()

@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +23,14 @@ import pytest
 
 from spawnkit.spawner import Spawner
 from spawnkit.store import SessionStore
-from spawnkit.sweep import kill_processes, process_start, remove_workspace, sweep
+from spawnkit.sweep import (
+    HomeSeal,
+    kill_processes,
+    process_start,
+    remove_workspace,
+    run_home,
+    sweep,
+)
 
 from .conftest import processes_with_env, workspaces_of
 from .fakes import FakeAdapter
@@ -30,6 +38,7 @@ from .leftovers import (
     NODE_CLIS,
     SLEEPY,
     Owner,
+    _argv0,
     kill_leftovers,
     process_state,
     sleeper,
@@ -211,9 +220,16 @@ def test_a_dead_dask_workers_run_is_recorded_as_worker_lost(owner: Owner, tmp_pa
 def test_a_reused_owner_pid_is_dead_and_never_signalled(owner: Owner, tmp_path: Path) -> None:
     db = tmp_path / "sessions.db"
     with SessionStore(db) as store:
-        # The owner's pid now names another process: same pid, another start time.
+        # The owner's pid now names another process: same pid, another start time (the
+        # record sealed as this home would have sealed it then).
+        seal = HomeSeal.of_home()
+        assert seal is not None
+        sealed = seal.seal(owner.session_id, store.host, owner.proc.pid, "1", owner.workspace)
         with store._db.transaction() as tx:
-            tx.execute("UPDATE sessions SET owner_start = '1' WHERE id = ?", (owner.session_id,))
+            tx.execute(
+                "UPDATE sessions SET owner_start = '1', owner_seal = ? WHERE id = ?",
+                (sealed, owner.session_id),
+            )
         (swept,) = sweep(store)
         record = store.get_session(owner.session_id)
     assert record is not None and record.status == "crashed"
@@ -240,15 +256,192 @@ def test_only_a_real_workspace_is_removed(tmp_path: Path) -> None:
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "keep.txt").write_text("keep me")
-    link = tmp_path / "butler_x_1"
+    link = tmp_path / f"butler_x_{uuid.uuid4().hex}"
     link.symlink_to(precious, target_is_directory=True)
-    assert remove_workspace(link) is False, "a symlink is never followed"
-    assert remove_workspace(precious) is False, "not named like a workspace"
-    assert remove_workspace(Path("butler_x_2")) is None  # relative and absent
-    (tmp_path / "butler_x_3").mkdir()
-    assert remove_workspace(Path(os.path.relpath(tmp_path / "butler_x_3"))) is False
+    assert remove_workspace(link, tmp_path) is False, "a symlink is never followed"
+    assert remove_workspace(precious, tmp_path) is False, "not named like a workspace"
+    assert remove_workspace(Path("butler_x_2"), tmp_path) is None  # relative and absent
+    relative = tmp_path / f"butler_x_{uuid.uuid4().hex}"
+    relative.mkdir()
+    assert remove_workspace(Path(os.path.relpath(relative)), tmp_path) is False
     assert (precious / "keep.txt").read_text() == "keep me"
-    real = tmp_path / "butler_x_4"
+    real = tmp_path / f"butler_x_{uuid.uuid4().hex}"
     (real / "deep").mkdir(parents=True)
-    assert remove_workspace(real) is True and not real.exists()
-    assert remove_workspace(real) is None
+    assert remove_workspace(real, tmp_path / "elsewhere") is False, "not in the workspaces"
+    assert remove_workspace(real, tmp_path) is True and not real.exists()
+    assert remove_workspace(real, tmp_path) is None
+
+
+# -- records the sweep must not trust: forged rows, other folders, other homes ----------------
+
+# A record's owner that writes it through the store (sealed by its home) and dies.
+DYING_OWNER = """
+import os, sys
+from datetime import UTC, datetime
+from pathlib import Path
+from spawnkit.store import SessionStore
+
+store = SessionStore(sys.argv[1])
+store.create_session(sys.argv[2], butler="b", runtime="claude-code", model=None, prompt="p",
+                     context=None, trigger_source="external")
+store.mark_started(sys.argv[2], started_at=datetime.now(UTC), workspace=Path(sys.argv[3]))
+print(os.getpid(), flush=True)
+os._exit(0)  # dies without completing anything
+"""
+
+HOW = ["forged", "sealed"]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where the store lives, once per backend: a SQLite file, a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "sessions.db")
+    return str(request.getfixturevalue("postgres_url"))
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def forge(store: SessionStore, session_id: str, workspace: Path, seal: str | None = None) -> None:
+    """Insert an open record naming this host, a dead owner and ``workspace``, as anyone who
+    can write the store can (a team member on a shared PostgreSQL store)."""
+    with store._db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO sessions (id, butler, runtime, prompt, trigger_source, status, "
+            "created_at, started_at, owner_host, owner_pid, owner_start, workspace, owner_seal) "
+            "VALUES (?, 'b', 'claude-code', 'p', 'external', 'running', ?, ?, ?, ?, '1', ?, ?)",
+            (session_id, "2026-11-27T00:00:00+00:00", "2026-11-27T00:00:01+00:00",
+             store.host, dead_pid(), str(workspace), seal),
+        )  # fmt: skip
+
+
+def record(how: str, store: SessionStore, session_id: str, workspace: Path) -> None:
+    """An open record with a dead owner naming ``workspace``: inserted by hand ("forged"),
+    or written by this home's own store in a process that then died ("sealed")."""
+    if how == "forged":
+        forge(store, session_id, workspace)
+        return
+    done = subprocess.run(
+        [sys.executable, "-c", DYING_OWNER, store.target, session_id, str(workspace)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+
+
+def precious_folder(where: Path) -> Path:
+    where.mkdir(parents=True)
+    (where / "keep.txt").write_text("keep me")
+    return where
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_record_naming_a_folder_outside_the_workspaces_never_removes_it(
+    target: str, tmp_path: Path, how: str
+) -> None:
+    outside = precious_folder(tmp_path / f"butler_x_{uuid.uuid4().hex}")
+    with SessionStore(target) as store:
+        record(how, store, "s-outside", outside)
+        (swept,) = sweep(store)
+        closed = store.get_session("s-outside")
+    assert closed is not None and closed.status == "crashed"
+    assert (swept.session_id, swept.workspace_removed) == ("s-outside", False)
+    assert (outside / "keep.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("link", ["parent", "workspace"])
+def test_a_record_naming_a_symlink_in_the_workspaces_is_not_followed(
+    target: str, tmp_path: Path, isolated_home: Path, link: str
+) -> None:
+    """The folder a record names is resolved first: a link in the workspaces folder that
+    leads outside it (to a folder or to its parent) is not followed."""
+    name = f"butler_b_{uuid.uuid4().hex}"
+    outside = precious_folder(tmp_path / "outside" / name)
+    workspaces = isolated_home / "workspaces"
+    workspaces.mkdir(exist_ok=True)
+    if link == "parent":
+        (workspaces / "link").symlink_to(outside.parent, target_is_directory=True)
+        named = workspaces / "link" / name
+    else:
+        named = workspaces / name
+        named.symlink_to(outside, target_is_directory=True)
+    with SessionStore(target) as store:
+        record("sealed", store, "s-link", named)
+        (swept,) = sweep(store)
+        closed = store.get_session("s-link")
+    assert closed is not None and closed.status == "crashed"
+    assert not swept.workspace_removed
+    assert (outside / "keep.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_record_borrowing_another_homes_session_id_touches_nothing_of_it(
+    target: str, tmp_path: Path, isolated_home: Path, how: str
+) -> None:
+    """Home B's run is alive (its owner and its tools, started with the session id, B's
+    home and B's workspace); home A's store gets a record with B's session id and B's
+    workspace whose owner is dead. A's sweep closes that record and nothing else."""
+    home_b = isolated_home / "home-b"
+    with staged_owner(tmp_path / "b.db", home=home_b) as owner_b:
+        tools = owner_b.tools()
+        with SessionStore(target) as store:
+            record(how, store, owner_b.session_id, owner_b.workspace)
+            (swept,) = sweep(store)
+            closed = store.get_session(owner_b.session_id)
+        assert closed is not None and closed.status == "crashed"
+        assert (swept.killed, swept.workspace_removed) == ((), False)
+        assert owner_b.tools() == tools, "home B's run was signalled"
+        assert (owner_b.workspace / "notes.txt").read_text() == "written by the run"
+
+
+def test_another_homes_record_on_this_host_is_left_to_that_home(
+    target: str, tmp_path: Path, isolated_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two homes on one host share a store. A row of home B (its owner dead, its tools
+    alive), and a row someone inserted naming this host and a folder, sealed as another
+    home: home A's sweep acts on neither; home B's sweeps B's run."""
+    home_b = isolated_home / "home-b"
+    outside = precious_folder(tmp_path / f"butler_x_{uuid.uuid4().hex}")
+    with staged_owner(target, home=home_b) as owner_b, SessionStore(target) as store:
+        tools = owner_b.tools()
+        owner_b.proc.kill()
+        owner_b.proc.wait()
+        forge(store, "s-forged", outside, seal=f"{'0' * 16}.{'0' * 64}")
+        assert sweep(store) == [], "home A acted on a record it did not write"
+        for session_id in (owner_b.session_id, "s-forged"):
+            left = store.get_session(session_id)
+            assert left is not None and left.status == "running"
+        assert owner_b.tools() == tools and owner_b.workspace.is_dir()
+        assert (outside / "keep.txt").read_text() == "keep me"
+
+        monkeypatch.setenv("SPAWNKIT_HOME", str(home_b))
+        (swept,) = sweep(store)
+        closed = store.get_session(owner_b.session_id)
+        assert swept.session_id == owner_b.session_id and closed is not None
+        assert (closed.status, sorted(swept.killed)) == ("crashed", sorted(tools))
+        assert swept.workspace_removed and not owner_b.workspace.exists()
+        assert (outside / "keep.txt").read_text() == "keep me"
+
+
+def test_a_process_of_another_user_is_never_signalled(tmp_path: Path, isolated_home: Path) -> None:
+    """A process of user ``nobody`` carrying the run's session id, this home and the run's
+    workspace (root can read its environment) is not this home's run's."""
+    workspace = isolated_home / "workspaces" / f"butler_b_{uuid.uuid4().hex}"
+    with SessionStore(tmp_path / "sessions.db") as store:
+        record("sealed", store, "s-other-user", workspace)
+        env = {"PATH": os.environ["PATH"], "SPAWNKIT_SESSION_ID": "s-other-user",
+               "SPAWNKIT_WORKSPACE": str(workspace), "SPAWNKIT_RUN_HOME": run_home()}  # fmt: skip
+        other = subprocess.Popen(
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "sleep", "600"],
+            env=env,
+        )
+        try:
+            wait_for("sleep as nobody", lambda: _argv0(other.pid).endswith("sleep"), 30)
+            (swept,) = sweep(store)
+            assert swept.killed == () and other.poll() is None
+        finally:
+            other.kill()
+            other.wait()
