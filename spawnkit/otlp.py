@@ -9,17 +9,24 @@ request carrying the run's secret in the :data:`SECRET_HEADER` header gets in; t
 sandbox shares the host's loopback, as it does for the butler's MCP server.
 
 The receiver accepts ``POST /v1/traces`` as protobuf (``application/x-protobuf``) or
-JSON, gzip-compressed or not, in one piece or chunked, up to :data:`MAX_BODY_BYTES`,
-and ``/v1/logs`` and ``/v1/metrics`` the same way: each log record and metric data
-point becomes a :class:`CliEvent` row, redacted like the spans; a log event that reports
-a model request or a tool call (:mod:`spawnkit.timings`) also becomes a
-:class:`~spawnkit.events.Timing` for the run's listeners, at once. Every
+JSON, gzip-compressed or not, in one piece or chunked, up to :data:`MAX_BODY_BYTES`
+(413 beyond, before any parsing), and ``/v1/logs`` and ``/v1/metrics`` the same way:
+each log record and metric data point becomes a :class:`CliEvent` row, redacted like the
+spans; a log event that reports a model request or a tool call (:mod:`spawnkit.timings`)
+also becomes a :class:`~spawnkit.events.Timing` for the run's listeners, at once. Every
 span becomes a :class:`CliSpan` row whose attributes have passed the run's redactor
 and a redactor of the run's prompt; attributes that hold a command line (Gemini's
 ``process.command_args`` carries the prompt) are dropped. A CLI that ignores
 ``TRACEPARENT`` (Gemini) starts traces of its own: spans of another trace that carry
 the run's ``spawnkit.session_id`` resource attribute are moved into the run's trace,
 their roots under the run's span (``spawnkit.reparented`` says so).
+
+The agent can read the receiver's secret (it is in its CLI's environment or config), so
+a request may be hostile. Decoding and redacting a request costs about a third of a
+second per megabyte of CPU, which on the event loop would stall every run of the
+process: it is done in a worker thread, one request of a run at a time (so what a run
+keeps stays in the order its requests arrived), with at most :data:`MAX_IN_FLIGHT`
+requests of a run being read or waiting (429 beyond, which the OTLP exporters retry).
 
 When the standard ``OTEL_EXPORTER_OTLP_*`` variables name a collector
 (:class:`OtlpTarget`), each request is also forwarded there in the background
@@ -83,8 +90,15 @@ logger = logging.getLogger(__name__)
 
 SECRET_HEADER = "x-spawnkit-otlp-secret"
 SESSION_ATTRIBUTE = "spawnkit.session_id"
-# One export request, decompressed; the CLIs batch far below this.
-MAX_BODY_BYTES = 16 * 1024 * 1024
+# One export request, decompressed. The largest the real CLIs sent in the end-to-end
+# runs was 198 KB (Codex, about 490 spans); a request costs about 0.35 s a megabyte to
+# decode and redact, so this bounds one request to about 1.5 s of a worker thread.
+MAX_BODY_BYTES = 4 * 1024 * 1024
+# Requests of one run being read, decoded or waiting for their turn; more get 429. The
+# CLIs send one request per signal at a time (three at most).
+MAX_IN_FLIGHT = 4
+# What a 429 asks the exporter to wait before it retries, in seconds.
+RETRY_AFTER_S = 1
 # Spans, and log events plus metric points, kept per run (Codex sends about 490 spans
 # for a short run); the rest are counted.
 MAX_SPANS = 20_000
@@ -597,6 +611,17 @@ def _metrics_of(
     return found
 
 
+@dataclass(frozen=True)
+class _Decoded:
+    """One export request as the receiver keeps it: built in a worker thread, kept on the
+    loop. ``over``: spans or events beyond the run's limit, not kept."""
+
+    spans: list[CliSpan]
+    events: list[CliEvent]
+    over: int
+    forward: tuple[str, bytes, str] | None
+
+
 def _decompress(body: bytes, encoding: str) -> bytes:
     if encoding in ("", "identity"):
         return body
@@ -641,7 +666,16 @@ class OtlpReceiver:
         self.spans: list[CliSpan] = []
         self.events: list[CliEvent] = []
         self.dropped = 0
-        self.refused = 0
+        self.refused = 0  # requests without the secret
+        self.too_large = 0  # requests over MAX_BODY_BYTES (413)
+        self.limited = 0  # requests over MAX_IN_FLIGHT (429)
+        self._in_flight = 0
+        self._turn = asyncio.Lock()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being read, decoded or waiting for their turn now."""
+        return self._in_flight
 
     # -- what is kept ------------------------------------------------------------
 
@@ -698,30 +732,35 @@ class OtlpReceiver:
                         {"key": "spawnkit.original_trace_id", "value": {"stringValue": original}}
                     )
 
-    def _forward(self, signal: str, data: dict[str, Any], from_base64: bool) -> None:
-        """Hand the request on to the user's collector: redacted and rejoined like the
-        stored spans, in the encoding it came in."""
-        if self.forwarder is None:
-            return
+    def _forwarded(
+        self, signal: str, data: dict[str, Any], from_base64: bool
+    ) -> tuple[str, bytes, str] | None:
+        """The request for the user's collector, ``(signal, body, content type)``: redacted
+        and rejoined like the stored spans, in the encoding it came in; None without one."""
+        if self.forward is None or signal not in self.forward.urls:
+            return None
         tree = self._scrub(data)
         if signal == "traces":
             self._rejoin(tree, from_base64)
         if not from_base64:
-            self.forwarder.submit(signal, json.dumps(tree).encode(), "application/json")
-            return
+            return signal, json.dumps(tree).encode(), "application/json"
         try:
             body = ParseDict(tree, _REQUESTS[signal]()).SerializeToString()
         except ParseError as exc:  # not expected: the tree came from the same message
             logger.warning("run %s: could not re-encode OTLP %s: %s", self.session_id, signal, exc)
-            return
-        self.forwarder.submit(signal, body, "application/x-protobuf")
+            return None
+        return signal, body, "application/x-protobuf"
 
-    def accept(self, pairs: Iterable[tuple[dict[str, Any], dict[str, Any]]]) -> int:
-        """Keep the decoded spans of one request; returns how many were kept."""
-        kept = 0
+    def _spans(
+        self, pairs: Iterable[tuple[dict[str, Any], dict[str, Any]]], room: int
+    ) -> tuple[list[CliSpan], int]:
+        """The decoded spans of one request as kept (redacted, rejoined), at most ``room``
+        of them; and how many were over."""
+        kept: list[CliSpan] = []
+        over = 0
         for resource, span in pairs:
-            if len(self.spans) >= MAX_SPANS:
-                self.dropped += 1
+            if len(kept) >= room:
+                over += 1
                 continue
             trace_id, parent, reparented = span["trace_id"], span["parent_span_id"], False
             if (
@@ -739,7 +778,7 @@ class OtlpReceiver:
             )
             if reparented:
                 attributes["spawnkit.original_trace_id"] = span["trace_id"]
-            self.spans.append(
+            kept.append(
                 CliSpan(
                     session_id=self.session_id,
                     trace_id=trace_id,
@@ -754,36 +793,65 @@ class OtlpReceiver:
                     reparented=reparented,
                 )
             )
-            kept += 1
-        return kept
+        return kept, over
 
-    def accept_events(self, pairs: Iterable[tuple[dict[str, Any], dict[str, Any]]]) -> int:
-        """Keep the decoded log events or metric points of one request; returns how many."""
-        kept = 0
+    def _events(
+        self, pairs: Iterable[tuple[dict[str, Any], dict[str, Any]]], room: int
+    ) -> tuple[list[CliEvent], int]:
+        """The decoded log events or metric points of one request as kept (redacted), at
+        most ``room`` of them; and how many were over."""
+        kept: list[CliEvent] = []
+        over = 0
         for resource, event in pairs:
-            if len(self.events) >= MAX_EVENTS:
-                self.dropped += 1
+            if len(kept) >= room:
+                over += 1
                 continue
             attributes = self._clean(event["attributes"])
             attributes.update(
                 {f"resource.{key}": value for key, value in self._clean(resource).items()}
             )
-            kept_event = CliEvent(
-                session_id=self.session_id,
-                kind=event["kind"],
-                name=self._prompt.text(self.redactor.text(event["name"])),
-                service=resource.get("service.name"),
-                time_ns=event["time_ns"],
-                trace_id=event["trace_id"],
-                span_id=event["span_id"],
-                value=event["value"],
-                attributes=attributes,
+            kept.append(
+                CliEvent(
+                    session_id=self.session_id,
+                    kind=event["kind"],
+                    name=self._prompt.text(self.redactor.text(event["name"])),
+                    service=resource.get("service.name"),
+                    time_ns=event["time_ns"],
+                    trace_id=event["trace_id"],
+                    span_id=event["span_id"],
+                    value=event["value"],
+                    attributes=attributes,
+                )
             )
-            self.events.append(kept_event)
-            kept += 1
-            if kept_event.kind == "log":
-                self._timing(kept_event)
-        return kept
+        return kept, over
+
+    def _decode(self, signal: str, body: bytes, content_type: str, encoding: str) -> _Decoded:
+        """One request as it will be kept and forwarded: all the CPU work, in a worker thread.
+
+        It reads only what does not change while the run lasts (the redactors swap their
+        patterns whole), and how much room is left, which only :meth:`_keep` changes, after.
+        Raises ``OverflowError`` (inflated past the limit) or ``ValueError`` and the like.
+        """
+        data, from_base64 = _parse(_decompress(body, encoding), content_type, signal)
+        if signal == "traces":
+            spans, over = self._spans(_spans_of(data, from_base64), MAX_SPANS - len(self.spans))
+            events: list[CliEvent] = []
+        else:
+            pairs = (_logs_of if signal == "logs" else _metrics_of)(data, from_base64)
+            events, over = self._events(pairs, MAX_EVENTS - len(self.events))
+            spans = []
+        return _Decoded(spans, events, over, self._forwarded(signal, data, from_base64))
+
+    def _keep(self, decoded: _Decoded) -> None:
+        """On the event loop: keep one decoded request, tell the listeners, forward it."""
+        self.spans.extend(decoded.spans)
+        self.events.extend(decoded.events)
+        self.dropped += decoded.over
+        for event in decoded.events:
+            if event.kind == "log":
+                self._timing(event)
+        if decoded.forward is not None and self.forwarder is not None:
+            self.forwarder.submit(*decoded.forward)
 
     def _timing(self, event: CliEvent) -> None:
         """Hand the model request or tool call a log event reports to ``on_timing``."""
@@ -833,36 +901,57 @@ class OtlpReceiver:
         if scope.get("method") != "POST" or path not in ("/v1/traces", "/v1/metrics", "/v1/logs"):
             await _respond(send, 404, b"")
             return
-        body = bytearray()
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if len(body) > MAX_BODY_BYTES:
-                await _respond(send, 413, b"")
-                return
-            if not message.get("more_body"):
-                break
-        content_type = headers.get("content-type", "application/x-protobuf")
-        answer = b"{}" if "json" in content_type else b""
-        signal = path.removeprefix("/v1/")
+        if self._in_flight >= MAX_IN_FLIGHT:
+            self._limited()
+            await _respond(send, 429, b"", headers=[(b"retry-after", b"%d" % RETRY_AFTER_S)])
+            return
+        self._in_flight += 1
         try:
-            raw = _decompress(bytes(body), headers.get("content-encoding", "").strip().lower())
-            data, from_base64 = _parse(raw, content_type, signal)
-            if signal == "traces":
-                self.accept(_spans_of(data, from_base64))
-            else:
-                self.accept_events(
-                    (_logs_of if signal == "logs" else _metrics_of)(data, from_base64)
+            await self._export(path.removeprefix("/v1/"), headers, receive, send)
+        finally:
+            self._in_flight -= 1
+
+    async def _export(
+        self, signal: str, headers: dict[str, str], receive: Receive, send: Send
+    ) -> None:
+        """One export request: read (bounded), decoded in a worker thread, then kept."""
+        body = await _read_body(headers, receive)
+        if body is None:
+            await self._too_large(send)
+            return
+        content_type = headers.get("content-type", "application/x-protobuf")
+        encoding = headers.get("content-encoding", "").strip().lower()
+        async with self._turn:  # FIFO: requests are kept in the order they were read
+            try:
+                decoded = await asyncio.to_thread(
+                    self._decode, signal, body, content_type, encoding
                 )
-            self._forward(signal, data, from_base64)
-        except OverflowError:
-            await _respond(send, 413, b"")
-            return
-        except (ValueError, zlib.error, gzip.BadGzipFile) as exc:
-            logger.warning("OTLP receiver of %s: a bad request: %s", self.session_id, exc)
-            await _respond(send, 400, str(exc).encode())
-            return
-        await _respond(send, 200, answer, content_type)
+            except OverflowError:
+                await self._too_large(send)
+                return
+            except (ValueError, zlib.error, gzip.BadGzipFile) as exc:
+                logger.warning("OTLP receiver of %s: a bad request: %s", self.session_id, exc)
+                await _respond(send, 400, str(exc).encode())
+                return
+            self._keep(decoded)
+        await _respond(send, 200, b"{}" if "json" in content_type else b"", content_type)
+
+    async def _too_large(self, send: Send) -> None:
+        self.too_large += 1
+        if self.too_large == 1:
+            logger.warning(
+                "OTLP receiver of %s: a request over %d bytes; refused with 413 (further "
+                "refusals not logged)", self.session_id, MAX_BODY_BYTES,
+            )  # fmt: skip
+        await _respond(send, 413, b"")
+
+    def _limited(self) -> None:
+        self.limited += 1
+        if self.limited == 1:
+            logger.warning(
+                "OTLP receiver of %s: more than %d requests at once; refused with 429 "
+                "(further refusals not logged)", self.session_id, MAX_IN_FLIGHT,
+            )  # fmt: skip
 
     @asynccontextmanager
     async def serve(self) -> AsyncIterator[CliTelemetry]:
@@ -879,7 +968,29 @@ class OtlpReceiver:
                            self.session_id, self.dropped)  # fmt: skip
 
 
-async def _respond(send: Send, status: int, body: bytes, content_type: str = "text/plain") -> None:
+async def _read_body(headers: Mapping[str, str], receive: Receive) -> bytes | None:
+    """The request's body, or None when it is (or says it will be) over :data:`MAX_BODY_BYTES`:
+    then it is read no further."""
+    declared = headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        return None
+    body = bytearray()
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if len(body) > MAX_BODY_BYTES:
+            return None
+        if not message.get("more_body"):
+            return bytes(body)
+
+
+async def _respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: str = "text/plain",
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -887,6 +998,7 @@ async def _respond(send: Send, status: int, body: bytes, content_type: str = "te
             "headers": [
                 (b"content-type", content_type.encode()),
                 (b"content-length", str(len(body)).encode()),
+                *headers,
             ],
         }
     )

@@ -18,6 +18,12 @@ over shorter ones that overlap them. Values shorter than :data:`MIN_SECRET_CHARS
 are left alone: replacing ``1``, ``true`` or ``en`` everywhere would wreck every log
 while hiding nothing worth hiding.
 
+The secrets spawnkit itself mints for a run (:data:`RunSecret`: the MCP bearer secret,
+the OTLP receiver's secret, a metering relay's secret) are redacted the same way: the
+agent can read them (they are in its CLI's configuration or environment) and print
+them, and they must not outlive the run in its records. Whoever mints one registers it
+with :meth:`Redactor.add_run_secret`, before the CLI starts.
+
 Text that streams in pieces (text deltas) goes through :class:`TextStream`, which
 holds back a tail that could be the start of a secret until the next piece shows
 whether it is, so a value split across two deltas is still caught.
@@ -40,13 +46,16 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, Literal, get_args, overload
 from urllib.parse import quote, quote_plus
 
 from .events import AssistantText, Finished, RunEvent, TextDelta, ToolCallFinished, ToolCallStarted
 from .result import SpawnerResult, ToolCall
 
 MIN_SECRET_CHARS = 8
+# Every secret spawnkit mints for one run, by the name its redaction marker shows.
+RunSecret = Literal["SPAWNKIT_MCP_SECRET", "SPAWNKIT_OTLP_SECRET", "SPAWNKIT_RELAY_SECRET"]
+RUN_SECRETS: tuple[RunSecret, ...] = get_args(RunSecret)
 MARKER = "[redacted:{name}]"
 # Files are rewritten in chunks of this size (plus a held-back tail), never read whole.
 FILE_CHUNK_CHARS = 1024 * 1024
@@ -132,6 +141,12 @@ class Redactor:
                 names.setdefault(form, name)
         if len(names) > len(self._patterns.names):
             self._patterns = _Patterns.build(names)
+
+    def add_run_secret(self, name: RunSecret, value: str) -> str:
+        """Redact a secret spawnkit minted for this run (see :data:`RunSecret`); returns
+        ``value``, so a mint reads ``secret = redactor.add_run_secret(NAME, mint())``."""
+        self.add({name: value})
+        return value
 
     @property
     def names(self) -> list[str]:

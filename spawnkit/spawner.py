@@ -1277,6 +1277,7 @@ class Spawner:
             forward=self.otlp_target,
             on_timing=run.collector.emit,  # live: the views show each request and tool
         )
+        run.redactor.add_run_secret("SPAWNKIT_OTLP_SECRET", receiver.secret)
 
         async def store() -> None:
             try:
@@ -1367,8 +1368,9 @@ class Spawner:
         server: McpServerSpec | None = None
         if not asking:
             session_key = run.runtime_session_id or run.resume or run.session_id
-            run.mcp_secret = await self.mcp_access.grant(
-                session_key, ttl_s=run.timeout_s + CANCEL_GRACE_S
+            run.mcp_secret = run.redactor.add_run_secret(
+                "SPAWNKIT_MCP_SECRET",
+                await self.mcp_access.grant(session_key, ttl_s=run.timeout_s + CANCEL_GRACE_S),
             )
             server = McpServerSpec(
                 name=butler.name,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import gzip
 import json
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -32,7 +34,15 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from spawnkit import _asgi
 from spawnkit.events import Timing
-from spawnkit.otlp import FORWARD_DRAIN_S, SECRET_HEADER, OtlpReceiver, OtlpTarget
+from spawnkit.otlp import (
+    FORWARD_DRAIN_S,
+    MAX_BODY_BYTES,
+    MAX_IN_FLIGHT,
+    MAX_SPANS,
+    SECRET_HEADER,
+    OtlpReceiver,
+    OtlpTarget,
+)
 from spawnkit.redaction import Redactor
 
 RUN_TRACE = ("ab" * 16, "cd" * 8)
@@ -328,3 +338,141 @@ async def test_request_and_tool_events_become_timings_as_they_arrive() -> None:
     assert last.p50_ms <= last.p90_ms
     assert {t.tool for t in last.tools} == {"run_shell_command", "mcp_health_state_get"}
     assert all(t.session_id == "s1" for t in got)
+
+
+def big_json_body(spans: int, tag: str) -> bytes:
+    """A JSON traces request of ``spans`` spans with many small attributes: what costs the
+    most to decode and redact per byte."""
+    attributes = [
+        {"key": f"attr.{i}", "value": {"stringValue": f"{tag} value {i}"}} for i in range(40)
+    ]
+    span = {"traceId": RUN_TRACE[0], "parentSpanId": RUN_TRACE[1], "name": "tool",
+            "startTimeUnixNano": "5", "endTimeUnixNano": "9", "attributes": attributes}  # fmt: skip
+    spans_list = [{**span, "spanId": f"{n:016x}"} for n in range(spans)]
+    request = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans_list}]}]}
+    return json.dumps(request).encode()
+
+
+POST_FILES = """
+import sys, httpx
+url, secret, *paths = sys.argv[1:]
+with httpx.Client(timeout=120) as http:
+    for path in paths:
+        answer = http.post(url, content=open(path, "rb").read(),
+                           headers={"x-spawnkit-otlp-secret": secret,
+                                    "content-type": "application/json"})
+        print(answer.status_code)
+"""
+
+
+async def test_big_requests_are_decoded_off_the_event_loop(tmp_path: Path) -> None:
+    """Another process posts big requests (just under the limit) while a heartbeat task
+    ticks on the loop: the longest pause between ticks is a fraction of what decoding one
+    of them takes (measured here, synchronously, on the same machine). What is left of a
+    pause is the JSON parser's own C call, which holds the GIL."""
+    count = int(0.9 * MAX_BODY_BYTES) // len(big_json_body(1, "tok-1234567890"))
+    body = big_json_body(count, "tok-1234567890")
+    assert MAX_BODY_BYTES // 2 < len(body) < MAX_BODY_BYTES and 3 * count < MAX_SPANS
+    # A butler with a dozen credentials: redacting every string is most of the work.
+    keys = {f"KEY_{i}": f"{chr(97 + i)}{i}-k3y-{i * 7919:08d}" for i in range(12)}
+    redactor = Redactor({"TOKEN": "tok-1234567890", **keys})
+    paths = [tmp_path / f"body{i}.json" for i in range(3)]
+    for path in paths:
+        path.write_bytes(body)
+    # A full collection of the test process's own heap (pytest and every module it
+    # imported) pauses whichever thread triggers it, decoding or not: not measured here.
+    gc.collect()
+    gc.freeze()
+    try:
+        scratch = OtlpReceiver("s1", redactor, prompt="say hi please", run_trace=RUN_TRACE)
+        started = time.perf_counter()
+        decoded = scratch._decode("traces", body, "application/json", "")
+        decode_s = time.perf_counter() - started
+        assert len(decoded.spans) == count
+        del decoded, scratch
+        receiver = OtlpReceiver("s1", redactor, prompt="say hi please", run_trace=RUN_TRACE)
+        longest = 0.0
+        async with receiver.serve() as telemetry:
+            client = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", POST_FILES, telemetry.traces_url, telemetry.secret,
+                *map(str, paths), stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            posting = asyncio.ensure_future(client.communicate())
+            last = time.perf_counter()
+            while not posting.done():
+                await asyncio.sleep(0.005)
+                now = time.perf_counter()
+                longest, last = max(longest, now - last), now
+            out, _ = await posting
+    finally:
+        gc.unfreeze()
+    assert out.decode().split() == ["200"] * len(paths)
+    assert len(receiver.spans) == len(paths) * count
+    assert "tok-1234567890" not in receiver.spans[-1].attributes["attr.0"]
+    # Decoded on the loop, each request stalled it for all of decode_s.
+    assert longest < 0.5 * decode_s, (longest, decode_s)
+
+
+async def test_a_request_over_the_limit_is_refused_unread() -> None:
+    class Counting(OtlpReceiver):
+        """The real receiver, counting the requests that reach the decoder."""
+
+        decoded = 0
+
+        def _decode(self, *args: Any) -> Any:
+            self.decoded += 1
+            return super()._decode(*args)
+
+    spans = MAX_BODY_BYTES // len(big_json_body(1, "x")) * 11 // 10
+    body = big_json_body(spans, "x")
+    assert len(body) > MAX_BODY_BYTES
+    receiver = Counting("s1", Redactor(), run_trace=RUN_TRACE)
+    async with receiver.serve() as telemetry, httpx.AsyncClient(timeout=60) as http:
+        headers = {**telemetry.headers, "content-type": "application/json"}
+        declared = await http.post(telemetry.traces_url, content=body, headers=headers)
+        streamed = await http.post(
+            telemetry.traces_url, content=chunks(body, 64 * 1024), headers=headers
+        )
+        gzipped = await http.post(
+            telemetry.traces_url, content=gzip.compress(body),
+            headers={**headers, "content-encoding": "gzip"},
+        )  # fmt: skip
+        small = await http.post(telemetry.traces_url, content=json_body("x"), headers=headers)
+    statuses = [a.status_code for a in (declared, streamed, gzipped, small)]
+    assert statuses == [413, 413, 413, 200]
+    assert receiver.decoded == 1 + 1  # the gzipped one: inflated in the worker, then refused
+    assert receiver.too_large == 3 and len(receiver.spans) == 1
+
+
+async def test_a_flood_of_requests_gets_429() -> None:
+    """MAX_IN_FLIGHT requests of a run held open (their bodies still coming): the next
+    one is refused at once with 429 and Retry-After; the held ones then go through."""
+    receiver = OtlpReceiver("s1", Redactor(), run_trace=RUN_TRACE)
+    release = asyncio.Event()
+
+    async def held_body() -> AsyncIterator[bytes]:
+        body = json_body("x")
+        yield body[:10]
+        await release.wait()
+        yield body[10:]
+
+    async with receiver.serve() as telemetry, httpx.AsyncClient(timeout=60) as http:
+        headers = {**telemetry.headers, "content-type": "application/json"}
+        held = [
+            asyncio.ensure_future(http.post(telemetry.traces_url, content=held_body(),
+                                            headers=headers))
+            for _ in range(MAX_IN_FLIGHT)
+        ]  # fmt: skip
+        async with asyncio.timeout(30):
+            while receiver.in_flight < MAX_IN_FLIGHT:
+                await asyncio.sleep(0.01)
+        flood = [
+            await http.post(telemetry.traces_url, content=json_body("x"), headers=headers)
+            for _ in range(3)
+        ]
+        release.set()
+        answers = await asyncio.gather(*held)
+    assert [a.status_code for a in flood] == [429] * 3
+    assert flood[0].headers["retry-after"] == "1"
+    assert [a.status_code for a in answers] == [200] * MAX_IN_FLIGHT
+    assert receiver.limited == 3 and len(receiver.spans) == MAX_IN_FLIGHT

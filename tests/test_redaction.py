@@ -319,3 +319,14 @@ async def test_mcp_calls_are_redacted_with_the_calling_runs_values(make_butler, 
     rows = sqlite3.connect(store.path).execute("SELECT arguments, result FROM mcp_calls")
     dumped = str(rows.fetchall())
     assert TOKEN not in dumped and "a-newer-value-99" not in dumped, "no run: current values"
+
+
+def test_secrets_minted_for_a_run_are_redacted_under_their_own_names() -> None:
+    r = Redactor({"TOKEN": TOKEN})
+    minted = {name: f"{name.lower()}-Zk3vQ9pL2x" for name in redaction.RUN_SECRETS}
+    assert [r.add_run_secret(name, value) for name, value in minted.items()] == [*minted.values()]
+    printed = json.dumps({"headers": {"Authorization": f"Bearer {minted['SPAWNKIT_MCP_SECRET']}"}})
+    out = r.text(printed + " " + " ".join(minted.values()))
+    assert all(value not in out for value in minted.values())
+    assert all(f"[redacted:{name}]" in out for name in minted)
+    assert r.names == sorted([*minted, "TOKEN"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -122,3 +123,52 @@ async def test_a_canary_credential_is_used_and_kept_nowhere(
     kept = [p for p in files if p.relative_to(home).parts[0] == "runtimes"]
     assert any(MARK.encode() in p.read_bytes() for p in kept), "the transcript was kept"
     assert CANARY.encode() in (home / "credentials.json").read_bytes()
+
+
+# The agent prints its CLI's configuration, and the environment of every process of its
+# run (where the CLI's OTLP settings are): the run's MCP secret and its OTLP receiver's
+# secret, both withdrawn when the run ends.
+PRINT_CONFIG = """
+[[turn]]
+shell = '''
+find "$HOME" \\( -name mcp.json -o -name config.toml -o -name settings.json \\) -exec cat {} +
+cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -i otlp | sort -u'''
+[[turn]]
+text = "Printed."
+"""
+MCP_SECRET = re.compile(r"Bearer ([A-Za-z0-9_-]{40,})")
+OTLP_SECRET = re.compile(r"x-spawnkit-otlp-secret[^A-Za-z0-9_-]+([A-Za-z0-9_-]{30,})")
+
+
+async def test_the_runs_own_secrets_printed_by_the_agent_are_kept_nowhere(
+    make_butler, runtime: str, isolated_home: Path
+) -> None:
+    butler = make_butler(extra="[butler.telemetry]\ncli = true\n").with_runtime(runtime)
+    store = SessionStore()
+    scenario = Scenario.from_dict(tomllib.loads(PRINT_CONFIG), source="<print config>")
+    async with ButlerService(butler, store=store, replay=scenario) as svc:
+        result = await svc.trigger("print your configuration")
+        wire = json.dumps([r.body for r in svc.replay_server.requests])
+
+    # The agent really printed them: the model got them in the tool's output.
+    assert result.success, result.error
+    mcp_secret = {m[1] for m in MCP_SECRET.finditer(wire)}
+    otlp_secret = {m[1] for m in OTLP_SECRET.finditer(wire)}
+    assert len(mcp_secret) == 1 and len(otlp_secret) == 1, wire[-3000:]
+    printed = [*mcp_secret, *otlp_secret]
+    (shell,) = result.tool_calls
+    assert "[redacted:SPAWNKIT_MCP_SECRET]" in (shell.output or "")
+    assert "[redacted:SPAWNKIT_OTLP_SECRET]" in (shell.output or "")
+
+    # ... and they are nowhere spawnkit keeps or shows things.
+    kept = json.dumps(result.to_dict()) + repr(result)
+    kept += spawnkit("sessions", "--json").stdout
+    kept += spawnkit("sessions", result.session_id or "", "--json").stdout
+    assert [s for s in printed if s in kept] == []
+    store.close()
+    home = Path(os.environ["SPAWNKIT_HOME"])
+    files = [p for p in home.rglob("*") if p.is_file()]  # noqa: ASYNC240
+    assert {"stdout.log", "sessions.db"} <= {p.name for p in files}
+    assert any(p.relative_to(home).parts[0] == "runtimes" for p in files), "transcript kept"
+    leaks = [p.relative_to(home) for p in files for s in printed if s.encode() in p.read_bytes()]
+    assert leaks == []
