@@ -1245,13 +1245,13 @@ class Spawner:
             )  # fmt: skip
             return self.base_url
         # Starts a web server: only for metered runs.
-        from .metering import RELAY_SECRET, Meter, metered
+        from .metering import Meter, metered
 
         meter = Meter(run.collector.metered_usage)
         run.collector.metered = True
         relay = await stack.enter_async_context(metered(upstream, meter))
         # Its URL carries the secret, and a CLI may print its URL (in an error, say).
-        run.redactor.add({RELAY_SECRET: relay.secret})
+        run.redactor.add_run_secret("SPAWNKIT_RELAY_SECRET", relay.secret)
         return relay.url
 
     async def _cli_receiver(
