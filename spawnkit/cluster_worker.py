@@ -12,6 +12,10 @@ finds, and that the store opens (which also sweeps what runs of a worker that di
 host left behind). ``spawnkit worker --scheduler ADDR`` is ``dask worker ADDR --preload
 spawnkit.cluster_worker``: the preload registers the plugin (:func:`dask_setup`). A plain
 ``dask worker`` with spawnkit installed runs the same tasks, without the start-up check.
+:func:`secured_worker` is why ``spawnkit worker`` joins only a ``tls://`` scheduler (the
+certificates of :mod:`spawnkit.cluster_security`) and listens on one address, not all.
+No secret comes with a task: :func:`worker_store` supplies the store's password from this
+worker's own configuration.
 """
 
 from __future__ import annotations
