@@ -262,7 +262,9 @@ def started_secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure
     address = f"tls://127.0.0.1:{port}"
     store = tmp_path / "sessions.db"
     env = {**os.environ, "SPAWNKIT_HOME": str(home)}
-    processes = [_start([*SPAWNKIT, "scheduler", "--port", str(port)], env, tmp_path / "s.log")]
+    scheduler = [*SPAWNKIT, "scheduler", "--port", str(port), "--", "--dashboard-address",
+                 "127.0.0.1:0"]  # fmt: skip
+    processes = [_start(scheduler, env, tmp_path / "s.log")]
     client = None
     try:
         # The scheduler makes the credentials (all at once: renamed into place) before
