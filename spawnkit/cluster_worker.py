@@ -12,6 +12,10 @@ finds, and that the store opens (which also sweeps what runs of a worker that di
 host left behind). ``spawnkit worker --scheduler ADDR`` is ``dask worker ADDR --preload
 spawnkit.cluster_worker``: the preload registers the plugin (:func:`dask_setup`). A plain
 ``dask worker`` with spawnkit installed runs the same tasks, without the start-up check.
+:func:`secured_worker` is why ``spawnkit worker`` joins only a ``tls://`` scheduler (the
+certificates of :mod:`spawnkit.cluster_security`) and listens on one address, not all.
+No secret comes with a task: :func:`worker_store` supplies the store's password from this
+worker's own configuration.
 """
 
 from __future__ import annotations
@@ -20,21 +24,34 @@ import asyncio
 import hashlib
 import logging
 import os
+import pwd
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from distributed import Worker, WorkerPlugin, get_worker
 
-from .dispatch import WORKER_LOST, RemoteTrigger, event_message
+from .cluster_security import (
+    ClusterCredentials,
+    ClusterSecurityError,
+    default_directory,
+    is_secured,
+    listen_host,
+    load_credentials,
+    scheme_of,
+)
+from .dispatch import WORKER_LOST, DispatchError, RemoteTrigger, event_message
 from .doctor import RuntimeCheck, check_runtimes
 from .errors import SpawnkitError
 from .events import Finished, RunEvent
+from .home import store_setting
 from .result import RunStatus, SpawnerResult
 from .service import ButlerService
 from .spawner import CANCEL_GRACE_S
 from .store import SessionStore
+from .store_backend import is_postgres_url, redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +68,7 @@ async def _service(request: RemoteTrigger, worker: Worker) -> ButlerService:
             # A plain `dask worker`: still stop the services when the worker closes.
             await worker.plugin_add(SpawnkitPlugin(check=False))
         if (service := _services.get(key)) is None:
-            store = await asyncio.to_thread(SessionStore, request.store)
+            store = await asyncio.to_thread(SessionStore, worker_store(request.store))
             service = ButlerService(
                 request.butler, store=store, replay=request.replay, mcp_host="127.0.0.1",
                 origin={"worker": worker.address},
@@ -59,6 +76,18 @@ async def _service(request: RemoteTrigger, worker: Worker) -> ButlerService:
             await service.__aenter__()
             _services[key] = service
         return service
+
+
+def worker_store(travelled: str) -> str:
+    """The store to open for a run whose client named ``travelled`` (a SQLite path, or a
+    PostgreSQL URL without password: no secret travels in a task). This worker's own store
+    (``$SPAWNKIT_STORE``, else ``[store] url`` in its config.toml) when it is that one,
+    password included; else ``travelled`` as it is (libpq may still find a password in
+    this host's ``~/.pgpass`` or ``$PGPASSWORD``)."""
+    own = store_setting()
+    if own is not None and is_postgres_url(own) and redact_url(own) == travelled:
+        return own
+    return travelled
 
 
 async def close_services() -> None:
@@ -262,8 +291,98 @@ def check_worker(store: str | None = None) -> WorkerReport:
 
 
 async def dask_setup(worker: Worker) -> None:
-    """``--preload spawnkit.cluster_worker``: register the plugin on this worker."""
+    """``--preload spawnkit.cluster_worker``: register the plugin on this worker (and say,
+    at every start, when it takes connections without certificates)."""
+    if not worker.security.require_encryption:
+        logger.warning(
+            "spawnkit: this worker is not secured (--insecure): whoever reaches it or its "
+            "scheduler can run code here as %s", _user(),
+        )  # fmt: skip
     await worker.plugin_add(SpawnkitPlugin(os.environ.get("SPAWNKIT_STORE") or None))
+
+
+# -- `spawnkit worker` ----------------------------------------------------------------------
+
+# `dask worker` options that say where the worker and its nanny listen: when one is given,
+# spawnkit adds none of its own.
+_PLACEMENT = ("--host", "--listen-address", "--contact-address", "--interface")
+_DASHBOARD = ("--dashboard-address", "--dashboard", "--no-dashboard")
+
+
+def _user() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return f"uid {os.geteuid()}"
+
+
+def _given(options: Sequence[str], names: Sequence[str]) -> bool:
+    return any(o == n or o.startswith(f"{n}=") for o in options for n in names)
+
+
+def secured_worker(
+    scheduler: str,
+    options: Sequence[str] = (),
+    *,
+    credentials: Path | None = None,
+    insecure: bool = False,
+) -> tuple[str, list[str], ClusterCredentials | None]:
+    """The scheduler address, ``dask worker`` options and credentials of ``spawnkit worker``.
+
+    A scheduler that is not ``tls://`` is refused (a :class:`ClusterSecurityError`) unless
+    ``insecure``; a ``tls://`` one needs the cluster's credentials (``credentials``, else
+    ``$SPAWNKIT_HOME/cluster``). Unless ``options`` place it, the worker and its nanny
+    listen on the one address this host reaches the scheduler from (loopback for a
+    scheduler on loopback), and a dashboard on loopback only.
+    """
+    found = load_credentials(credentials)
+    if credentials is not None and found is None:
+        raise ClusterSecurityError(f"no cluster credentials in {credentials}")
+    if scheme_of(scheduler) is None and found is not None:
+        scheduler = f"tls://{scheduler}"
+    if not is_secured(scheduler):
+        if not insecure:
+            raise ClusterSecurityError(
+                f"{scheduler} is not a secured scheduler: whoever reaches it, or this worker, "
+                f"could run code here as {_user()}; give the tls:// address of one started "
+                "by `spawnkit scheduler`, or pass --insecure"
+            )
+        found = None
+    elif found is None:
+        raise ClusterSecurityError(
+            f"{scheduler} is secured and this host has no cluster credentials in "
+            f"{default_directory()}: copy them from the scheduler's host (spawnkit scheduler "
+            "--export-credentials DIR) and pass --credentials DIR, or copy the folder there"
+        )
+    added = found.dask_options() if found is not None else []
+    if not _given(options, _PLACEMENT):
+        host = listen_host(scheduler)
+        added += ["--host", f"[{host}]" if ":" in host else host]
+    if not _given(options, _DASHBOARD):
+        added += ["--dashboard-address", "127.0.0.1:0"]
+    return scheduler, [*added, *options], found
+
+
+def reach_scheduler(scheduler: str, credentials: ClusterCredentials | None) -> None:
+    """Connect to the scheduler once (with the worker's certificate on ``tls://``), within
+    Dask's connect timeout: a scheduler out of reach, or one that refuses these
+    credentials, is one line (a :class:`DispatchError`) rather than Dask's traceback."""
+    import dask
+    from dask.utils import parse_timedelta
+    from distributed.comm.core import connect
+
+    timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"))
+    args = credentials.security().get_connection_args("worker") if credentials else {}
+
+    async def probe() -> None:
+        comm = await connect(scheduler, timeout=timeout, **args)
+        await comm.close()
+
+    try:
+        asyncio.run(probe())
+    except (OSError, TimeoutError, ValueError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise DispatchError(f"cannot reach the Dask scheduler at {scheduler}: {reason}") from None
 
 
 def worker_command(scheduler: str, options: Sequence[str] = ()) -> list[str]:

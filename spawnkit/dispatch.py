@@ -45,12 +45,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .cluster_security import ClusterCredentials, client_address, load_credentials
 from .errors import ConfigError, SpawnkitError
 from .events import Finished, RunEvent
 from .replay import Scenario
 from .result import SpawnerResult
 from .roster import ButlerConfig
 from .store import SessionStore
+from .store_backend import redact_url
 from .sweep import reap
 
 if TYPE_CHECKING:
@@ -82,7 +84,8 @@ class RemoteTrigger:
 
     butler: ButlerConfig
     # The store to open on the worker: a SQLite path every worker sees, or a PostgreSQL URL
-    # (with its password: it travels like the task, over the cluster's comms).
+    # without its password; the worker takes the password from its own configuration
+    # (spawnkit.cluster_worker.worker_store). No secret travels in a task.
     store: str
     session_id: str
     prompt: str
@@ -102,6 +105,11 @@ class RemoteTrigger:
     def __repr__(self) -> str:
         # Dask logs a task's arguments when it fails: no store password, no prompt there.
         return f"RemoteTrigger(butler={self.butler.name!r}, session_id={self.session_id!r})"
+
+
+def travelling_store(store: SessionStore) -> str:
+    """What names ``store`` in a task: its SQLite file's path, or its URL without password."""
+    return store.target if store.path is not None else redact_url(store.target)
 
 
 def event_message(session_id: str, seq: int, event: RunEvent | None) -> dict[str, Any]:
@@ -167,17 +175,29 @@ class Cluster:
     """Where triggers run when a :class:`~spawnkit.spawner.Spawner` is given ``cluster=``.
 
     ``client_or_address`` is a ``distributed.Client`` (kept open: it is the caller's) or a
-    scheduler address such as ``tcp://host:8786`` (a Client is made on first use and
-    closed by :meth:`close`). ``replay`` plays every run's model turns from a scenario on
-    the worker (a replay server on its loopback), so a cluster runs offline.
+    scheduler address such as ``tls://host:8786`` (a Client is made on first use and
+    closed by :meth:`close`). For an address, the cluster's certificates are those in
+    ``credentials`` (a folder), else in ``$SPAWNKIT_HOME/cluster``
+    (:mod:`spawnkit.cluster_security`): with them a bare ``host:port`` means ``tls://``
+    and a ``tcp://`` address is refused; without them only a ``tcp://`` scheduler can be
+    reached. ``replay`` plays every run's model turns from a scenario on the worker (a
+    replay server on its loopback), so a cluster runs offline.
     """
 
     def __init__(
-        self, client_or_address: Client | str, *, replay: Scenario | Path | str | None = None
+        self,
+        client_or_address: Client | str,
+        *,
+        replay: Scenario | Path | str | None = None,
+        credentials: Path | None = None,
     ) -> None:
         require_distributed()
+        self._credentials: ClusterCredentials | None = None
         if isinstance(client_or_address, str):
-            self.address: str | None = client_or_address
+            self._credentials = load_credentials(credentials)
+            if credentials is not None and self._credentials is None:
+                raise ConfigError(f"no cluster credentials in {credentials}")
+            self.address: str | None = client_address(client_or_address, self._credentials)
             self._client: Client | None = None
             self._owns_client = True
         else:
@@ -212,10 +232,17 @@ class Cluster:
         with self._lock:
             if self._client is None:
                 distributed = require_distributed()
+                security = self._credentials.security() if self._credentials else None
+                if security is None:
+                    logger.warning(
+                        "cluster: %s is not secured: anyone who reaches the scheduler can "
+                        "submit tasks (spawnkit scheduler starts a secured one)", self.address,
+                    )  # fmt: skip
                 try:
                     self._client = distributed.Client(
-                        self.address, timeout=CONNECT_TIMEOUT_S, set_as_default=False
-                    )
+                        self.address, timeout=CONNECT_TIMEOUT_S, set_as_default=False,
+                        security=security,
+                    )  # fmt: skip
                 except OSError as exc:
                     raise DispatchError(
                         f"cannot reach the Dask scheduler at {self.address}: {exc}"
@@ -276,7 +303,7 @@ class Cluster:
         """
         request = RemoteTrigger(
             butler=butler,
-            store=store.target,
+            store=travelling_store(store),
             session_id=session_id,
             prompt=prompt,
             trigger_source=trigger_source,

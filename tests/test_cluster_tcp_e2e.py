@@ -1,6 +1,7 @@
 """Runs on a real Dask cluster over TCP: a ``dask scheduler`` process and two ``spawnkit
-worker`` processes (``dask worker`` with spawnkit's plugin, each behind a nanny), through the
-real Claude Code CLI on the replay model, in the bubblewrap sandbox.
+worker --insecure`` processes (``dask worker`` with spawnkit's plugin, each behind a nanny),
+through the real Claude Code CLI on the replay model, in the bubblewrap sandbox. The secured
+(``tls://``) cluster of ``spawnkit scheduler`` is tested in test_cluster_security.py.
 
 The scheduler runs with ``allowed-failures = 0``, so a killed worker's task fails at once
 with ``KilledWorker`` (test_cluster_e2e.py covers the default, where Dask re-runs the task).
@@ -78,8 +79,8 @@ def started_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TcpClu
     processes = [_start(scheduler, env, tmp_path / "scheduler.log")]
     for n, host in enumerate(HOSTS):
         worker = [sys.executable, "-m", "spawnkit", "--store", str(store), "worker",
-                  "--scheduler", address, "--", "--nthreads", "2", "--dashboard-address", ":0",
-                  "--name", host]  # fmt: skip
+                  "--insecure", "--scheduler", address, "--", "--nthreads", "2",
+                  "--dashboard-address", ":0", "--name", host]  # fmt: skip
         processes.append(_start(worker, {**env, "SPAWNKIT_HOST": host}, tmp_path / f"w{n}.log"))
     client = None
     try:
@@ -217,7 +218,7 @@ def test_spawnkit_worker_refuses_to_start_where_it_cannot_run_agents(tmp_path):
     """`spawnkit worker` checks before Dask starts: exit 2 and the reason, no worker."""
     done = subprocess.run(
         [sys.executable, "-m", "spawnkit", "--store", "/proc/no-such/sessions.db", "worker",
-         "--scheduler", "tcp://127.0.0.1:9"],
+         "--insecure", "--scheduler", "tcp://127.0.0.1:9"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
