@@ -276,7 +276,9 @@ def _filtered(bwrap: Path, args: list[str], interactive: bool) -> list[str]:
         )  # fmt: skip
         return argv
     bash = shutil.which("bash") or "/bin/bash"
-    return [bash, "-p", "-c", 'exec 9<"$0" && exec "$@"', str(_filter_file(program)), *argv]
+    # bash exports SHLVL even to what it execs: env drops it, the environment stays exact.
+    opener = [bash, "-p", "-c", 'exec 9<"$0" && exec "$@"', str(_filter_file(program))]
+    return [*opener, _env(), "-u", "SHLVL", *argv]
 
 
 def _keep_terminal(argv: list[str]) -> list[str]:
@@ -289,8 +291,12 @@ def _keep_terminal(argv: list[str]) -> list[str]:
     with SIGINT and SIGQUIT ignored and the CLI with them at their defaults again
     (coreutils' ``env``).
     """
-    env = shutil.which("env", path="/usr/bin:/bin") or "/usr/bin/env"
+    env = _env()
     return [env, "--ignore-signal=INT,QUIT", *argv, env, "--default-signal=INT,QUIT"]
+
+
+def _env() -> str:
+    return shutil.which("env", path="/usr/bin:/bin") or "/usr/bin/env"
 
 
 def _filter_file(program: bytes) -> Path:
@@ -424,8 +430,8 @@ def _etc_masks(etc: Path) -> list[str]:
 
     A file without read permission for others becomes an empty file, a folder they cannot
     enter an empty folder, and so do the named secrets whatever their mode. Links are
-    not followed (their targets are masked where they are). The walk stops after
-    :data:`_ETC_WALK_LIMIT` entries, logging the folders it did not look into.
+    not followed (their targets are masked where they are). The walk stops, with a
+    warning, after :data:`_ETC_WALK_LIMIT` entries (a usual ``/etc`` has a few thousand).
     """
     args: list[str] = []
     seen = 0
@@ -443,9 +449,9 @@ def _etc_masks(etc: Path) -> list[str]:
                 args += ["--ro-bind", "/dev/null", str(path)]
         seen += len(dirs) + len(files)
         if seen > _ETC_WALK_LIMIT:
-            logger.warning("%s has over %d entries: not looked into for unreadable files: %s",
-                           etc, _ETC_WALK_LIMIT, ", ".join(dirs))  # fmt: skip
-            dirs.clear()
+            logger.warning("%s has over %d entries: stopped looking for unreadable files at %s",
+                           etc, _ETC_WALK_LIMIT, here)  # fmt: skip
+            break
     return args
 
 

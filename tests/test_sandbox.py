@@ -569,11 +569,13 @@ def attempt(label, action):
         outcome = type(exc).__name__
     print(f"{label}: {outcome}", flush=True)
 
-outer, state, workspace = map(pathlib.Path, sys.argv[1:4])
+outer, state, workspace, project = map(pathlib.Path, sys.argv[1:5])
 attempt("notes", lambda: (outer / "notes.txt").read_text())
 attempt("credentials", lambda: (state / "credentials.json").read_text())
 attempt("outer-write", lambda: (outer / "planted").write_text("x"))
 attempt("workspace-write", lambda: (workspace / "made").write_text("made") and "written")
+attempt("project-write", lambda: (project / "made").write_text("made") and "written")
+attempt("project-source-write", lambda: (project / "src" / "planted").write_text("x"))
 """
 
 
@@ -582,21 +584,27 @@ def test_a_source_holding_spawnkit_home_shows_it_empty_and_the_workspace_writabl
 ) -> None:
     """A source ``~`` that holds $SPAWNKIT_HOME (refused by the registry, but a path bound
     read-only all the same) made every run's HOME read-only and showed the store and the
-    credentials; now the state folder is empty inside and the workspace stays writable."""
+    credentials; now the state folder is empty inside and the workspace stays writable.
+    Whatever order the lists give, the deeper path wins (a source in a writable folder)."""
     outer = tmp_path / "user"
     state = outer / ".spawnkit"
     workspace = state / "workspaces" / "butler_health_1"
     workspace.mkdir(parents=True)
     (state / "credentials.json").write_text("SECRET-CREDENTIALS")
     (outer / "notes.txt").write_text("user-notes")
+    project = outer / "project"  # a run's writable folder, with a source inside it
+    (project / "src").mkdir(parents=True)
     monkeypatch.setenv("SPAWNKIT_HOME", str(state))
-    plan = sandbox.plan(make_butler(), workspace, read=[outer])
-    probe = ["/usr/bin/python3", "-I", "-c", NESTING_PROBE, str(outer), str(state), str(workspace)]
+    plan = sandbox.plan(make_butler(), workspace, read=[project / "src", outer], write=[project])
+    paths = [str(path) for path in (outer, state, workspace, project)]
+    probe = ["/usr/bin/python3", "-I", "-c", NESTING_PROBE, *paths]
     done = subprocess.run(plan.wrap(probe), capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert "notes: user-notes" in done.stdout, done.stdout
     assert "credentials: FileNotFoundError" in done.stdout, done.stdout
     assert "outer-write: OSError" in done.stdout, done.stdout  # EROFS
     assert "workspace-write: written" in done.stdout, done.stdout
+    assert "project-write: written" in done.stdout, done.stdout
+    assert "project-source-write: OSError" in done.stdout, done.stdout
     assert (workspace / "made").read_text() == "made"
     assert not (outer / "planted").exists()
