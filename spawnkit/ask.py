@@ -48,7 +48,7 @@ from . import signals
 from .credentials import CredentialStore
 from .errors import ConfigError, SpawnkitError, UnknownRuntimeError
 from .events import EventSink
-from .home import spawnkit_home
+from .home import home_path, spawnkit_home
 from .result import SpawnerResult, ToolCall, Usage
 from .roster import ButlerConfig, CommandConfig, EnvConfig, RuntimeConfig
 from .runtimes import ALIASES
@@ -57,6 +57,7 @@ from .sources import (
     SourceError,
     SourcePathError,
     SourceRegistry,
+    check_outside_state,
     sources_list,
     validate_name,
 )
@@ -605,6 +606,7 @@ def _check_paths(sources: Iterable[Source]) -> None:
         if not source.path.exists():
             hint = " (run `spawnkit sources update`)" if source.kind == "git" else ""
             raise SourcePathError(source.path, f"source {source.name!r} does not exist{hint}")
+        check_outside_state(source, home_path())
 
 
 def _stderr_tail(record: SessionRecord | None) -> str:

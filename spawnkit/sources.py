@@ -5,14 +5,21 @@ later questions; :mod:`spawnkit.ask` links each requested source into the agent'
 working directory. The registry is one TOML file, ``$SPAWNKIT_HOME/sources.toml``,
 rewritten atomically under a lock; git sources are cloned into
 ``$SPAWNKIT_HOME/sources/git/<name>`` and brought up to date by :meth:`SourceRegistry.update`.
-Git runs as a subprocess with a timeout, and its failures keep git's own stderr::
+Git runs as a subprocess with a timeout, and its failures keep git's own stderr.
+
+A source is read by runs, so it may neither hold ``$SPAWNKIT_HOME`` (``spawnkit sources
+add home ~``) nor lie inside it: the store and the credentials are no run's to read, and a
+read-only ``~`` would also cover every run's workspace. Such a path is refused when it is
+added and again before a run (:func:`check_outside_state`), as Flatpak refuses to expose
+its own state to an app; only git clones, which spawnkit itself keeps there, are allowed::
 
     SpawnkitError
     ├── ConfigError
     │   └── SourceError               a source cannot be registered, found or used
     │       ├── InvalidSourceNameError    the name is not [a-z0-9][a-z0-9_.-]* or is reserved
     │       ├── SourceExistsError         the name is taken
-    │       ├── SourcePathError           the path does not exist (or no longer does)
+    │       ├── SourcePathError           the path does not exist (or no longer does), or holds
+    │       │                             or lies in $SPAWNKIT_HOME
     │       └── UnknownSourceError        names every unknown name at once
     ├── GitError                      a git command failed or timed out; carries stderr
     └── SourceUpdateError             some sources could not be updated; carries each error
@@ -305,6 +312,7 @@ class SourceRegistry:
             if found != kind:
                 raise SourcePathError(path, f"is a {found}, not a {kind}")
             source = Source(name=name, kind=kind, path=path, added_at=_now())
+            check_outside_state(source, self.home)
         try:
             with self._locked() as sources:
                 if name in sources:
@@ -528,6 +536,22 @@ class SourceRegistry:
             raise
 
 
+def check_outside_state(source: Source, home: Path) -> None:
+    """Refuse ``source`` if its path holds the state folder ``home`` or lies inside it.
+
+    A git source's clone, which spawnkit keeps under ``home``, is the one exception.
+    """
+    real, state = source.path.resolve(), home.resolve()
+    if source.kind == "git" and real.parent == state / GIT_DIR:
+        return
+    if state.is_relative_to(real) or real.is_relative_to(state):
+        where = "holds" if state.is_relative_to(real) else "lies inside"
+        raise SourcePathError(
+            source.path,
+            f"source {source.name!r} {where} spawnkit's own state ({state}): no run may read it",
+        )
+
+
 def sources_list(sources: Iterable[Source | str]) -> str:
     """One ``- ./name/`` line per source (``- ./name`` for a file source)."""
     lines = []
@@ -551,6 +575,7 @@ __all__ = [
     "SourceRegistry",
     "SourceUpdateError",
     "UnknownSourceError",
+    "check_outside_state",
     "is_git_url",
     "run_git",
     "sources_list",

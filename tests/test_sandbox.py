@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import platform
+import re
 import signal
 import subprocess
 import sys
 import time
 import tomllib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -455,3 +457,154 @@ def test_an_interactive_sandbox_keeps_the_terminal_but_refuses_typing_into_it(
     else:
         # The control: on this kernel a process outside may type into its terminal or not.
         assert verdict == ("allowed" if sandbox.legacy_tiocsti() else "refused")
+
+
+# -- root inside: the kernel's own doors -----------------------------------------------------
+
+# Run inside the sandbox as `python3 PROBE ETC_FILE KEYCTL_NR`: one "what: outcome" line each.
+KERNEL_PROBE = """
+import ctypes, errno, os, sys
+
+def attempt(label, action):
+    try:
+        outcome = action()
+    except OSError as exc:
+        outcome = errno.errorcode[exc.errno]
+    print(f"{label}: {outcome}", flush=True)
+
+def rewrite(path):  # the value it already has: nothing changes if the write gets through
+    with open(path) as fh:
+        value = fh.read()
+    with open(path, "w") as fh:
+        fh.write(value)
+    return "written"
+
+def read(path):
+    with open(path) as fh:
+        return "empty" if fh.read() == "" else "read"
+
+attempt("printk", lambda: rewrite("/proc/sys/kernel/printk_ratelimit_burst"))
+attempt("core_pattern", lambda: rewrite("/proc/sys/kernel/core_pattern"))
+print("sys:", "present" if os.path.exists("/sys") else "absent", flush=True)
+attempt("keys", lambda: read("/proc/keys"))
+attempt("etc", lambda: read(sys.argv[1]))
+libc = ctypes.CDLL(None, use_errno=True)
+# keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_USER_KEYRING, 0): the id of root's user keyring.
+key = libc.syscall(int(sys.argv[2]), 0, ctypes.c_long(-4), 0)
+print("keyctl:", "allowed" if key >= 0 else errno.errorcode[ctypes.get_errno()], flush=True)
+"""
+KEYCTL = {"x86_64": 250, "aarch64": 219}
+
+
+@pytest.fixture
+def etc_secret() -> Iterator[Path]:
+    """A root-only (0600) file of /etc, as the sandbox's view is computed with it there."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can plant a file in /etc (and only root inside could read it)")
+    path = Path("/etc") / f"spawnkit-test-{uuid.uuid4().hex}"
+    path.touch(mode=0o600)
+    path.write_text("ETC-SECRET")
+    sandbox._system_view.cache_clear()
+    try:
+        yield path
+    finally:
+        path.unlink()
+        sandbox._system_view.cache_clear()
+
+
+def keyctl_number() -> int:
+    machine = platform.machine()
+    if machine not in KEYCTL:
+        pytest.skip(f"no seccomp filter is written for {machine}")
+    return KEYCTL[machine]
+
+
+def check_the_kernels_doors_shut(output: str) -> None:
+    assert "printk: EROFS" in output, output
+    assert "core_pattern: EROFS" in output, output
+    assert "sys: absent" in output, output
+    assert re.search(r"keys: (empty|EACCES|ENOENT)", output), output
+    assert re.search(r"etc: (empty|EACCES)", output), output
+    assert "keyctl: EPERM" in output, output
+
+
+@pytest.mark.parametrize("interactive", [False, True])
+def test_root_inside_cannot_reach_kernel_tunables_root_files_or_keyrings(
+    make_butler, tmp_path: Path, etc_secret: Path, interactive: bool
+) -> None:
+    """As uid 0 with no capabilities, the sandbox's shell still passed the kernel's uid
+    checks: /proc/sys writable (core_pattern runs a program as root on the host), /etc's
+    root-only files and root's keyrings readable. Not any more, headless or in a chat."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    plan = sandbox.plan(make_butler(), workspace, interactive=interactive)
+    probe = ["/usr/bin/python3", "-I", "-c", KERNEL_PROBE, str(etc_secret), str(keyctl_number())]
+    done = subprocess.run(plan.wrap(probe), capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    check_the_kernels_doors_shut(done.stdout)
+
+
+async def test_a_clis_shell_cannot_reach_kernel_tunables_root_files_or_keyrings(
+    make_butler, store, runtime, etc_secret: Path
+) -> None:
+    """The same from each real CLI's own shell tool (the filter reaches bwrap through the
+    Claude Code wrapper and through run_lines alike)."""
+    butler = make_butler(files={"health/probe.py": KERNEL_PROBE})
+    command = f"python3 {butler.directory}/probe.py {etc_secret} {keyctl_number()}"
+    async with service(butler, runtime, store, shell_then_text(command)) as svc:
+        result = await svc.trigger("look at the kernel")
+    assert result.success, result.error
+    check_the_kernels_doors_shut(result.tool_calls[0].output or "")
+
+
+# -- paths that nest ---------------------------------------------------------------------------
+
+NESTING_PROBE = """
+import pathlib, sys
+
+def attempt(label, action):
+    try:
+        outcome = action()
+    except OSError as exc:
+        outcome = type(exc).__name__
+    print(f"{label}: {outcome}", flush=True)
+
+outer, state, workspace, project = map(pathlib.Path, sys.argv[1:5])
+attempt("notes", lambda: (outer / "notes.txt").read_text())
+attempt("credentials", lambda: (state / "credentials.json").read_text())
+attempt("outer-write", lambda: (outer / "planted").write_text("x"))
+attempt("workspace-write", lambda: (workspace / "made").write_text("made") and "written")
+attempt("project-write", lambda: (project / "made").write_text("made") and "written")
+attempt("project-source-write", lambda: (project / "src" / "planted").write_text("x"))
+"""
+
+
+def test_a_source_holding_spawnkit_home_shows_it_empty_and_the_workspace_writable(
+    make_butler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A source ``~`` that holds $SPAWNKIT_HOME (refused by the registry, but a path bound
+    read-only all the same) made every run's HOME read-only and showed the store and the
+    credentials; now the state folder is empty inside and the workspace stays writable.
+    Whatever order the lists give, the deeper path wins (a source in a writable folder)."""
+    outer = tmp_path / "user"
+    state = outer / ".spawnkit"
+    workspace = state / "workspaces" / "butler_health_1"
+    workspace.mkdir(parents=True)
+    (state / "credentials.json").write_text("SECRET-CREDENTIALS")
+    (outer / "notes.txt").write_text("user-notes")
+    project = outer / "project"  # a run's writable folder, with a source inside it
+    (project / "src").mkdir(parents=True)
+    monkeypatch.setenv("SPAWNKIT_HOME", str(state))
+    plan = sandbox.plan(make_butler(), workspace, read=[project / "src", outer], write=[project])
+    paths = [str(path) for path in (outer, state, workspace, project)]
+    probe = ["/usr/bin/python3", "-I", "-c", NESTING_PROBE, *paths]
+    done = subprocess.run(plan.wrap(probe), capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "notes: user-notes" in done.stdout, done.stdout
+    assert "credentials: FileNotFoundError" in done.stdout, done.stdout
+    assert "outer-write: OSError" in done.stdout, done.stdout  # EROFS
+    assert "workspace-write: written" in done.stdout, done.stdout
+    assert "project-write: written" in done.stdout, done.stdout
+    assert "project-source-write: OSError" in done.stdout, done.stdout
+    assert (workspace / "made").read_text() == "made"
+    assert not (outer / "planted").exists()

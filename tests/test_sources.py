@@ -6,8 +6,10 @@ by plain path or ``file://`` URL. Every git call is bounded by the registry's ti
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
+import sys
 import threading
 import tomllib
 from datetime import datetime
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from spawnkit.ask import ask
 from spawnkit.errors import ConfigError
 from spawnkit.sources import (
     GitError,
@@ -25,6 +28,7 @@ from spawnkit.sources import (
     SourceRegistry,
     SourceUpdateError,
     UnknownSourceError,
+    check_outside_state,
     is_git_url,
 )
 
@@ -140,6 +144,67 @@ def test_missing_path_is_refused(registry: SourceRegistry, tmp_path: Path) -> No
         registry.add("gone", missing)
     assert str(missing) in str(info.value)
     assert registry.list() == []
+
+
+@pytest.fixture
+def user_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A user's HOME holding $SPAWNKIT_HOME (``~/.spawnkit``), as it is by default."""
+    home = tmp_path / "user"
+    state = home / ".spawnkit"
+    state.mkdir(parents=True)
+    (state / "credentials.json").write_text("{}")
+    (home / "notes.txt").write_text("mine")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("SPAWNKIT_HOME", str(state))
+    return home
+
+
+def test_a_source_may_neither_hold_nor_lie_in_spawnkit_home(user_home: Path) -> None:
+    """``spawnkit sources add home ~`` would show runs the store and the credentials (and
+    cover their workspaces read-only): refused, like any path inside the state folder."""
+    registry = SourceRegistry()
+    state = user_home / ".spawnkit"
+    for name, location, where in [
+        ("home", "~", "holds"), ("state", state, "holds"),
+        ("creds", state / "credentials.json", "lies inside"),
+    ]:  # fmt: skip
+        with pytest.raises(SourcePathError, match=f"source '{name}' {where} spawnkit's own state"):
+            registry.add(name, location)
+    registry.add("notes", user_home / "notes.txt")
+    assert [source.name for source in registry.list()] == ["notes"]
+
+
+def test_the_cli_refuses_a_source_holding_spawnkit_home_in_one_line(user_home: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "spawnkit", "sources", "add", "home", str(user_home)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        f"spawnkit: error: {user_home}: source 'home' holds spawnkit's own state "
+        f"({user_home / '.spawnkit'}): no run may read it"
+    ]
+    assert not (user_home / ".spawnkit" / "sources.toml").exists()
+
+
+def test_a_source_holding_spawnkit_home_is_refused_before_a_run(user_home: Path) -> None:
+    """A registry written before the check (or by hand) does not get the source to a run."""
+    (user_home / ".spawnkit" / "sources.toml").write_text(
+        f'[sources.home]\nkind = "directory"\npath = "{user_home}"\n'
+        "added_at = 2026-01-01T00:00:00Z\n"
+    )
+    with pytest.raises(SourcePathError, match="source 'home' holds spawnkit's own state"):
+        asyncio.run(ask("home", "what is in my home?", runtime="claude-code"))
+    assert not (user_home / ".spawnkit" / "workspaces").exists(), "no run was started"
+
+
+def test_a_git_sources_clone_inside_spawnkit_home_is_allowed(
+    registry: SourceRegistry, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "upstream", {"README.md": "hello\n"})
+    source = registry.add("upstream", repo, kind="git")
+    assert source.path.is_relative_to(registry.home)
+    check_outside_state(source, registry.home)
 
 
 def test_duplicate_name_is_refused(registry: SourceRegistry, notes: Path, tmp_path: Path) -> None:
