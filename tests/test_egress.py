@@ -532,3 +532,45 @@ async def test_another_local_user_cannot_use_the_proxy(folder: Path) -> None:
         async with asyncio.timeout(CLIENT_TIMEOUT_S):
             out, _ = await proc.communicate()
     assert out.decode().strip() == "refused"
+
+
+# -- into the run's events ---------------------------------------------------------------
+
+
+async def test_refusals_reach_the_runs_events_naming_the_one_tool_call_in_progress(
+    folder: Path, http_upstream: Upstream
+) -> None:
+    """The proxy's on_denied into the spawner's collector: a NetworkDenied event each,
+    counted, the host redacted like any event, the tool call named only when one is open."""
+    from datetime import UTC, datetime
+
+    from spawnkit.events import NetworkDenied, RunEvent, ToolCallStarted
+    from spawnkit.redaction import Redactor
+    from spawnkit.result import ToolCall
+    from spawnkit.spawner import _Collector
+
+    events: list[RunEvent] = []
+    secret = "sk-live-0123456789abcdef"
+    redactor = Redactor({"OPENAI_API_KEY": secret})
+    config = "roster/x/butler.toml"
+    collector = _Collector("s-1", [events.append], redactor, config_file=Path(config))
+    now = datetime.now(UTC)
+    bash = ToolCall.start("c1", "Bash", {"command": "curl ..."}, now)
+    uds = folder / "egress.sock"
+    async with egress_proxy(
+        [ALLOWED], uds, butler="x", on_denied=collector.network_denied,
+        resolver=NameHook({}), allow_private=True,
+    ):  # fmt: skip
+        await ask(uds, connect(f"{OTHER}:{http_upstream.port}"))  # no tool call open
+        collector.emit(ToolCallStarted("s-1", bash))
+        await ask(uds, connect(f"{secret}.{OTHER}:443"))  # a key sent out as a name
+        collector.emit(ToolCallStarted("s-1", ToolCall.start("c2", "Read", {}, now)))
+        await ask(uds, connect("10.1.2.3:22"))  # two open: cannot be pinned on one
+    denials = [e for e in events if isinstance(e, NetworkDenied)]
+    redacted = f"[redacted:OPENAI_API_KEY].{OTHER}"
+    assert denials == [
+        NetworkDenied("s-1", OTHER, http_upstream.port, NOT_LISTED, None, None, config),
+        NetworkDenied("s-1", redacted, 443, NOT_LISTED, "Bash", "c1", config),
+        NetworkDenied("s-1", "10.1.2.3", 22, NOT_LISTED, None, None, config),
+    ]
+    assert collector.denied == 3 and http_upstream.seen == []
