@@ -3,8 +3,10 @@
 The command line prints a run live (each tool call when it starts and when it
 finishes, assistant text as each block completes) and a one-line summary at the
 end, after one line of where the time went (model request latency, time per tool)
-when the CLI's telemetry is on. Everything here returns strings; the caller decides
-where they go.
+when the CLI's telemetry is on. A connection the network sandbox refused is one line
+(``blocked: connect pypi.org:443 (not in allow_hosts)``) where it happened, and a run
+that had such refusals ends with one hint line saying what to add to which butler.toml.
+Everything here returns strings; the caller decides where they go.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from .egress import NOT_LISTED
 from .events import (
     AssistantText,
     Finished,
+    NetworkDenied,
     Queued,
     RunEvent,
     Started,
@@ -30,6 +34,8 @@ from .store import SessionRecord
 from .timings import timing_line
 
 PREVIEW_CHARS = 160
+# Hosts a hint names at most (a run refused more names them all in its events).
+HINT_HOSTS = 8
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,8 @@ def render_summary(result: SpawnerResult, style: Style = Style()) -> str:
     ]
     if result.cost_usd is not None:
         parts.append(f"${result.cost_usd:.4f}")
+    if result.network_denied:
+        parts.append(style.red(blocked_count(result.network_denied)))
     parts.append(f"session {result.session_id}")
     line = " · ".join(parts)
     if not result.success and result.error:
@@ -138,6 +146,49 @@ def render_summary(result: SpawnerResult, style: Style = Style()) -> str:
 def render_timing(timing: Timing, style: Style = Style()) -> str:
     """A run's timings so far as one line: ``⏱ model 3 requests · p50 … · tools …``."""
     return style.dim(f"⏱ {timing_line(timing)}")
+
+
+def blocked_count(n: int) -> str:
+    return f"{n} connection{'s' if n != 1 else ''} blocked"
+
+
+def network_denied_line(event: NetworkDenied) -> str:
+    """``blocked: connect pypi.org:443 (not in allow_hosts)``, and the tool call if known."""
+    during = f" · during {event.tool}" if event.tool else ""
+    return f"blocked: connect {event.host}:{event.port} ({event.reason}){during}"
+
+
+def render_network_denied(event: NetworkDenied, style: Style = Style()) -> str:
+    return f"  {style.red('⛔')} {style.red(network_denied_line(event))}"
+
+
+@dataclass
+class NetworkRefusals:
+    """A run's refused connections so far, for the hint at its end (a few hosts kept)."""
+
+    count: int = 0
+    hosts: dict[str, None] = field(default_factory=dict)  # not listed, in order
+    config_file: str | None = None
+
+    def add(self, event: NetworkDenied) -> None:
+        self.count += 1
+        self.config_file = event.config_file or self.config_file
+        if event.reason == NOT_LISTED and len(self.hosts) < HINT_HOSTS:
+            self.hosts[event.host] = None
+
+    def hint(self) -> str | None:
+        """One line: what to add to ``allow_hosts``, and where; None without refusals."""
+        if not self.count:
+            return None
+        where = self.config_file or "the butler's butler.toml"
+        if not self.hosts:
+            blocked = blocked_count(self.count)
+            return f"hint: {blocked} (not allowed by [butler.sandbox] allow_hosts in {where})"
+        names = ", ".join(f'"{host}"' for host in self.hosts)
+        return (
+            f"hint: {blocked_count(self.count)}; to allow them, add {names} to "
+            f"[butler.sandbox] allow_hosts in {where}"
+        )
 
 
 def render_event(event: RunEvent, style: Style = Style()) -> str | None:
@@ -153,6 +204,8 @@ def render_event(event: RunEvent, style: Style = Style()) -> str | None:
         return render_tool_call_finished(event.call, style)
     if isinstance(event, AssistantText):
         return "\n".join(f"  {line}" for line in event.text.strip().splitlines())
+    if isinstance(event, NetworkDenied):
+        return render_network_denied(event, style)
     if isinstance(event, Finished):
         return render_summary(event.result, style)
     return None
@@ -162,25 +215,35 @@ class EventPrinter:
     """An event listener that prints each event to a stream as it arrives.
 
     Timings (CLI telemetry on) are not printed one by one: the last one of a run is
-    printed as one line just before its summary.
+    printed as one line just before its summary. A run that had connections refused ends
+    with one hint line after its summary.
     """
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stdout
         self.style = Style.for_stream(self.stream)
         self._timings: dict[str, Timing] = {}
+        self._refusals: dict[str, NetworkRefusals] = {}
 
     def __call__(self, event: RunEvent) -> None:
         if isinstance(event, Timing):
             self._timings[event.session_id] = event
             return
+        if isinstance(event, NetworkDenied):
+            self._refusals.setdefault(event.session_id, NetworkRefusals()).add(event)
+        hint = None
         if isinstance(event, Finished):
-            timing = self._timings.pop(event.result.session_id or "", None)
+            session = event.result.session_id or ""
+            timing = self._timings.pop(session, None)
             if timing is not None:
                 print(render_timing(timing, self.style), file=self.stream, flush=True)
+            refusals = self._refusals.pop(session, None)
+            hint = refusals.hint() if refusals is not None else None
         text = render_event(event, self.style)
         if text is not None:
             print(text, file=self.stream, flush=True)
+        if hint is not None:
+            print(self.style.red(hint), file=self.stream, flush=True)
 
 
 def _kind(record: SessionRecord) -> str:

@@ -112,6 +112,25 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class NetworkDenied:
+    """A connection the run's network sandbox refused (its egress proxy, :mod:`spawnkit.egress`).
+
+    ``host`` as the agent named it (a name or an address), ``port``, and ``reason`` (the
+    proxy's: ``"not in allow_hosts"`` and so on). ``tool`` and ``tool_call_id`` name the tool
+    call in progress when it happened, when exactly one was (else None: the refusal cannot
+    be pinned on one). ``config_file`` is the butler.toml whose ``allow_hosts`` decides.
+    """
+
+    session_id: str
+    host: str
+    port: int
+    reason: str
+    tool: str | None = None
+    tool_call_id: str | None = None
+    config_file: str | None = None
+
+
+@dataclass(frozen=True)
 class Finished:
     session_id: str
     result: SpawnerResult
@@ -126,6 +145,7 @@ RunEvent = (
     | ToolCallFinished
     | UsageUpdate
     | Timing
+    | NetworkDenied
     | Finished
 )
 EventSink = Callable[[RunEvent], None]

@@ -49,7 +49,15 @@ from pathlib import Path
 from typing import Any, Literal, get_args, overload
 from urllib.parse import quote, quote_plus
 
-from .events import AssistantText, Finished, RunEvent, TextDelta, ToolCallFinished, ToolCallStarted
+from .events import (
+    AssistantText,
+    Finished,
+    NetworkDenied,
+    RunEvent,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
 from .result import SpawnerResult, ToolCall
 
 MIN_SECRET_CHARS = 8
@@ -211,6 +219,8 @@ class Redactor:
             return replace(event, call=self.call(event.call))
         if isinstance(event, Finished):
             return replace(event, result=self.result(event.result))
+        if isinstance(event, NetworkDenied):  # a secret can be sent out as a host name
+            return replace(event, host=self.text(event.host))
         return event
 
     def stream(self) -> TextStream:

@@ -235,6 +235,8 @@ class SpawnerResult:
     # The CLI's exit code when it exited by itself (None: stopped by spawnkit, or unknown).
     # Not kept in the session record.
     exit_code: int | None = None
+    # Connections the run's network sandbox refused (spawnkit.egress; a NetworkDenied each).
+    network_denied: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         # Not asdict(self): it would deep-copy every tool call only to replace them.

@@ -52,6 +52,7 @@ from .credentials import (
     secret_names,
 )
 from .dispatch import Cluster
+from .egress import Denial
 from .errors import (
     BudgetRefused,
     ConfigError,
@@ -68,6 +69,7 @@ from .events import (
     AssistantText,
     EventSink,
     Finished,
+    NetworkDenied,
     Queued,
     RunEvent,
     Started,
@@ -212,7 +214,13 @@ class _LiveToolCalls:
 class _Collector:
     """Redacts a run's events, folds them into its result and fans them out to listeners."""
 
-    def __init__(self, session_id: str, sinks: list[EventSink], redactor: Redactor) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        sinks: list[EventSink],
+        redactor: Redactor,
+        config_file: Path | None = None,
+    ) -> None:
         self.session_id = session_id
         self.sinks = sinks
         self.redactor = redactor
@@ -229,6 +237,23 @@ class _Collector:
         self.metered = False
         self.on_limit: Callable[[LimitHit], None] | None = None
         self.live_calls: _LiveToolCalls | None = None
+        # Connections the run's egress proxy refused, and the butler.toml that decides.
+        self.denied = 0
+        self.config_file = str(config_file) if config_file is not None else None
+
+    def network_denied(self, denial: Denial) -> None:
+        """A connection the run's egress proxy refused (its ``on_denied``): counted, and an
+        event naming the tool call in progress, when exactly one was."""
+        self.denied += 1
+        running = [call for call in self.calls.values() if call.status == "running"]
+        call = running[0] if len(running) == 1 else None
+        self.emit(
+            NetworkDenied(
+                self.session_id, denial.host, denial.port, denial.reason,
+                tool=call.name if call else None, tool_call_id=call.id if call else None,
+                config_file=self.config_file,
+            )
+        )  # fmt: skip
 
     def emit(self, event: RunEvent) -> None:
         # Deltas are redacted as one stream (a secret may span two); whatever the
@@ -675,7 +700,10 @@ class Spawner:
                 worker=worker,
                 runtime_session_id=None if resume else worker.new_runtime_session_id(),
                 collector=_Collector(
-                    session_id, [*self._listeners, *([on_event] if on_event else [])], redactor
+                    session_id,
+                    [*self._listeners, *([on_event] if on_event else [])],
+                    redactor,
+                    config_file=self.butler.config_file,
                 ),
                 kind=kind,
                 sources=tuple(sources),
@@ -973,8 +1001,9 @@ class Spawner:
         if started_at is not None and result.duration_ms == 0:
             result = replace(result, duration_ms=int((time.monotonic() - started_clock) * 1000))
         result = replace(
-            result, session_id=run.session_id, butler=butler.name, runtime=butler.runtime.type
-        )
+            result, session_id=run.session_id, butler=butler.name, runtime=butler.runtime.type,
+            network_denied=collector.denied,
+        )  # fmt: skip
 
         async def record() -> None:
             # The live tool-call writes first: the result's write rewrites the calls.

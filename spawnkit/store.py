@@ -59,7 +59,7 @@ from .sweep import HomeSeal, OpenRun, process_start, sweep
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 BUSY_TIMEOUT_MS = 15_000
 
 _SCHEMA = """
@@ -104,7 +104,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     budget TEXT,
     attempts TEXT,
     lease_until TEXT,
-    owner_seal TEXT
+    owner_seal TEXT,
+    network_denied INTEGER
 );
 CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_at);
 CREATE INDEX IF NOT EXISTS sessions_by_butler ON sessions (butler, created_at);
@@ -243,6 +244,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # Which home wrote a record, sealed with that home's key (spawnkit.sweep.HomeSeal).
     ("ALTER TABLE sessions ADD COLUMN owner_seal TEXT",),
+    # Connections the run's network sandbox refused (spawnkit.egress).
+    ("ALTER TABLE sessions ADD COLUMN network_denied INTEGER",),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION - 1
 
@@ -386,6 +389,8 @@ class SessionRecord:
     lease_until: datetime | None = None
     # The process that owns it on that host (a dispatching client's, until a worker adopts it).
     owner_pid: int | None = None
+    # Connections its network sandbox refused (spawnkit.egress); 0 in records from before.
+    network_denied: int = 0
 
     @classmethod
     def from_row(cls, row: Row) -> SessionRecord:
@@ -431,6 +436,7 @@ class SessionRecord:
             owner_host=row["owner_host"],
             lease_until=_dt(row["lease_until"]),
             owner_pid=row["owner_pid"],
+            network_denied=row["network_denied"] or 0,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -472,6 +478,7 @@ class SessionRecord:
             "attempts": [attempt.to_dict() for attempt in self.attempts],
             "owner_host": self.owner_host,
             "lease_until": _iso(self.lease_until),
+            "network_denied": self.network_denied,
         }
 
 
@@ -563,9 +570,12 @@ _COMPLETE = """UPDATE sessions SET status = ?, success = ?, error = ?, error_kin
         trace_id = COALESCE(?, trace_id),
         runtime_session_id = COALESCE(?, runtime_session_id),
         model = COALESCE(?, model), completed_at = ?, budget = ?,
-        attempts = ?
+        attempts = ?, network_denied = ?
     WHERE id = ? AND (completed_at IS NULL
         OR (status = 'crashed' AND num_tool_calls IS NULL AND owner_host = ?))"""
+
+
+_COMPLETE_PARAMS = _COMPLETE.count("?")
 
 
 def _write_complete(tx: Transaction, payload: Any, replayed: bool) -> None:
@@ -574,6 +584,8 @@ def _write_complete(tx: Transaction, payload: Any, replayed: bool) -> None:
     # final calls replace them. Otherwise there are none (a record is completed with its
     # calls once; only a crash mark, which has none, gives way), and none are looked for.
     replace = replayed or payload.get("live", True)
+    if len(payload["session"]) == _COMPLETE_PARAMS - 1:  # journaled before network_denied
+        payload = {**payload, "session": [*payload["session"][:-2], 0, *payload["session"][-2:]]}
     if tx.writable_ctes:
         _write_complete_one_statement(tx, payload, replace)
         return
@@ -1170,6 +1182,7 @@ class SessionStore:
             _iso(completed_at or utcnow()),
             json.dumps(asdict(result.budget)) if result.budget else None,
             json.dumps([a.to_dict() for a in result.attempts]) if result.attempts else None,
+            result.network_denied,
             session_id, self._host,
         ]  # fmt: skip
         calls = [

@@ -357,6 +357,11 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE sessions ADD COLUMN owner_seal TEXT
     """,
+    # 9 -> 10: connections a run's network sandbox refused (spawnkit.egress; SQLite
+    # schema 14).
+    """
+    ALTER TABLE sessions ADD COLUMN network_denied INTEGER
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 # The NOTIFY channel of migration 5's triggers.

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
+from .console import blocked_count
 from .notebook.hub import Hub, RunHandle, Target, default_hub
 from .notebook.live import LiveStatus
 from .notebook.prompt_box import PromptBox
@@ -113,6 +114,7 @@ def record_result(record: SessionRecord) -> SpawnerResult:
         runtime=record.runtime, model=record.model,
         status=record.status if record.status in MARKS else "failed",  # type: ignore[arg-type]
         error_kind=record.error_kind, num_turns=record.num_turns,
+        network_denied=record.network_denied,
     )  # fmt: skip
 
 
@@ -215,6 +217,7 @@ class _Card:
             f'<span title="{html.escape(r.status)} · {html.escape(r.id)}">{mark_html(r.status)}'
             + (f" {format_duration(r.duration_ms)}" if r.duration_ms is not None else "")
             + (f" ${r.cost_usd:.3f}" if r.cost_usd is not None else "")
+            + (f" ⛔ {blocked_count(r.network_denied)}" if r.network_denied else "")
             + "</span>"
             for r in recent[:LAST_RUNS]
         ]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 from datetime import UTC, datetime, timedelta
 
 from spawnkit.console import (
+    EventPrinter,
     Style,
     describe_input,
     render_event,
@@ -13,7 +15,8 @@ from spawnkit.console import (
     render_tool_call_finished,
     render_tool_call_started,
 )
-from spawnkit.events import Queued, TextDelta, ToolCallStarted
+from spawnkit.egress import NOT_LISTED, PRIVATE
+from spawnkit.events import Finished, NetworkDenied, Queued, TextDelta, ToolCallStarted
 from spawnkit.result import SpawnerResult, ToolCall, Usage
 
 T0 = datetime(2026, 11, 22, 8, 0, tzinfo=UTC)
@@ -68,3 +71,43 @@ def test_events() -> None:
 
 def test_sessions_table_handles_empty() -> None:
     assert render_sessions_table([]) == "no sessions recorded yet"
+
+
+CONFIG = "/home/u/roster/fetcher/butler.toml"
+
+
+def denied(host: str, reason: str = NOT_LISTED, tool: str | None = "Bash") -> NetworkDenied:
+    return NetworkDenied("s", host, 443, reason, tool=tool, tool_call_id="c1", config_file=CONFIG)
+
+
+def test_a_refused_connection_is_one_line() -> None:
+    assert render_event(denied("pypi.org")) == (
+        "  ⛔ blocked: connect pypi.org:443 (not in allow_hosts) · during Bash"
+    )
+    assert render_event(denied("pypi.org", tool=None)) == (
+        "  ⛔ blocked: connect pypi.org:443 (not in allow_hosts)"
+    )
+
+
+def test_a_run_with_refusals_ends_with_a_hint_naming_the_key_and_the_file() -> None:
+    out = io.StringIO()
+    printer = EventPrinter(out)
+    printer(ToolCallStarted("s", call("Bash", command="pip install requests")))
+    for host in ("pypi.org", "files.pythonhosted.org", "pypi.org"):
+        printer(denied(host))
+    printer(denied("mirror.internal", PRIVATE))
+    printer(Finished("s", SpawnerResult(session_id="s", network_denied=4)))
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "  ⚙ Bash  $ pip install requests"
+    assert lines[1:3] == [
+        "  ⛔ blocked: connect pypi.org:443 (not in allow_hosts) · during Bash",
+        "  ⛔ blocked: connect files.pythonhosted.org:443 (not in allow_hosts) · during Bash",
+    ]
+    assert "4 connections blocked" in lines[-2], "the summary counts them"
+    assert lines[-1] == (
+        'hint: 4 connections blocked; to allow them, add "pypi.org", "files.pythonhosted.org" '
+        f"to [butler.sandbox] allow_hosts in {CONFIG}"
+    )
+    quiet = io.StringIO()
+    EventPrinter(quiet)(Finished("t", SpawnerResult(session_id="t")))
+    assert "hint" not in quiet.getvalue() and "blocked" not in quiet.getvalue()

@@ -214,6 +214,7 @@ def test_lifecycle_round_trips_every_column(store: SessionStore, tmp_path: Path)
         ],
         "owner_host": store.host,
         "lease_until": record.lease_until.isoformat() if record.lease_until else None,
+        "network_denied": 0,
     }
     assert record.lease_until is not None and record.lease_until > record.created_at
     assert record.tool_calls == tool_calls(), "tool calls round-trip with their datetimes"
@@ -683,7 +684,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         old = store.get_session("old")
         create(store, "new", log_dir=tmp_path / "logs", role="researcher")
         new = store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(13,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
     assert old is not None and old.log_dir is None and old.status == "queued"
     assert new is not None and new.log_dir == tmp_path / "logs" and new.role == "researcher"
 
@@ -727,7 +728,7 @@ def test_a_version_6_file_is_migrated(tmp_path: Path) -> None:
             trigger_source="external", kind="ask", sources=["notes", "repo"],
         )  # fmt: skip
         old, asked = store.get_session("old"), store.get_session("asked")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(13,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
     assert old is not None and (old.kind, old.sources) == ("run", ())
     assert asked is not None and (asked.kind, asked.sources) == ("ask", ("notes", "repo"))
     assert asked.to_dict()["sources"] == ["notes", "repo"]
@@ -793,7 +794,7 @@ def test_a_version_7_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         store.complete_session("new", full_result())
         new, old = store.get_session("new"), store.get_session("old")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(13,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
     assert new is not None and new.budget is not None and new.budget.tokens == 120
     assert old is not None and old.budget is None
 
@@ -1040,7 +1041,44 @@ def _as_schema_10(db: Path) -> None:
     execute(db, "PRAGMA user_version = 10")
 
 
+def _as_schema_13(db: Path) -> None:
+    execute(db, "ALTER TABLE sessions DROP COLUMN network_denied")
+    execute(db, "PRAGMA user_version = 13")
+
+
+def test_the_connections_a_run_was_refused_are_counted_in_its_record(
+    store: SessionStore,
+) -> None:
+    create(store, "refused")
+    create(store, "clean")
+    store.complete_session("refused", replace(full_result(), network_denied=3))
+    store.complete_session("clean", full_result())
+    refused, clean = store.get_session("refused"), store.get_session("clean")
+    assert refused is not None and clean is not None
+    assert (refused.network_denied, clean.network_denied) == (3, 0)
+    assert refused.to_dict()["network_denied"] == 3
+    listed = {r.id: r.network_denied for r in store.list_sessions()}
+    assert listed == {"refused": 3, "clean": 0}
+
+
+@sqlite_only
+def test_a_version_13_file_is_migrated(tmp_path: Path) -> None:
+    db = tmp_path / "sessions.db"
+    with SessionStore(db) as store:
+        create(store, "old")
+        store.complete_session("old", full_result())
+    _as_schema_13(db)
+    with SessionStore(db) as store:
+        create(store, "new")
+        store.complete_session("new", replace(full_result(), network_denied=2))
+        old, new = store.get_session("old"), store.get_session("new")
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
+    assert old is not None and old.network_denied == 0 and old.status == "success"
+    assert new is not None and new.network_denied == 2
+
+
 def _as_schema_12(db: Path) -> None:
+    _as_schema_13(db)
     execute(db, "ALTER TABLE sessions DROP COLUMN owner_seal")
     execute(db, "PRAGMA user_version = 12")
 
@@ -1057,7 +1095,7 @@ def test_a_version_12_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         old, new = store.get_session("old"), store.get_session("new")
         seals = rows(store, "SELECT id, owner_seal IS NOT NULL FROM sessions ORDER BY id")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(13,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
     assert seals == [("new", 1), ("old", 0)]
     assert old is not None and old.status == "crashed"
     assert (old.error or "").endswith(
@@ -1083,7 +1121,7 @@ def test_a_version_11_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         new, old = store.get_session("new"), store.get_session("old")
         assert store.expire_leases() == [], "a record without a lease never expires"
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(13,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
     assert old is not None and old.lease_until is None and old.status == "queued"
     assert new is not None and new.lease_until is not None
     assert timedelta(seconds=29) < new.lease_until - new.created_at < timedelta(seconds=31)
@@ -1123,7 +1161,7 @@ def test_a_version_10_file_is_migrated(tmp_path: Path) -> None:
     with SessionStore(db) as store:
         assert store.record_cli_events([CLI_EVENT]) == 1
         assert store.cli_events("old") == [CLI_EVENT]
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(13,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
 
 
 @sqlite_only
@@ -1140,7 +1178,7 @@ def test_a_version_9_file_is_migrated(tmp_path: Path) -> None:
     with SessionStore(db) as store:
         assert store.record_cli_spans([span]) == 1
         assert store.cli_spans("old") == [span]
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(13,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
 
 
 def _as_schema_8(db: Path) -> None:
@@ -1163,7 +1201,7 @@ def test_a_version_8_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         store.complete_session("new", replace(full_result(), attempts=(limited, retried)))
         new, old = store.get_session("new"), store.get_session("old")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(13,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
     assert new is not None and new.attempts == (limited, retried)
     assert new.to_dict()["attempts"][1]["cooldown_s"] == 2.0
     assert new.to_dict()["attempts"][0]["started_at"] == T0.isoformat()

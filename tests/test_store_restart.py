@@ -245,3 +245,28 @@ def test_replaying_a_write_the_server_already_has_changes_nothing(
                          ("cli_events", 1), ("episodes", 1)):  # fmt: skip
         assert _rows(postgres_url, f"SELECT count(*) FROM spawnkit.{table}") == [(count,)], table
     assert _rows(postgres_url, "SELECT status FROM spawnkit.sessions") == [("success",)]
+
+
+def test_a_completion_journaled_before_the_refusal_count_is_replayed(postgres_url: str) -> None:
+    """A completion kept in the journal by a spawnkit from before ``network_denied`` (one
+    parameter fewer) is written all the same when it is replayed, its count 0."""
+    done = datetime.now(UTC).isoformat()
+    old_session = [
+        "success", 1, None, None, "done", "[]", 0, 10, 1, 2, 0, 0, None, 1, None, None, None,
+        done, None, None, "s-old", None,
+    ]  # fmt: skip
+    with SessionStore(postgres_url) as store:
+        store.create_session(
+            "s-old", butler="b", runtime="codex", model=None, prompt="p", context=None,
+            trigger_source="api",
+        )  # fmt: skip
+        journal = store.journal
+        assert journal is not None
+        old_session[-1] = store.host
+        payload = {"session": old_session, "calls": [], "live": False}
+        journal.append("complete", "s-old", payload, "journaled by an older spawnkit")
+        while store.pending_writes():
+            store.replay_journal()
+        record = store.get_session("s-old")
+    assert record is not None
+    assert (record.status, record.output, record.network_denied) == ("success", "done", 0)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+from spawnkit.egress import NOT_LISTED
 from spawnkit.events import (
     AssistantText,
     Finished,
+    NetworkDenied,
     Queued,
     Started,
     TextDelta,
@@ -27,6 +30,7 @@ from spawnkit.notebook.view_state import (
     format_duration,
 )
 from spawnkit.result import SpawnerResult, ToolCall, Usage
+from spawnkit.store import SessionStore
 
 T0 = datetime(2026, 11, 22, tzinfo=UTC)
 
@@ -253,3 +257,59 @@ def test_run_view_coalesces_into_one_message_per_flush() -> None:
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert bundle["text/plain"].startswith("✓ success"), "the snapshot once it has ended"
     assert 'class="spawnkit-run sk-static"' in bundle["text/html"]
+
+
+def test_a_refused_connection_is_a_row_in_order_and_the_end_says_what_to_add() -> None:
+    state = ViewState()
+    state.apply(Started("s", "fetcher", "codex", None, "r"))
+    state.apply(AssistantText("s", "Installing."))
+    pip = call(1, "Bash", command="pip install <requests>")
+    state.apply(ToolCallStarted("s", pip))
+    config = "roster/fetcher/butler.toml"
+    state.apply(NetworkDenied("s", "<pypi.org>", 443, NOT_LISTED, "Bash", "c1", config))
+    state.apply(ToolCallFinished("s", done(pip, "error: 403")))
+    live = state.take_batch()
+    assert live is not None and live["header"]["hint"] is None, "the hint comes at the end"
+    assert "1 connection blocked" in live["header"]["figures"]
+    rows = [(item["kind"], item.get("text")) for item in state.items.values()]
+    assert rows == [
+        ("text", None), ("tool", None),
+        ("notice", "blocked: connect <pypi.org>:443 (not in allow_hosts) · during Bash"),
+    ]  # fmt: skip
+    state.apply(Finished("s", SpawnerResult(session_id="s", network_denied=1)))
+    hint = (
+        'hint: 1 connection blocked; to allow them, add "<pypi.org>" to '
+        "[butler.sandbox] allow_hosts in roster/fetcher/butler.toml"
+    )
+    assert state.status.as_dict()["hint"] == hint
+    text = static_text(state)
+    assert "  ⛔ blocked: connect <pypi.org>:443 (not in allow_hosts) · during Bash" in text
+    assert hint in text.splitlines()
+    html = static_html(state)
+    assert '<div class="sk-item sk-notice">blocked: connect &lt;pypi.org&gt;:443' in html
+    assert '<div class="sk-hint">hint: 1 connection blocked; to allow them, add &quot;' in html
+
+
+def test_a_view_of_a_record_shows_its_count_of_refusals() -> None:
+    state = ViewState.from_result(SpawnerResult(session_id="s", network_denied=2))
+    assert "2 connections blocked" in state.status.figures()
+    assert state.status.hint == (
+        "hint: 2 connections blocked (not allowed by [butler.sandbox] allow_hosts in the "
+        "butler's butler.toml)"
+    )
+    assert ViewState.from_result(SpawnerResult(session_id="t")).status.hint is None
+
+
+def test_the_dashboard_shows_a_recorded_run_with_its_refusals(tmp_path: Path) -> None:
+    from spawnkit.widgets import record_result  # ipywidgets: only this test needs it
+
+    with SessionStore(tmp_path / "sessions.db") as store:
+        store.create_session(
+            "s", butler="fetcher", runtime="codex", model=None, prompt="p", context=None,
+            trigger_source="api",
+        )  # fmt: skip
+        store.complete_session("s", SpawnerResult(session_id="s", network_denied=2))
+        record = store.get_session("s")
+    assert record is not None
+    html = static_html(ViewState.from_result(record_result(record)))
+    assert "2 connections blocked" in html and 'class="sk-hint"' in html

@@ -51,9 +51,10 @@ function render({ model, el }) {
 
   const hiddenNote = node("div", "sk-hidden");
   const transcript = node("div", "sk-transcript");
+  const hint = node("div", "sk-hint");
   const error = node("div", "sk-error");
   const foot = node("div", "sk-foot");
-  el.append(head, timing, toolbar, hiddenNote, transcript, error, foot);
+  el.append(head, timing, toolbar, hiddenNote, transcript, hint, error, foot);
 
   const byId = new Map();
   const waiters = new Map();
@@ -78,6 +79,7 @@ function render({ model, el }) {
     figures.textContent = header.figures.join(" · ");
     elapsed.textContent = formatDuration(ms);
     timing.textContent = header.timing || "";
+    hint.textContent = header.hint || "";
     error.textContent = header.error || "";
     foot.textContent = header.session_id ? `session ${header.session_id}` : "";
     el.dataset.failedTools = header.failed_tools;
@@ -177,6 +179,8 @@ function render({ model, el }) {
     if (!d) {
       if (r.kind === "text") {
         d = node("div", "sk-item sk-text jp-RenderedHTMLCommon");
+      } else if (r.kind === "notice") {
+        d = node("div", "sk-item sk-notice"); // a refused connection, as plain text
       } else {
         d = newTool(r);
         el.dataset.tools = "1";
@@ -192,6 +196,7 @@ function render({ model, el }) {
       }
     }
     if (r.kind === "text") d.innerHTML = r.html; // HTML from Markdown, raw tags escaped
+    else if (r.kind === "notice") d.textContent = `⛔ ${r.text}`;
     else fillTool(d, r);
   }
 

@@ -71,9 +71,13 @@ def static_html(state: ViewState) -> str:
     for item in state.transcript():
         if item["kind"] == "text":
             parts.append(f'<div class="sk-item sk-text jp-RenderedHTMLCommon">{item["html"]}</div>')
+        elif item["kind"] == "notice":
+            parts.append(f'<div class="sk-item sk-notice">{_e(item["text"])}</div>')
         else:
             parts.append(tool_html(item))
     parts.append("</div>")
+    if header["hint"]:
+        parts.append(f'<div class="sk-hint">{_e(header["hint"])}</div>')
     if header["error"]:
         parts.append(f'<div class="sk-error">{_e(header["error"])}</div>')
     if header["session_id"]:
@@ -92,12 +96,16 @@ def static_text(state: ViewState, width: int = 160) -> str:
         if item["kind"] == "text":
             source = state.segment_source(item["id"]).strip()
             lines.extend(f"  {line}" for line in source.splitlines())
+        elif item["kind"] == "notice":
+            lines.append(f"  ⛔ {item['text']}"[:width])
         else:
             mark = {"ok": "✓", "error": "✗"}.get(item["status"], "…")
             summary = f"  {item['summary']}" if item["summary"] else ""
             lines.append(f"  {mark} {item['label']}{summary}"[:width])
             if item["result"] is not None:
                 lines.append(f"      {item['duration']}  {item['result']}"[:width])
+    if status.hint:
+        lines.append(status.hint)
     if status.error:
         lines.append(f"error: {status.error}")
     if status.session_id:

@@ -49,6 +49,8 @@ class TerminalView:
             self.state.apply(event)  # for the header (bounded; never rendered as HTML)
             if text is not None:
                 self._lines.append(text)
+            if isinstance(event, Finished) and self.state.status.hint:
+                self._lines.append(self.style.red(self.state.status.hint))
 
     def drain(self, final: bool = False) -> None:
         """Print what arrived; redraw (or, when ``final``, erase) the status line."""

@@ -20,10 +20,18 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..console import describe_input, one_line, tool_label
+from ..console import (
+    NetworkRefusals,
+    blocked_count,
+    describe_input,
+    network_denied_line,
+    one_line,
+    tool_label,
+)
 from ..events import (
     AssistantText,
     Finished,
+    NetworkDenied,
     Queued,
     RunEvent,
     Started,
@@ -223,6 +231,9 @@ class Status:
     duration_ms: int | None = None  # the result's, once finished
     # Model request latency and tool time from the CLI's telemetry (CLI telemetry on).
     timing: str | None = None
+    # Connections the network sandbox refused, and once the run ended what to add where.
+    refusals: NetworkRefusals = field(default_factory=NetworkRefusals)
+    hint: str | None = None
     _estimate: tuple[tuple[Any, ...], float | None] = ((), None)
 
     @property
@@ -285,6 +296,8 @@ class Status:
         cost, estimated = self.cost()
         if cost is not None:
             parts.append(f"{'≈' if estimated and self.live else ''}${cost:.4f}")
+        if self.refusals.count:
+            parts.append(blocked_count(self.refusals.count))
         return parts
 
     def line(self) -> str:
@@ -324,6 +337,8 @@ class Status:
             "elapsed_s": None if elapsed is None else round(elapsed / 1000, 2),
             "clock": self.started is not None and self.live,
             "timing": self.timing,
+            "network_denied": self.refusals.count,
+            "hint": self.hint,
         }
 
 
@@ -383,6 +398,12 @@ class ViewState:
             status.model = event.model or status.model
         elif isinstance(event, Timing):
             status.timing = timing_line(event) or status.timing
+        elif isinstance(event, NetworkDenied):
+            status.refusals.add(event)
+            self._close_text()
+            self._put({"id": f"blocked-{status.refusals.count}", "kind": "notice",
+                       "text": network_denied_line(event)})  # fmt: skip
+            self._trim()
         elif isinstance(event, Queued):
             status.state, status.queue_position = "queued", event.position
             status.session_id, status.butler = event.session_id, event.butler
@@ -408,6 +429,9 @@ class ViewState:
         status.cost_usd = result.cost_usd
         status.turns = result.num_turns if result.num_turns is not None else status.turns
         status.duration_ms = result.duration_ms
+        # A view of a record has the count only (the events, and so the hosts, are gone).
+        status.refusals.count = max(status.refusals.count, result.network_denied)
+        status.hint = status.refusals.hint()
         for call in result.tool_calls:
             seen = self._calls.get(call.id)
             if seen is None or seen.status != call.status or seen.output is None:
