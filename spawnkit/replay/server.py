@@ -28,7 +28,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
+from urllib.parse import quote, urlsplit
 
 import httpx
 from starlette.applications import Starlette
@@ -402,19 +403,39 @@ async def _pause(request: Request, seconds: float) -> bool:
     return True
 
 
-def relay_app(upstream: str, sink: TurnSink, *, secret: str) -> ASGIApplication:
-    """A transparent proxy to ``upstream`` (an origin) handing every model turn to ``sink``,
-    for the one client that knows ``secret``.
+class RelayKeys(Protocol):
+    """The real credentials a relay swaps in for their placeholders
+    (:class:`spawnkit.credentials.KeySwap`)."""
 
-    Record mode's app without its request log: what :mod:`spawnkit.metering` serves. It
+    def reveal(self, text: str, quote: Callable[[str], str] | None = None) -> str: ...
+
+
+def relay_app(
+    upstream: str,
+    sink: TurnSink | None,
+    *,
+    secret: str,
+    keys: RelayKeys | None = None,
+    on_unreachable: Callable[[str], None] | None = None,
+) -> ASGIApplication:
+    """A transparent proxy to ``upstream`` (an origin) handing every model turn to ``sink``
+    (None: to nobody), for the one client that knows ``secret``.
+
+    Record mode's app without its request log: what :mod:`spawnkit.relay` serves. It
     listens on loopback, where any local user can connect, so the path of every request
     must begin with ``/<secret>`` (the base URL its CLI was given carries it); the prefix
     is removed before the request is forwarded. Any other request is answered 401 at once:
-    never forwarded, never handed to ``sink``.
+    never forwarded, never handed to ``sink``. ``keys`` swaps the real credentials in for
+    their placeholders in every header value and the query string before forwarding. An
+    upstream it cannot reach is answered 502 in the API's own error shape, and its message
+    handed to ``on_unreachable``.
     """
     if len(secret) < MIN_RELAY_SECRET_CHARS or not _URL_SAFE.fullmatch(secret):
         raise ValueError("a relay secret is at least 32 URL-safe characters")
-    app = _record_app(upstream.rstrip("/"), sink, _RequestLog(0))
+    app = _record_app(
+        upstream.rstrip("/"), sink, _RequestLog(0), keys=keys, label="spawnkit relay",
+        on_unreachable=on_unreachable,
+    )  # fmt: skip
     return cast(ASGIApplication, _SecretPrefix(app, secret))
 
 
@@ -457,8 +478,17 @@ class _SecretPrefix:
         return "/" + rest
 
 
-def _record_app(upstream: str, recording: TurnSink, log: _RequestLog) -> Starlette:
+def _record_app(
+    upstream: str,
+    recording: TurnSink | None,
+    log: _RequestLog,
+    *,
+    keys: RelayKeys | None = None,
+    label: str = "spawnkit recorder",
+    on_unreachable: Callable[[str], None] | None = None,
+) -> Starlette:
     clients: list[httpx.AsyncClient] = []
+    shown = _shown_origin(upstream)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -474,13 +504,16 @@ def _record_app(upstream: str, recording: TurnSink, log: _RequestLog) -> Starlet
         raw = await request.body()
         body = log.add(request, raw)
         headers = {
-            key: value
+            key: keys.reveal(value) if keys is not None else value
             for key, value in request.headers.items()
             if key.lower() not in _REQUEST_HEADERS_DROPPED
         }
         # Uncompressed, so the relayed stream can be parsed as it passes.
         headers["accept-encoding"] = "identity"
-        url = upstream + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        query = request.url.query
+        if keys is not None and query:
+            query = keys.reveal(query, _quote_all)  # a Gemini key may come as ?key=
+        url = upstream + request.url.path + (f"?{query}" if query else "")
         client = clients[0]
         try:
             upstream_response = await client.send(
@@ -488,7 +521,10 @@ def _record_app(upstream: str, recording: TurnSink, log: _RequestLog) -> Starlet
                 stream=True,
             )
         except httpx.HTTPError as exc:
-            return _api_error(502, "api_error", f"recorder: upstream {upstream} failed: {exc!r}")
+            message = f"{label}: cannot reach {shown}: {str(exc) or type(exc).__name__}"
+            if on_unreachable is not None:
+                on_unreachable(message)
+            return _unreachable(request.url.path, message)
         response_headers = {
             key: value
             for key, value in upstream_response.headers.items()
@@ -496,7 +532,7 @@ def _record_app(upstream: str, recording: TurnSink, log: _RequestLog) -> Starlet
         }
         api = _recorded_api(request.method, request.url.path) if isinstance(body, dict) else None
         target = None
-        if api is not None:
+        if api is not None and recording is not None:
             target = _RecordTarget(
                 recording, api, api.turn_request(body), request.headers.get(api.session_header, "")
             )
@@ -511,6 +547,26 @@ def _record_app(upstream: str, recording: TurnSink, log: _RequestLog) -> Starlet
         ],
         lifespan=lifespan,
     )
+
+
+def _quote_all(value: str) -> str:
+    return quote(value, safe="")
+
+
+def _shown_origin(upstream: str) -> str:
+    """``upstream`` as an error names it: without the user and password it may carry."""
+    parts = urlsplit(upstream)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
+def _unreachable(path: str, message: str) -> Response:
+    """A 502 in the error shape of the API ``path`` belongs to, so its CLI shows ``message``."""
+    error = ErrorSpec(502, "api_error", message)
+    if path.rstrip("/") in ("/v1/responses", "/responses"):
+        return JSONResponse(openai.error_body(error), status_code=502)
+    if _GEMINI_PATH.match(path):
+        return JSONResponse(gemini.error_body(error), status_code=502)
+    return JSONResponse(error_body(error), status_code=502)
 
 
 @dataclass(frozen=True)
@@ -542,6 +598,7 @@ _GEMINI = _RecordedApi(
     gemini.GenerateAssembler,
     gemini.turn_from_generate,
 )
+_GEMINI_PATH = re.compile(r"/v1(?:beta|alpha)?/models/")
 _GEMINI_MODEL_CALL = re.compile(r"/v1(?:beta|alpha)?/models/[^:]+:(?:stream)?[gG]enerateContent")
 
 
