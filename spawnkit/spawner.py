@@ -59,6 +59,7 @@ from .errors import (
     ConfigError,
     InvalidArgument,
     InvalidTriggerSource,
+    ModelUnavailable,
     QueueFullError,
     RuntimeFailure,
     RuntimeNotFoundError,
@@ -1200,6 +1201,10 @@ class Spawner:
                         outcome = await self._invoke(run, spec)
                 status = "success" if outcome.success else "failed"
                 error, error_kind = outcome.error, outcome.error_kind
+                if not outcome.success and run.relay is not None and run.relay.unreachable:
+                    # The CLI's own message hides the address: the relay's names it.
+                    error = f"{run.relay.unreachable[-1]} ({ModelUnavailable.remedy})"
+                    error_kind = ModelUnavailable.kind_default
             except _LimitReached as reached:
                 status, error, error_kind = "budget", reached.hit.message(), "budget"
             except TimeoutError:
