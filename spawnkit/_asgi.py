@@ -3,9 +3,7 @@
 Both of spawnkit's servers (a butler's MCP server and the replay model server)
 need the same two shapes: ``async with serve(app) as url`` for code that already
 owns an event loop (the CLI, the spawner), and ``with serve_in_thread(app) as url``
-for synchronous callers (tests, benchmarks, a notebook cell). A per-run server that is
-a door into a run's sandbox (the model relay) serves on a unix socket instead:
-``async with serve_unix(app, path)``. The socket is bound
+for synchronous callers (tests, benchmarks, a notebook cell). The socket is bound
 before uvicorn starts, so port 0 works and the URL is known at once, and every
 start and stop is bounded by a timeout.
 """
@@ -19,7 +17,6 @@ import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, cast
 
 import uvicorn
@@ -97,35 +94,11 @@ async def serve(
     """Serve ``app`` as a task on the running loop until the block exits."""
     sock = bind_socket(host, port)
     address = ServerAddress(host, sock.getsockname()[1])
-    async with _serving(app, sock, f"asgi:{address.port}"):
-        yield address
-
-
-@contextlib.asynccontextmanager
-async def serve_unix(app: ASGIApp, path: Path) -> AsyncIterator[Path]:
-    """Serve ``app`` on a new unix socket at ``path`` (mode 0600; removed at exit)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(str(path))
-    except OSError as exc:
-        sock.close()
-        raise ServerStartError(f"cannot bind {path}: {exc.strerror or exc}") from exc
-    try:
-        path.chmod(0o600)  # noqa: ASYNC240 - a local chmod, as quick as the bind before it
-        sock.set_inheritable(False)
-        async with _serving(app, sock, f"asgi:{path.name}"):
-            yield path
-    finally:
-        path.unlink(missing_ok=True)  # noqa: ASYNC240 - one unlink, no I/O to wait on
-
-
-@contextlib.asynccontextmanager
-async def _serving(app: ASGIApp, sock: socket.socket, name: str) -> AsyncIterator[None]:
     server = _make_server(app)
-    task = asyncio.create_task(server.serve(sockets=[sock]), name=name)
+    task = asyncio.create_task(server.serve(sockets=[sock]), name=f"asgi:{address.port}")
     try:
         await _wait_started(server, task)
-        yield
+        yield address
     finally:
         server.should_exit = True
         try:
