@@ -191,3 +191,33 @@ def test_a_placeholder_has_the_shape_of_the_key_and_nothing_of_it() -> None:
     swap = KeySwap()
     assert swap.hide({"OPENAI_API_KEY": "sk-" + "q" * 40})["OPENAI_API_KEY"] != "sk-" + "q" * 40
     assert "q" * 40 not in repr(swap) and swap.reveal("none here") == "none here"
+
+
+class Reads:
+    """A reader whose reads return these pieces, one each (as a socket's reads might)."""
+
+    def __init__(self, *pieces: bytes) -> None:
+        self.pieces = [p for p in pieces if p]
+
+    async def read(self, size: int) -> bytes:
+        return self.pieces.pop(0)[:size] if self.pieces else b""
+
+
+async def test_a_chunked_answer_cut_anywhere_ends_where_its_framing_says() -> None:
+    """Every way a read may cut a chunked body (sizes, data, line ends, trailers) gives the
+    same payload, passes on exactly the body, and stops at its end."""
+    from spawnkit import _http1 as wire
+
+    body = b"4\r\nabcd\r\n1a;ext=1\r\n" + b"z" * 26 + b"\r\n0\r\nx-trailer: 1\r\n\r\n"
+    after = b"HTTP/1.1 200 OK\r\n"  # a misbehaving upstream's next bytes
+    answer = wire.Answer(200, b"200 OK", b"HTTP/1.1", [], "chunked")
+    for cut in range(1, len(body)):
+        for tail in (b"", after):
+            reader: Any = Reads(body[:cut], body[cut:] + tail)
+            ended = wire.BodyEnd()
+            passed, payload, reads = b"", b"", 0
+            async for piece, data in wire.relay_body(reader, answer, 5, ended, payload=True):
+                passed, payload, reads = passed + piece, payload + data, reads + 1
+            assert passed == body and payload == b"abcd" + b"z" * 26, cut
+            assert reads == 2, "each read is passed on as it comes"
+            assert ended.clean == (not tail), "bytes after the end: the connection is not reused"
