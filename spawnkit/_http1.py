@@ -20,7 +20,7 @@ from typing import Literal
 
 MAX_HEAD = 256 * 1024
 MAX_BODY = 64 * 1024 * 1024
-READ_SIZE = 64 * 1024
+READ_SIZE = 256 * 1024
 # Write-buffer size above which the relay waits for a slow client to catch up.
 HIGH_WATER = 256 * 1024
 # Headers that belong to one connection, never forwarded (RFC 9110, 7.6.1).

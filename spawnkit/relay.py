@@ -324,7 +324,7 @@ class _RelayServer:
             return reader, writer, answer
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
             reader, writer = await asyncio.open_connection(
-                self.upstream.host, self.upstream.port, ssl=self._tls, limit=wire.MAX_HEAD,
+                self.upstream.host, self.upstream.port, ssl=self._tls, limit=wire.READ_SIZE,
                 server_hostname=self.upstream.host if self._tls else None,
             )  # fmt: skip
         try:

@@ -27,6 +27,9 @@ import pytest
 from spawnkit.credentials import CredentialStore
 from spawnkit.notebook.hub import with_runtime
 from spawnkit.replay import ReplayServer, Scenario
+from spawnkit.runtimes.base import RunSpec
+from spawnkit.runtimes.claude_code import ClaudeCodeAdapter
+from spawnkit.runtimes.codex import CodexAdapter
 from spawnkit.service import ButlerService
 
 from .conftest import REPO, processes_with_env, workspaces_of
@@ -36,9 +39,10 @@ pytestmark = pytest.mark.e2e
 NODE_CLIS = (REPO / "node_modules" / ".bin" / "codex").exists()
 MODELS = {"codex": "replay-model", "gemini": "gemini-2.5-flash"}
 KEY_VARS = (
-    "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "OPENAI_API_KEY", "GEMINI_API_KEY",
-    "GOOGLE_API_KEY",
+    "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN", "OPENAI_API_KEY",
+    "GEMINI_API_KEY", "GOOGLE_API_KEY",
 )  # fmt: skip
+LOGIN = '[butler.env]\noptional = ["CLAUDE_CODE_OAUTH_TOKEN"]\n'
 
 
 def real_key(prefix: str, length: int) -> str:
@@ -48,6 +52,8 @@ def real_key(prefix: str, length: int) -> str:
 
 # Shaped like the vendors' keys; each test makes its own.
 def real_keys(runtime: str) -> dict[str, str]:
+    if runtime == "claude-code-login":  # a subscription's token, declared by the butler
+        return {"CLAUDE_CODE_OAUTH_TOKEN": real_key("sk-ant-oat01-", 108)}
     if runtime in ("claude-code", "command"):
         return {"ANTHROPIC_API_KEY": real_key("sk-ant-api03-", 108)}
     if runtime == "codex":
@@ -97,7 +103,7 @@ def runtime_params() -> list[Any]:
     ]
 
 
-@pytest.mark.parametrize("runtime", runtime_params())
+@pytest.mark.parametrize("runtime", [*runtime_params(), "claude-code-login"])
 async def test_the_cli_sees_a_placeholder_and_the_model_api_gets_the_real_key(
     make_butler, store, runtime: str
 ) -> None:
@@ -106,7 +112,8 @@ async def test_the_cli_sees_a_placeholder_and_the_model_api_gets_the_real_key(
     server = ReplayServer(Scenario.from_dict(tomllib.loads(script), source="<hashes>"))
     hold = HoldFirstModelCall(server.app)
     server.app = hold  # type: ignore[assignment] - an ASGI app like the one it wraps
-    butler = with_runtime(make_butler(), runtime)
+    login = runtime == "claude-code-login"
+    butler = with_runtime(make_butler(extra=LOGIN if login else ""), runtime.removesuffix("-login"))
     credentials = CredentialStore(environ={**os.environ, **real})
     async with (
         server.serve() as upstream,
@@ -144,6 +151,8 @@ async def test_the_cli_sees_a_placeholder_and_the_model_api_gets_the_real_key(
     for name, value in real.items():
         hashed = printed[name].split()[0]
         assert hashed != sha(value), f"the agent saw the real {name}"
+        if login and hashed == sha(""):
+            continue  # Claude Code keeps a login's token from its tools (its CLI had one)
         assert hashed != sha(""), f"the agent saw no {name}"
         assert hashed in {sha(p) for p in placeholders}
     model_calls = [r for r in server.requests if MODEL_PATHS.search(r.path)]
@@ -217,3 +226,46 @@ async def test_an_unreachable_upstream_fails_the_run_naming_the_relay_and_the_up
             result = await svc.trigger("hello")
     assert not result.success
     assert f"spawnkit relay: cannot reach {down}" in (result.error or ""), result.error
+
+
+async def test_a_run_without_base_url_reaches_the_clis_default_api_through_its_relay(
+    make_butler, store
+) -> None:
+    """No base_url: the relay forwards to the CLI's own default API (here the replay server
+    stands in for api.anthropic.com), and the CLI keeps its defaults for it (its retries)."""
+    server = ReplayServer(Scenario.from_dict({"turn": [{"text": "Hi."}]}, source="<t>"))
+    real = real_keys("claude-code")
+    async with server.serve() as upstream:
+
+        class VendorApi(ClaudeCodeAdapter):
+            default_api_url = upstream
+
+        credentials = CredentialStore(environ={**os.environ, **real})
+        async with ButlerService(
+            make_butler(), store=store, credentials=credentials, adapter=VendorApi()
+        ) as svc:
+            result = await svc.trigger("hi")
+    assert result.success, result.error
+    assert result.output == "Hi."
+    calls = [r for r in server.requests if r.path == "/v1/messages"]
+    assert calls and all(r.headers["x-api-key"] == real["ANTHROPIC_API_KEY"] for r in calls)
+
+
+def test_a_relay_to_the_default_api_keeps_the_clis_own_defaults(tmp_path: Path) -> None:
+    relayed = "http://127.0.0.1:1/" + "s" * 43
+    codex = CodexAdapter()
+    for default_api, model, retries in ((True, None, None), (False, "replay-model", 0)):
+        spec = RunSpec(
+            session_id="s", butler="b", prompt="p", system_prompt="", workspace=tmp_path,
+            cwd=tmp_path, mcp_server=None, config_file=codex.build_config_file(tmp_path, None),
+            env={}, max_turns=3, base_url=relayed, default_api=default_api,
+        )  # fmt: skip
+        codex.command(spec)
+        config = tomllib.loads(spec.config_file.read_text())
+        assert config.get("model") == model
+        provider = config["model_providers"]["spawnkit"]
+        assert provider["base_url"] == relayed + "/v1"
+        assert provider.get("request_max_retries") == retries
+        claude = ClaudeCodeAdapter().child_env(spec)
+        assert claude["ANTHROPIC_BASE_URL"] == relayed
+        assert claude.get("CLAUDE_CODE_MAX_RETRIES") == (None if default_api else "1")
