@@ -11,11 +11,19 @@ second. Anything else the host process has, the child never sees (see
 Every value a run gets is a secret to redact (:mod:`spawnkit.redaction`) except
 the host plumbing in :data:`PLUMBING` (paths, locale) and spawnkit's own identity
 variables.
+
+A model API's credential (:data:`MODEL_CREDENTIALS`) never reaches a run whose model
+traffic goes through spawnkit's relay (:mod:`spawnkit.relay`): :class:`KeySwap` gives the
+CLI a per-run placeholder in its place, and the relay, in the spawner's process, swaps the
+real value back in on the way out. An agent that prints its environment, or sends its key
+somewhere, gives away a value that works nowhere but at its own run's relay.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+import string
 from collections.abc import Callable, Iterable, Mapping
 
 from .credential_file import CredentialFile
@@ -34,6 +42,67 @@ PLUMBING = frozenset(
         "XDG_RUNTIME_DIR",
     }
 )  # fmt: skip
+
+
+# The variables that hold a model API's credential: an API key, or a login's bearer token.
+MODEL_CREDENTIALS = (
+    "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN",
+    "OPENAI_API_KEY", "CODEX_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY",
+)  # fmt: skip
+# Prefixes a placeholder keeps, so it has the shape of the key it stands for (longest first).
+KEY_PREFIXES = ("sk-ant-api03-", "sk-ant-oat01-", "sk-ant-", "sk-proj-", "sk-", "AIza")
+# A placeholder's random part: as long as the key's, and never shorter than this.
+MIN_PLACEHOLDER_RANDOM = 32
+_PLACEHOLDER_ALPHABET = string.ascii_letters + string.digits
+
+
+def placeholder_for(value: str) -> str:
+    """A fresh random stand-in for the credential ``value``: its known prefix (``sk-ant-api03-``,
+    ``sk-``, ``AIza``...) and as many random letters and digits as the rest (at least 32)."""
+    prefix = next((p for p in KEY_PREFIXES if value.startswith(p)), "")
+    length = max(len(value) - len(prefix), MIN_PLACEHOLDER_RANDOM)
+    return prefix + "".join(secrets.choice(_PLACEHOLDER_ALPHABET) for _ in range(length))
+
+
+class KeySwap:
+    """One run's model credentials: placeholders for its CLI, the real values for its relay.
+
+    :meth:`hide` gives the CLI's environment a placeholder for each model credential; the
+    relay calls :meth:`reveal` on each header value and query string it forwards. The real
+    values stay in this object, in the spawner's memory; its repr shows none of them.
+    """
+
+    def __init__(self) -> None:
+        self._real: dict[str, str] = {}  # placeholder -> the value it stands for
+
+    def hide(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` with each model credential in it replaced by a placeholder of its own."""
+        hidden = dict(env)
+        for name in MODEL_CREDENTIALS:
+            value = env.get(name)
+            if value:
+                placeholder = placeholder_for(value)
+                self._real[placeholder] = value
+                hidden[name] = placeholder
+        return hidden
+
+    def reveal(self, text: str, quote: Callable[[str], str] | None = None) -> str:
+        """``text`` with every placeholder replaced by its real value (passed through
+        ``quote`` first, for a query string)."""
+        for placeholder, real in self._real.items():
+            if placeholder in text:
+                text = text.replace(placeholder, quote(real) if quote else real)
+        return text
+
+    @property
+    def placeholders(self) -> list[str]:
+        return list(self._real)
+
+    def __bool__(self) -> bool:
+        return bool(self._real)
+
+    def __repr__(self) -> str:
+        return f"KeySwap({len(self._real)} credentials)"
 
 
 class CredentialStore:

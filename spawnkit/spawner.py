@@ -43,6 +43,7 @@ from opentelemetry.trace import TracerProvider
 from . import sandbox
 from .budget import LimitHit, RunBudget, admit, day_start
 from .credentials import (
+    MODEL_CREDENTIALS,
     CredentialStore,
     check_required,
     injected_secrets,
@@ -58,6 +59,7 @@ from .errors import (
     ConfigError,
     InvalidArgument,
     InvalidTriggerSource,
+    ModelUnavailable,
     QueueFullError,
     RuntimeFailure,
     RuntimeNotFoundError,
@@ -84,6 +86,7 @@ from .memory import MemoryProvider, StoreMemory
 from .otlp import CliTelemetry, OtlpReceiver, OtlpTarget, tracer_provider_from_env
 from .pacing import Pacer
 from .redaction import Redactor
+from .relay import Relay, open_relay
 from .result import (
     OUTPUT_LIMIT,
     Attempt,
@@ -329,6 +332,8 @@ class _Run:
     workdir: Path | None = None  # this run's own working directory (see trigger)
     log: RunLog | None = None
     mcp_secret: str | None = None
+    # The run's model relay, while it runs (see Spawner._open_relay): a door of its sandbox.
+    relay: Relay | None = None
     # A dispatched run: the owner of the queued record its client made, adopted here.
     queued_by: tuple[str, int] | None = None
 
@@ -1188,7 +1193,7 @@ class Spawner:
             exit_code: int | None = None
             try:
                 async with contextlib.AsyncExitStack() as relay:
-                    base_url = await self._metered_base_url(run, relay)
+                    base_url = await self._open_relay(run, relay)
                     telemetry = await self._cli_receiver(run, span, relay)
                     spec = await self._prepare(run, workspace, span, base_url)
                     spec = replace(spec, telemetry=telemetry)
@@ -1196,6 +1201,10 @@ class Spawner:
                         outcome = await self._invoke(run, spec)
                 status = "success" if outcome.success else "failed"
                 error, error_kind = outcome.error, outcome.error_kind
+                if not outcome.success and run.relay is not None and run.relay.unreachable:
+                    # The CLI's own message hides the address: the relay's names it.
+                    error = f"{run.relay.unreachable[-1]} ({ModelUnavailable.remedy})"
+                    error_kind = ModelUnavailable.kind_default
             except _LimitReached as reached:
                 status, error, error_kind = "budget", reached.hit.message(), "budget"
             except TimeoutError:
@@ -1254,33 +1263,47 @@ class Spawner:
                 )
         return result
 
-    async def _metered_base_url(self, run: _Run, stack: contextlib.AsyncExitStack) -> str | None:
-        """The base URL the run's CLI is given: a relay metering it, when its limits need one.
+    async def _open_relay(self, run: _Run, stack: contextlib.AsyncExitStack) -> str | None:
+        """Open the run's model relay in ``stack`` (``run.relay``); the base URL its CLI is given.
 
-        A CLI that reports usage only at the end (Codex, Gemini) is metered when the run
-        has a token or dollar limit and a model API to forward to: its base_url, else the
-        CLI's default API when an API key is used (a subscription login goes elsewhere).
+        A CLI that reaches its model API through a base URL goes through a relay of its own
+        (:mod:`spawnkit.relay`) whenever there is an API to forward to: the butler's
+        base_url, else the CLI's default API when the run has a model key (a subscription
+        login without one goes its own way). The relay swaps the real keys in for the
+        placeholders the CLI gets (:meth:`_prepare`), and meters a CLI that reports usage
+        only at its end (Codex, Gemini) when the run has a token or dollar limit.
         """
         worker = run.worker
-        if worker.live_usage or not run.budget.limits.needs_usage:
-            return self.base_url
+        run.relay = None  # an earlier attempt's, closed
+        metered = not worker.live_usage and run.budget.limits.needs_usage
         upstream = self.base_url
-        if upstream is None and run.budget.price is not None:
-            upstream = worker.default_api_url  # a dollar budget was admitted: an API key
-        if upstream is None:
-            logger.warning(
-                "run %s: %s reports usage only at its end, and no model API is known to "
-                "meter; its limits are checked on what it reports", run.session_id, worker.type,
-            )  # fmt: skip
+        if upstream is None and worker.model_via_base_url():
+            resolve = run_values(
+                self.butler, self.credentials, worker.passthrough_env, worker.other_vendor_keys
+            )
+            keyed = await asyncio.to_thread(lambda: any(map(resolve, MODEL_CREDENTIALS)))
+            if keyed or (metered and run.budget.price is not None):
+                upstream = worker.default_api_url
+        if upstream is None or not worker.model_via_base_url():
+            if metered:
+                logger.warning(
+                    "run %s: %s reports usage only at its end, and no model API is known to "
+                    "meter; its limits are checked on what it reports", run.session_id,
+                    worker.type,
+                )  # fmt: skip
             return self.base_url
-        # Starts a web server: only for metered runs.
-        from .metering import Meter, metered
+        meter = None
+        if metered:
+            from .metering import Meter
 
-        meter = Meter(run.collector.metered_usage)
-        run.collector.metered = True
-        relay = await stack.enter_async_context(metered(upstream, meter))
+            meter = Meter(run.collector.metered_usage)
+            run.collector.metered = True
+        # In a network sandbox the relay is a door: open_relay(..., uds=<the door's
+        # socket>, port=<its inside port>) (see spawnkit.relay).
+        relay = await stack.enter_async_context(open_relay(upstream, sink=meter))
         # Its URL carries the secret, and a CLI may print its URL (in an error, say).
         run.redactor.add_run_secret("SPAWNKIT_RELAY_SECRET", relay.secret)
+        run.relay = relay
         return relay.url
 
     async def _cli_receiver(
@@ -1431,6 +1454,10 @@ class Spawner:
         # since the trigger was accepted).
         names = secret_names(butler, worker.passthrough_env, worker.other_vendor_keys)
         run.redactor.add({name: env[name] for name in names if name in env})
+        if run.relay is not None:
+            # The CLI gets placeholders; the real keys stay with its relay, which swaps them in.
+            env = run.relay.keys.hide(env)
+            run.redactor.add({name: env[name] for name in MODEL_CREDENTIALS if name in env})
         linked = source_paths(run.sources)
         if asking:
             cwd = await asyncio.to_thread(link_sources, workspace, run.sources)
@@ -1477,6 +1504,7 @@ class Spawner:
             tools=tools,
             model=(agent.model if agent is not None and agent.model else None) or self.model,
             base_url=base_url,
+            default_api=run.relay is not None and self.base_url is None,
             runtime_session_id=run.runtime_session_id,
             resume=run.resume,
             log=run.log,

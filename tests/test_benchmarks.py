@@ -189,3 +189,22 @@ def test_store_postgres_benchmark_runs(tmp_path: Path) -> None:
         assert (scale["sessions"], scale["tool_calls"]) == (3000, 6000)
         assert scale["latest_20_median_ms"] > 0 and scale["sessions_frame_median_s"] > 0
     assert "ratio" in done.stdout and done.stdout.count("sessions()") == 2
+
+
+def test_relay_benchmark_runs(tmp_path: Path) -> None:
+    out = tmp_path / "relay.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "relay.py"), "--rounds", "1",
+         "--requests", "5", "--megabytes", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    ways = report["ways"]
+    assert set(ways) == {"direct", "relay tcp", "relay uds", "relay tcp metered"}
+    assert ways["direct"]["ttfb_added_ms"] == 0 and ways["direct"]["throughput_ratio"] == 1
+    for name, way in ways.items():
+        assert way["ttfb_median_ms"] > 0 and way["throughput_mb_s"] > 0, name
+        if name != "direct":
+            assert way["relay_cpu_s_per_mb"] >= 0
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]

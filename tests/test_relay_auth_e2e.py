@@ -1,7 +1,7 @@
 """The metering relay serves only its own run: another local user gets 401, nothing more.
 
 A run of Codex or Gemini with a token or dollar limit talks to the model API through a
-relay on 127.0.0.1 (:mod:`spawnkit.metering`). Any local user can connect to it, so the
+relay on 127.0.0.1 (:mod:`spawnkit.relay`). Any local user can connect to it, so the
 base URL its CLI is given carries a per-run secret: a request without it must be refused
 before it is forwarded (the upstream replay server sees nothing) or metered (the run does
 not stop on a budget someone else spent). The intruder is the real user ``nobody``
@@ -26,8 +26,9 @@ from typing import Any
 import psutil
 import pytest
 
-from spawnkit.metering import Meter, metered
+from spawnkit.metering import Meter
 from spawnkit.notebook.hub import with_runtime
+from spawnkit.relay import open_relay
 from spawnkit.replay import ReplayServer, Scenario
 from spawnkit.result import Usage
 from spawnkit.runtimes.claude_code import ClaudeCodeAdapter
@@ -206,7 +207,7 @@ async def test_the_relay_forwards_and_meters_only_requests_with_its_secret() -> 
     server = ReplayServer(Scenario.from_dict(tomllib.loads(ONE_TURN), source="<test>"))
     totals: list[Usage] = []
     path, body = CALLS["codex"]
-    async with server.serve() as upstream, metered(upstream, Meter(totals.append)) as relay:
+    async with server.serve() as upstream, open_relay(upstream, sink=Meter(totals.append)) as relay:
         assert relay.address.startswith("http://127.0.0.1:") and relay.secret not in repr(relay)
         urls = intruder_urls(relay.address, path, relay.secret)
         assert await as_nobody(body, urls) == dict.fromkeys(urls, 401)
@@ -221,7 +222,7 @@ async def test_claude_code_keeps_the_secret_path_of_its_base_url() -> None:
     for it needs nothing else); Codex and Gemini are shown by the run above."""
     server = ReplayServer(Scenario.from_dict(tomllib.loads(ONE_TURN), source="<test>"))
     totals: list[Usage] = []
-    async with server.serve() as upstream, metered(upstream, Meter(totals.append)) as relay:
+    async with server.serve() as upstream, open_relay(upstream, sink=Meter(totals.append)) as relay:
         home = Path(os.environ["SPAWNKIT_HOME"]) / "claude-home"
         home.mkdir(parents=True)
         proc = await asyncio.create_subprocess_exec(

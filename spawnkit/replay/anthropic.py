@@ -279,6 +279,8 @@ class _Block:
     type: str
     text: str = ""
     name: str = ""
+    # Text deltas, joined once at the end (+= on an attribute copies the whole text each time).
+    text_deltas: list[str] = field(default_factory=list)
     partial_json: list[str] = field(default_factory=list)
     input: Any = None
 
@@ -314,7 +316,7 @@ class MessageAssembler:
             if current is None:
                 return
             if delta.get("type") == "text_delta":
-                current.text += delta.get("text", "")
+                current.text_deltas.append(delta.get("text", ""))
             elif delta.get("type") == "input_json_delta":
                 current.partial_json.append(delta.get("partial_json", ""))
         elif kind == "message_delta":
@@ -343,7 +345,7 @@ class MessageAssembler:
         for index in sorted(self._blocks):
             block = self._blocks[index]
             if block.type == "text":
-                texts.append(block.text)
+                texts.append(block.text + "".join(block.text_deltas))
             elif block.type == "tool_use":
                 calls.append(RecordedCall(block.name, _tool_input(block)))
             else:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import re
 import threading
@@ -66,9 +65,6 @@ _RESPONSE_HEADERS_DROPPED = frozenset(
     {"content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive"}
 )
 _DISCONNECT_POLL_S = 0.05
-# A relay's secret: the first segment of every path it accepts (secrets.token_urlsafe(32)).
-MIN_RELAY_SECRET_CHARS = 32
-_URL_SAFE = re.compile(r"[A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True)
@@ -402,61 +398,6 @@ async def _pause(request: Request, seconds: float) -> bool:
     return True
 
 
-def relay_app(upstream: str, sink: TurnSink, *, secret: str) -> ASGIApplication:
-    """A transparent proxy to ``upstream`` (an origin) handing every model turn to ``sink``,
-    for the one client that knows ``secret``.
-
-    Record mode's app without its request log: what :mod:`spawnkit.metering` serves. It
-    listens on loopback, where any local user can connect, so the path of every request
-    must begin with ``/<secret>`` (the base URL its CLI was given carries it); the prefix
-    is removed before the request is forwarded. Any other request is answered 401 at once:
-    never forwarded, never handed to ``sink``.
-    """
-    if len(secret) < MIN_RELAY_SECRET_CHARS or not _URL_SAFE.fullmatch(secret):
-        raise ValueError("a relay secret is at least 32 URL-safe characters")
-    app = _record_app(upstream.rstrip("/"), sink, _RequestLog(0))
-    return cast(ASGIApplication, _SecretPrefix(app, secret))
-
-
-class _SecretPrefix:
-    """An ASGI app that lets through only HTTP requests whose first path segment is ``secret``.
-
-    The segment is compared in constant time (:func:`hmac.compare_digest`) and removed; a
-    request without it gets 401 before its body is read. Lifespan events pass.
-    """
-
-    def __init__(self, app: Starlette, secret: str) -> None:
-        self.app = app
-        self._secret = secret.encode()
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            await self.app(scope, receive, send)
-            return
-        if scope["type"] != "http":
-            await send({"type": "websocket.close", "code": 1008})
-            return
-        rest = self._after_secret(scope["path"])
-        if rest is None:
-            refusal = _api_error(
-                401, "authentication_error", "spawnkit relay: the path lacks this run's secret"
-            )
-            await refusal(scope, receive, send)
-            return
-        scope = {**scope, "path": rest}
-        if raw := scope.get("raw_path"):
-            # Its first segment is the secret's (percent-encoded or not: it has no "/").
-            scope["raw_path"] = b"/" + raw.removeprefix(b"/").partition(b"/")[2]
-        await self.app(scope, receive, send)
-
-    def _after_secret(self, path: str) -> str | None:
-        """``path`` without its leading ``/<secret>``; None if it does not begin so."""
-        first, _, rest = path.removeprefix("/").partition("/")
-        if not hmac.compare_digest(first.encode("utf-8", "replace"), self._secret):
-            return None
-        return "/" + rest
-
-
 def _record_app(upstream: str, recording: TurnSink, log: _RequestLog) -> Starlette:
     clients: list[httpx.AsyncClient] = []
 
@@ -567,35 +508,80 @@ class _RecordTarget:
     session_id: str
 
 
-async def _relay(response: httpx.Response, target: _RecordTarget | None) -> AsyncIterator[bytes]:
-    """Pass the upstream bytes on unchanged while rebuilding the turn they carry.
+class TurnTap:
+    """Rebuilds the model turn a relayed answer carries from its body bytes as they pass.
 
     A streamed turn is recorded as soon as its final event is parsed, before that event is
     passed on: Claude Code and Codex act on ``message_stop`` / ``response.completed``
     without waiting for the stream to close, and may exit (and their caller stop the
     recorder) before code after the last chunk would run. Anything arriving later (Gemini
-    may send usage after ``finishReason``) is recorded again when the stream ends.
+    may send usage after ``finishReason``) is recorded again at :meth:`close`.
     """
-    is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
-    decoder = SSEDecoder()
-    assembler = target.api.assembler() if target is not None else None
-    buffered = bytearray()
-    recorded: RecordedTurn | None = None
+
+    def __init__(self, target: _RecordTarget, status: int, content_type: str) -> None:
+        self.target = target
+        self.status = status
+        self.is_sse = content_type.startswith("text/event-stream")
+        self.decoder = SSEDecoder()
+        self.assembler = target.api.assembler()
+        self.buffered = bytearray()
+        self.recorded: RecordedTurn | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        """One piece of the (decompressed, de-chunked) body, as it arrives."""
+        if self.is_sse:
+            for event in self.decoder.feed(chunk):
+                self.assembler.feed(event)
+            done = self.assembler.complete or self.assembler.error is not None
+            if self.recorded is None and done:
+                self.recorded = _record(self.target, self.status, self.assembler, b"", True)
+        elif len(self.buffered) < MAX_BUFFERED_BODY:
+            self.buffered.extend(chunk)
+
+    def close(self) -> None:
+        """The body is over: record what it carried (unless recorded as it was)."""
+        _record(
+            self.target, self.status, self.assembler, bytes(self.buffered), self.is_sse,
+            self.recorded,
+        )  # fmt: skip
+
+
+def turn_tap(
+    sink: TurnSink, method: str, path: str, body: bytes, headers: Mapping[str, str],
+    status: int, content_type: str,
+) -> TurnTap | None:  # fmt: skip
+    """A tap for the answer to a request, when it is a model turn of a known API (else None).
+
+    ``headers`` are the request's (lower-case names): a session header may name the turn's
+    conversation.
+    """
+    api = _recorded_api(method, path)
+    if api is None:
+        return None
+    try:
+        parsed = json.loads(body) if body else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    session = headers.get(api.session_header, "") if api.session_header else ""
+    target = _RecordTarget(sink, api, api.turn_request(parsed), session)
+    return TurnTap(target, status, content_type)
+
+
+async def _relay(response: httpx.Response, target: _RecordTarget | None) -> AsyncIterator[bytes]:
+    """Pass the upstream bytes on unchanged while rebuilding the turn they carry."""
+    content_type = response.headers.get("content-type", "")
+    tap = TurnTap(target, response.status_code, content_type) if target is not None else None
     try:
         async for chunk in response.aiter_bytes():
-            if target is not None and assembler is not None:
-                if is_sse:
-                    for event in decoder.feed(chunk):
-                        assembler.feed(event)
-                    if recorded is None and (assembler.complete or assembler.error is not None):
-                        recorded = _record(target, response.status_code, assembler, b"", True)
-                elif len(buffered) < MAX_BUFFERED_BODY:
-                    buffered.extend(chunk)
+            if tap is not None:
+                tap.feed(chunk)
             yield chunk
     finally:
         await response.aclose()
-    if target is not None and assembler is not None:
-        _record(target, response.status_code, assembler, bytes(buffered), is_sse, recorded)
+    if tap is not None:
+        tap.close()
 
 
 def _record(

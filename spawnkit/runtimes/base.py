@@ -85,7 +85,12 @@ class RunSpec:
     max_turns: int
     tools: tuple[str, ...] = ()
     model: str | None = None
+    # Where the CLI sends its model calls: the run's relay (see spawnkit.relay), or the
+    # butler's base_url itself; None: the CLI's own default API, directly.
     base_url: str | None = None
+    # Whether ``base_url`` is a relay to the CLI's own default API (the butler set none):
+    # the CLI then keeps its defaults for that API (model, retries).
+    default_api: bool = False
     runtime_session_id: str | None = None
     resume: str | None = None
     # Where the runtime's raw output goes, line by line, as it arrives.
@@ -317,6 +322,11 @@ class RuntimeAdapter(ABC):
     def parse_system_prompt_file(self, path: Path, roster_dir: Path) -> str:
         """Read a system prompt file in this runtime's format, resolving includes."""
         return read_prompt_file(path, roster_dir)
+
+    def model_via_base_url(self) -> bool:
+        """Whether the CLI sends its model calls to the base URL spawnkit gives it (so a
+        relay can carry them); true of every runtime with a default model API."""
+        return self.default_api_url is not None
 
     @abstractmethod
     def build_config_file(self, workspace: Path, server: McpServerSpec | None) -> Path:

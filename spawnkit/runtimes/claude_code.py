@@ -544,6 +544,7 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             env["CLAUDE_CODE_MAX_RETRIES"] = str(spec.model_retries)
         if spec.base_url:
             env["ANTHROPIC_BASE_URL"] = spec.base_url
+        if spec.base_url and not spec.default_api:
             # A local gateway or replay server failing should fail the run in
             # seconds, not after minutes of retries.
             env.setdefault("CLAUDE_CODE_MAX_RETRIES", "1")

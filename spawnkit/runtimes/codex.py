@@ -328,11 +328,12 @@ class CodexAdapter(StreamingCliAdapter):
             }  # fmt: skip
         if spec.sandbox.kind == "bwrap":
             config["sandbox_mode"] = "danger-full-access"
-        model = spec.model or (REPLAY_MODEL if spec.base_url else None)
+        model = spec.model or (REPLAY_MODEL if spec.base_url and not spec.default_api else None)
         if model:
             config["model"] = model
         if spec.base_url:
-            config.update(provider_config(spec.base_url))
+            # OpenAI's own API (through the run's relay) keeps Codex's retries.
+            config.update(provider_config(spec.base_url, retries=spec.default_api))
         if spec.telemetry is not None:
             config["otel"] = otel_config(spec.telemetry)
         write_private(spec.config_file, tomli_w.dumps(config))

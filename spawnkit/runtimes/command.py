@@ -6,10 +6,11 @@ prompt, written to the workspace), ``{system_prompt_file}``, ``{mcp_config}`` (t
 butler's MCP server, or none, as ``{"mcpServers": {...}}``), ``{workspace}`` (the run's
 HOME), ``{cwd}``, ``{prompt}``, ``{base_url}``, ``{model}``, ``{sources}`` (an ask's
 ``- ./name/`` list) and ``{claude}``/``{codex}``/``{gemini}`` (those CLIs as spawnkit
-finds them). ``{prompt}`` puts the prompt in the process's arguments, which every local
-user can read and the kernel bounds: each run that uses it logs a warning naming
-``{prompt_file}`` and ``stdin = "prompt"``, which are neither. What it prints is read by
-``output``:
+finds them). ``{base_url}`` in ``env`` is the run's model relay, which swaps the real
+model keys in for the placeholders the CLI gets (see :mod:`spawnkit.relay`). ``{prompt}``
+puts the prompt in the process's arguments, which every local user can read and the
+kernel bounds: each run that uses it logs a warning naming ``{prompt_file}`` and
+``stdin = "prompt"``, which are neither. What it prints is read by ``output``:
 
 * ``text``: stdout is the answer;
 * ``json-lines``: one JSON object a line, mapped to spawnkit's events by
@@ -260,6 +261,18 @@ class CommandAdapter(StreamingCliAdapter):
                 'the command runtime needs [butler.runtime] command = ["program", ...]'
             )
         return self.config.command
+
+    def model_via_base_url(self) -> bool:
+        """When ``{base_url}`` is in the CLI's environment (``[butler.runtime] env``) and on
+        none of its command lines: the run's relay then carries its model calls, and it gets
+        placeholders for the model keys. A URL on a command line would put the relay's
+        secret where every local user can read it, so such a CLI gets the upstream's URL
+        and the real keys, as it always has."""
+        config = self.config.command
+        if config is None or not any("base_url" in placeholders(v) for v in config.env.values()):
+            return False
+        argvs = (config.argv, config.resume_argv, config.chat_argv)
+        return not any("base_url" in placeholders(arg) for argv in argvs for arg in argv)
 
     def capabilities(self) -> dict[str, Any]:
         # Unconfigured (the adapter contract asks every runtime): nothing to resume or say.
