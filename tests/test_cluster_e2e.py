@@ -9,6 +9,7 @@ runs live under it and tests/leftovers.py sees their processes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -66,19 +67,27 @@ def scenario(text: str) -> Scenario:
     return Scenario.from_dict(tomllib.loads(text), source="<test>")
 
 
+@contextlib.contextmanager
+def local_client(workers: int = 2, threads: int = 2, **env: str) -> Iterator[Any]:
+    """A Client of a LocalCluster of ``workers`` processes (each behind a nanny), with
+    ``env`` in the workers' environment besides the worker host's name."""
+    with (
+        distributed.LocalCluster(
+            processes=True, n_workers=workers, threads_per_worker=threads,
+            dashboard_address=None,
+            env={"SPAWNKIT_HOST": WORKER_HOST, **env},
+        ) as cluster,
+        distributed.Client(cluster) as dask_client,
+    ):  # fmt: skip
+        yield dask_client
+
+
 @pytest.fixture
 def client(isolated_home: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     """2 worker processes (each behind a nanny) on this test's SPAWNKIT_HOME; a test may
     ask for other numbers, (workers, threads each), by indirect parametrization."""
     workers, threads = getattr(request, "param", (2, 2))
-    with (
-        distributed.LocalCluster(
-            processes=True, n_workers=workers, threads_per_worker=threads,
-            dashboard_address=None,
-            env={"SPAWNKIT_HOST": WORKER_HOST},
-        ) as cluster,
-        distributed.Client(cluster) as dask_client,
-    ):  # fmt: skip
+    with local_client(workers, threads) as dask_client:
         yield dask_client
 
 
@@ -158,12 +167,18 @@ text = "done"
 
 
 async def test_admission_holds_across_workers_through_the_postgres_slots(
-    make_butler, postgres_url, client
+    make_butler, postgres_url, isolated_home
 ):
     """max_concurrent_sessions = 2 with 2 workers of 2 threads each (4 tasks at once):
-    the store's slots, not each worker's own limit, keep the records to 2 at a time."""
+    the store's slots, not each worker's own limit, keep the records to 2 at a time. The
+    workers know the store with its password from their own setting (a task names it
+    without)."""
     butler = make_butler(extra="[butler.runtime]\nmax_concurrent_sessions = 2\n")
-    with SessionStore(postgres_url) as store, Cluster(client, replay=scenario(SHORT)) as cluster:
+    with (
+        local_client(SPAWNKIT_STORE=postgres_url) as client,
+        SessionStore(postgres_url) as store,
+        Cluster(client, replay=scenario(SHORT)) as cluster,
+    ):
         spawner = Spawner(butler, store=store, cluster=cluster)
         results = await asyncio.gather(*(spawner.trigger(f"run {n}") for n in range(6)))
         records = [store.get_session(r.session_id) for r in results]
