@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import shutil
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,25 @@ class Door:
     def inside(self) -> PurePosixPath:
         """Where the sandbox sees the socket."""
         return INSIDE / self.socket.name
+
+
+def loopback_address(url: str) -> tuple[str, int] | None:
+    """(host, port) of ``url`` when it names this machine's loopback, else None."""
+    parts = urlsplit(url)
+    host = parts.hostname
+    if host is None:
+        return None
+    if host != "localhost":
+        try:
+            if not ipaddress.ip_address(host).is_loopback:
+                return None
+        except ValueError:
+            return None
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    return host, port or (443 if parts.scheme == "https" else 80)
 
 
 class Doors:
@@ -181,4 +202,6 @@ async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> Non
         sink.close()  # the other way stops too: a reset ends the whole connection
 
 
-__all__ = ["DOORS_DIR", "INSIDE", "MAX_CONNECTIONS", "Door", "Doors", "open_doors"]
+__all__ = [
+    "DOORS_DIR", "INSIDE", "MAX_CONNECTIONS", "Door", "Doors", "loopback_address", "open_doors",
+]  # fmt: skip

@@ -52,6 +52,7 @@ from .credentials import (
     secret_names,
 )
 from .dispatch import Cluster
+from .doors import DOORS_DIR, Door, loopback_address, open_doors
 from .errors import (
     BudgetRefused,
     ConfigError,
@@ -1161,7 +1162,8 @@ class Spawner:
                 async with contextlib.AsyncExitStack() as relay:
                     base_url = await self._metered_base_url(run, relay)
                     telemetry = await self._cli_receiver(run, span, relay)
-                    spec = await self._prepare(run, workspace, span, base_url)
+                    doors = await self._doors(run, workspace, base_url, telemetry, relay)
+                    spec = await self._prepare(run, workspace, span, base_url, doors)
                     spec = replace(spec, telemetry=telemetry)
                     async with asyncio.timeout(run.timeout_s):
                         outcome = await self._invoke(run, spec)
@@ -1293,6 +1295,45 @@ class Spawner:
         stack.push_async_callback(store)
         return await stack.enter_async_context(receiver.serve())
 
+    async def _doors(
+        self,
+        run: _Run,
+        workspace: Path,
+        base_url: str | None,
+        telemetry: CliTelemetry | None,
+        stack: contextlib.AsyncExitStack,
+    ) -> tuple[Door, ...] | None:
+        """The doors of the run's own network (:mod:`spawnkit.doors`), open until ``stack``
+        closes; None when the run has the host's network.
+
+        A door for the butler's MCP server, the run's OTLP receiver and its model URL when
+        that is on this machine's loopback (the replay server, the metering relay, a local
+        gateway). A model API elsewhere is reached through spawnkit's relay only: until
+        every run has one, such a run fails here, before its CLI starts.
+        """
+        if sandbox.network_policy(self.butler) == "host":
+            return None
+        ports: dict[int, tuple[str, int]] = {}
+        if run.kind not in _SOURCE_KINDS:
+            port = self.mcp_port or self.butler.port
+            ports[port] = (self.mcp_host, port)
+        if telemetry is not None:
+            address = loopback_address(telemetry.endpoint)
+            if address is not None:
+                ports[address[1]] = address
+        model = base_url or run.worker.default_api_url
+        if model is not None:
+            address = loopback_address(model)
+            if address is None:
+                raise ConfigError(
+                    f'[butler.sandbox] network = "model-only" needs spawnkit\'s relay to reach '
+                    f"{model}, and this run has none; give the butler a base_url on this "
+                    'machine, or network = "host"'
+                )
+            ports[address[1]] = address
+        doors = await stack.enter_async_context(open_doors(workspace, ports.values()))
+        return doors.doors
+
     async def _invoke(self, run: _Run, spec: RunSpec) -> RunOutcome:
         """The worker's run, stopped (``_LimitReached``) as soon as it reaches a limit."""
         reached: asyncio.Future[LimitHit] = asyncio.get_running_loop().create_future()
@@ -1345,7 +1386,12 @@ class Spawner:
             logger.exception("could not keep the transcripts of the run in %s", workspace)
 
     async def _prepare(
-        self, run: _Run, workspace: Path, span: RunSpan, base_url: str | None
+        self,
+        run: _Run,
+        workspace: Path,
+        span: RunSpan,
+        base_url: str | None,
+        doors: tuple[Door, ...] | None = None,
     ) -> RunSpec:
         butler, worker = self.butler, run.worker
         agent = butler.agents.get(run.role) if run.role else None
@@ -1375,7 +1421,7 @@ class Spawner:
             server = McpServerSpec(
                 name=butler.name,
                 transport=butler.mcp_transport,
-                url=mcp_url(butler, session_key, self.mcp_host, self.mcp_port),
+                url=mcp_url(butler, session_key, self._mcp_host_seen(doors), self.mcp_port),
                 secret=run.mcp_secret,
             )
         identity = {
@@ -1418,7 +1464,7 @@ class Spawner:
         plan = sandbox.plan(
             butler, workspace, worker.install_paths(), read=linked, cwd=cwd,
             write=(run.workdir,) if run.workdir is not None else (),
-            interactive=run.kind == "chat",
+            interactive=run.kind == "chat", doors=doors or (),
         )  # fmt: skip
         config_file = worker.build_config_file(workspace, server)
         await asyncio.to_thread(
@@ -1426,7 +1472,10 @@ class Spawner:
             run.session_id,
             sandbox=plan.kind,
             given={
-                "config_files": files_in(workspace),
+                "config_files": [
+                    name for name in files_in(workspace) if not name.startswith(f"{DOORS_DIR}/")
+                ],
+                "network": "host" if doors is None else "model-only",
                 "mcp_servers": [server.name] if server is not None else [],
                 "tools": list(tools),
                 "home": "the run's workspace",
@@ -1457,6 +1506,12 @@ class Spawner:
             add_dirs=linked,
             model_retries=0 if self.retry.max_attempts > 1 else None,
         )
+
+    def _mcp_host_seen(self, doors: tuple[Door, ...] | None) -> str:
+        """The MCP server's host as the CLI names it: behind a door, a loopback name."""
+        if doors is None or loopback_address(f"http://{self.mcp_host}") is not None:
+            return self.mcp_host
+        return "127.0.0.1"
 
     def _result(
         self,
