@@ -58,7 +58,8 @@ try:
 except OSError as exc:
     print("dns-python:failed", exc)
 EOF
-node -e "require('http').get('http://127.0.0.1:$P/node', r => { console.log('node:reached'); r.resume() }).on('error', e => console.log('node:failed', e.code)).setTimeout(5000)"
+node -e "require('http').get('http://127.0.0.1:$P/node', r => { console.log('node:reached') })\
+  .on('error', e => console.log('node:failed', e.code)).setTimeout(5000)"
 getent hosts NAME > /dev/null && echo dns-getent:resolved || echo dns-getent:failed
 """.replace("NAME", NAME)
 
@@ -71,7 +72,7 @@ def runtime(request: pytest.FixtureRequest) -> str:
 class Canary(http.server.BaseHTTPRequestHandler):
     seen: list[str]
 
-    def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+    def do_GET(self) -> None:
         self.seen.append(self.path)
         self.send_response(200)
         self.send_header("Content-Length", "2")
@@ -134,7 +135,7 @@ async def test_a_runs_shell_reaches_nothing_but_its_doors(
     if network == "model-only":
         assert seen == [], f"the canary on the host's loopback was reached: {output}"
         for tool in ("curl", "python", "node"):
-            assert f"{tool}:failed" in output or "curl:000" in output, output
+            assert f"{tool}:failed" in output, output
         assert "dns-python:failed" in output and "dns-getent:failed" in output, output
     else:  # the control: the same probe reaches the host, so the refusals are the namespace's
         assert sorted(seen) == ["/curl", "/node", "/python"], output
