@@ -58,8 +58,9 @@ try:
 except OSError as exc:
     print("dns-python:failed", exc)
 EOF
-node -e "require('http').get('http://127.0.0.1:$P/node', r => { console.log('node:reached') })\
-  .on('error', e => console.log('node:failed', e.code)).setTimeout(5000)"
+node -e "require('http').get('http://127.0.0.1:$P/node', r => {
+  console.log('node:reached'); r.resume() }
+).on('error', e => console.log('node:failed', e.code)).setTimeout(5000)"
 getent hosts NAME > /dev/null && echo dns-getent:resolved || echo dns-getent:failed
 """.replace("NAME", NAME)
 
