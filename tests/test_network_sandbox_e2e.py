@@ -30,6 +30,7 @@ from spawnkit.doors import DOORS_DIR
 from spawnkit.store import SessionStore
 
 from .conftest import REPO, workspaces_of
+from .test_ask import library, registry, user_agents  # noqa: F401 - fixtures
 from .test_sandbox import service, wait_until
 
 RUNTIMES = ["claude-code", "codex", "gemini"]
@@ -224,3 +225,53 @@ def test_killing_the_owner_leaves_no_forwarder_and_the_sweep_no_door(
         pass
     assert not (workspace / DOORS_DIR).exists()
     assert workspaces_of(butler.name) == []
+
+
+FAKE_CHAT = """
+import os, signal, sys, urllib.request
+signal.signal(signal.SIGINT, lambda *_: print("[fake] got SIGINT", flush=True))
+print("[fake] tty:", os.isatty(0) and os.isatty(1), flush=True)
+print("[fake] model:", urllib.request.urlopen(sys.argv[1] + "/model").read().decode(), flush=True)
+line = input("you> ")
+print("[fake] bye", line, flush=True)
+sys.exit(7)
+"""
+
+
+@pytest.mark.usefixtures("registry")  # the sources notes and single
+def test_a_chat_keeps_its_terminal_and_its_ctrl_c_under_the_forwarder(
+    isolated_home, tmp_path, canary
+) -> None:
+    """A chat's model is a door too: the CLI starts under the forwarder, which leaves it
+    the terminal, its Ctrl-C (once, not twice) and its exit code."""
+    pexpect = pytest.importorskip("pexpect")
+    port, seen = canary
+    fake = tmp_path / "fake_chat.py"
+    fake.write_text(FAKE_CHAT)
+    argv = [sys.executable, str(fake), "{base_url}"]
+    user_agents(isolated_home, {"fake": {"command": argv, "chat_command": argv}}, default="fake")
+    code = (
+        "import sys; from spawnkit.ask import chat; "
+        f"sys.exit(chat('notes', base_url='http://127.0.0.1:{port}'))"
+    )
+    child = pexpect.spawn(
+        sys.executable, ["-c", code], env=dict(os.environ), cwd=str(tmp_path),
+        encoding="utf-8", timeout=60,
+    )  # fmt: skip
+    try:
+        child.expect_exact("[fake] tty: True")
+        child.expect_exact("[fake] model: ok")
+        child.expect_exact("you> ")
+        assert forwarders(isolated_home), "the chat runs under the forwarder"
+        child.sendintr()
+        child.expect_exact("[fake] got SIGINT")
+        child.sendline("ok")
+        child.expect_exact("[fake] bye ok")
+        assert "got SIGINT" not in (child.before or ""), "one Ctrl-C, one SIGINT"
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 7
+    assert seen == ["/model"]
+    (record,) = [r for r in SessionStore().list_sessions() if r.kind == "chat"]
+    assert record.given is not None and record.given["network"] == "model-only"
