@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from spawnkit.store import SessionStore
 
 from .conftest import REPO, workspaces_of
 from .test_ask import library, registry, user_agents  # noqa: F401 - fixtures
+from .test_cluster_e2e import client  # noqa: F401 - a fixture: 2 Dask worker processes
 from .test_sandbox import service, wait_until
 
 RUNTIMES = ["claude-code", "codex", "gemini"]
@@ -275,3 +277,29 @@ def test_a_chat_keeps_its_terminal_and_its_ctrl_c_under_the_forwarder(
     assert seen == ["/model"]
     (record,) = [r for r in SessionStore().list_sessions() if r.kind == "chat"]
     assert record.given is not None and record.given["network"] == "model-only"
+
+
+@pytest.mark.timeout(240)
+async def test_a_run_on_a_dask_worker_is_contained_the_same_way(
+    make_butler,
+    store,
+    canary,
+    client,  # noqa: F811 - the fixture imported above
+) -> None:
+    from spawnkit.dispatch import Cluster
+    from spawnkit.replay import Scenario
+    from spawnkit.spawner import Spawner
+
+    port, seen = canary
+    butler = make_butler(files={"health/probe.sh": PROBE})
+    script = probe_then_mcp(butler.directory / "probe.sh", port)
+    with Cluster(client, replay=Scenario.from_dict(tomllib.loads(script))) as cluster:
+        result = await Spawner(butler, store=store, cluster=cluster).trigger("probe")
+    assert result.success, result.error
+    output = result.tool_calls[0].output or ""
+    assert seen == [], f"a worker's run reached the host's loopback: {output}"
+    assert "dns-python:failed" in output and "dns-getent:failed" in output, output
+    assert [(c.tool, c.status) for c in result.tool_calls[1:]] == [("state_set", "ok")]
+    record = store.get_session(result.session_id or "")
+    assert record is not None and record.given is not None
+    assert record.given["network"] == "model-only" and "dispatch" in record.given
