@@ -1314,8 +1314,8 @@ class Spawner:
         if sandbox.network_policy(self.butler) == "host":
             return None
         ports: dict[int, tuple[str, int]] = {}
-        if run.kind not in _SOURCE_KINDS:
-            port = self.mcp_port or self.butler.port
+        port = self.mcp_port or self.butler.port
+        if run.kind not in _SOURCE_KINDS and port:  # 0: no server (an ad-hoc butler's own)
             ports[port] = (self.mcp_host, port)
         if telemetry is not None:
             address = loopback_address(telemetry.endpoint)
