@@ -66,7 +66,9 @@ from __future__ import annotations
 import errno
 import functools
 import hashlib
+import importlib.util
 import logging
+import marshal
 import os
 import platform
 import shutil
@@ -262,8 +264,8 @@ def plan(
     return SandboxPlan("bwrap", tuple(argv))
 
 
-# Where the sandbox sees the forwarder's program.
-FORWARDER_INSIDE = DOORS_INSIDE.parent / "forward.py"
+# Where the sandbox sees the forwarder's program (compiled: see _forwarder_program).
+FORWARDER_INSIDE = DOORS_INSIDE.parent / "forward.pyc"
 
 
 def _door_view(doors: Sequence[Door]) -> list[str]:
@@ -281,12 +283,28 @@ def _door_view(doors: Sequence[Door]) -> list[str]:
     if len(folders) != 1:
         raise ValueError(f"a run's doors share one folder, not {len(folders)}")
     folder = folders.pop()
-    here = Path(__file__).with_name("sandbox_forward.py")
     return [
         "--tmpfs", str(folder), "--remount-ro", str(folder),
         "--ro-bind", str(folder), str(DOORS_INSIDE),
-        "--ro-bind", str(here), str(FORWARDER_INSIDE),
+        "--ro-bind", str(_forwarder_program()), str(FORWARDER_INSIDE),
     ]  # fmt: skip
+
+
+def _forwarder_program() -> Path:
+    """The forwarder, compiled for this interpreter, in a file of ``$SPAWNKIT_HOME/sandbox``.
+
+    A script is compiled at every start (no cache is written for one), which is about
+    4 ms of the forwarder's start; a ``.pyc`` given as the script is run as it is. Only
+    its magic number is checked, so the header's other fields are left empty.
+    """
+    return _state_file("forward", ".pyc", _compiled_forwarder())
+
+
+@functools.cache
+def _compiled_forwarder() -> bytes:
+    source = Path(__file__).with_name("sandbox_forward.py").read_text(encoding="utf-8")
+    code = compile(source, str(FORWARDER_INSIDE.with_suffix(".py")), "exec", dont_inherit=True)
+    return importlib.util.MAGIC_NUMBER + bytes(12) + marshal.dumps(code)
 
 
 def _forwarder(doors: Sequence[Door], interactive: bool) -> list[str]:
@@ -357,7 +375,8 @@ def _filtered(bwrap: Path, args: list[str], interactive: bool) -> list[str]:
         return argv
     bash = shutil.which("bash") or "/bin/bash"
     # bash exports SHLVL even to what it execs: env drops it, the environment stays exact.
-    opener = [bash, "-p", "-c", 'exec 9<"$0" && exec "$@"', str(_filter_file(program))]
+    filter_file = _state_file("seccomp", ".bpf", program)
+    opener = [bash, "-p", "-c", 'exec 9<"$0" && exec "$@"', str(filter_file)]
     return [*opener, _env(), "-u", "SHLVL", *argv]
 
 
@@ -379,18 +398,18 @@ def _env() -> str:
     return shutil.which("env", path="/usr/bin:/bin") or "/usr/bin/env"
 
 
-def _filter_file(program: bytes) -> Path:
-    """``program`` in a file of ``$SPAWNKIT_HOME/sandbox`` (named by its digest, never in
-    the view), written once and replaced atomically if it was changed."""
+def _state_file(kind: str, suffix: str, program: bytes) -> Path:
+    """``program`` in a file of ``$SPAWNKIT_HOME/sandbox`` (named by its digest), written
+    once and replaced atomically if it was changed."""
     folder = spawnkit_home() / "sandbox"
-    path = folder / f"seccomp-{hashlib.sha256(program).hexdigest()[:16]}.bpf"
+    path = folder / f"{kind}-{hashlib.sha256(program).hexdigest()[:16]}{suffix}"
     try:
         if path.read_bytes() == program:
             return path
     except FileNotFoundError:
         pass
     folder.mkdir(mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".seccomp-", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=f".{kind}-", dir=folder)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(program)

@@ -259,7 +259,7 @@ def test_the_plan_gives_a_network_of_its_own_unless_the_butler_says_host(tmp_pat
     door = Door(8123, tmp_path / DOORS_DIR / "8123.sock")
     argv = sandbox.plan(butler, tmp_path, doors=[door]).argv
     assert "--unshare-net" in argv
-    assert argv[-6:] == (PYTHON, "-I", "-S", "/run/spawnkit/forward.py",
+    assert argv[-6:] == (PYTHON, "-I", "-S", "/run/spawnkit/forward.pyc",
                          "8123=/run/spawnkit/doors/8123.sock", "--")  # fmt: skip
     chat = sandbox.plan(butler, tmp_path, doors=[door], interactive=True).argv
     assert chat[-3:] == ("--interactive", "8123=/run/spawnkit/doors/8123.sock", "--")

@@ -174,7 +174,7 @@ def forwarders(home: Path) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if b"/run/spawnkit/forward.py" in cmdline and marker in environ and state != "Z":
+        if b"/run/spawnkit/forward.pyc" in cmdline and marker in environ and state != "Z":
             found.append(int(entry.name))
     return found
 
