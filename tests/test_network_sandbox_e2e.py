@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import logging
 import os
 import signal
 import socket
@@ -303,3 +304,27 @@ async def test_a_run_on_a_dask_worker_is_contained_the_same_way(
     record = store.get_session(result.session_id or "")
     assert record is not None and record.given is not None
     assert record.given["network"] == "model-only" and "dispatch" in record.given
+
+
+@pytest.mark.parametrize(
+    ("table", "warning"),
+    [
+        ('network = "host"', 'butler health: [butler.sandbox] network = "host"'),
+        ('mode = "none"', "butler health runs without a sandbox"),
+    ],
+)
+async def test_the_hosts_network_is_logged_on_every_run_and_recorded(
+    make_butler, store, caplog, table: str, warning: str
+) -> None:
+    butler = make_butler(extra=f"[butler.sandbox]\n{table}\n")
+    script = '[[turn]]\ntext = "one"\n[[turn]]\ntext = "two"\n'
+    with caplog.at_level(logging.WARNING, logger="spawnkit.sandbox"):
+        async with service(butler, "claude-code", store, script) as svc:
+            results = [await svc.trigger("hello"), await svc.trigger("again")]
+    assert all(r.success for r in results), [r.error for r in results]
+    logged = [r.getMessage() for r in caplog.records if warning in r.getMessage()]
+    assert len(logged) == 2 and all("every local port" in line for line in logged)
+    for result in results:
+        record = store.get_session(result.session_id or "")
+        assert record is not None and record.given is not None
+        assert record.given["network"] == "host"
