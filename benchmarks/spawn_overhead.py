@@ -12,8 +12,12 @@ scenario makes one real MCP tool call.
   isolated environment, system prompt composition, telemetry span, output
   parsing, per-session logs, cleanup.
 
-Rounds alternate between the two (after one warm-up each) so drift on a shared
-machine hits both alike; the figure is the ratio of the medians. With
+* spawnkit, host network: the same trigger for the same butler with ``[butler.sandbox]
+  network = "host"``, i.e. without the run's network namespace, its doors and the
+  forwarder (the default, above, has them): the figure beside the one with them.
+
+Rounds alternate between the sides (after one warm-up each) so drift on a shared
+machine hits all alike; the figure is the ratio of the medians. With
 ``--cli-telemetry`` a third side alternates with them: the same trigger with the
 CLI's own telemetry on (``Spawner(cli_telemetry=True)``: the run's OTLP receiver,
 the CLI exporting spans, logs and metrics, all stored), reported as the extra
@@ -166,6 +170,14 @@ def measure(runtime: str, rounds: int, work: Path, cli_telemetry: bool = False) 
             butler, store=store, base_url=replay_address.url, mcp_port=mcp_address.port,
             mcp_access=access,
         )  # fmt: skip
+        # The same butler on the host's network: no namespace, no doors, no forwarder.
+        open_net = dataclasses.replace(
+            butler, sandbox=dataclasses.replace(butler.sandbox, network="host")
+        )
+        host_network = Spawner(
+            open_net, store=store, base_url=replay_address.url, mcp_port=mcp_address.port,
+            mcp_access=access,
+        )  # fmt: skip
         traced = Spawner(
             butler, store=store, base_url=replay_address.url, mcp_port=mcp_address.port,
             mcp_access=access, cli_telemetry=True,
@@ -175,8 +187,9 @@ def measure(runtime: str, rounds: int, work: Path, cli_telemetry: bool = False) 
         else:
             bare = adapter_bare(runtime, butler, replay_address.url, mcp_address.port, work, secret)
 
-        async def through_spawnkit(with_telemetry: bool = False) -> None:
-            result = await (traced if with_telemetry else spawner).trigger(PROMPT)
+        async def through_spawnkit(with_telemetry: bool = False, host: bool = False) -> None:
+            chosen = traced if with_telemetry else host_network if host else spawner
+            result = await chosen.trigger(PROMPT)
             if not result.success or "measurements/weight" not in result.output:
                 raise SystemExit(f"spawnkit {runtime} failed: {result.error} {result.output[:300]}")
             if with_telemetry and not store.cli_spans(result.session_id):
@@ -184,7 +197,9 @@ def measure(runtime: str, rounds: int, work: Path, cli_telemetry: bool = False) 
 
         runner = asyncio.Runner()
 
-        cpu: dict[str, list[tuple[float, float]]] = {"bare": [], "spawnkit": []}
+        cpu: dict[str, list[tuple[float, float]]] = {
+            "bare": [], "spawnkit": [], "host_network": [],
+        }  # fmt: skip
         if cli_telemetry:
             cpu["telemetry"] = []
 
@@ -207,14 +222,19 @@ def measure(runtime: str, rounds: int, work: Path, cli_telemetry: bool = False) 
         def with_telemetry() -> None:
             runner.run(through_spawnkit(with_telemetry=True))
 
+        def on_host_network() -> None:
+            runner.run(through_spawnkit(host=True))
+
         timed(bare)  # warm-up: first start in a fresh HOME
         timed(via_spawnkit)
+        timed(on_host_network)
         if cli_telemetry:
             timed(with_telemetry)
-        bare_s, spawnkit_s, telemetry_s = [], [], []
+        bare_s, spawnkit_s, host_s, telemetry_s = [], [], [], []
         for _ in range(rounds):
             bare_s.append(timed(bare, "bare"))
             spawnkit_s.append(timed(via_spawnkit, "spawnkit"))
+            host_s.append(timed(on_host_network, "host_network"))
             if cli_telemetry:
                 telemetry_s.append(timed(with_telemetry, "telemetry"))
         runner.close()
@@ -233,9 +253,12 @@ def measure(runtime: str, rounds: int, work: Path, cli_telemetry: bool = False) 
         "bare_median_s": round(statistics.median(bare_s), 4),
         "spawnkit_median_s": round(statistics.median(spawnkit_s), 4),
         "ratio": round(statistics.median(spawnkit_s) / statistics.median(bare_s), 3),
+        "host_network_median_s": round(statistics.median(host_s), 4),
+        "host_network_ratio": round(statistics.median(host_s) / statistics.median(bare_s), 3),
         **cpu_figures(cpu),
         "bare_s": [round(x, 4) for x in bare_s],
         "spawnkit_s": [round(x, 4) for x in spawnkit_s],
+        "host_network_s": [round(x, 4) for x in host_s],
         **telemetry,
     }
 
@@ -327,7 +350,10 @@ def main() -> None:
         print(
             f"{runtime}: bare CLI median {result['bare_median_s']:.3f} s, spawnkit median "
             f"{result['spawnkit_median_s']:.3f} s, ratio {result['ratio']:.3f} over "
-            f"{args.rounds} rounds (target <= 1.05); CPU per run in the CLI's processes "
+            f"{args.rounds} rounds (target <= 1.05; on the host's network, without the "
+            f"namespace: {result['host_network_median_s']:.3f} s, "
+            f"x{result['host_network_ratio']:.3f} the bare CLI); "
+            "CPU per run in the CLI's processes "
             f"{result['bare_child_cpu_s']} vs {result['spawnkit_child_cpu_s']} s "
             f"(x{result['child_cpu_ratio']}), in ours {result['bare_own_cpu_s']} vs "
             f"{result['spawnkit_own_cpu_s']} s",

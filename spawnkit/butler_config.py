@@ -158,6 +158,41 @@ class RuntimeConfig:
 
 
 SandboxMode = Literal["bwrap", "none"]
+# A sandboxed run's network: its own namespace whose only doors are spawnkit's
+# ("model-only"), or the host's network as it is ("host").
+NetworkPolicy = Literal["model-only", "host"]
+NETWORK_POLICIES: tuple[NetworkPolicy, ...] = get_args(NetworkPolicy)
+
+# One label of a host name (RFC 1123: letters, digits and inner hyphens).
+_LABEL_RE = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def host_pattern_problem(pattern: str) -> str | None:
+    """Why ``pattern`` is no ``allow_hosts`` entry, or None when it is one.
+
+    An entry is a host name (``pypi.org``), a wildcard of its subdomains
+    (``*.github.com``: any name below github.com, not github.com itself) or an IP
+    literal (``10.0.0.5``, ``::1``); no scheme, port, path or other wildcard.
+    """
+    import ipaddress  # here: only a butler that lists hosts needs it
+
+    try:
+        ipaddress.ip_address(pattern)
+        return None
+    except ValueError:
+        pass
+    name = pattern.removeprefix("*.")
+    if "*" in name:
+        return f"{pattern!r}: a wildcard is only allowed as a leading '*.' (like '*.github.com')"
+    labels = name.rstrip(".").split(".") if name else []
+    if not labels or len(name) > 253 or not all(_LABEL_RE.fullmatch(x) for x in labels):
+        return (
+            f"{pattern!r} is not a host name, '*.' wildcard or IP address "
+            "(write 'pypi.org', '*.github.com' or '10.0.0.5': no scheme, port or path)"
+        )
+    if name != pattern and len(labels) < 2:
+        return f"{pattern!r} would allow a whole top-level domain: name one below it"
+    return None
 
 
 @dataclass(frozen=True)
@@ -166,11 +201,16 @@ class SandboxConfig:
 
     ``mode = "none"`` is an explicit opt-out. ``read``/``write`` are extra absolute paths
     the run may see read-only / read-write besides its workspace and the butler's folder.
+    ``network``: a sandboxed run gets a network namespace of its own whose only doors are
+    spawnkit's (``"model-only"``, the default), or the host's network (``"host"``).
+    ``allow_hosts`` (model-only only) are the hosts an egress proxy door lets it reach.
     """
 
     mode: SandboxMode = "bwrap"
     read: tuple[Path, ...] = ()
     write: tuple[Path, ...] = ()
+    network: NetworkPolicy = "model-only"
+    allow_hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -351,6 +391,7 @@ __all__ = [
     "MAX_SKILL_ENTRIES",
     "MCP_PATHS",
     "MODULE_KEYS",
+    "NETWORK_POLICIES",
     "SHARED_DIR",
     "SYSTEM_PROMPT_FILE",
     "AgentRole",
@@ -361,6 +402,7 @@ __all__ = [
     "EnvConfig",
     "EventMapping",
     "McpTransport",
+    "NetworkPolicy",
     "Roster",
     "RuntimeConfig",
     "SandboxConfig",
@@ -368,6 +410,7 @@ __all__ = [
     "Schedule",
     "check_inside",
     "decode_utf8",
+    "host_pattern_problem",
     "placeholders",
     "read_utf8",
 ]

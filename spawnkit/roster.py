@@ -36,6 +36,7 @@ from .butler_config import (
     MAX_SKILL_ENTRIES,
     MCP_PATHS,
     MODULE_KEYS,
+    NETWORK_POLICIES,
     SHARED_DIR,
     SYSTEM_PROMPT_FILE,
     AgentRole,
@@ -46,6 +47,7 @@ from .butler_config import (
     EnvConfig,
     EventMapping,
     McpTransport,
+    NetworkPolicy,
     Roster,
     RuntimeConfig,
     SandboxConfig,
@@ -53,6 +55,7 @@ from .butler_config import (
     Schedule,
     check_inside,
     decode_utf8,
+    host_pattern_problem,
     placeholders,
     read_utf8,
 )
@@ -454,13 +457,35 @@ def _command(r: _Reader, runtime_type: str) -> CommandConfig | None:
 
 
 def _sandbox(t: _Reader) -> SandboxConfig:
-    t.check_keys({"mode", "read", "write"})
+    t.check_keys({"mode", "read", "write", "network", "allow_hosts"})
     mode = t.string("mode", "bwrap")
     if mode not in ("bwrap", "none"):
         raise t.error("mode", f"must be 'bwrap' or 'none', not {mode!r}")
+    network = t.string("network", "model-only")
+    if network not in NETWORK_POLICIES:
+        raise t.error("network", f"must be 'model-only' or 'host', not {network!r}")
     return SandboxConfig(
-        mode=cast(SandboxMode, mode), read=_abs_paths(t, "read"), write=_abs_paths(t, "write")
+        mode=cast(SandboxMode, mode),
+        read=_abs_paths(t, "read"),
+        write=_abs_paths(t, "write"),
+        network=network,
+        allow_hosts=_allow_hosts(t, network),
     )
+
+
+def _allow_hosts(t: _Reader, network: str) -> tuple[str, ...]:
+    value = t.data.get("allow_hosts", [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise t.error("allow_hosts", "must be a list of host names")
+    if value and network == "host":
+        raise t.error(
+            "allow_hosts",
+            'has no effect with network = "host" (the run reaches every host): remove one',
+        )
+    for item in value:
+        if problem := host_pattern_problem(item):
+            raise t.error("allow_hosts", problem)
+    return tuple(dict.fromkeys(item.lower().rstrip(".") for item in value))
 
 
 def _abs_paths(t: _Reader, name: str) -> tuple[Path, ...]:
@@ -495,6 +520,7 @@ __all__ = [
     "EnvConfig",
     "EventMapping",
     "McpTransport",
+    "NetworkPolicy",
     "Roster",
     "RuntimeConfig",
     "SandboxConfig",

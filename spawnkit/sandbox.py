@@ -18,8 +18,15 @@ source inside a writable folder stays read-only; and a bound path that holds
 ``$SPAWNKIT_HOME`` gets it back empty (the store, the credentials), with only what the run
 needs from it (its workspace, its butler) bound again.
 
-The network namespace is shared, so loopback servers (the model API, the butler's MCP
-server) stay reachable. The sandbox gets a pid namespace and ``--die-with-parent``: when
+The network is the run's own (``--unshare-net``, ``[butler.sandbox] network =
+"model-only"``, the default): a namespace with only its own loopback, so no host port, no
+DNS, no internet. What the run may reach comes through the doors spawnkit keeps
+(:mod:`spawnkit.doors`: the model API, the butler's MCP server, the run's OTLP receiver):
+the door folder is bound read-only at :data:`spawnkit.doors.INSIDE`, and the CLI starts
+under spawnkit's forwarder (:mod:`spawnkit.sandbox_forward`, run by the interpreter
+spawnkit runs on, bound read-only too), which listens on the sandbox's ``127.0.0.1:PORT``
+for each door. ``network = "host"`` keeps the host's network, and is logged on every run.
+The sandbox gets a pid namespace and ``--die-with-parent``: when
 the CLI exits, or the process that started it dies however it dies, every process in the
 namespace is killed by the kernel, backgrounded and ``setsid`` ones included. All
 capabilities are dropped, so even root inside cannot remount, load modules or reconfigure
@@ -59,7 +66,9 @@ from __future__ import annotations
 import errno
 import functools
 import hashlib
+import importlib.util
 import logging
+import marshal
 import os
 import platform
 import shutil
@@ -73,7 +82,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .butler_config import ButlerConfig
+from .butler_config import ButlerConfig, NetworkPolicy
+from .doors import INSIDE as DOORS_INSIDE
+from .doors import Door
 from .errors import SandboxUnavailable
 from .home import home_path, spawnkit_home
 
@@ -177,6 +188,11 @@ def _why_none(butler: ButlerConfig) -> str | None:
     return None
 
 
+def network_policy(butler: ButlerConfig) -> NetworkPolicy:
+    """The network ``butler``'s runs get here: ``"host"`` without a sandbox, else its own."""
+    return "host" if _why_none(butler) is not None else butler.sandbox.network
+
+
 def check_available(butler: ButlerConfig) -> None:
     """Raise before a trigger is accepted when the butler needs a sandbox it cannot get."""
     if _why_none(butler) is None:
@@ -192,6 +208,7 @@ def plan(
     cwd: Path | None = None,
     write: Iterable[Path] = (),
     interactive: bool = False,
+    doors: Sequence[Door] = (),
 ) -> SandboxPlan:
     """The sandbox for one run of ``butler`` in ``workspace`` (HOME and working directory).
 
@@ -202,10 +219,17 @@ def plan(
 
     ``interactive`` is a CLI on the user's terminal (a chat): bubblewrap's new session
     would take the terminal from it, so it keeps the terminal (see :func:`_keep_terminal`).
+
+    ``doors`` (of one folder, see :func:`spawnkit.doors.open_doors`) are what a run with a
+    network of its own (:func:`network_policy` ``"model-only"``) may reach; the CLI then
+    starts under the forwarder that opens them inside.
     """
     why = _why_none(butler)
     if why is not None:
-        logger.warning("butler %s runs without a sandbox (%s)", butler.name, why)
+        logger.warning(
+            "butler %s runs without a sandbox (%s): it has the host's network, every host "
+            "and every local port", butler.name, why,
+        )  # fmt: skip
         if interactive and legacy_tiocsti():
             logger.warning(
                 "this kernel lets a program type into the terminal it runs on (TIOCSTI, "
@@ -214,7 +238,15 @@ def plan(
             )
         return NO_SANDBOX
     bwrap = available_bwrap()
+    own_network = butler.sandbox.network != "host"
+    if not own_network:
+        logger.warning(
+            'butler %s: [butler.sandbox] network = "host": its runs reach every host and '
+            "every local port (databases, notebooks, Dask schedulers)", butler.name,
+        )  # fmt: skip
+    doors = doors if own_network else ()
     readable = [*_existing(cli_paths), butler.directory, *butler.sandbox.read]
+    readable += _forwarder_paths() if doors else []
     writable = [workspace, *butler.sandbox.write, *write]
     sources = _existing(read)
     binds = [
@@ -223,10 +255,76 @@ def plan(
         *(("--ro-bind", path) for path in sources),
     ]
     base = [arg for arg in _base_args() if not (interactive and arg == "--new-session")]
-    args = [*base, *_system_view(), *_binds(binds, home_path())]
+    args = [*base, *(["--unshare-net"] if own_network else []), *_system_view()]
+    args += [*_binds(binds, home_path()), *_door_view(doors)]
     args += ["--chdir", str(cwd or butler.workdir or workspace), "--"]
     argv = _filtered(bwrap, args, interactive)
+    if doors:
+        argv += _forwarder(doors, interactive)
     return SandboxPlan("bwrap", tuple(argv))
+
+
+# Where the sandbox sees the forwarder's program (compiled: see _forwarder_program).
+FORWARDER_INSIDE = DOORS_INSIDE.parent / "forward.pyc"
+
+
+def _door_view(doors: Sequence[Door]) -> list[str]:
+    """The door folder, read-only at :data:`DOORS_INSIDE` and nowhere else, and the
+    forwarder's program.
+
+    The folder lies in the workspace (:mod:`spawnkit.doors`), which the run may write:
+    there it is covered by an empty folder, so the agent can neither see the doors
+    there nor put a socket of its own in their place (a mount point cannot be renamed
+    or removed).
+    """
+    if not doors:
+        return []
+    folders = {door.socket.parent for door in doors}
+    if len(folders) != 1:
+        raise ValueError(f"a run's doors share one folder, not {len(folders)}")
+    folder = folders.pop()
+    return [
+        "--tmpfs", str(folder), "--remount-ro", str(folder),
+        "--ro-bind", str(folder), str(DOORS_INSIDE),
+        "--ro-bind", str(_forwarder_program()), str(FORWARDER_INSIDE),
+    ]  # fmt: skip
+
+
+def _forwarder_program() -> Path:
+    """The forwarder, compiled for this interpreter, in a file of ``$SPAWNKIT_HOME/sandbox``.
+
+    A script is compiled at every start (no cache is written for one), which is about
+    4 ms of the forwarder's start; a ``.pyc`` given as the script is run as it is. Only
+    its magic number is checked, so the header's other fields are left empty.
+    """
+    return _state_file("forward", ".pyc", _compiled_forwarder())
+
+
+@functools.cache
+def _compiled_forwarder() -> bytes:
+    source = Path(__file__).with_name("sandbox_forward.py").read_text(encoding="utf-8")
+    code = compile(source, str(FORWARDER_INSIDE.with_suffix(".py")), "exec", dont_inherit=True)
+    return importlib.util.MAGIC_NUMBER + bytes(12) + marshal.dumps(code)
+
+
+def _forwarder(doors: Sequence[Door], interactive: bool) -> list[str]:
+    """The forwarder's command line, which goes before the CLI's (no secret: ports, paths)."""
+    python = os.path.realpath(sys.executable)
+    specs = [f"{door.port}={door.inside}" for door in doors]
+    return [
+        python, "-I", "-S", str(FORWARDER_INSIDE),
+        *(["--interactive"] if interactive else []), *specs, "--",
+    ]  # fmt: skip
+
+
+def _forwarder_paths() -> list[Path]:
+    """What the interpreter running the forwarder needs, when it is not under ``/usr``
+    (pyenv's, conda's): its installation, read-only."""
+    python = Path(os.path.realpath(sys.executable))
+    if python.is_relative_to("/usr"):
+        return []
+    prefix = Path(sys.base_prefix).resolve()
+    return [prefix] if python.is_relative_to(prefix) else [prefix, python.parent]
 
 
 def _binds(binds: Iterable[tuple[str, Path]], home: Path) -> list[str]:
@@ -277,7 +375,8 @@ def _filtered(bwrap: Path, args: list[str], interactive: bool) -> list[str]:
         return argv
     bash = shutil.which("bash") or "/bin/bash"
     # bash exports SHLVL even to what it execs: env drops it, the environment stays exact.
-    opener = [bash, "-p", "-c", 'exec 9<"$0" && exec "$@"', str(_filter_file(program))]
+    filter_file = _state_file("seccomp", ".bpf", program)
+    opener = [bash, "-p", "-c", 'exec 9<"$0" && exec "$@"', str(filter_file)]
     return [*opener, _env(), "-u", "SHLVL", *argv]
 
 
@@ -299,18 +398,18 @@ def _env() -> str:
     return shutil.which("env", path="/usr/bin:/bin") or "/usr/bin/env"
 
 
-def _filter_file(program: bytes) -> Path:
-    """``program`` in a file of ``$SPAWNKIT_HOME/sandbox`` (named by its digest, never in
-    the view), written once and replaced atomically if it was changed."""
+def _state_file(kind: str, suffix: str, program: bytes) -> Path:
+    """``program`` in a file of ``$SPAWNKIT_HOME/sandbox`` (named by its digest), written
+    once and replaced atomically if it was changed."""
     folder = spawnkit_home() / "sandbox"
-    path = folder / f"seccomp-{hashlib.sha256(program).hexdigest()[:16]}.bpf"
+    path = folder / f"{kind}-{hashlib.sha256(program).hexdigest()[:16]}{suffix}"
     try:
         if path.read_bytes() == program:
             return path
     except FileNotFoundError:
         pass
     folder.mkdir(mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".seccomp-", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=f".{kind}-", dir=folder)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(program)

@@ -53,7 +53,8 @@ from .credentials import (
     secret_names,
 )
 from .dispatch import Cluster
-from .egress import Denial
+from .doors import DOORS_DIR, Door, loopback_address, open_doors
+from .egress import Denial, egress_proxy, proxy_env
 from .errors import (
     BudgetRefused,
     ConfigError,
@@ -86,7 +87,7 @@ from .memory import MemoryProvider, StoreMemory
 from .otlp import CliTelemetry, OtlpReceiver, OtlpTarget, tracer_provider_from_env
 from .pacing import Pacer
 from .redaction import Redactor
-from .relay import Relay, open_relay
+from .relay import Relay, free_port, open_relay
 from .result import (
     OUTPUT_LIMIT,
     Attempt,
@@ -334,6 +335,8 @@ class _Run:
     mcp_secret: str | None = None
     # The run's model relay, while it runs (see Spawner._open_relay): a door of its sandbox.
     relay: Relay | None = None
+    # The inside port of the run's egress proxy (its butler's allow_hosts), while it runs.
+    egress_port: int | None = None
     # A dispatched run: the owner of the queued record its client made, adopted here.
     queued_by: tuple[str, int] | None = None
 
@@ -1195,7 +1198,8 @@ class Spawner:
                 async with contextlib.AsyncExitStack() as relay:
                     base_url = await self._open_relay(run, relay)
                     telemetry = await self._cli_receiver(run, span, relay)
-                    spec = await self._prepare(run, workspace, span, base_url)
+                    doors = await self._doors(run, workspace, base_url, telemetry, relay)
+                    spec = await self._prepare(run, workspace, span, base_url, doors)
                     spec = replace(spec, telemetry=telemetry)
                     async with asyncio.timeout(run.timeout_s):
                         outcome = await self._invoke(run, spec)
@@ -1345,6 +1349,57 @@ class Spawner:
         stack.push_async_callback(store)
         return await stack.enter_async_context(receiver.serve())
 
+    async def _doors(
+        self,
+        run: _Run,
+        workspace: Path,
+        base_url: str | None,
+        telemetry: CliTelemetry | None,
+        stack: contextlib.AsyncExitStack,
+    ) -> tuple[Door, ...] | None:
+        """The doors of the run's own network (:mod:`spawnkit.doors`), open until ``stack``
+        closes; None when the run has the host's network.
+
+        A door for the butler's MCP server, the run's OTLP receiver and its model URL when
+        that is on this machine's loopback (the replay server, the metering relay, a local
+        gateway). A model API elsewhere is reached through spawnkit's relay only: until
+        every run has one, such a run fails here, before its CLI starts.
+        """
+        if sandbox.network_policy(self.butler) == "host":
+            return None
+        ports: dict[int, tuple[str, int]] = {}
+        port = self.mcp_port or self.butler.port
+        if run.kind not in _SOURCE_KINDS and port:  # 0: no server (an ad-hoc butler's own)
+            ports[port] = (self.mcp_host, port)
+        if telemetry is not None:
+            address = loopback_address(telemetry.endpoint)
+            if address is not None:
+                ports[address[1]] = address
+        model = base_url or run.worker.default_api_url
+        if model is not None:
+            address = loopback_address(model)
+            if address is None:
+                raise ConfigError(
+                    f'[butler.sandbox] network = "model-only" needs spawnkit\'s relay to reach '
+                    f"{model}, and this run has none; give the butler a base_url on this "
+                    'machine, or network = "host"'
+                )
+            ports[address[1]] = address
+        doors = await stack.enter_async_context(open_doors(workspace, ports.values()))
+        run.egress_port = None  # an earlier attempt's, closed
+        if self.butler.sandbox.allow_hosts:
+            # The proxy is a door of its own: on a unix socket only the run reaches.
+            port = free_port()
+            await stack.enter_async_context(
+                egress_proxy(
+                    self.butler.sandbox.allow_hosts, doors.socket_for(port),
+                    butler=self.butler.name, config_file=self.butler.config_file,
+                    on_denied=run.collector.network_denied,
+                )
+            )  # fmt: skip
+            run.egress_port = port
+        return doors.doors
+
     async def _invoke(self, run: _Run, spec: RunSpec) -> RunOutcome:
         """The worker's run, stopped (``_LimitReached``) as soon as it reaches a limit."""
         reached: asyncio.Future[LimitHit] = asyncio.get_running_loop().create_future()
@@ -1397,7 +1452,12 @@ class Spawner:
             logger.exception("could not keep the transcripts of the run in %s", workspace)
 
     async def _prepare(
-        self, run: _Run, workspace: Path, span: RunSpan, base_url: str | None
+        self,
+        run: _Run,
+        workspace: Path,
+        span: RunSpan,
+        base_url: str | None,
+        doors: tuple[Door, ...] | None = None,
     ) -> RunSpec:
         butler, worker = self.butler, run.worker
         agent = butler.agents.get(run.role) if run.role else None
@@ -1427,7 +1487,7 @@ class Spawner:
             server = McpServerSpec(
                 name=butler.name,
                 transport=butler.mcp_transport,
-                url=mcp_url(butler, session_key, self.mcp_host, self.mcp_port),
+                url=mcp_url(butler, session_key, self._mcp_host_seen(doors), self.mcp_port),
                 secret=run.mcp_secret,
             )
         identity = {
@@ -1458,6 +1518,8 @@ class Spawner:
             # The CLI gets placeholders; the real keys stay with its relay, which swaps them in.
             env = run.relay.keys.hide(env)
             run.redactor.add({name: env[name] for name in MODEL_CREDENTIALS if name in env})
+        if run.egress_port is not None:
+            env = {**env, **proxy_env(run.egress_port)}
         linked = source_paths(run.sources)
         if asking:
             cwd = await asyncio.to_thread(link_sources, workspace, run.sources)
@@ -1474,7 +1536,7 @@ class Spawner:
         plan = sandbox.plan(
             butler, workspace, worker.install_paths(), read=linked, cwd=cwd,
             write=(run.workdir,) if run.workdir is not None else (),
-            interactive=run.kind == "chat",
+            interactive=run.kind == "chat", doors=doors or (),
         )  # fmt: skip
         config_file = worker.build_config_file(workspace, server)
         await asyncio.to_thread(
@@ -1482,7 +1544,10 @@ class Spawner:
             run.session_id,
             sandbox=plan.kind,
             given={
-                "config_files": files_in(workspace),
+                "config_files": [
+                    name for name in files_in(workspace) if not name.startswith(f"{DOORS_DIR}/")
+                ],
+                "network": _network_given(doors, run.egress_port),
                 "mcp_servers": [server.name] if server is not None else [],
                 "tools": list(tools),
                 "home": "the run's workspace",
@@ -1514,6 +1579,12 @@ class Spawner:
             add_dirs=linked,
             model_retries=0 if self.retry.max_attempts > 1 else None,
         )
+
+    def _mcp_host_seen(self, doors: tuple[Door, ...] | None) -> str:
+        """The MCP server's host as the CLI names it: behind a door, a loopback name."""
+        if doors is None or loopback_address(f"http://{self.mcp_host}") is not None:
+            return self.mcp_host
+        return "127.0.0.1"
 
     def _result(
         self,
@@ -1585,6 +1656,13 @@ def _attempt_outcome(result: SpawnerResult) -> AttemptOutcome:
     if kind == "overloaded":
         return "overloaded"
     return "auth" if kind == "auth" else "other"
+
+
+def _network_given(doors: tuple[Door, ...] | None, egress_port: int | None) -> str:
+    """The run's network policy as its record gives it."""
+    if doors is None:
+        return "host"
+    return "model-only+allow_hosts" if egress_port is not None else "model-only"
 
 
 def _ms_since(clock: float) -> int:

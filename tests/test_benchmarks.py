@@ -36,6 +36,8 @@ def test_spawn_overhead_benchmark_runs(tmp_path: Path) -> None:
             report["spawnkit_median_s"] / report["bare_median_s"], abs=0.002
         )
         assert report["bare_own_cpu_s"] > 0 and report["spawnkit_own_cpu_s"] > 0
+        # Beside it, the same runs without the network namespace (network = "host").
+        assert report["host_network_median_s"] > 0 and report["host_network_ratio"] > 0
         if report["bare_child_cpu_s"] is not None:  # a cgroup could be made (root, v1 or v2)
             assert report["spawnkit_child_cpu_s"] > 0.05, "the sandboxed CLI's CPU is counted"
             assert report["child_cpu_ratio"] == pytest.approx(
