@@ -1360,10 +1360,11 @@ class Spawner:
         """The doors of the run's own network (:mod:`spawnkit.doors`), open until ``stack``
         closes; None when the run has the host's network.
 
-        A door for the butler's MCP server, the run's OTLP receiver and its model URL when
-        that is on this machine's loopback (the replay server, the metering relay, a local
-        gateway). A model API elsewhere is reached through spawnkit's relay only: until
-        every run has one, such a run fails here, before its CLI starts.
+        A door for the butler's MCP server, the run's OTLP receiver and its model URL, which
+        is the run's relay (or, for a run with no key to relay, a loopback model server
+        such as the replay server); and the egress proxy when the butler allows hosts. A
+        model API elsewhere with no relay in front (a subscription login) has no door: such
+        a run fails here, before its CLI starts.
         """
         if sandbox.network_policy(self.butler) == "host":
             return None

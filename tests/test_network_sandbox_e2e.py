@@ -29,12 +29,14 @@ from pathlib import Path
 import pytest
 
 from spawnkit.doors import DOORS_DIR
+from spawnkit.egress import NOT_LISTED
+from spawnkit.events import NetworkDenied
 from spawnkit.store import SessionStore
 
 from .conftest import REPO, workspaces_of
 from .test_ask import library, registry, user_agents  # noqa: F401 - fixtures
 from .test_cluster_e2e import client  # noqa: F401 - a fixture: 2 Dask worker processes
-from .test_sandbox import service, wait_until
+from .test_sandbox import service, shell_then_text, wait_until
 
 RUNTIMES = ["claude-code", "codex", "gemini"]
 pytestmark = [
@@ -148,18 +150,57 @@ async def test_a_runs_shell_reaches_nothing_but_its_doors(
             assert "dns-python:resolved" in output and "dns-getent:resolved" in output, output
 
 
-async def test_a_remote_model_without_the_relay_fails_before_the_cli_starts(
-    make_butler, store
+FETCH = """\
+curl -s -m 10 --noproxy '' --proxy "$HTTPS_PROXY" http://localhost:$1/allowed; echo
+curl -s -m 10 --noproxy '' --proxy "$HTTPS_PROXY" http://pypi.org/simple/; echo
+"""
+
+
+async def test_allow_hosts_opens_a_proxy_door_to_those_hosts_only(
+    make_butler, store, runtime, canary
 ) -> None:
-    """Until every run has spawnkit's relay, a model API elsewhere is no door: the run
-    fails at once, saying why, instead of hanging on a connection that cannot be made."""
+    """A butler that lists hosts gets a proxy door (HTTPS_PROXY) through which its shell
+    reaches them by name, and nothing else: the refusal is a 403 saying which key would
+    allow it, a NetworkDenied event naming the tool call, and a count in the record.
+
+    The listed name is ``localhost`` (the test's canary is on the host's loopback; the
+    proxy refuses a name that resolves there unless the address is listed too), and the
+    shell forces the proxy for it (NO_PROXY sends loopback names to the run's own)."""
+    port, seen = canary
+    table = '[butler.sandbox]\nallow_hosts = ["localhost", "127.0.0.1"]\n'
+    butler = make_butler(extra=table, files={"health/fetch.sh": FETCH})
+    script = shell_then_text(f"sh {butler.directory / 'fetch.sh'} {port}")
+    events: list[object] = []
+    async with service(butler, runtime, store, script) as svc:
+        result = await svc.trigger("fetch two pages", on_event=events.append)
+    assert result.success, result.error
+    output = result.tool_calls[0].output or ""
+    assert seen == ["/allowed"], output
+    assert "spawnkit: connect pypi.org:80 refused" in output and NOT_LISTED in output, output
+    denied = [e for e in events if isinstance(e, NetworkDenied)]
+    assert [(d.host, d.port) for d in denied] == [("pypi.org", 80)]
+    # Codex announces a shell call only when it has ended: no call is known to be running.
+    named = None if runtime == "codex" else result.tool_calls[0].tool
+    assert denied[0].tool == named, "the shell call in progress is named"
+    assert result.network_denied == 1
+    record = store.get_session(result.session_id or "")
+    assert record is not None and record.given is not None
+    assert record.network_denied == 1
+    assert record.given["network"] == "model-only+allow_hosts"
+
+
+async def test_a_remote_model_api_is_reached_through_the_runs_relay(make_butler, store) -> None:
+    """A model API elsewhere is no door of the sandbox: the CLI reaches it through its
+    relay, which connects from the host. This machine has no internet, so the run fails
+    with the relay's own words, naming the API it could not reach (from inside, the CLI
+    could not even have resolved the name)."""
     butler = make_butler(extra='[butler.runtime]\nbase_url = "https://api.anthropic.com"\n')
     script = '[[turn]]\ntext = "unused"\n'
     async with service(butler, "claude-code", store, script) as svc:
         svc.spawner.base_url = "https://api.anthropic.com"
         result = await svc.trigger("hello")
     assert not result.success
-    assert "needs spawnkit's relay to reach https://api.anthropic.com" in (result.error or "")
+    assert "spawnkit relay: cannot reach https://api.anthropic.com" in (result.error or "")
 
 
 def forwarders(home: Path) -> list[int]:
