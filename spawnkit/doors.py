@@ -162,6 +162,11 @@ class _Bridge:
         self._connections.add(task)
         try:
             await self._splice(reader, writer)
+        except asyncio.CancelledError:
+            # Only close() cancels a connection: it ends here. A callback task of
+            # asyncio.start_unix_server that ends cancelled is logged as an error by asyncio
+            # (3.11), which a notebook shows in the cell of a stopped run.
+            writer.close()
         finally:
             self._connections.discard(task)
 

@@ -301,6 +301,10 @@ class EgressProxy:
             await self._handle(reader, writer)
         except (ConnectionError, OSError) as exc:
             logger.debug("egress: connection ended: %s", exc)
+        except asyncio.CancelledError:
+            # Only close() cancels a connection. A server's callback task that ends
+            # cancelled is logged as an error by asyncio (3.11): shown in a notebook's cell.
+            pass
         finally:
             self._tasks.discard(task)
             self._writers.discard(writer)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import shutil
 import signal
@@ -218,6 +219,25 @@ async def test_a_door_bridges_to_its_tcp_port_and_goes_with_the_run(short_dir) -
         assert (short_dir / DOORS_DIR / f"{port + 1}.sock").exists()
         unix.close()
     assert not (short_dir / DOORS_DIR).exists()
+
+
+async def test_a_connection_open_when_the_run_ends_is_closed_quietly(
+    short_dir, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run stopped mid-request (a cancel) closes its doors with connections open: they
+    end without asyncio logging an error (which a notebook shows in the run's cell)."""
+    server, port = await echo_server()
+    async with server:
+        async with open_doors(short_dir, [port]) as doors:
+            (door,) = doors.doors
+            reader, writer = await asyncio.open_unix_connection(str(door.socket))
+            writer.write(b"held open")
+            await writer.drain()
+            assert await reader.readexactly(4) == b"HELD"
+        assert await reader.read() in (b"", b" OPEN"), "the door closed the connection"
+        writer.close()
+        await asyncio.sleep(0.05)  # asyncio logs a callback's end on the next loop pass
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 @pytest.mark.skipif(
