@@ -18,7 +18,6 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -36,7 +35,7 @@ from spawnkit.store import SessionStore
 from .conftest import REPO, workspaces_of
 from .test_ask import library, registry, user_agents  # noqa: F401 - fixtures
 from .test_cluster_e2e import client  # noqa: F401 - a fixture: 2 Dask worker processes
-from .test_sandbox import service, shell_then_text, wait_until
+from .test_sandbox import service, shell_then_text, start_run, wait_until
 
 RUNTIMES = ["claude-code", "codex", "gemini"]
 pytestmark = [
@@ -242,11 +241,7 @@ def test_killing_the_owner_leaves_no_forwarder_and_the_sweep_no_door(
     scenario.write_text(
         '[[turn]]\nshell = "echo started"\n[[turn]]\ndelay_ms = 60000\ntext = "late"\n'
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spawnkit", "run", "--roster", str(butler.roster_dir),
-         "--butler", butler.name, "--replay", str(scenario), "start things"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ),
-    )  # fmt: skip
+    proc = start_run(butler, scenario)
     try:
         deadline = time.monotonic() + 90
         while not forwarders(home):

@@ -68,6 +68,16 @@ def shell_then_text(command: str, text: str = "done: {{ last_tool_result }}") ->
     return f"[[turn]]\nshell = {json.dumps(command)}\n[[turn]]\ntext = {json.dumps(text)}\n"
 
 
+def start_run(butler: ButlerConfig, scenario: Path) -> subprocess.Popen[bytes]:
+    """``spawnkit run`` of ``butler`` on the replay ``scenario``, as its own process (for a
+    test that kills it)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "spawnkit", "run", "--roster", str(butler.roster_dir),
+         "--butler", butler.name, "--replay", str(scenario), "start things"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ),
+    )  # fmt: skip
+
+
 def processes_with(token: str) -> list[int]:
     """Live (non-zombie) pids whose command line contains ``token``."""
     found = []
@@ -272,11 +282,7 @@ def test_killing_the_owner_kills_the_run(make_butler, runtime, tmp_path, signum)
             "[[turn]]\ntext", "[[turn]]\ndelay_ms = 60000\ntext"
         )
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spawnkit", "run", "--roster", str(butler.roster_dir),
-         "--butler", butler.name, "--replay", str(scenario), "start things"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ),
-    )  # fmt: skip
+    proc = start_run(butler, scenario)
     try:
         deadline = time.monotonic() + 90
         while not processes_with(token):
