@@ -84,10 +84,12 @@ def loopback_address(url: str) -> tuple[str, int] | None:
 class Doors:
     """A run's door folder and its doors; made by :func:`open_doors`."""
 
-    def __init__(self, folder: Path, fd: int) -> None:
+    def __init__(self, folder: Path, fd: int, max_connections: int = MAX_CONNECTIONS) -> None:
         self.folder = folder
         self._fd = fd
         self._doors: dict[int, Door] = {}
+        self._max_connections = max_connections
+        self._bridges: list[_Bridge] = []
 
     @property
     def doors(self) -> tuple[Door, ...]:
@@ -107,6 +109,18 @@ class Doors:
         self._doors[port] = Door(port, self.folder / name)
         return Path(f"/proc/self/fd/{self._fd}/{name}")
 
+    async def bridge(self, target: int | tuple[str, int]) -> None:
+        """Make door ``port`` a bridge to ``target``: a port of ``127.0.0.1``, or a
+        ``(host, port)``; the door has the target's port number."""
+        host, port = target if isinstance(target, tuple) else ("127.0.0.1", target)
+        bridge = _Bridge(host, port, self._max_connections)
+        await bridge.start(self.socket_for(port))
+        self._bridges.append(bridge)
+
+    async def _close(self) -> None:
+        await asyncio.gather(*(bridge.close() for bridge in self._bridges))
+        self._bridges.clear()
+
 
 @contextlib.asynccontextmanager
 async def open_doors(
@@ -118,23 +132,19 @@ async def open_doors(
     """The doors of one run, in ``run_dir`` (its workspace), until the block exits.
 
     Each of ``tcp_ports`` (a port of ``127.0.0.1``, or a ``(host, port)``) becomes a door
-    of the same port number, bridged to it. At the end the bridges stop, the
-    connections they carry are closed and the folder is removed.
+    of the same port number, bridged to it (more with :meth:`Doors.bridge`). At the end
+    the bridges stop, the connections they carry are closed and the folder is removed.
     """
     folder = run_dir / DOORS_DIR
     folder.mkdir(mode=0o700)
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    doors = Doors(folder, fd)
-    bridges: list[_Bridge] = []
+    doors = Doors(folder, fd, max_connections)
     try:
         for target in tcp_ports:
-            host, port = target if isinstance(target, tuple) else ("127.0.0.1", target)
-            bridge = _Bridge(host, port, max_connections)
-            await bridge.start(doors.socket_for(port))
-            bridges.append(bridge)
+            await doors.bridge(target)
         yield doors
     finally:
-        await asyncio.gather(*(bridge.close() for bridge in bridges))
+        await doors._close()
         os.close(fd)
         shutil.rmtree(folder, ignore_errors=True)
 

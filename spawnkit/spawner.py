@@ -53,7 +53,7 @@ from .credentials import (
     secret_names,
 )
 from .dispatch import Cluster
-from .doors import DOORS_DIR, Door, loopback_address, open_doors
+from .doors import DOORS_DIR, Door, Doors, loopback_address, open_doors
 from .egress import Denial, egress_proxy, proxy_env
 from .errors import (
     BudgetRefused,
@@ -1195,11 +1195,14 @@ class Spawner:
             error_kind: str | None = None
             exit_code: int | None = None
             try:
-                async with contextlib.AsyncExitStack() as relay:
-                    base_url = await self._open_relay(run, relay)
-                    telemetry = await self._cli_receiver(run, span, relay)
-                    doors = await self._doors(run, workspace, base_url, telemetry, relay)
-                    spec = await self._prepare(run, workspace, span, base_url, doors)
+                async with contextlib.AsyncExitStack() as parts:
+                    doors = await self._open_doors(run, workspace, parts)
+                    base_url = await self._open_relay(run, parts, doors)
+                    telemetry = await self._cli_receiver(run, span, parts)
+                    await self._bridge_doors(run, doors, base_url, telemetry, parts)
+                    spec = await self._prepare(
+                        run, workspace, span, base_url, None if doors is None else doors.doors
+                    )
                     spec = replace(spec, telemetry=telemetry)
                     async with asyncio.timeout(run.timeout_s):
                         outcome = await self._invoke(run, spec)
@@ -1267,7 +1270,9 @@ class Spawner:
                 )
         return result
 
-    async def _open_relay(self, run: _Run, stack: contextlib.AsyncExitStack) -> str | None:
+    async def _open_relay(
+        self, run: _Run, stack: contextlib.AsyncExitStack, doors: Doors | None
+    ) -> str | None:
         """Open the run's model relay in ``stack`` (``run.relay``); the base URL its CLI is given.
 
         A CLI that reaches its model API through a base URL goes through a relay of its own
@@ -1302,9 +1307,15 @@ class Spawner:
 
             meter = Meter(run.collector.metered_usage)
             run.collector.metered = True
-        # In a network sandbox the relay is a door: open_relay(..., uds=<the door's
-        # socket>, port=<its inside port>) (see spawnkit.relay).
-        relay = await stack.enter_async_context(open_relay(upstream, sink=meter))
+        # In a network sandbox the relay serves on a door of its own: no TCP port at all,
+        # and no bridge between the sandbox's forwarder and the relay.
+        uds = port = None
+        if doors is not None:
+            port = free_port()
+            uds = doors.socket_for(port)
+        relay = await stack.enter_async_context(
+            open_relay(upstream, sink=meter, uds=uds, port=port)
+        )
         # Its URL carries the secret, and a CLI may print its URL (in an error, say).
         run.redactor.add_run_secret("SPAWNKIT_RELAY_SECRET", relay.secret)
         run.relay = relay
@@ -1349,25 +1360,34 @@ class Spawner:
         stack.push_async_callback(store)
         return await stack.enter_async_context(receiver.serve())
 
-    async def _doors(
+    async def _open_doors(
+        self, run: _Run, workspace: Path, stack: contextlib.AsyncExitStack
+    ) -> Doors | None:
+        """The door folder of the run's own network (:mod:`spawnkit.doors`), open until
+        ``stack`` closes; None when the run has the host's network."""
+        if sandbox.network_policy(self.butler) == "host":
+            return None
+        return await stack.enter_async_context(open_doors(workspace))
+
+    async def _bridge_doors(
         self,
         run: _Run,
-        workspace: Path,
+        doors: Doors | None,
         base_url: str | None,
         telemetry: CliTelemetry | None,
         stack: contextlib.AsyncExitStack,
-    ) -> tuple[Door, ...] | None:
-        """The doors of the run's own network (:mod:`spawnkit.doors`), open until ``stack``
-        closes; None when the run has the host's network.
+    ) -> None:
+        """The other doors of a run in a network of its own: bridges to the butler's MCP
+        server, the run's OTLP receiver and a model URL with no relay in front (a loopback
+        model server such as the replay server); and the egress proxy when the butler
+        allows hosts. The relay, when the run has one, is a door already (:meth:`_open_relay`).
 
-        A door for the butler's MCP server, the run's OTLP receiver and its model URL, which
-        is the run's relay (or, for a run with no key to relay, a loopback model server
-        such as the replay server); and the egress proxy when the butler allows hosts. A
-        model API elsewhere with no relay in front (a subscription login) has no door: such
-        a run fails here, before its CLI starts.
+        A model API elsewhere with no relay in front (a subscription login) has no door:
+        such a run fails here, before its CLI starts.
         """
-        if sandbox.network_policy(self.butler) == "host":
-            return None
+        run.egress_port = None  # an earlier attempt's, closed
+        if doors is None:
+            return
         ports: dict[int, tuple[str, int]] = {}
         port = self.mcp_port or self.butler.port
         if run.kind not in _SOURCE_KINDS and port:  # 0: no server (an ad-hoc butler's own)
@@ -1377,7 +1397,7 @@ class Spawner:
             if address is not None:
                 ports[address[1]] = address
         model = base_url or run.worker.default_api_url
-        if model is not None:
+        if run.relay is None and model is not None:
             address = loopback_address(model)
             if address is None:
                 raise ConfigError(
@@ -1386,8 +1406,8 @@ class Spawner:
                     'machine, or network = "host"'
                 )
             ports[address[1]] = address
-        doors = await stack.enter_async_context(open_doors(workspace, ports.values()))
-        run.egress_port = None  # an earlier attempt's, closed
+        for target in ports.values():
+            await doors.bridge(target)
         if self.butler.sandbox.allow_hosts:
             # The proxy is a door of its own: on a unix socket only the run reaches.
             port = free_port()
@@ -1399,7 +1419,6 @@ class Spawner:
                 )
             )  # fmt: skip
             run.egress_port = port
-        return doors.doors
 
     async def _invoke(self, run: _Run, spec: RunSpec) -> RunOutcome:
         """The worker's run, stopped (``_LimitReached``) as soon as it reaches a limit."""

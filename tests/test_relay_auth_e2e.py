@@ -1,8 +1,9 @@
 """The metering relay serves only its own run: another local user gets 401, nothing more.
 
 A run of Codex or Gemini with a token or dollar limit talks to the model API through a
-relay on 127.0.0.1 (:mod:`spawnkit.relay`). Any local user can connect to it, so the
-base URL its CLI is given carries a per-run secret: a request without it must be refused
+relay (:mod:`spawnkit.relay`). In a run's own network the relay is a unix socket in the
+run's 0700 door folder, which no other user can connect to. On the host's network it
+listens on 127.0.0.1, where any local user can connect to it, so the base URL its CLI is given carries a per-run secret: a request without it must be refused
 before it is forwarded (the upstream replay server sees nothing) or metered (the run does
 not stop on a budget someone else spent). The intruder is the real user ``nobody``
 (``setpriv``), the CLIs are the real ones against the replay server, and the relay's
@@ -13,6 +14,7 @@ line, and the run's redactor hides it where the run's own agent prints its URL.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import re
@@ -26,6 +28,7 @@ from typing import Any
 import psutil
 import pytest
 
+from spawnkit.doors import DOORS_DIR
 from spawnkit.metering import Meter
 from spawnkit.notebook.hub import with_runtime
 from spawnkit.relay import open_relay
@@ -55,6 +58,7 @@ text = "Done."
 usage = { input_tokens = 600, output_tokens = 100 }
 """
 LIMITS = "[butler.limits]\nmax_tokens = 1000\n"
+HOST_NETWORK = '[butler.sandbox]\nnetwork = "host"\n'
 MODELS = {"codex": "replay-model", "gemini": "gemini-2.5-flash"}
 # A model call of each API, as the intruder sends it (what the run's CLI would send).
 CALLS = {
@@ -162,15 +166,79 @@ class HoldFirstModelCall:
         await self.app(scope, receive, send)
 
 
+UNIX_INTRUDER = r"""
+import json, os, socket, sys
+refused = {}
+for path in json.loads(sys.argv[1]):
+    try:
+        # A socket's path may be longer than AF_UNIX takes: connect from its folder.
+        os.chdir(os.path.dirname(path))
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(os.path.basename(path))
+        refused[path] = None
+    except OSError as exc:
+        refused[path] = exc.errno
+print(json.dumps({"uid": os.getuid(), "refused": refused}))
+"""
+
+
+async def unix_connect_as_nobody(paths: list[str]) -> dict[str, int | None]:
+    """Connect to each unix socket as the user nobody: the errno each failed with."""
+    proc = await asyncio.create_subprocess_exec(
+        "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+        "/usr/bin/python3", "-c", UNIX_INTRUDER, json.dumps(paths),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}, cwd="/",
+    )  # fmt: skip
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    seen = json.loads(out)
+    assert seen["uid"] != 0
+    return dict(seen["refused"])
+
+
+@needs_node_clis
+@pytest.mark.parametrize("runtime", ["codex", "gemini"])
+async def test_a_sandboxed_runs_relay_is_a_door_only_the_run_reaches(
+    make_butler, store, runtime
+) -> None:
+    """In a network of its own, the run's relay has no TCP port at all: it serves on a
+    unix socket in the run's 0700 door folder, which another user cannot even connect to."""
+    server = ReplayServer(Scenario.from_dict(tomllib.loads(ONE_TURN), source="<test>"))
+    hold = HoldFirstModelCall(server.app)
+    server.app = hold  # type: ignore[assignment] - an ASGI app like the one it wraps
+    butler = with_runtime(make_butler(extra=LIMITS), runtime)
+    async with ButlerService(butler, store=store, replay=server, model=MODELS[runtime]) as svc:
+        before = listening()
+        run = asyncio.create_task(svc.trigger("hello"))
+        try:
+            async with asyncio.timeout(120):
+                await hold.held.wait()
+            assert listening() - before == set(), "a sandboxed run's relay listens on TCP"
+            (workspace,) = workspaces_of("health")
+            sockets = [str(p) for p in (workspace / DOORS_DIR).iterdir() if p.is_socket()]
+            assert sockets, "the run has no doors"
+            refused = await unix_connect_as_nobody(sockets)
+            assert refused == dict.fromkeys(sockets, errno.EACCES), refused
+        finally:
+            hold.release.set()
+        result = await run
+    assert result.success and result.status == "success", result.error
+    assert result.budget is not None and result.budget.stopped_by is None
+    assert len([r for r in server.requests if MODEL_PATHS.search(r.path)]) == 1
+
+
 @needs_node_clis
 @pytest.mark.parametrize("runtime", ["codex", "gemini"])
 async def test_another_user_cannot_spend_a_runs_budget_through_its_relay(
     make_butler, store, runtime
 ) -> None:
+    """On the host's network the relay listens on 127.0.0.1 TCP: its secret keeps it the run's."""
     server = ReplayServer(Scenario.from_dict(tomllib.loads(ONE_TURN), source="<test>"))
     hold = HoldFirstModelCall(server.app)
     server.app = hold  # type: ignore[assignment] - an ASGI app like the one it wraps
-    butler = with_runtime(make_butler(extra=LIMITS), runtime)
+    butler = with_runtime(make_butler(extra=LIMITS + HOST_NETWORK), runtime)
     async with ButlerService(butler, store=store, replay=server, model=MODELS[runtime]) as svc:
         before = listening()
         run = asyncio.create_task(svc.trigger("hello"))
