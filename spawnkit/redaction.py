@@ -38,13 +38,14 @@ from __future__ import annotations
 
 import base64
 import codecs
+import functools
 import json
 import os
 import re
 import stat
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, get_args, overload
 from urllib.parse import quote, quote_plus
@@ -94,29 +95,43 @@ _ANCHOR_CHARS = 6
 assert _ANCHOR_CHARS <= MIN_SECRET_CHARS
 
 
-@dataclass(frozen=True)
 class _Patterns:
-    """Everything one redaction pass needs, swapped as a whole when secrets are added."""
+    """Everything one redaction pass needs, swapped as a whole when secrets are added.
 
-    regex: re.Pattern[str] | None
-    names: Mapping[str, str]  # form -> NAME
-    forms: tuple[str, ...]  # longest first
-    longest: int
-    starts: re.Pattern[str] | None = None  # any first character of a form
-    prefixes: frozenset[str] = frozenset()  # proper prefixes of the shorter forms
-    long_forms: tuple[str, ...] = ()  # the forms too long for ``prefixes``
-    anchors: tuple[str, ...] = ()  # the distinct openings of the forms
+    Only the cheap parts are made at once: a run adds its secrets one by one as it
+    mints them, and most texts hold none (:meth:`present` says so without a regex). The
+    regex and the stream's hold-back tables are made on the first pass that needs them.
+    """
 
-    @classmethod
-    def build(cls, names: Mapping[str, str]) -> _Patterns:
-        forms = tuple(sorted(names, key=lambda form: (-len(form), form)))
-        regex = re.compile("|".join(re.escape(form) for form in forms))
-        starts = re.compile(f"[{''.join(re.escape(c) for c in sorted({f[0] for f in forms}))}]")
-        short = [form for form in forms if len(form) <= _PREFIX_SET_MAX]
-        prefixes = frozenset(form[:k] for form in short for k in range(1, len(form)))
-        long_forms = tuple(form for form in forms if len(form) > _PREFIX_SET_MAX)
-        anchors = tuple(sorted({form[:_ANCHOR_CHARS] for form in forms}))
-        return cls(regex, names, forms, len(forms[0]), starts, prefixes, long_forms, anchors)
+    def __init__(self, names: Mapping[str, str]) -> None:
+        self.names = names  # form -> NAME
+        self.forms = tuple(sorted(names, key=lambda form: (-len(form), form)))  # longest first
+        self.longest = len(self.forms[0]) if self.forms else 0
+        # The distinct openings of the forms.
+        self.anchors = tuple(sorted({form[:_ANCHOR_CHARS] for form in self.forms}))
+
+    def __bool__(self) -> bool:
+        return bool(self.forms)
+
+    @functools.cached_property
+    def regex(self) -> re.Pattern[str]:
+        return re.compile("|".join(re.escape(form) for form in self.forms))
+
+    @functools.cached_property
+    def starts(self) -> re.Pattern[str]:
+        """Any first character of a form."""
+        return re.compile(f"[{''.join(re.escape(c) for c in sorted({f[0] for f in self.forms}))}]")
+
+    @functools.cached_property
+    def prefixes(self) -> frozenset[str]:
+        """The proper prefixes of the forms short enough to keep them all."""
+        short = [form for form in self.forms if len(form) <= _PREFIX_SET_MAX]
+        return frozenset(form[:k] for form in short for k in range(1, len(form)))
+
+    @functools.cached_property
+    def long_forms(self) -> tuple[str, ...]:
+        """The forms too long for :attr:`prefixes`."""
+        return tuple(form for form in self.forms if len(form) > _PREFIX_SET_MAX)
 
     def present(self, text: str) -> bool:
         """Whether a form may occur in ``text``: a few short substring scans, far cheaper
@@ -124,7 +139,7 @@ class _Patterns:
         return any(anchor in text for anchor in self.anchors)
 
 
-_EMPTY = _Patterns(None, {}, (), 0)
+_EMPTY = _Patterns({})
 
 
 class Redactor:
@@ -148,7 +163,7 @@ class Redactor:
             for form in sorted(forms(value)):
                 names.setdefault(form, name)
         if len(names) > len(self._patterns.names):
-            self._patterns = _Patterns.build(names)
+            self._patterns = _Patterns(names)
 
     def add_run_secret(self, name: RunSecret, value: str) -> str:
         """Redact a secret spawnkit minted for this run (see :data:`RunSecret`); returns
@@ -162,7 +177,7 @@ class Redactor:
         return sorted(set(self._patterns.names.values()))
 
     def __bool__(self) -> bool:
-        return self._patterns.regex is not None
+        return bool(self._patterns)
 
     def __repr__(self) -> str:  # never the values
         return f"Redactor({', '.join(self.names)})"
@@ -175,7 +190,7 @@ class Redactor:
     def text(self, text: None) -> None: ...
     def text(self, text: str | None) -> str | None:
         patterns = self._patterns
-        if patterns.regex is None or not text or not patterns.present(text):
+        if not patterns or not text or not patterns.present(text):
             return text
         return patterns.regex.sub(lambda m: MARKER.format(name=patterns.names[m[0]]), text)
 
@@ -295,7 +310,7 @@ class TextStream:
 
     def _out(self, text: str) -> str:
         patterns = self.redactor._patterns
-        if patterns.regex is None or not text or not patterns.present(text):
+        if not patterns or not text or not patterns.present(text):
             self.replaced = 0
             return text
         out, self.replaced = patterns.regex.subn(
@@ -306,7 +321,7 @@ class TextStream:
 
 def _safe_cut(text: str, patterns: _Patterns) -> int:
     """Where ``text`` may be cut so that no secret is split: before a tail that could begin one."""
-    if patterns.regex is None or patterns.starts is None:
+    if not patterns:
         return len(text)
     held = 0
     # The earliest candidate start gives the longest tail: the first hit is the answer.

@@ -1194,6 +1194,7 @@ class Spawner:
             error: str | None = None
             error_kind: str | None = None
             exit_code: int | None = None
+            contained = False  # in a pid namespace: whatever the run started is gone with it
             try:
                 async with contextlib.AsyncExitStack() as parts:
                     doors = await self._open_doors(run, workspace, parts)
@@ -1204,6 +1205,7 @@ class Spawner:
                         run, workspace, span, base_url, None if doors is None else doors.doors
                     )
                     spec = replace(spec, telemetry=telemetry)
+                    contained = spec.sandbox.kind == "bwrap"
                     async with asyncio.timeout(run.timeout_s):
                         outcome = await self._invoke(run, spec)
                 status = "success" if outcome.success else "failed"
@@ -1257,8 +1259,11 @@ class Spawner:
             span.finish(result)
             # Whatever carries the run's marker now is a leftover: tools a stopped CLI left
             # running, or children the agent backgrounded into sessions of their own (Claude
-            # Code and Gemini do that to every tool). Outside a sandbox only this finds them.
-            reap(run.session_id, workspace)
+            # Code and Gemini do that to every tool). Outside a sandbox only this finds them;
+            # in one, the end of its pid namespace has killed them all (and the scan of
+            # every process on the host would cost the loop milliseconds a run).
+            if not contained:
+                reap(run.session_id, workspace)
         if result.success and self.memory is not None:
             try:
                 await self.memory.store_episode(

@@ -1,14 +1,15 @@
-"""The metering relay serves only its own run: another local user gets 401, nothing more.
+"""The model relay serves only its own run: another local user gets nothing from it.
 
 A run of Codex or Gemini with a token or dollar limit talks to the model API through a
 relay (:mod:`spawnkit.relay`). In a run's own network the relay is a unix socket in the
 run's 0700 door folder, which no other user can connect to. On the host's network it
-listens on 127.0.0.1, where any local user can connect to it, so the base URL its CLI is given carries a per-run secret: a request without it must be refused
-before it is forwarded (the upstream replay server sees nothing) or metered (the run does
-not stop on a budget someone else spent). The intruder is the real user ``nobody``
-(``setpriv``), the CLIs are the real ones against the replay server, and the relay's
-address is found as an intruder would: its listening socket. The secret is on no command
-line, and the run's redactor hides it where the run's own agent prints its URL.
+listens on 127.0.0.1, where any local user can connect to it, so the base URL its CLI is
+given carries a per-run secret: a request without it must be refused before it is
+forwarded (the upstream replay server sees nothing) or metered (the run does not stop on
+a budget someone else spent). The intruder is the real user ``nobody`` (``setpriv``), the
+CLIs are the real ones against the replay server, and the relay's address is found as an
+intruder would: its listening socket. The secret is on no command line, and the run's
+redactor hides it where the run's own agent prints its URL.
 """
 
 from __future__ import annotations

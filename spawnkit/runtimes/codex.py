@@ -30,6 +30,7 @@ Codex has no turn limit: spawnkit enforces ``max_turns`` by counting tool calls.
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -58,11 +59,19 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string, at C speed (tomli_w escapes a character at a time,
+    milliseconds for a system prompt). JSON's escapes are all TOML's; TOML also wants DEL
+    escaped."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
 def base_config(mcp_servers: Mapping[str, Any]) -> dict[str, Any]:
     """What every Codex run spawnkit starts shares: no prompts, a read-only sandbox,
     remote features off (offline they retry forever), none of Codex's own extra tools
-    (sub-agents, goals, image viewing, web search, asking the user), and exactly these
-    MCP servers."""
+    (sub-agents, goals, image viewing, web search, asking the user), none of its bundled
+    skills (which it would otherwise write, 72 files, into every run's fresh home, and
+    describe in every prompt), and exactly these MCP servers."""
     return {
         "approval_policy": "never",
         "sandbox_mode": "read-only",
@@ -73,6 +82,7 @@ def base_config(mcp_servers: Mapping[str, Any]) -> dict[str, Any]:
             "multi_agent": False, "goals": False, "view_image": False,
         },
         "tools": {"experimental_request_user_input": {"enabled": False}},
+        "skills": {"bundled": {"enabled": False}},
         "analytics": {"enabled": False},
         "mcp_servers": dict(mcp_servers),
     }  # fmt: skip
@@ -321,7 +331,7 @@ class CodexAdapter(StreamingCliAdapter):
         """Add what depends on the run (prompt, model, provider) to the config file."""
         with open(spec.config_file, "rb") as fh:
             config: dict[str, Any] = tomllib.load(fh)
-        config["developer_instructions"] = spec.system_prompt
+        config.pop("developer_instructions", None)  # written first, below
         if not SHELL_TOOLS & set(spec.tools):
             config["features"] = {
                 **config.get("features", {}), "shell_tool": False, "unified_exec": False,
@@ -336,7 +346,9 @@ class CodexAdapter(StreamingCliAdapter):
             config.update(provider_config(spec.base_url, retries=spec.default_api))
         if spec.telemetry is not None:
             config["otel"] = otel_config(spec.telemetry)
-        write_private(spec.config_file, tomli_w.dumps(config))
+        # A top-level key, so before every table; the prompt is the one long value.
+        instructions = f"developer_instructions = {toml_string(spec.system_prompt)}\n"
+        write_private(spec.config_file, instructions + tomli_w.dumps(config))
 
     def child_env(self, spec: RunSpec) -> dict[str, str]:
         tmp = spec.workspace / "tmp"
