@@ -11,7 +11,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import _moved
+
 __version__ = "0.1.0"
+_moved.install()  # old import paths of moved modules keep working, with a warning
 
 if TYPE_CHECKING:
     from .dispatch import Cluster

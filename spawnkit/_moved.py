@@ -1,0 +1,78 @@
+"""Old import paths of modules that moved into packages: they keep working for one release.
+
+spawnkit 0.x kept every module at the top of the package; they now live in packages named
+for their concept (``spawnkit.config``, ``spawnkit.containment``, ``spawnkit.run``, ...).
+A program that still imports an old path (``from spawnkit.spawner import Spawner``,
+``import spawnkit.roster``) gets the module at its new path, the very same module object
+(so a monkeypatch through either name is seen through both), and one
+:class:`DeprecationWarning` naming the new path. :data:`MOVED` is the whole list; the
+finder answers for nothing else. It is installed when ``spawnkit`` is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import sys
+import warnings
+from collections.abc import Sequence
+from types import ModuleType
+
+# Old module path -> new module path. Remove an entry one release after its move.
+MOVED: dict[str, str] = {}
+
+
+class _MovedLoader:
+    """Loads an old path as the module at its new one (a plain class: importlib.abc is
+    slow to import, and every ``spawnkit`` command pays for what ``spawnkit`` imports)."""
+
+    def __init__(self, new: str) -> None:
+        self.new = new
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        warnings.warn(
+            f"{spec.name} moved to {self.new}; import it from there (the old path goes in "
+            "the next release)",
+            DeprecationWarning,
+            stacklevel=_caller_depth(),
+        )
+        return importlib.import_module(self.new)
+
+    def exec_module(self, module: ModuleType) -> None:
+        """The module ran when it was imported at its new path."""
+
+
+class _MovedFinder:
+    """Answers for the old paths in :data:`MOVED`, and for nothing else."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        new = MOVED.get(fullname)
+        if new is None:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _MovedLoader(new))
+
+
+def _caller_depth() -> int:
+    """The ``stacklevel`` of the importing code, as seen from :meth:`_MovedLoader.create_module`.
+
+    ``warnings`` does not count importlib's bootstrap frames (filenames holding
+    "importlib" and "_bootstrap"), so neither does this.
+    """
+    frame, depth = sys._getframe(2), 1  # the frame that called create_module
+    while frame is not None:
+        name = frame.f_code.co_filename
+        internal = "importlib" in name and "_bootstrap" in name
+        if not internal and name != __file__:
+            return depth + 1
+        if not internal:
+            depth += 1
+        frame = frame.f_back  # type: ignore[assignment]
+    return depth
+
+
+def install() -> None:
+    """Put the finder on ``sys.meta_path`` (once)."""
+    if not any(isinstance(finder, _MovedFinder) for finder in sys.meta_path):
+        sys.meta_path.append(_MovedFinder())
