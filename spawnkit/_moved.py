@@ -16,7 +16,11 @@ import importlib.machinery
 import sys
 import warnings
 from collections.abc import Sequence
-from types import ModuleType
+from types import FrameType, ModuleType
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader
 
 # Old module path -> new module path. Remove an entry one release after its move.
 MOVED: dict[str, str] = {}
@@ -51,7 +55,7 @@ class _MovedFinder:
         new = MOVED.get(fullname)
         if new is None:
             return None
-        return importlib.machinery.ModuleSpec(fullname, _MovedLoader(new))
+        return importlib.machinery.ModuleSpec(fullname, cast("Loader", _MovedLoader(new)))
 
 
 def _caller_depth() -> int:
@@ -60,7 +64,8 @@ def _caller_depth() -> int:
     ``warnings`` does not count importlib's bootstrap frames (filenames holding
     "importlib" and "_bootstrap"), so neither does this.
     """
-    frame, depth = sys._getframe(2), 1  # the frame that called create_module
+    frame: FrameType | None = sys._getframe(2)  # the frame that called create_module
+    depth = 1
     while frame is not None:
         name = frame.f_code.co_filename
         internal = "importlib" in name and "_bootstrap" in name
@@ -68,7 +73,7 @@ def _caller_depth() -> int:
             return depth + 1
         if not internal:
             depth += 1
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     return depth
 
 
