@@ -1,6 +1,6 @@
 """The benchmarks stay runnable: one round each, results written, sane numbers.
 
-Ratios are not asserted here (a shared machine may be slow); the README keeps
+Ratios are not asserted here (a shared machine may be slow); docs/benchmarks.md keeps
 the figures of full runs.
 """
 

@@ -1,7 +1,7 @@
 """benchmarks/history.py stays runnable: one small round, results written, sane figures.
 
-Ratios are not asserted (a shared machine may be slow); the README keeps the figures of full
-runs. Correctness is: the per-day totals equal ccusage's.
+Ratios are not asserted (a shared machine may be slow); docs/benchmarks.md keeps the figures
+of full runs. Correctness is: the per-day totals equal ccusage's.
 """
 
 from __future__ import annotations
