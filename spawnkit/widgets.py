@@ -125,7 +125,7 @@ def timing_html(frame: pd.DataFrame, runs: int = TIMING_RUNS) -> str:
 
     if frame.empty:
         return ""
-    over = f"last {runs} runs" if frame["session"].nunique() >= runs else "its runs"
+    over = f"last {runs} runs" if frame["session_id"].nunique() >= runs else "its runs"
     parts = []
     latency = history.request_latency(frame=frame, by="butler")
     if len(latency):

@@ -124,7 +124,7 @@ async def test_cli_spans_join_the_runs_trace(
     # Its log events and metric points, by session: one model request with its tokens,
     # one tool call with its time and outcome, whatever each CLI calls them.
     assert set(events["kind"]) == {"log", "metric"}
-    assert (events["session"] == result.session_id).all()
+    assert (events["session_id"] == result.session_id).all()
     requests = events[(events["kind"] == "log") & (events["input_tokens"] > 0)]
     assert len(requests) and requests["model"].notna().all(), set(events["name"])
     tool = {"claude-code": "Bash", "codex": "exec_command", "gemini": "run_shell_command"}[runtime]
@@ -136,9 +136,9 @@ async def test_cli_spans_join_the_runs_trace(
     assert "zebra-quokka" not in kept
     frame = history.spans(store=store, session_id=result.session_id)
     assert len(frame) == len(spans)
-    assert {"session", "span", "parent", "start", "duration_ms", "model", "input_tokens",
-            "output_tokens", "tool", "status"} <= set(frame.columns)  # fmt: skip
-    assert (frame["session"] == result.session_id).all()
+    assert {"session_id", "name", "parent_span_id", "started_at", "duration_ms", "model",
+            "input_tokens", "output_tokens", "tool", "status"} <= set(frame.columns)  # fmt: skip
+    assert (frame["session_id"] == result.session_id).all()
     assert (frame["duration_ms"] >= 0).all()
 
 

@@ -176,16 +176,16 @@ def test_history_frames_from_the_stored_events(store: SessionStore) -> None:
     for runtime in EVENTS:
         for m in measured(runtime):
             last = live[runtime].add(m)
-        rows = frame[frame["session"] == f"run-{runtime}"]
+        rows = frame[frame["session_id"] == f"run-{runtime}"]
         assert sorted(rows["duration_ms"]) == sorted(m.duration_ms for m in measured(runtime))
         assert (rows["runtime"] == runtime).all() and (rows["butler"] == "health").all()
-        latency = history.request_latency(frame=rows, by="session")
+        latency = history.request_latency(frame=rows, by="session_id")
         assert latency["p50_ms"].iloc[0] == pytest.approx(last.p50_ms)
         assert latency["p90_ms"].iloc[0] == pytest.approx(last.p90_ms)
     health = history.timings(store=store, butler="health")
-    assert set(health["session"]) == {f"run-{r}" for r in EVENTS}
-    assert set(history.timings(store=store, butler="health", runs=1)["session"]) <= set(
-        health["session"]
+    assert set(health["session_id"]) == {f"run-{r}" for r in EVENTS}
+    assert set(history.timings(store=store, butler="health", runs=1)["session_id"]) <= set(
+        health["session_id"]
     )
     tools = history.tool_times(store=store)
     gemini_shell = tools[tools["tool"] == "run_shell_command"].iloc[0]
@@ -204,7 +204,7 @@ def test_a_waterfall_of_claude_codes_spans(store: SessionStore) -> None:
     recorded_run(store, "run", "claude-code")
     bars = history.waterfall("run", store=store)
     assert len(bars) == len(SPANS)
-    by_name = bars.groupby("span")["depth"].unique().to_dict()
+    by_name = bars.groupby("name")["depth"].unique().to_dict()
     assert list(by_name["claude_code.interaction"]) == [0]  # right under the run's span
     assert list(by_name["claude_code.llm_request"]) == [1]
     assert list(by_name["claude_code.tool"]) == [1]
@@ -219,7 +219,7 @@ def test_a_waterfall_of_claude_codes_spans(store: SessionStore) -> None:
     figure = history.plot_waterfall(bars, title="one run")
     (axes,) = figure.axes
     assert len(axes.patches) == len(bars)
-    assert [t.get_text().strip() for t in axes.get_yticklabels()] == bars["span"].tolist()
+    assert [t.get_text().strip() for t in axes.get_yticklabels()] == bars["name"].tolist()
 
 
 def test_the_terminal_views_print_the_last_timing_before_the_summary() -> None:

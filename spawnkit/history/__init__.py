@@ -8,7 +8,9 @@ time went: each model request, each tool call, each span);
 incremental cache, deduplication as ccusage does it, and costs from an offline pricing table
 (``default_pricing()``, replaceable); ``import_history()`` copies those transcripts into the
 store so they outlive the CLIs' clean-ups, and ``export()`` writes everything as Parquet
-files DuckDB reads. See docs/history.md.
+files DuckDB reads. Every frame names a fact the same way (``session_id``, ``name``,
+``started_at``, ``timestamp``, ``parent_span_id``); the few old names still work for a release
+with a warning (:mod:`~spawnkit.history.renamed`). See docs/history.md.
 """
 
 from . import report

@@ -1,13 +1,15 @@
 """The agent CLIs' own telemetry (CLI telemetry, :mod:`spawnkit.otlp`) as DataFrames.
 
-``spans()``: one row per stored span: its session, trace and span ids, name, parent,
-the CLI's service name, start (UTC) and duration. ``cli_events()``: one row per stored
+``spans()``: one row per stored span: its ``session_id``, ``trace_id`` and ``span_id``,
+``name``, ``parent_span_id``, the CLI's ``service`` name, ``started_at`` (UTC) and
+``duration_ms``. ``cli_events()``: one row per stored
 log event (``kind = "log"``: Claude Code's ``api_request``, ``tool_result``, ...,
 Gemini's ``gemini_cli.api_response``, Codex's ``codex.sse_event``, ...) or metric data
 point (``kind = "metric"``, its ``value``). Both pull what the three CLIs each name
 their own way into common columns (``model``, ``input_tokens``, ``output_tokens``,
 ``tool``, and for events ``duration_ms`` and ``status``); ``attributes`` keeps every
-(redacted) attribute as a dict.
+(redacted) attribute as a dict. Column names follow the history frames' one rule
+(docs/history.md); the old ones still work for a release (:mod:`spawnkit.history.renamed`).
 """
 
 from __future__ import annotations
@@ -19,16 +21,25 @@ from typing import Any
 import pandas as pd
 
 from ..store import SessionStore
+from .renamed import with_old_names
 
 SPAN_COLUMNS = [
-    "session", "trace_id", "span_id", "span", "parent", "service", "start", "duration_ms",
+    "session_id", "trace_id", "span_id", "name", "parent_span_id", "service", "started_at",
+    "duration_ms",
     "model", "input_tokens", "output_tokens", "tool", "status", "reparented", "attributes",
 ]  # fmt: skip
 
 CLI_EVENT_COLUMNS = [
-    "session", "kind", "time", "name", "service", "model", "input_tokens", "output_tokens",
+    "session_id", "kind", "timestamp", "name", "service", "model", "input_tokens", "output_tokens",
     "tool", "duration_ms", "status", "value", "trace_id", "span_id", "attributes",
 ]  # fmt: skip
+
+# The columns' names before the one naming rule (docs/history.md), answered until the next
+# release with a DeprecationWarning (:mod:`spawnkit.history.renamed`).
+SPAN_OLD_NAMES = {
+    "session": "session_id", "span": "name", "parent": "parent_span_id", "start": "started_at",
+}  # fmt: skip
+CLI_EVENT_OLD_NAMES = {"session": "session_id", "time": "timestamp"}
 
 # The attribute names each CLI uses, first match wins.
 _MODEL = ("gen_ai.response.model", "gen_ai.request.model", "model", "llm.model", "model_name")
@@ -93,9 +104,9 @@ def cli_events(
         tool = _first(attributes, _TOOL)
         rows.append(
             {
-                "session": e["session_id"],
+                "session_id": e["session_id"],
                 "kind": e["kind"],
-                "time": e["time_ns"],
+                "timestamp": e["time_ns"],
                 "name": e["name"],
                 "service": e["service"],
                 "model": _first(attributes, _MODEL),
@@ -111,12 +122,12 @@ def cli_events(
             }
         )
     frame = pd.DataFrame(rows, columns=CLI_EVENT_COLUMNS)
-    frame["time"] = pd.to_datetime(frame["time"].astype("int64"), unit="ns", utc=True)
+    frame["timestamp"] = pd.to_datetime(frame["timestamp"].astype("int64"), unit="ns", utc=True)
     for column in ("input_tokens", "output_tokens"):
         frame[column] = frame[column].astype("Int64")
     for column in ("duration_ms", "value"):
         frame[column] = frame[column].astype("float64")
-    return frame
+    return with_old_names(frame, CLI_EVENT_OLD_NAMES)
 
 
 def spans(
@@ -129,13 +140,13 @@ def spans(
         tool = _first(attributes, _TOOL)
         rows.append(
             {
-                "session": s["session_id"],
+                "session_id": s["session_id"],
                 "trace_id": s["trace_id"],
                 "span_id": s["span_id"],
-                "span": s["name"],
-                "parent": s["parent_span_id"],
+                "name": s["name"],
+                "parent_span_id": s["parent_span_id"],
                 "service": s["service"],
-                "start": s["start_ns"],
+                "started_at": s["start_ns"],
                 "duration_ms": max(0, s["end_ns"] - s["start_ns"]) / 1e6,
                 "model": _first(attributes, _MODEL),
                 "input_tokens": _int(_first(attributes, _INPUT)),
@@ -147,7 +158,7 @@ def spans(
             }
         )
     frame = pd.DataFrame(rows, columns=SPAN_COLUMNS)
-    frame["start"] = pd.to_datetime(frame["start"].astype("int64"), unit="ns", utc=True)
+    frame["started_at"] = pd.to_datetime(frame["started_at"].astype("int64"), unit="ns", utc=True)
     frame["input_tokens"] = frame["input_tokens"].astype("Int64")
     frame["output_tokens"] = frame["output_tokens"].astype("Int64")
-    return frame
+    return with_old_names(frame, SPAN_OLD_NAMES)
