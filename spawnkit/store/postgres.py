@@ -35,9 +35,9 @@ import psycopg.generators
 import psycopg_pool
 from psycopg.rows import dict_row
 
-from .errors import StoreError, StoreTooNew, StoreUnreachable
-from .home import spawnkit_home
-from .store_backend import AdmissionTicket, Params, Row, redact_url, statements
+from ..errors import StoreError, StoreTooNew, StoreUnreachable
+from ..home import spawnkit_home
+from .backend import AdmissionTicket, Params, Row, redact_url, statements
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ MIGRATION_LOCK = int.from_bytes(b"spawnkit", "big") & 0x7FFF_FFFF_FFFF_FFFF
 CONNECT_TIMEOUT_S = 10
 POOL_MAX = 8
 # How long a caller waits for a pooled connection: a server away is reported (and its
-# writes journaled, spawnkit.store_journal) after this.
+# writes journaled, spawnkit.store.journal) after this.
 POOL_TIMEOUT_S = 10.0
 # A read that failed faster than this was on a pooled connection the server had already
 # dropped (it restarted since): it is tried once more, on a fresh connection.
@@ -188,7 +188,7 @@ _MIGRATIONS: tuple[str, ...] = (
     """,
     # 4 -> 5: every change of a session, a tool call or butler state sends a NOTIFY on
     # CHANNEL (a wake-up, not a log: table, op, session, butler, host, status, a tool
-    # call's seq and name), which the ChangeFeed of spawnkit.store_listen hands to live
+    # call's seq and name), which the ChangeFeed of spawnkit.store.listen hands to live
     # views on any host. A lease renewal
     # alone changes nothing anyone shows and stays silent. Identical payloads within one
     # transaction reach listeners once (PostgreSQL folds them).
@@ -512,7 +512,7 @@ class _Transaction:
 
 
 class PostgresBackend:
-    """A :class:`~spawnkit.store_backend.Backend` on a PostgreSQL server, schema ``spawnkit``."""
+    """A :class:`~spawnkit.store.backend.Backend` on a PostgreSQL server, schema ``spawnkit``."""
 
     errors: tuple[type[Exception], ...] = (psycopg.Error, psycopg_pool.PoolTimeout)
 
@@ -664,7 +664,7 @@ def lock_key(space: str, name: str) -> int:
 
 
 class _AdvisoryPlaces:
-    """An :class:`~spawnkit.store_backend.Admission`: place ``n`` of butler ``name`` is the
+    """An :class:`~spawnkit.store.backend.Admission`: place ``n`` of butler ``name`` is the
     session-level advisory lock ``(key("places", name), n)``. This host's places are all
     held on one connection of its own (a session may hold many locks), so a queued run
     costs the server no connection, and a process that dies frees its places at once.
@@ -744,7 +744,7 @@ class _AdvisoryPlaces:
 
 
 class _AdvisorySlots:
-    """A :class:`~spawnkit.store_backend.SlotClaim`: slot ``n`` of the limit ``name`` is the
+    """A :class:`~spawnkit.store.backend.SlotClaim`: slot ``n`` of the limit ``name`` is the
     session-level advisory lock ``(key(name), n)`` on a connection of its own, so a process
     that dies (or a host the server stops hearing from) lets its slots go with it."""
 

@@ -1,8 +1,8 @@
 """The session store: every accepted run, its tool calls, and butler state.
 
 :class:`SessionStore` writes each query once against a small
-:class:`~spawnkit.store_backend.Backend`: SQLite here (the default, :class:`SqliteBackend`)
-or PostgreSQL, a store a team shares (:mod:`spawnkit.store_postgres`, chosen by URL).
+:class:`~spawnkit.store.backend.Backend`: SQLite here (the default, :class:`SqliteBackend`)
+or PostgreSQL, a store a team shares (:mod:`spawnkit.store.postgres`, chosen by URL).
 What follows describes the SQLite file; the server keeps the same tables and semantics.
 
 One database file (``$SPAWNKIT_HOME/sessions.db`` by default) in WAL mode with a
@@ -40,11 +40,12 @@ from pathlib import Path
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 from urllib.parse import quote
 
-from .credential_file import CredentialError, CredentialFile, StoredCredential
-from .errors import HomeNotWritable, StoreDamaged, StoreError, StoreTooNew, StoreUnreachable
-from .home import default_store_path, host_name, is_writable, lease_seconds, store_setting
-from .result import Attempt, BudgetReport, SpawnerResult, ToolCall, Usage
-from .store_backend import (
+from ..credential_file import CredentialError, CredentialFile, StoredCredential
+from ..errors import HomeNotWritable, StoreDamaged, StoreError, StoreTooNew, StoreUnreachable
+from ..home import default_store_path, host_name, is_writable, lease_seconds, store_setting
+from ..result import Attempt, BudgetReport, SpawnerResult, ToolCall, Usage
+from ..sweep import HomeSeal, OpenRun, process_start, sweep
+from .backend import (
     Admission,
     Backend,
     Params,
@@ -54,8 +55,7 @@ from .store_backend import (
     is_postgres_url,
     statements,
 )
-from .store_journal import StoreJournal
-from .sweep import HomeSeal, OpenRun, process_start, sweep
+from .journal import StoreJournal
 
 logger = logging.getLogger(__name__)
 
@@ -543,7 +543,7 @@ class _SqliteTransaction:
 
 # The writes a run makes after its record exists, by name. Each takes its parameters as JSON
 # values, so one that a server away could not take is kept in the journal
-# (spawnkit.store_journal) and replayed later by the same function; every one is
+# (spawnkit.store.journal) and replayed later by the same function; every one is
 # idempotent, and ``replayed`` makes the inserts so too (their first try may have been
 # committed, its answer lost with the connection).
 
@@ -741,7 +741,7 @@ RETRY_MAX_S = 10.0
 
 
 class SqliteBackend:
-    """The embedded :class:`~spawnkit.store_backend.Backend`: one SQLite file in WAL mode.
+    """The embedded :class:`~spawnkit.store.backend.Backend`: one SQLite file in WAL mode.
 
     Connections are per thread. Opening it moves the credentials an older spawnkit kept in
     the file out to the credentials file, then migrates the schema (``PRAGMA user_version``).
@@ -904,7 +904,7 @@ class SessionStore:
 
     ``SessionStore()`` opens the store the user chose (:func:`~spawnkit.home.store_setting`),
     else ``$SPAWNKIT_HOME/sessions.db``; ``SessionStore(path_or_url)`` opens that one. Every
-    method is written once, against the :class:`~spawnkit.store_backend.Backend` it opened;
+    method is written once, against the :class:`~spawnkit.store.backend.Backend` it opened;
     safe to share between threads and processes, and between hosts on PostgreSQL.
     """
 
@@ -912,7 +912,7 @@ class SessionStore:
         if target is None:
             target = store_setting() or default_store_path()
         if is_postgres_url(target):
-            from .store_postgres import PostgresBackend  # psycopg loads only when it is used
+            from .postgres import PostgresBackend  # psycopg loads only when it is used
 
             self._db: Backend = PostgresBackend(str(target))
         else:
@@ -951,7 +951,7 @@ class SessionStore:
     @property
     def url(self) -> str | None:
         """The PostgreSQL server's URL, password included (print :attr:`location`); None on
-        SQLite. What a :class:`~spawnkit.store_listen.ChangeFeed` listens on."""
+        SQLite. What a :class:`~spawnkit.store.listen.ChangeFeed` listens on."""
         return self._db.url
 
     @property
@@ -980,7 +980,7 @@ class SessionStore:
             retrier.join(timeout=1.0)  # it may wait on a server still away: not for long
         self._db.close()
 
-    # -- the journal of writes a server away could not take (spawnkit.store_journal) ----
+    # -- the journal of writes a server away could not take (spawnkit.store.journal) ----
 
     @property
     def journal(self) -> StoreJournal | None:
@@ -1169,7 +1169,7 @@ class SessionStore:
 
         Only a ``crashed`` mark of this host's record gives way: another host (its lease ran
         out while the server was away) or a sweep guessed the run died, and here is how it
-        really ended (a completion replayed from the journal, :mod:`spawnkit.store_journal`).
+        really ended (a completion replayed from the journal, :mod:`spawnkit.store.journal`).
         """
         calls_json = json.dumps([c.to_dict() for c in result.tool_calls], ensure_ascii=False)
         session = [
