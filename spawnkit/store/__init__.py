@@ -21,19 +21,11 @@ from .backend import (
     statements,
 )
 from .journal import StoreJournal
-from .session_store import (
-    BUSY_TIMEOUT_MS,
-    RETRY_FIRST_S,
-    RETRY_MAX_S,
-    SCHEMA_VERSION,
-    SessionRecord,
-    SessionStore,
-    SqliteBackend,
-    StoreHealth,
-    check_store,
-    store_error,
-    utcnow,
-)
+from .records import SessionRecord, utcnow
+from .schema import SCHEMA_VERSION
+from .session_store import SessionStore
+from .sqlite import BUSY_TIMEOUT_MS, SqliteBackend, StoreHealth, check_store, store_error
+from .writer import RETRY_FIRST_S, RETRY_MAX_S
 
 __all__ = [
     "BUSY_TIMEOUT_MS",

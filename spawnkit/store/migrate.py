@@ -30,7 +30,7 @@ from pathlib import Path
 from ..errors import StoreError
 from .backend import Row, Transaction, is_postgres_url, redact_url
 from .postgres import PostgresBackend
-from .session_store import SqliteBackend
+from .sqlite import SqliteBackend
 
 BATCH_ROWS = 2000
 
