@@ -634,7 +634,7 @@ def test_idle_slot_connections_close_in_a_quiet_process(
 ) -> None:
     """A kept connection is a server process: one not used again soon is closed, with the
     store still open and no run coming."""
-    monkeypatch.setattr("spawnkit.store.postgres.SLOT_IDLE_S", 0.5)
+    monkeypatch.setattr("spawnkit.store.advisory.SLOT_IDLE_S", 0.5)
     with SessionStore(postgres_url) as store:
         for claim in take_all(store, 2):
             claim.release()
