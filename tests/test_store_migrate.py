@@ -14,9 +14,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from spawnkit import store_migrate
 from spawnkit.store import SessionStore
-from spawnkit.store_backend import redact_url
+from spawnkit.store import migrate as store_migrate
+from spawnkit.store.backend import redact_url
 
 from .postgres import PASSWORD
 from .test_cli import assert_one_line_error, spawnkit

@@ -25,8 +25,8 @@ from spawnkit.credentials import CredentialStore
 from spawnkit.errors import StoreError, StoreTooNew, StoreUnreachable
 from spawnkit.result import SpawnerResult, ToolCall, Usage
 from spawnkit.store import SessionStore
-from spawnkit.store_backend import redact_url, statements
-from spawnkit.store_postgres import _MIGRATIONS, SCHEMA_VERSION, PostgresBackend
+from spawnkit.store.backend import redact_url, statements
+from spawnkit.store.postgres import _MIGRATIONS, SCHEMA_VERSION, PostgresBackend
 
 from .conftest import REPO
 from .postgres import PASSWORD, PostgresServer
@@ -388,7 +388,7 @@ def test_a_schema_7_database_migrates_to_8_with_the_same_notifications_and_marke
 
 def test_writes_through_libpq_keep_what_psycopg_did(postgres_url: str) -> None:
     """The store's writes go through libpq as statements each connection prepared once
-    (store_postgres._Connection.run_prepared): values round trip exactly, a refused write
+    (store.postgres._Connection.run_prepared): values round trip exactly, a refused write
     is psycopg's own error, and what that path does not take goes through psycopg."""
     at = datetime.now(UTC)
     big = "72.4 kg ✓ " * 300_000  # 3.3 MB: more than one socket buffer
@@ -634,7 +634,7 @@ def test_idle_slot_connections_close_in_a_quiet_process(
 ) -> None:
     """A kept connection is a server process: one not used again soon is closed, with the
     store still open and no run coming."""
-    monkeypatch.setattr("spawnkit.store_postgres.SLOT_IDLE_S", 0.5)
+    monkeypatch.setattr("spawnkit.store.advisory.SLOT_IDLE_S", 0.5)
     with SessionStore(postgres_url) as store:
         for claim in take_all(store, 2):
             claim.release()

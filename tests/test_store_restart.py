@@ -3,7 +3,7 @@
 A real Claude Code CLI runs a butler on the replay model, its record in a real PostgreSQL
 (tests/postgres.py). While the CLI waits in a shell tool, the test stops the server; the
 run goes on and ends while the server is down: its completion and its tool calls wait in
-the local journal (spawnkit.store_journal). The server starts again and the next command
+the local journal (spawnkit.store.journal). The server starts again and the next command
 writes them: exactly one complete record, with its tool calls, and an empty journal.
 """
 
@@ -23,7 +23,7 @@ import pytest
 
 from spawnkit.result import SpawnerResult, ToolCall
 from spawnkit.store import SessionStore
-from spawnkit.store_backend import redact_url
+from spawnkit.store.backend import redact_url
 
 from .conftest import REPO, RosterFactory
 from .postgres import PASSWORD, PostgresServer

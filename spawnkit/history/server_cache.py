@@ -6,7 +6,7 @@ for a SQLite file, the typed session columns are kept in
 ``$SPAWNKIT_HOME/history-cache/server-<hash>/sessions.arrow`` (memory-mapped; the hash is
 of the URL without its password) and each read asks the server only for what changed.
 
-What changed is told by schema 7 of :mod:`spawnkit.store_postgres`: every inserted or
+What changed is told by schema 7 of :mod:`spawnkit.store.postgres`: every inserted or
 updated session row carries the id of the transaction that wrote it (``change_xid``), a
 deleted one leaves a tombstone (``deleted_sessions``) with the deleting transaction's id.
 A read runs in one REPEATABLE READ snapshot and notes the oldest transaction still running
@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..home import spawnkit_home
-from ..store_backend import redact_url
+from ..store.backend import redact_url
 from . import server_query
 from .rows import Column
 from .store_cache import load_matching, save_table

@@ -1,6 +1,6 @@
 """Queries on a PostgreSQL session store as Arrow tables, through ADBC.
 
-A store on a server (:mod:`spawnkit.store_postgres`) is read by ADBC's PostgreSQL driver
+A store on a server (:mod:`spawnkit.store.postgres`) is read by ADBC's PostgreSQL driver
 (``adbc-driver-postgresql``), which turns the server's binary COPY output straight into
 Arrow columns: no Python object per value (INFRA: 1M rows in about 1.2 s, against 13 s
 through psycopg rows). Unlike SQLite's driver it shares no library with the store's
@@ -19,8 +19,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..store_backend import redact_url
-from ..store_postgres import SCHEMA
+from ..store.backend import redact_url
+from ..store.postgres import SCHEMA
 from .errors import HistoryError
 
 _PLACEHOLDER = re.compile(r"\?")

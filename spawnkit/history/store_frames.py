@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from ..home import default_store_path, store_setting
 from ..store import SessionStore
-from ..store_backend import is_postgres_url
+from ..store.backend import is_postgres_url
 from . import server_cache, server_query
 from .errors import HistoryError
 from .frames import COST_SOURCES

@@ -34,7 +34,7 @@ from urllib.parse import quote
 import pyarrow as pa
 
 from ..home import is_writable
-from ..store import _SCHEMA as STORE_SCHEMA
+from ..store.schema import SCHEMA as STORE_SCHEMA
 from .errors import HistoryError
 
 CHILD_MIN_BYTES = 24 << 20

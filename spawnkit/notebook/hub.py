@@ -279,7 +279,7 @@ class Hub:
         """What every host sharing the store is running, kept up to date by the store's
         change feed (started on first use, on the background loop); None on SQLite."""
         if self._live is None and self.store.url is not None:
-            from ..store_listen import ChangeFeed
+            from ..store.listen import ChangeFeed
 
             live = LiveStatus(self.store, ChangeFeed(self.store.url))
 

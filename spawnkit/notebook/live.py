@@ -2,7 +2,7 @@
 
 :class:`LiveStatus` is the model behind ``%spawn_status --live`` and the dashboard's
 "every host" line, with no widget in it (tests drive it without a browser). It listens
-to a :class:`~spawnkit.store_listen.ChangeFeed` and, on each wake-up, turns the changes
+to a :class:`~spawnkit.store.listen.ChangeFeed` and, on each wake-up, turns the changes
 into :attr:`LiveStatus.updates` (one line per step a run took: queued, started, a tool
 call started or ended, ended, in the order they committed) and re-reads the runs still
 open from the store. Nothing polls: between wake-ups it does no work at all. After the
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from ..store import SessionRecord, SessionStore
 
 if TYPE_CHECKING:  # psycopg loads only when a PostgreSQL store is used
-    from ..store_listen import Change, ChangeFeed, Wake
+    from ..store.listen import Change, ChangeFeed, Wake
 
 logger = logging.getLogger(__name__)
 

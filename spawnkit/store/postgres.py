@@ -24,8 +24,7 @@ import functools
 import logging
 import threading
 import time
-import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,9 +34,10 @@ import psycopg.generators
 import psycopg_pool
 from psycopg.rows import dict_row
 
-from .errors import StoreError, StoreTooNew, StoreUnreachable
-from .home import spawnkit_home
-from .store_backend import AdmissionTicket, Params, Row, redact_url, statements
+from ..errors import StoreError, StoreTooNew, StoreUnreachable
+from ..home import spawnkit_home
+from .advisory import AdvisoryPlaces, AdvisorySlots, SlotConnections
+from .backend import Params, Row, redact_url, statements
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ MIGRATION_LOCK = int.from_bytes(b"spawnkit", "big") & 0x7FFF_FFFF_FFFF_FFFF
 CONNECT_TIMEOUT_S = 10
 POOL_MAX = 8
 # How long a caller waits for a pooled connection: a server away is reported (and its
-# writes journaled, spawnkit.store_journal) after this.
+# writes journaled, spawnkit.store.journal) after this.
 POOL_TIMEOUT_S = 10.0
 # A read that failed faster than this was on a pooled connection the server had already
 # dropped (it restarted since): it is tried once more, on a fresh connection.
@@ -55,13 +55,6 @@ STALE_CONNECTION_S = 1.0
 # A slot holder's connection: the server drops it (and frees the slot) this many ms after
 # its host stops acknowledging, rather than minutes later (keepalives alone do not).
 SLOT_TCP_USER_TIMEOUT_MS = 5000
-# Slot holders' connections are kept for the next run (see _SlotConnections): a new one
-# costs a connection's start-up and password exchange, 5 to 9 ms here, against about 1 ms
-# for a run's whole record. At most this many wait idle, each for at most SLOT_IDLE_S: an
-# idle one is a server process, which a quiet notebook should not keep.
-SLOT_IDLE_MAX = 2
-SLOT_IDLE_S = 30.0
-SLOT_ANSWER_S = 2.0
 
 # _MIGRATIONS[v] takes the schema from version v to v + 1; version 1 is the SQLite
 # store's schema 9 (sessions, tool calls, MCP calls, state, episodes), without the
@@ -188,7 +181,7 @@ _MIGRATIONS: tuple[str, ...] = (
     """,
     # 4 -> 5: every change of a session, a tool call or butler state sends a NOTIFY on
     # CHANNEL (a wake-up, not a log: table, op, session, butler, host, status, a tool
-    # call's seq and name), which the ChangeFeed of spawnkit.store_listen hands to live
+    # call's seq and name), which the ChangeFeed of spawnkit.store.listen hands to live
     # views on any host. A lease renewal
     # alone changes nothing anyone shows and stays silent. Identical payloads within one
     # transaction reach listeners once (PostgreSQL folds them).
@@ -389,11 +382,10 @@ _PARAM_TYPES: dict[type, int] = {str: 0, type(None): 0, int: 20, float: 701}
 _INT8 = range(-(2**63), 2**63)
 _COMMAND_OK, _TUPLES_OK = psycopg.pq.ExecStatus.COMMAND_OK, psycopg.pq.ExecStatus.TUPLES_OK
 _IDLE = psycopg.pq.TransactionStatus.IDLE
-_BAD, _OK = psycopg.pq.ConnStatus.BAD, psycopg.pq.ConnStatus.OK
+_BAD = psycopg.pq.ConnStatus.BAD
 # psycopg's own generator for a command sent (C, in psycopg's binary build): flushes it
 # and reads its results without blocking, yielding whenever the socket must be waited on.
 _EXECUTE = psycopg.generators.execute
-_FETCH_MANY = psycopg.generators.fetch_many
 # Statements the server would not prepare with untyped parameters (``? IS NULL``): these
 # keep going through psycopg, on every connection.
 _UNPREPARABLE: set[tuple[str, tuple[int, ...]]] = set()
@@ -512,7 +504,7 @@ class _Transaction:
 
 
 class PostgresBackend:
-    """A :class:`~spawnkit.store_backend.Backend` on a PostgreSQL server, schema ``spawnkit``."""
+    """A :class:`~spawnkit.store.backend.Backend` on a PostgreSQL server, schema ``spawnkit``."""
 
     errors: tuple[type[Exception], ...] = (psycopg.Error, psycopg_pool.PoolTimeout)
 
@@ -521,9 +513,9 @@ class PostgresBackend:
         self.location = redact_url(url)
         self.path: Path | None = None
         self.local_dir = spawnkit_home()
-        self._admissions: dict[str, _AdvisoryPlaces] = {}
+        self._admissions: dict[str, AdvisoryPlaces] = {}
         self._admissions_lock = threading.Lock()
-        self._slots = _SlotConnections(lambda: self._dedicated("spawnkit-slot"))
+        self._slots = SlotConnections(lambda: self._dedicated("spawnkit-slot"))
         self._kwargs: dict[str, Any] = {
             "row_factory": dict_row,
             "options": f"-c search_path={SCHEMA}",
@@ -623,8 +615,8 @@ class PostgresBackend:
             return StoreUnreachable(self.location, detail)
         return StoreError(f"the session store {self.location}: {detail}")
 
-    def slot_claim(self, name: str, capacity: int) -> _AdvisorySlots:
-        return _AdvisorySlots(self, self._slots.take(), name, capacity)
+    def slot_claim(self, name: str, capacity: int) -> AdvisorySlots:
+        return AdvisorySlots(self._slots, self.error, self._slots.take(), name, capacity)
 
     def _dedicated(self, name: str) -> psycopg.Connection[Any]:
         """A connection of its own whose advisory locks the server frees when the process
@@ -639,11 +631,13 @@ class PostgresBackend:
         except psycopg.Error as exc:
             raise self.error(exc) from exc
 
-    def admission(self, name: str) -> _AdvisoryPlaces:
+    def admission(self, name: str) -> AdvisoryPlaces:
         with self._admissions_lock:
             found = self._admissions.get(name)
             if found is None:
-                found = self._admissions[name] = _AdvisoryPlaces(self, name)
+                found = self._admissions[name] = AdvisoryPlaces(
+                    lambda: self._dedicated("spawnkit-admission"), self.error, name
+                )
             return found
 
     def close(self) -> None:
@@ -655,258 +649,3 @@ class PostgresBackend:
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.close()
-
-
-def lock_key(space: str, name: str) -> int:
-    """The first int4 key of the advisory locks of ``space`` for ``name`` (the second is
-    the slot or place): the CRC-32 of both, as a signed number."""
-    return zlib.crc32(f"spawnkit:{space}:{name}".encode()) - 2**31
-
-
-class _AdvisoryPlaces:
-    """An :class:`~spawnkit.store_backend.Admission`: place ``n`` of butler ``name`` is the
-    session-level advisory lock ``(key("places", name), n)``. This host's places are all
-    held on one connection of its own (a session may hold many locks), so a queued run
-    costs the server no connection, and a process that dies frees its places at once.
-
-    Taking one is serialised across hosts by a transaction-level lock, so counting the
-    places held (``pg_locks``) and taking one are one step.
-    """
-
-    def __init__(self, backend: PostgresBackend, name: str) -> None:
-        self._backend = backend
-        self._key = lock_key("places", name)
-        self._slots_key = lock_key("slots", name)
-        self._mutex = lock_key("admission", name)
-        self._conn: psycopg.Connection[Any] | None = None
-        self._held: set[int] = set()  # a session re-taking its own lock would stack it
-        self._lock = threading.Lock()
-
-    def enter(self, places: int, below: int | None = None) -> AdmissionTicket:
-        with self._lock:
-            try:
-                return self._enter(places, below)
-            except psycopg.Error as exc:
-                self._drop()
-                raise self._backend.error(exc) from exc
-
-    def _enter(self, places: int, below: int | None) -> AdmissionTicket:
-        if self._conn is None or self._conn.closed:
-            self._conn = self._backend._dedicated("spawnkit-admission")
-            self._held.clear()
-        conn = self._conn
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (self._mutex,))
-            # int4 keys show in pg_locks as oids: their unsigned 32-bit value.
-            row = conn.execute(
-                "SELECT count(*) FILTER (WHERE classid::bigint = %s), "
-                "count(*) FILTER (WHERE classid::bigint = %s) FROM pg_locks "
-                "WHERE locktype = 'advisory' AND granted AND objsubid = 2 "
-                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-                (self._key & 0xFFFF_FFFF, self._slots_key & 0xFFFF_FFFF),
-            ).fetchone()
-            held, running = (int(row[0]), int(row[1])) if row else (0, 0)
-            if below is not None and held >= below:
-                return AdmissionTicket(None, running, held)
-            taken = conn.execute(
-                "SELECT n FROM generate_series(0, %s - 1) AS n "
-                "WHERE n <> ALL(%s) AND pg_try_advisory_lock(%s, n) LIMIT 1",
-                (places, sorted(self._held), self._key),
-            ).fetchone()
-        if taken is None:
-            return AdmissionTicket(None, running, held)
-        self._held.add(int(taken[0]))
-        return AdmissionTicket(int(taken[0]), running, held + 1)
-
-    def leave(self, place: int) -> None:
-        with self._lock:
-            if place not in self._held:
-                return
-            self._held.discard(place)
-            if self._conn is None or self._conn.closed:
-                return  # the connection died: its locks went with it
-            try:
-                self._conn.execute("SELECT pg_advisory_unlock(%s, %s)", (self._key, place))
-            except psycopg.Error as exc:
-                logger.warning("could not give back admission place %d (%s)", place, exc)
-                self._drop()
-
-    def _drop(self) -> None:
-        """Forget a connection that failed: closing it frees whatever it held."""
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
-        self._held.clear()
-
-    def close(self) -> None:
-        with self._lock:
-            self._drop()
-
-
-class _AdvisorySlots:
-    """A :class:`~spawnkit.store_backend.SlotClaim`: slot ``n`` of the limit ``name`` is the
-    session-level advisory lock ``(key(name), n)`` on a connection of its own, so a process
-    that dies (or a host the server stops hearing from) lets its slots go with it."""
-
-    def __init__(
-        self, backend: PostgresBackend, conn: psycopg.Connection[Any], name: str, capacity: int
-    ) -> None:
-        self._backend = backend
-        self._conn: psycopg.Connection[Any] | None = conn
-        self._key = lock_key("slots", name)
-        self._capacity = capacity
-        self.slot: int | None = None
-
-    def try_acquire(self) -> int | None:
-        if self.slot is not None:
-            return self.slot
-        try:
-            try:
-                row = self._first_free()
-            except psycopg.OperationalError:
-                # The server dropped the connection while it waited idle (a restart, or
-                # ended by hand), with nothing held on it: a new one, once.
-                self._replace()
-                row = self._first_free()
-        except psycopg.Error as exc:
-            raise self._backend.error(exc) from exc
-        if row is not None:
-            self.slot = int(row[0])
-        return self.slot
-
-    def _first_free(self) -> tuple[Any, ...] | None:
-        """Take the first free slot, in one round trip: the scan stops at the first lock."""
-        if self._conn is None:
-            raise RuntimeError("this slot claim was released")
-        return self._conn.execute(
-            "SELECT n FROM generate_series(0, %s - 1) AS n "
-            "WHERE pg_try_advisory_lock(%s, n) LIMIT 1",
-            (self._capacity, self._key),
-        ).fetchone()
-
-    def _replace(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
-        self._conn = self._backend._slots.new()
-
-    def release(self) -> None:
-        """Give the slot back, without waiting for the server (the caller may be an event
-        loop); the connection is kept for another claim."""
-        conn, self._conn, self.slot = self._conn, None, None
-        if conn is not None:
-            self._backend._slots.give_back(conn)
-
-
-class _SlotConnections:
-    """Slot holders' connections, kept between runs rather than closed after each.
-
-    A connection comes back still holding its slot. :meth:`give_back` sends
-    ``pg_advisory_unlock_all()`` and does not wait for the answer, so the server frees the
-    slot as promptly as it did when the connection was closed, and nothing blocks;
-    :meth:`take` reads that answer before it hands the connection out again. One that
-    cannot be read (the server restarted, the network went) is closed, and a new one made.
-    """
-
-    def __init__(self, connect: Callable[[], psycopg.Connection[Any]]) -> None:
-        self._connect = connect
-        self._idle: list[tuple[float, psycopg.Connection[Any]]] = []  # (since, connection)
-        self._lock = threading.Lock()
-        self._closed = False
-        self._timer: threading.Timer | None = None  # closes idle ones as they expire
-
-    def take(self) -> psycopg.Connection[Any]:
-        """A kept connection, ready, or else a new one."""
-        while (conn := self._take_idle()) is not None:
-            if _unlock_answered(conn):
-                return conn
-            conn.close()
-        return self.new()
-
-    def new(self) -> psycopg.Connection[Any]:
-        return self._connect()
-
-    def give_back(self, conn: psycopg.Connection[Any]) -> None:
-        kept = _send_unlock(conn)
-        with self._lock:
-            stale = self._expired()
-            kept = kept and not self._closed and len(self._idle) < SLOT_IDLE_MAX
-            if kept:
-                self._idle.append((time.monotonic(), conn))
-                self._expire_later()
-        for old in stale if kept else [*stale, conn]:
-            old.close()  # its locks go with its session, as before
-
-    def _take_idle(self) -> psycopg.Connection[Any] | None:
-        with self._lock:
-            stale = self._expired()
-            conn = self._idle.pop()[1] if self._idle else None
-        for old in stale:
-            old.close()
-        return conn
-
-    def _expire_later(self) -> None:
-        """Close the idle connections once they expire, even if no run comes (the lock
-        held)."""
-        if self._timer is None and self._idle and not self._closed:
-            wait = self._idle[0][0] + SLOT_IDLE_S - time.monotonic()
-            self._timer = threading.Timer(max(wait, 0.0) + 0.01, self._expire)
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _expire(self) -> None:
-        with self._lock:
-            self._timer = None
-            stale = self._expired()
-            self._expire_later()
-        for conn in stale:
-            conn.close()
-
-    def _expired(self) -> list[psycopg.Connection[Any]]:
-        """Take out the connections idle longer than SLOT_IDLE_S (the lock held)."""
-        oldest = time.monotonic() - SLOT_IDLE_S
-        stale = [conn for since, conn in self._idle if since < oldest]
-        self._idle = [(since, conn) for since, conn in self._idle if since >= oldest]
-        return stale
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-        for _, conn in idle:
-            conn.close()
-
-
-def _send_unlock(conn: psycopg.Connection[Any]) -> bool:
-    """Ask the server to free ``conn``'s advisory locks, without waiting for its answer;
-    False when that could not be sent whole (the connection is then closed instead)."""
-    pgconn = conn.pgconn
-    try:
-        with conn.lock:
-            if conn.closed or pgconn.transaction_status != _IDLE:
-                return False
-            pgconn.send_query(b"SELECT pg_advisory_unlock_all()")
-            return pgconn.flush() == 0
-    except psycopg.Error:
-        return False
-
-
-def _unlock_answered(conn: psycopg.Connection[Any]) -> bool:
-    """Whether the server answered :func:`_send_unlock`'s query on ``conn`` (which is then
-    as a new connection: idle, holding nothing)."""
-    pgconn = conn.pgconn
-    try:
-        with conn.lock:
-            results = conn.wait(_FETCH_MANY(pgconn), timeout=SLOT_ANSWER_S)
-            if not results or any(result.status != _TUPLES_OK for result in results):
-                return False
-            # What came after the answer: a server that has ended the connection since
-            # said so (and closed it), unless that was a moment ago (try_acquire then
-            # makes a new one).
-            pgconn.consume_input()
-            return pgconn.status == _OK and pgconn.transaction_status == _IDLE
-    except psycopg.Error:  # a timeout too: the answer came long ago, if it ever will
-        return False

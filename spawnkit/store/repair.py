@@ -25,9 +25,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
 
-from .errors import StoreError
-from .store import _SCHEMA as STORE_SCHEMA
-from .store import SCHEMA_VERSION, SessionStore, check_store
+from ..errors import StoreError
+from .schema import SCHEMA as STORE_SCHEMA
+from .schema import SCHEMA_VERSION
+from .session_store import SessionStore
+from .sqlite import check_store
 
 # Rowids probed past the last readable row when the table's largest rowid is unreadable.
 PROBE_WITHOUT_MAX = 100_000

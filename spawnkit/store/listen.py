@@ -36,9 +36,9 @@ from typing import Any
 
 import psycopg
 
-from .store import SessionStore
-from .store_backend import redact_url
-from .store_postgres import CHANNEL, CONNECT_TIMEOUT_S
+from .backend import redact_url
+from .postgres import CHANNEL, CONNECT_TIMEOUT_S
+from .session_store import SessionStore
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ speak (``?`` placeholders, ``ON CONFLICT``, ``COALESCE``), against a :class:`Bac
 run a read, run a write transaction, turn the engine's errors into the store's typed
 ones, close. Two backends implement it: SQLite, the embedded default (one file under
 ``$SPAWNKIT_HOME``, :mod:`spawnkit.store`), and PostgreSQL, a store a team shares
-(:mod:`spawnkit.store_postgres`). Each one creates and migrates its own schema when it
+(:mod:`spawnkit.store.postgres`). Each one creates and migrates its own schema when it
 opens; nothing else differs, so one test suite runs on both.
 
 A store is named by a path or a ``postgresql://`` (or ``postgres://``) URL; a URL of any
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from .errors import StoreError
+from ..errors import StoreError
 
 Row = Mapping[str, Any]
 Params = Sequence[object]

@@ -39,7 +39,7 @@ from typing import Literal
 
 import psycopg
 
-from .errors import SpawnkitError
+from ..errors import SpawnkitError
 
 BINARIES_ENV = "SPAWNKIT_PG_BINARIES"
 START_TIMEOUT_S = 60

@@ -27,10 +27,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import StoreError
-from .store import SqliteBackend
-from .store_backend import Row, Transaction, is_postgres_url, redact_url
-from .store_postgres import PostgresBackend
+from ..errors import StoreError
+from .backend import Row, Transaction, is_postgres_url, redact_url
+from .postgres import PostgresBackend
+from .sqlite import SqliteBackend
 
 BATCH_ROWS = 2000
 
