@@ -23,7 +23,16 @@ if TYPE_CHECKING:
     from importlib.abc import Loader
 
 # Old module path -> new module path. Remove an entry one release after its move.
-MOVED: dict[str, str] = {}
+MOVED: dict[str, str] = {
+    # The session store became a package.
+    "spawnkit.pg_local": "spawnkit.store.pg_local",
+    "spawnkit.store_backend": "spawnkit.store.backend",
+    "spawnkit.store_journal": "spawnkit.store.journal",
+    "spawnkit.store_listen": "spawnkit.store.listen",
+    "spawnkit.store_migrate": "spawnkit.store.migrate",
+    "spawnkit.store_postgres": "spawnkit.store.postgres",
+    "spawnkit.store_repair": "spawnkit.store.repair",
+}
 
 
 class _MovedLoader:
