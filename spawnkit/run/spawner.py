@@ -40,9 +40,9 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.trace import TracerProvider
 
-from . import sandbox
-from .budget import LimitHit, RunBudget, admit, day_start
-from .credentials import (
+from .. import sandbox
+from ..budget import LimitHit, RunBudget, admit, day_start
+from ..credentials import (
     MODEL_CREDENTIALS,
     CredentialStore,
     check_required,
@@ -52,10 +52,10 @@ from .credentials import (
     run_values,
     secret_names,
 )
-from .dispatch import Cluster
-from .doors import DOORS_DIR, Door, Doors, loopback_address, open_doors
-from .egress import Denial, egress_proxy, proxy_env
-from .errors import (
+from ..dispatch import Cluster
+from ..doors import DOORS_DIR, Door, Doors, loopback_address, open_doors
+from ..egress import Denial, egress_proxy, proxy_env
+from ..errors import (
     BudgetRefused,
     ConfigError,
     InvalidArgument,
@@ -68,7 +68,7 @@ from .errors import (
     SpawnkitError,
     StoreError,
 )
-from .events import (
+from ..events import (
     AssistantText,
     EventSink,
     Finished,
@@ -81,14 +81,14 @@ from .events import (
     ToolCallStarted,
     UsageUpdate,
 )
-from .limits import Limits
-from .mcp_access import AccessTable, McpAccess
-from .memory import MemoryProvider, StoreMemory
-from .otlp import CliTelemetry, OtlpReceiver, OtlpTarget, tracer_provider_from_env
-from .pacing import Pacer
-from .redaction import Redactor
-from .relay import Relay, free_port, open_relay
-from .result import (
+from ..limits import Limits
+from ..mcp_access import AccessTable, McpAccess
+from ..memory import MemoryProvider, StoreMemory
+from ..otlp import CliTelemetry, OtlpReceiver, OtlpTarget, tracer_provider_from_env
+from ..pacing import Pacer
+from ..redaction import Redactor
+from ..relay import Relay, free_port, open_relay
+from ..result import (
     OUTPUT_LIMIT,
     Attempt,
     AttemptOutcome,
@@ -99,18 +99,18 @@ from .result import (
     tool_count,
     truncate,
 )
-from .retry import RETRYABLE_KINDS, RetryPolicy, retry_after_hint
-from .roster import ButlerConfig
-from .runlog import DEFAULT_CAP_BYTES, RunLog, check_session_id, session_log_dir
-from .runtimes import get_adapter
-from .runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
-from .sources import Source, sources_list
-from .store import SessionStore
-from .store_backend import Admission, SlotClaim
-from .sweep import HOME_VAR, reap, run_home
-from .system_prompt import append_memory, compose_system_prompt
-from .telemetry import RunSpan, run_span
-from .workspace import files_in, link_sources, mcp_url, run_workspace, source_paths
+from ..retry import RETRYABLE_KINDS, RetryPolicy, retry_after_hint
+from ..roster import ButlerConfig
+from ..runlog import DEFAULT_CAP_BYTES, RunLog, check_session_id, session_log_dir
+from ..runtimes import get_adapter
+from ..runtimes.base import McpServerSpec, RunOutcome, RunSpec, RuntimeAdapter
+from ..sources import Source, sources_list
+from ..store import SessionStore
+from ..store_backend import Admission, SlotClaim
+from ..sweep import HOME_VAR, reap, run_home
+from ..system_prompt import append_memory, compose_system_prompt
+from ..telemetry import RunSpan, run_span
+from ..workspace import files_in, link_sources, mcp_url, run_workspace, source_paths
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -1308,7 +1308,7 @@ class Spawner:
             return self.base_url
         meter = None
         if metered:
-            from .metering import Meter
+            from ..metering import Meter
 
             meter = Meter(run.collector.metered_usage)
             run.collector.metered = True
