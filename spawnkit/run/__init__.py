@@ -7,19 +7,18 @@ for a :class:`Spawner` in a user's own tests.
 
 from __future__ import annotations
 
-from .spawner import (
-    CANCEL_GRACE_S,
-    LIVE_WRITE_TIMEOUT_S,
-    SLOT_POLL_S,
+from .accepted import CANCEL_GRACE_S
+from .admission import SLOT_POLL_S
+from .collector import LIVE_WRITE_TIMEOUT_S
+from .request import (
     TRIGGER_SOURCES,
     RunKind,
-    Spawner,
-    SpawnerStatus,
     checked_workdir,
     compose_prompt,
     validate_request,
     validate_trigger_source,
 )
+from .spawner import Spawner, SpawnerStatus
 from .testing import Invocation, MockSpawner
 
 __all__ = [

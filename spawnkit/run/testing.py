@@ -21,7 +21,7 @@ from ..events import EventSink
 from ..limits import Limits
 from ..result import SpawnerResult
 from ..sources import Source
-from .spawner import RunKind, validate_trigger_source
+from .request import RunKind, validate_trigger_source
 
 __all__ = ["Invocation", "MockSpawner"]
 
