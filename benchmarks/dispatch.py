@@ -56,8 +56,8 @@ async def timed(trigger: Any) -> tuple[float, float]:
 async def measure(rounds: int, client: Any, butler: Any, store: Any) -> dict[str, Any]:
     from spawnkit.dispatch import Cluster
     from spawnkit.replay import Scenario
+    from spawnkit.run import Spawner
     from spawnkit.service import ButlerService
-    from spawnkit.spawner import Spawner
 
     scenario = Scenario.from_dict(tomllib.loads(SCENARIO), source="<dispatch benchmark>")
     sides: dict[str, list[tuple[float, float]]] = {"local": [], "dask": []}

@@ -53,9 +53,9 @@ from spawnkit.butler_server import ButlerServer
 from spawnkit.mcp_access import AccessTable
 from spawnkit.replay import ReplayServer, Scenario
 from spawnkit.roster import ButlerConfig, load_roster
+from spawnkit.run import Spawner
 from spawnkit.runtimes import get_adapter
 from spawnkit.runtimes.base import McpServerSpec, RunSpec
-from spawnkit.spawner import Spawner
 from spawnkit.store import SessionStore
 from spawnkit.system_prompt import compose_system_prompt, read_prompt_file
 

@@ -23,22 +23,21 @@ if TYPE_CHECKING:
     from .notebook.batch import map
     from .result import SpawnerResult, ToolCall, Usage
     from .roster import ButlerConfig, Roster, load_butler, load_roster
+    from .run import MockSpawner, Spawner
     from .runtimes import available_runtimes, get_adapter, register_adapter
-    from .spawner import Spawner
     from .store import SessionStore
-    from .testing import MockSpawner
     from .worktrees import apply_diff
 
 # Public name -> the module that defines it.
 _EXPORTS = {
     "ButlerConfig": "roster",
     "Cluster": "dispatch",
-    "MockSpawner": "testing",
+    "MockSpawner": "run",
     "Roster": "roster",
     "RunEvent": "events",
     "SessionStore": "store",
     "SpawnError": "errors",
-    "Spawner": "spawner",
+    "Spawner": "run",
     "SpawnerResult": "result",
     "SpawnkitError": "errors",
     "ToolCall": "result",

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 # Old module path -> new module path. Remove an entry one release after its move.
 MOVED: dict[str, str] = {
+    # The spawner became the package spawnkit.run (which exports all spawner.py did).
+    "spawnkit.spawner": "spawnkit.run",
+    "spawnkit.testing": "spawnkit.run.testing",
     # The session store became a package.
     "spawnkit.pg_local": "spawnkit.store.pg_local",
     "spawnkit.store_backend": "spawnkit.store.backend",

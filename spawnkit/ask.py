@@ -2,7 +2,7 @@
 
 :func:`ask` resolves the source names (every unknown one is reported before anything
 starts), renders the user's prompt template and hands the prompt to the
-:class:`~spawnkit.spawner.Spawner` as a run of ``kind="ask"``: the same admission,
+:class:`~spawnkit.run.Spawner` as a run of ``kind="ask"``: the same admission,
 workspace, sandbox, session record, spans, events and cleanup as every run, with the
 sources linked into ``<workspace>/ask/``, an empty MCP configuration for every CLI and
 the sources' real paths handed to the CLI (and bound read-only in the sandbox).
@@ -51,6 +51,7 @@ from .events import EventSink
 from .home import home_path, spawnkit_home
 from .result import SpawnerResult, ToolCall, Usage
 from .roster import ButlerConfig, CommandConfig, EnvConfig, RuntimeConfig
+from .run import RunKind, Spawner
 from .runtimes import ALIASES
 from .sources import (
     Source,
@@ -61,7 +62,6 @@ from .sources import (
     sources_list,
     validate_name,
 )
-from .spawner import RunKind, Spawner
 from .store import SessionRecord, SessionStore
 from .workspace import ASK_DIR
 
@@ -775,7 +775,7 @@ async def ask(
 ) -> AskResult:
     """Answer ``question`` about ``sources`` with the agent ``runtime`` (default: configured).
 
-    One question is one run of the :class:`~spawnkit.spawner.Spawner` (``kind="ask"``):
+    One question is one run of the :class:`~spawnkit.run.Spawner` (``kind="ask"``):
     admission, a workspace with the sources linked in, no MCP server, the sandbox, one
     session record naming the sources, spans, events and history rows. Unknown sources,
     a bad template or config and a missing CLI are reported before anything is created;
@@ -831,7 +831,7 @@ def chat(
 ) -> int:
     """An interactive session of the agent over ``sources`` on this terminal; its exit code.
 
-    A run of the :class:`~spawnkit.spawner.Spawner` (``kind="chat"``) like an ask: admission,
+    A run of the :class:`~spawnkit.run.Spawner` (``kind="chat"``) like an ask: admission,
     the workspace with the sources linked read-only, the sandbox, one session record naming
     the sources, a span and the same cleanup; only the CLI's stdio is this terminal, and
     nothing it prints is parsed. ``resume`` (an ask's or a chat's ``record_id``) continues

@@ -1,7 +1,7 @@
 """Batch runs: one butler over many prompts, the engine behind ``spawnkit.map``.
 
 A :class:`Batch` takes its items (a prompt, and for side-by-side batches a runtime), a
-runner per runtime (a :class:`~spawnkit.spawner.Spawner`, local or dispatching to a Dask
+runner per runtime (a :class:`~spawnkit.run.Spawner`, local or dispatching to a Dask
 cluster: the batch cannot tell) and runs them on the running event loop:
 
 * at most ``max_concurrent`` runs at once, dispatched in input order;

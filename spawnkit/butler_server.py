@@ -46,7 +46,7 @@ from .roster import ButlerConfig
 from .store import SessionStore
 
 if TYPE_CHECKING:
-    from .spawner import Spawner
+    from .run import Spawner
 
 logger = logging.getLogger(__name__)
 

@@ -451,7 +451,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from . import signals
     from .limits import Limits
-    from .spawner import validate_request
+    from .run import validate_request
     from .store import SessionStore
 
     prompt = read_prompt(args.prompt)

@@ -48,8 +48,8 @@ from .errors import SpawnkitError
 from .events import Finished, RunEvent
 from .home import store_setting
 from .result import RunStatus, SpawnerResult
+from .run import CANCEL_GRACE_S
 from .service import ButlerService
-from .spawner import CANCEL_GRACE_S
 from .store import SessionStore
 from .store.backend import is_postgres_url, redact_url
 

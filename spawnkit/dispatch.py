@@ -172,7 +172,7 @@ class _Stream:
 
 
 class Cluster:
-    """Where triggers run when a :class:`~spawnkit.spawner.Spawner` is given ``cluster=``.
+    """Where triggers run when a :class:`~spawnkit.run.Spawner` is given ``cluster=``.
 
     ``client_or_address`` is a ``distributed.Client`` (kept open: it is the caller's) or a
     scheduler address such as ``tls://host:8786`` (a Client is made on first use and

@@ -7,7 +7,7 @@ calls fail open: an error is logged and the run goes on without memory.
 
 :class:`StoreMemory` is the built-in provider: episodes in spawnkit's store,
 the most recent ones that fit a token budget (about four characters a token).
-Replace it by passing ``memory=`` to the :class:`~spawnkit.spawner.Spawner`.
+Replace it by passing ``memory=`` to the :class:`~spawnkit.run.Spawner`.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from croniter import croniter
 
 from .butler_config import Schedule
 from .errors import SpawnkitError
-from .spawner import Spawner
+from .run import Spawner
 
 logger = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from .mcp_access import AccessTable, RemoteAccess, owner_token, owner_token_path
 from .replay import ReplayServer, Scenario
 from .result import SpawnerResult
 from .roster import ButlerConfig
+from .run import Spawner
 from .scheduler import Scheduler
-from .spawner import Spawner
 from .store import SessionStore
 
 logger = logging.getLogger(__name__)
@@ -187,7 +187,7 @@ class ButlerService:
     async def trigger(
         self, prompt: str, trigger_source: str = "external", **kwargs: Any
     ) -> SpawnerResult:
-        """:meth:`Spawner.trigger <spawnkit.spawner.Spawner.trigger>` on this butler's spawner."""
+        """:meth:`Spawner.trigger <spawnkit.run.Spawner.trigger>` on this butler's spawner."""
         return await self.spawner.trigger(prompt, trigger_source, **kwargs)
 
     async def serve_forever(self) -> None:

@@ -5,7 +5,7 @@ itself on every exit it lives through: success, failure, cancel, SIGINT, SIGTERM
 What it cannot live through (SIGKILL, the OOM killer, a crash of the interpreter) leaves
 an open session record, the CLI and its tools still running (reparented to pid 1, still
 spending tokens) and the run's workspace. Every start sweeps them up: opening the store,
-a :class:`~spawnkit.spawner.Spawner` starting, ``spawnkit sessions``, the notebook
+a :class:`~spawnkit.run.Spawner` starting, ``spawnkit sessions``, the notebook
 extension loading. :func:`sweep`
 
 1. finds this host's open records whose owner is dead: one indexed query, then a

@@ -22,8 +22,8 @@ from spawnkit.limits import Limits
 from spawnkit.notebook.hub import with_runtime
 from spawnkit.replay import Scenario
 from spawnkit.roster import ButlerConfig
+from spawnkit.run import Spawner
 from spawnkit.service import ButlerService
-from spawnkit.spawner import Spawner
 from spawnkit.store import SessionStore
 
 from .conftest import REPO, processes_with_env, workspaces_of

@@ -12,7 +12,7 @@ from mcp import Client
 
 from spawnkit.butler_server import ButlerServer
 from spawnkit.roster import ButlerConfig
-from spawnkit.spawner import Spawner
+from spawnkit.run import Spawner
 from spawnkit.store import SessionStore
 
 from . import mcp_clients

@@ -34,8 +34,8 @@ from spawnkit.events import (  # noqa: E402
     UsageUpdate,
 )
 from spawnkit.replay import Scenario  # noqa: E402
+from spawnkit.run import Spawner  # noqa: E402
 from spawnkit.service import ButlerService  # noqa: E402
-from spawnkit.spawner import Spawner  # noqa: E402
 from spawnkit.store import SessionStore  # noqa: E402
 
 from .conftest import REPO  # noqa: E402

@@ -39,7 +39,7 @@ from spawnkit.cluster_security import (  # noqa: E402
     load_credentials,
 )
 from spawnkit.dispatch import Cluster, RemoteTrigger  # noqa: E402
-from spawnkit.spawner import Spawner  # noqa: E402
+from spawnkit.run import Spawner  # noqa: E402
 from spawnkit.store import SessionStore  # noqa: E402
 
 from .conftest import REPO  # noqa: E402

@@ -37,9 +37,9 @@ from spawnkit.errors import (
 from spawnkit.home import spawnkit_home
 from spawnkit.memory import StoreMemory
 from spawnkit.replay import Scenario
+from spawnkit.run import TRIGGER_SOURCES, Spawner
 from spawnkit.runtimes import available_runtimes, get_adapter
 from spawnkit.service import ButlerService
-from spawnkit.spawner import TRIGGER_SOURCES, Spawner
 from spawnkit.store import SessionStore
 
 from .conftest import RosterFactory
@@ -65,7 +65,7 @@ async def test_an_adapter_exception_fails_the_run_with_its_type_and_message(
     adapter.fail_with = AdapterBug("the adapter tripped over its own feet")
     spawner = Spawner(make_butler(), store=store, adapter=adapter, tracer_provider=provider)
 
-    with caplog.at_level(logging.ERROR, logger="spawnkit.spawner"):
+    with caplog.at_level(logging.ERROR, logger="spawnkit.run"):
         result = await spawner.trigger("hi")
 
     message = "AdapterBug: the adapter tripped over its own feet"

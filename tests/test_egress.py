@@ -547,7 +547,7 @@ async def test_refusals_reach_the_runs_events_naming_the_one_tool_call_in_progre
     from spawnkit.events import NetworkDenied, RunEvent, ToolCallStarted
     from spawnkit.redaction import Redactor
     from spawnkit.result import ToolCall
-    from spawnkit.spawner import _Collector
+    from spawnkit.run.collector import Collector as _Collector
 
     events: list[RunEvent] = []
     secret = "sk-live-0123456789abcdef"

@@ -29,7 +29,7 @@ import psycopg
 import pytest
 
 from spawnkit.errors import QueueFullError
-from spawnkit.spawner import Spawner
+from spawnkit.run import Spawner
 from spawnkit.store import SessionStore
 from spawnkit.sweep import OpenRun, kill_processes, run_processes
 
@@ -147,7 +147,7 @@ def test_a_killed_hosts_run_is_crashed_by_another_host_once_its_lease_ran_out(
 HOST = """
 import asyncio, sys
 from spawnkit.roster import load_roster
-from spawnkit.spawner import Spawner
+from spawnkit.run import Spawner
 
 async def main() -> None:
     spawner = Spawner(load_roster(sys.argv[1])["limited"])
@@ -232,7 +232,7 @@ def test_max_concurrent_sessions_holds_across_two_hosts(
 QUEUE_HOST = """
 import asyncio, sys
 from spawnkit.roster import load_roster
-from spawnkit.spawner import Spawner
+from spawnkit.run import Spawner
 
 async def main() -> None:
     spawner = Spawner(load_roster(sys.argv[1])["queued"])

@@ -27,8 +27,8 @@ from spawnkit.errors import RuntimeFailure
 from spawnkit.mcp_access import GRANTS_PATH, AccessTable, McpAccessError, owner_token
 from spawnkit.notebook.kernel_tools import kernel_tools
 from spawnkit.roster import ButlerConfig
+from spawnkit.run import Spawner
 from spawnkit.service import ButlerService
-from spawnkit.spawner import Spawner
 from spawnkit.store import SessionStore
 
 from . import mcp_clients

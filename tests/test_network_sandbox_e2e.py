@@ -325,7 +325,7 @@ async def test_a_run_on_a_dask_worker_is_contained_the_same_way(
 ) -> None:
     from spawnkit.dispatch import Cluster
     from spawnkit.replay import Scenario
-    from spawnkit.spawner import Spawner
+    from spawnkit.run import Spawner
 
     port, seen = canary
     butler = make_butler(files={"health/probe.sh": PROBE})

@@ -37,9 +37,9 @@ from spawnkit.events import (
 )
 from spawnkit.redaction import MIN_SECRET_CHARS, Redactor
 from spawnkit.result import SpawnerResult, ToolCall
+from spawnkit.run import Spawner
 from spawnkit.runlog import RunLog
 from spawnkit.runtimes.base import RunOutcome, RunSpec
-from spawnkit.spawner import Spawner
 from spawnkit.telemetry import run_span
 
 from . import mcp_clients

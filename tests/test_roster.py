@@ -16,7 +16,7 @@ import pytest
 import spawnkit
 from spawnkit.errors import ConfigError, RosterError, UnknownRuntimeError
 from spawnkit.roster import DEFAULT_TOOLS, load_butler, load_roster
-from spawnkit.spawner import Spawner
+from spawnkit.run import Spawner
 from spawnkit.store import SessionStore
 
 from .conftest import REPO, RosterFactory

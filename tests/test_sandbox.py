@@ -32,8 +32,8 @@ from spawnkit.events import Started
 from spawnkit.notebook.hub import with_runtime
 from spawnkit.replay import Scenario
 from spawnkit.roster import ButlerConfig
+from spawnkit.run import Spawner
 from spawnkit.service import ButlerService
-from spawnkit.spawner import Spawner
 from spawnkit.store import SessionStore
 
 from .conftest import REPO, workspaces_of

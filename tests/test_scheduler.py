@@ -6,9 +6,9 @@ import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
 
+from spawnkit.run import Spawner
 from spawnkit.scheduler import Scheduler
 from spawnkit.service import ButlerService
-from spawnkit.spawner import Spawner
 
 from .fakes import FakeAdapter, Gate
 

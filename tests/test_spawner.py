@@ -23,7 +23,7 @@ from spawnkit.errors import (
 )
 from spawnkit.events import Finished, Queued, RunEvent, Started, ToolCallStarted
 from spawnkit.memory import StoreMemory
-from spawnkit.spawner import Spawner, compose_prompt, validate_trigger_source
+from spawnkit.run import Spawner, compose_prompt, validate_trigger_source
 from spawnkit.store import SessionStore
 
 from .conftest import RosterFactory

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from spawnkit.spawner import Spawner
+from spawnkit.run import Spawner
 from spawnkit.store import SessionStore
 from spawnkit.sweep import (
     HomeSeal,

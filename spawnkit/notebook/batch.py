@@ -32,8 +32,8 @@ from ..batch import Batch, Progress, Runner, items_for, to_frame
 from ..dispatch import Cluster
 from ..errors import ConfigError
 from ..roster import ButlerConfig, load_roster
+from ..run import Spawner
 from ..runtimes import canonical_runtime
-from ..spawner import Spawner
 from ..worktrees import Worktrees, base_commit
 from .hub import Hub, Target, default_hub
 from .loop import CANCEL_TIMEOUT_S

@@ -26,8 +26,8 @@ from ..limits import Limits
 from ..queue_report import QueueReport, queue_report
 from ..result import SpawnerResult
 from ..roster import ButlerConfig
+from ..run import Spawner, SpawnerStatus
 from ..service import ButlerService
-from ..spawner import Spawner, SpawnerStatus
 from ..store import SessionStore
 from .live import LiveStatus
 from .loop import CANCEL_TIMEOUT_S, BackgroundLoop, Job, shared_loop

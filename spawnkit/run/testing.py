@@ -1,6 +1,6 @@
 """Test doubles for code that uses spawnkit: :class:`MockSpawner`.
 
-``MockSpawner`` stands in for a :class:`~spawnkit.spawner.Spawner` in a user's
+``MockSpawner`` stands in for a :class:`~spawnkit.run.Spawner` in a user's
 own tests. It has the same ``trigger`` signature, records every invocation,
 answers with canned results matched by prompt substring (first match wins), and
 offers assertions that raise ``AssertionError`` when they do not hold::
@@ -17,11 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .events import EventSink
-from .limits import Limits
-from .result import SpawnerResult
-from .sources import Source
-from .spawner import RunKind, validate_trigger_source
+from ..events import EventSink
+from ..limits import Limits
+from ..result import SpawnerResult
+from ..sources import Source
+from .request import RunKind, validate_trigger_source
+
+__all__ = ["Invocation", "MockSpawner"]
 
 
 @dataclass(frozen=True)

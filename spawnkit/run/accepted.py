@@ -1,0 +1,57 @@
+"""One accepted trigger on its way through the spawner, and what every part of it shares.
+
+An :class:`AcceptedRun` is made when a trigger is accepted and carries what each
+collaborator of the :class:`~spawnkit.run.Spawner` needs about the run: its request, its
+runtime worker, its collector and budget, and the parts open while it runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..budget import RunBudget
+from ..redaction import Redactor
+from ..relay import Relay
+from ..runlog import RunLog
+from ..runtimes.base import RuntimeAdapter
+from ..sources import Source
+from .collector import Collector
+from .request import RunKind
+
+# How long a cancelled run may take to kill its CLI and record itself.
+CANCEL_GRACE_S = 30.0
+
+
+@dataclass
+class AcceptedRun:
+    """One accepted trigger on its way through the spawner."""
+
+    session_id: str
+    prompt: str
+    context: str | None
+    trigger_source: str
+    max_turns: int
+    parent_session_id: str | None
+    resume: str | None
+    role: str | None
+    worker: RuntimeAdapter
+    runtime_session_id: str | None
+    collector: Collector
+    budget: RunBudget
+    timeout_s: float
+    kind: RunKind = "run"
+    sources: tuple[Source, ...] = ()
+    workdir: Path | None = None  # this run's own working directory (see trigger)
+    log: RunLog | None = None
+    mcp_secret: str | None = None
+    # The run's model relay, while it runs (see Assembly.open_run_relay): a door of its sandbox.
+    relay: Relay | None = None
+    # The inside port of the run's egress proxy (its butler's allow_hosts), while it runs.
+    egress_port: int | None = None
+    # A dispatched run: the owner of the queued record its client made, adopted here.
+    queued_by: tuple[str, int] | None = None
+
+    @property
+    def redactor(self) -> Redactor:
+        return self.collector.redactor

@@ -1,0 +1,305 @@
+"""Attempts: a run started, and started again while it fails on a rate limit or overload.
+
+Each start first waits out the butler's cool-down and stagger (:mod:`spawnkit.pacing`)
+and gets a workspace, a span and the parts :mod:`spawnkit.run.assembly` opens; its CLI
+runs until it ends, its timeout, a cancel, or one of the run's limits
+(:mod:`spawnkit.budget`, fed by the collector or the relay's meter) stops it. What this
+spawner's runs spend counts towards the butler's daily budget until their records hold
+it. Whatever outlived the CLI is reaped; its transcripts are kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, cast
+
+from ..budget import LimitHit, RunBudget, day_start
+from ..errors import (
+    BudgetRefused,
+    ConfigError,
+    ModelUnavailable,
+    RuntimeFailure,
+    RuntimeNotFoundError,
+    StoreError,
+)
+from ..events import Started
+from ..result import Attempt, AttemptOutcome, RunStatus, SpawnerResult, tool_count
+from ..retry import RETRYABLE_KINDS, retry_after_hint
+from ..runtimes.base import RunOutcome, RunSpec
+from ..sweep import reap
+from ..telemetry import run_span
+from ..workspace import run_workspace
+from .accepted import CANCEL_GRACE_S, AcceptedRun
+from .assembly import Assembly
+from .recording import Recorder, in_thread, ms_since, now_utc
+from .settings import RunSettings
+
+logger = logging.getLogger(__name__)
+
+
+class Attempts:
+    """Runs an accepted run's attempts and keeps its spend in view of the daily budget."""
+
+    def __init__(self, settings: RunSettings, assembly: Assembly, recorder: Recorder) -> None:
+        self.settings = settings
+        self.assembly = assembly
+        self.recorder = recorder
+        # Runs started here whose spend is not in the store yet (for the daily budget).
+        self.spending: dict[str, RunBudget] = {}
+
+    async def run(self, run: AcceptedRun) -> SpawnerResult:
+        """The run, started again while it fails on a rate limit or overload before any tool.
+
+        Each start first waits out the butler's cool-down and stagger (:mod:`spawnkit.pacing`).
+        A rate limit or overload sets the cool-down to the backoff of :mod:`spawnkit.retry`,
+        whether or not this run is started again; a run that had called a tool is not (its
+        tools may have had effects) and fails saying so. The result lists every attempt and
+        its duration covers them all.
+        """
+        policy = self.settings.retry
+        attempts: list[Attempt] = []
+        first = time.monotonic()
+        while True:
+            waited = await self.settings.pacer.wait()
+            if not attempts:
+                first = time.monotonic()
+            begun = now_utc()
+            result = await self._execute(run, begun)
+            outcome = attempt_outcome(result)
+            attempts.append(
+                Attempt(
+                    number=len(attempts) + 1, started_at=begun, ended_at=now_utc(), outcome=outcome,
+                    message=None if result.success else result.error,
+                    cooldown_s=waited.cooldown_s, stagger_s=waited.stagger_s,
+                )
+            )  # fmt: skip
+            if outcome not in RETRYABLE_KINDS:
+                break
+            self.settings.pacer.cool_down(
+                policy.backoff(len(attempts), retry_after_hint(result.error))
+            )
+            if result.tool_calls:
+                if policy.max_attempts > 1:
+                    done = tool_count(len(result.tool_calls), result.failed_tool_calls)
+                    reason = f"not retried: the run had already made {done}"
+                    result = replace(result, error=f"{result.error}; {reason}")
+                break
+            if len(attempts) >= policy.max_attempts:
+                if len(attempts) > 1:
+                    result = replace(
+                        result, error=f"{result.error}; gave up after {len(attempts)} attempts"
+                    )
+                break
+            logger.info(
+                "run %s of butler %s: %s on attempt %d; retrying after the cool-down (%.1f s)",
+                run.session_id, self.settings.butler.name, outcome, len(attempts),
+                self.settings.pacer.cooling_for,
+            )  # fmt: skip
+            await self.withdraw_secret(run)
+            run.collector.restart()
+        return replace(result, attempts=tuple(attempts), duration_ms=ms_since(first))
+
+    async def daily_budget_spent(self, run: AcceptedRun) -> SpawnerResult | None:
+        """A refusal, if the butler's daily budget was spent while the run waited its turn.
+
+        From here the run's spend counts towards the day's until its record holds it.
+        """
+        self.spending[run.session_id] = run.budget
+        if run.budget.limits.daily_cost_usd is None:
+            return None
+        spent = await asyncio.to_thread(
+            self.settings.store.spent_since, self.settings.butler.name, day_start()
+        )
+        try:
+            run.budget.check_daily(
+                self.settings.butler.name, spent + self.unrecorded_spend(run.budget)
+            )
+        except BudgetRefused as refused:
+            result = self.recorder.unfinished(run.collector, "budget", str(refused), "daily_budget")
+            return replace(result, budget=run.budget.report())
+        return None
+
+    def unrecorded_spend(self, but: RunBudget | None = None) -> float:
+        """What this spawner's runs have spent so far that their records do not hold yet."""
+        return sum(b.cost_usd or 0.0 for b in self.spending.values() if b is not but)
+
+    async def withdraw_secret(self, run: AcceptedRun) -> None:
+        """The run is over: from now on its MCP secret is refused."""
+        secret, run.mcp_secret = run.mcp_secret, None
+        if secret is None:
+            return
+        try:
+            await asyncio.shield(self.settings.mcp_access.revoke(secret))
+        except asyncio.CancelledError:
+            logger.debug("cancelled while withdrawing the secret of %s; it goes on", run.session_id)
+
+    async def _execute(self, run: AcceptedRun, started_at: datetime) -> SpawnerResult:
+        butler, worker, collector = self.settings.butler, run.worker, run.collector
+        clock = time.monotonic()
+        with (
+            run_span(
+                butler=butler.name,
+                runtime=butler.runtime.type,
+                model=self.settings.model,
+                session_id=run.session_id,
+                trigger_source=run.trigger_source,
+                provider=self.settings.tracer_provider,
+                redactor=run.redactor,
+                kind=run.kind,
+            ) as span,
+            run_workspace(butler, self.settings.workspace_root) as workspace,
+        ):
+            collector.span = span
+            collector.trace_id = trace_id = span.trace_id
+            await asyncio.to_thread(
+                self.settings.store.mark_started, run.session_id, started_at=started_at,
+                trace_id=trace_id, workspace=workspace,
+            )  # fmt: skip
+            collector.emit(
+                Started(
+                    run.session_id,
+                    butler.name,
+                    butler.runtime.type,
+                    self.settings.model,
+                    run.runtime_session_id,
+                    max_turns=run.max_turns,
+                )
+            )
+            outcome: RunOutcome | None = None
+            status: RunStatus = "failed"
+            error: str | None = None
+            error_kind: str | None = None
+            exit_code: int | None = None
+            contained = False  # in a pid namespace: whatever the run started is gone with it
+            try:
+                async with contextlib.AsyncExitStack() as parts:
+                    spec = await self.assembly.assemble(run, workspace, span, parts)
+                    contained = spec.sandbox.kind == "bwrap"
+                    async with asyncio.timeout(run.timeout_s):
+                        outcome = await self._invoke(run, spec)
+                status = "success" if outcome.success else "failed"
+                error, error_kind = outcome.error, outcome.error_kind
+                if not outcome.success and run.relay is not None and run.relay.unreachable:
+                    # The CLI's own message hides the address: the relay's names it.
+                    error = f"{run.relay.unreachable[-1]} ({ModelUnavailable.remedy})"
+                    error_kind = ModelUnavailable.kind_default
+            except LimitReached as reached:
+                status, error, error_kind = "budget", reached.hit.message(), "budget"
+            except TimeoutError:
+                run.budget.timed_out(run.timeout_s, time.monotonic() - clock)
+                status, error_kind = "timeout", "timeout"
+                error = f"timed out after {run.timeout_s:g} s (timeout_s)"
+            except (RuntimeFailure, RuntimeNotFoundError, ConfigError) as exc:
+                error, exit_code = str(exc), getattr(exc, "exit_code", None)
+                error_kind = getattr(
+                    exc, "kind", "config" if isinstance(exc, ConfigError) else "not_found"
+                )
+                worker.reset()
+            except StoreError:
+                raise  # the store's own failure, recorded by Spawner._run as such
+            except Exception as exc:
+                # Not a RuntimeFailure: a bug or an unforeseen error in the adapter (or in
+                # preparing the run). The run fails with what was raised; the adapter is
+                # reset like after any failure, and the span carries the exception.
+                logger.exception(
+                    "run %s of butler %s raised %s", run.session_id, butler.name,
+                    type(exc).__name__,
+                )  # fmt: skip
+                error, error_kind = f"{type(exc).__name__}: {exc}", "adapter_error"
+                span.record_exception(exc)
+                worker.reset()
+            except asyncio.CancelledError:
+                cancelled = self.recorder.unfinished(
+                    collector, "cancelled", "the run was cancelled", "cancelled"
+                )
+                span.finish(replace(cancelled, duration_ms=ms_since(clock)))
+                reap(run.session_id, workspace)
+                raise
+            finally:
+                await asyncio.shield(
+                    in_thread(self.recorder.keep_transcripts, worker, workspace, run.redactor)
+                )
+            if outcome is not None and not outcome.success:
+                worker.reset()
+            result = self.recorder.result(
+                collector, outcome, status, error, error_kind, trace_id, clock
+            )
+            if outcome is None and exit_code is not None:
+                result = replace(result, exit_code=exit_code)
+            result = self.recorder.with_budget(run, result)
+            span.finish(result)
+            # Whatever carries the run's marker now is a leftover: tools a stopped CLI left
+            # running, or children the agent backgrounded into sessions of their own (Claude
+            # Code and Gemini do that to every tool). Outside a sandbox only this finds them;
+            # in one, the end of its pid namespace has killed them all (and the scan of
+            # every process on the host would cost the loop milliseconds a run).
+            if not contained:
+                reap(run.session_id, workspace)
+        if result.success and self.settings.memory is not None:
+            try:
+                await self.settings.memory.store_episode(
+                    butler.name, run.session_id, run.redactor.text(run.prompt), result.output
+                )
+            except Exception:
+                logger.exception(
+                    "memory: could not store the episode of %s; going on", run.session_id
+                )
+        return result
+
+    async def _invoke(self, run: AcceptedRun, spec: RunSpec) -> RunOutcome:
+        """The worker's run, stopped (``LimitReached``) as soon as it reaches a limit."""
+        reached: asyncio.Future[LimitHit] = asyncio.get_running_loop().create_future()
+
+        def on_limit(hit: LimitHit) -> None:
+            if not reached.done():
+                reached.set_result(hit)
+
+        run.collector.on_limit = on_limit
+        invoke = asyncio.ensure_future(
+            run.worker.interact(spec)
+            if run.kind == "chat"
+            else run.worker.invoke(spec, run.collector.emit)
+        )
+        try:
+            await asyncio.wait(
+                {invoke, cast(asyncio.Future[Any], reached)}, return_when=asyncio.FIRST_COMPLETED
+            )
+            stopped = not invoke.done()
+        finally:
+            run.collector.on_limit = None
+            if not invoke.done():
+                # Stopped by a limit, a timeout or a cancel: the adapter kills its CLI.
+                invoke.cancel()
+                await asyncio.wait({invoke}, timeout=CANCEL_GRACE_S)
+        if stopped:
+            if invoke.done() and not invoke.cancelled() and invoke.exception() is not None:
+                logger.debug("run %s: its CLI ended on %r when stopped", run.session_id,
+                             invoke.exception())  # fmt: skip
+            raise LimitReached(reached.result())
+        run.budget.hit = None  # reached on its last turn: the run ended by itself
+        return invoke.result()
+
+
+class LimitReached(Exception):
+    """Raised inside a run's execution when its budget stops it."""
+
+    def __init__(self, hit: LimitHit) -> None:
+        super().__init__(hit.message())
+        self.hit = hit
+
+
+def attempt_outcome(result: SpawnerResult) -> AttemptOutcome:
+    """What an attempt's result was, as far as retrying goes."""
+    if result.success:
+        return "ok"
+    kind = result.error_kind
+    if kind == "rate_limit":
+        return "rate_limit"
+    if kind == "overloaded":
+        return "overloaded"
+    return "auth" if kind == "auth" else "other"

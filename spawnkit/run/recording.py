@@ -1,0 +1,189 @@
+"""What is written of a run, and the results it is written with.
+
+Every accepted trigger gets exactly one session record, created before the runtime starts
+(:meth:`Recorder.open`, or adopted from the client that dispatched it) and completed when
+the run ends, whatever happens (:meth:`Recorder.close`). The results built here are
+redacted by the run's redactor, so the record and the caller get the same redacted result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import StoreError
+from ..redaction import Redactor
+from ..result import RunStatus, SpawnerResult
+from ..runlog import session_log_dir
+from ..runtimes.base import RunOutcome, RuntimeAdapter
+from .accepted import AcceptedRun
+from .collector import Collector
+from .settings import RunSettings
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Recorder:
+    """Writes a run's record at its start and end, and builds the results written there."""
+
+    def __init__(self, settings: RunSettings) -> None:
+        self.settings = settings
+
+    async def open(self, run: AcceptedRun) -> None:
+        """Create the run's record, or adopt the ``queued`` one its dispatching client made."""
+        if run.queued_by is not None:
+            await self._adopt(run)
+            return
+        settings, butler = self.settings, self.settings.butler
+        await asyncio.to_thread(
+            settings.store.create_session,
+            run.session_id,
+            butler=butler.name,
+            runtime=butler.runtime.type,
+            model=settings.model,
+            prompt=run.redactor.text(run.prompt),
+            context=run.redactor.text(run.context),
+            trigger_source=run.trigger_source,
+            runtime_session_id=run.runtime_session_id or run.resume,
+            parent_session_id=run.parent_session_id,
+            log_dir=session_log_dir(run.session_id),
+            role=run.role,
+            kind=run.kind,
+            sources=[source.name for source in run.sources],
+        )
+
+    async def _adopt(self, run: AcceptedRun) -> None:
+        """Take over the ``queued`` record the dispatching client made (spawnkit.dispatch)."""
+        assert run.queued_by is not None
+        adopted = await asyncio.to_thread(
+            self.settings.store.adopt_session, run.session_id, queued_by=run.queued_by,
+            model=self.settings.model, prompt=run.redactor.text(run.prompt),
+            context=run.redactor.text(run.context),
+            runtime_session_id=run.runtime_session_id or run.resume,
+            log_dir=session_log_dir(run.session_id),
+        )  # fmt: skip
+        if not adopted:
+            raise StoreError(
+                f"session {run.session_id}: its queued record is closed or was taken by "
+                "another worker; it is not run"
+            )
+
+    async def close(self, run: AcceptedRun, result: SpawnerResult) -> None:
+        """Complete the run's record with ``result``; a cancel does not stop the write."""
+        collector = run.collector
+
+        async def record() -> None:
+            # The live tool-call writes first: the result's write rewrites the calls.
+            if collector.live_calls is not None:
+                await collector.live_calls.flush()
+            await in_thread(self.settings.store.complete_session, run.session_id, result)
+
+        try:
+            await asyncio.shield(record())
+        except asyncio.CancelledError:
+            logger.debug("cancelled while recording session %s; the write goes on", run.session_id)
+
+    def unfinished(
+        self, collector: Collector, status: RunStatus, error: str, kind: str
+    ) -> SpawnerResult:
+        """A result for a run that ended before its runtime reported an outcome."""
+        now = now_utc()
+        calls = [
+            call if call.finished_at else call.finish(f"[not finished: {error}]", True, now)
+            for call in collector.calls.values()
+        ]
+        unfinished = SpawnerResult(
+            output=collector.partial_output,
+            tool_calls=calls,
+            success=False,
+            error=error,
+            error_kind=kind,
+            status=status,
+            usage=collector.usage,
+            cost_usd=collector.cost_usd,
+            model=self.settings.model,
+            trace_id=collector.trace_id,
+        )
+        return collector.redactor.result(unfinished)
+
+    def result(
+        self,
+        collector: Collector,
+        outcome: RunOutcome | None,
+        status: RunStatus,
+        error: str | None,
+        error_kind: str | None,
+        trace_id: str | None,
+        clock: float,
+    ) -> SpawnerResult:
+        calls = list(collector.calls.values())
+        if outcome is None:
+            result = self.unfinished(collector, status, error or "the run failed", error_kind or "")
+            return replace(result, trace_id=trace_id, duration_ms=ms_since(clock))
+        finished = SpawnerResult(
+            output=outcome.output
+            if outcome.success
+            else (outcome.output or collector.partial_output),
+            tool_calls=calls,
+            success=outcome.success,
+            error=error,
+            error_kind=error_kind,
+            status=status,
+            runtime_session_id=outcome.runtime_session_id,
+            duration_ms=ms_since(clock),
+            usage=outcome.usage,
+            cost_usd=outcome.cost_usd,
+            trace_id=trace_id,
+            model=outcome.model or self.settings.model,
+            num_turns=outcome.num_turns,
+            exit_code=outcome.exit_code,
+        )
+        # The outcome's output and error come from the adapter, not through the collector.
+        return collector.redactor.result(finished)
+
+    @staticmethod
+    def with_budget(run: AcceptedRun, result: SpawnerResult) -> SpawnerResult:
+        """The result with the run's budget report, when it had limits that needed one."""
+        budget = run.budget
+        if not budget.limits.needs_usage and budget.hit is None:
+            return result
+        cost = result.cost_usd
+        if cost is None and budget.limits.needs_usage:
+            cost = budget.cost_usd  # Codex and Gemini report no cost: the budget's price
+        return replace(result, budget=budget.report(), cost_usd=cost)
+
+    @staticmethod
+    def keep_transcripts(worker: RuntimeAdapter, workspace: Path, redactor: Redactor) -> None:
+        try:
+            worker.keep_transcripts(workspace, redactor.text)
+        except OSError:
+            logger.exception("could not keep the transcripts of the run in %s", workspace)
+
+
+async def in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a thread, or here if the interpreter is exiting and starts none.
+
+    A kernel's graceful shutdown cancels its runs from ``atexit``, when thread pools refuse
+    new work; the run's record and transcripts must still be written.
+    """
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except RuntimeError as exc:
+        if "shutdown" not in str(exc):
+            raise
+        return fn(*args)
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+def ms_since(clock: float) -> int:
+    return int((time.monotonic() - clock) * 1000)
