@@ -26,17 +26,17 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import __version__
-from .errors import SpawnkitError
-from .home import STORE_VAR
-from .limits import positive_number
+from .. import __version__
+from ..errors import SpawnkitError
+from ..home import STORE_VAR
+from ..limits import positive_number
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
-    from .result import SpawnerResult
-    from .roster import ButlerConfig
-    from .store import SessionStore
+    from ..result import SpawnerResult
+    from ..roster import ButlerConfig
+    from ..store import SessionStore
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 DEMO_BUTLER = "health"
@@ -70,8 +70,8 @@ def read_prompt(value: str) -> str:
 
 
 def _load_roster(explicit: Path | None) -> Any:
-    from .roster import load_roster
-    from .roster_location import find_roster
+    from ..roster import load_roster
+    from ..roster_location import find_roster
 
     return load_roster(find_roster(explicit))
 
@@ -418,10 +418,10 @@ async def _run_once(
 ) -> SpawnerResult:
     import asyncio
 
+    from ..dispatch import Cluster
+    from ..replay import Scenario
+    from ..service import ButlerService
     from .console import EventPrinter
-    from .dispatch import Cluster
-    from .replay import Scenario
-    from .service import ButlerService
 
     _quiet_sdk_logs()
     printer = EventPrinter(sys.stderr if json_output else sys.stdout)
@@ -449,10 +449,10 @@ async def _run_once(
 
 def cmd_run(args: argparse.Namespace) -> int:
 
-    from . import signals
-    from .limits import Limits
-    from .spawner import validate_request
-    from .store import SessionStore
+    from .. import signals
+    from ..limits import Limits
+    from ..spawner import validate_request
+    from ..store import SessionStore
 
     prompt = read_prompt(args.prompt)
     context = read_prompt(args.context) if args.context and args.context != "-" else args.context
@@ -491,11 +491,11 @@ def _report_journal(store: SessionStore) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
 
-    from . import signals
+    from .. import signals
+    from ..roster import load_roster
+    from ..roster_location import example_roster
+    from ..store import SessionStore
     from .console import Style, render_session
-    from .roster import load_roster
-    from .roster_location import example_roster
-    from .store import SessionStore
 
     roster = load_roster(example_roster())
     butler = roster[DEMO_BUTLER]
@@ -526,8 +526,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
+    from ..store import SessionStore
     from .console import Style, render_session, render_sessions_table
-    from .store import SessionStore
 
     store = SessionStore()  # opening it sweeps up the runs of dead owners (spawnkit.sweep)
     if args.session_id:
@@ -551,10 +551,10 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
 
-    from . import signals
+    from .. import signals
+    from ..replay import Scenario
+    from ..service import ButlerService
     from .console import EventPrinter
-    from .replay import Scenario
-    from .service import ButlerService
 
     butler = _load_roster(args.roster)[args.butler]
 
@@ -590,7 +590,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from .replay import record_forever, serve_forever
+    from ..replay import record_forever, serve_forever
 
     if args.replay_command == "serve":
         serve_forever(args.scenario, args.host, args.port)
@@ -617,7 +617,7 @@ def cmd_roster(args: argparse.Namespace) -> int:
 def cmd_init(args: argparse.Namespace) -> int:
     import shlex
 
-    from .scaffold import STARTER_PROMPT, init_roster
+    from ..scaffold import STARTER_PROMPT, init_roster
 
     made = init_roster(args.directory)
     shown = args.directory.expanduser()
@@ -638,9 +638,9 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_credentials(args: argparse.Namespace) -> int:
-    from .credential_file import CredentialFile, validate_name
-    from .errors import HomeNotWritable
-    from .store import SessionStore
+    from ..credential_file import CredentialFile, validate_name
+    from ..errors import HomeNotWritable
+    from ..store import SessionStore
 
     try:
         # Opening the store moves credentials an older spawnkit kept in it to the file.
@@ -675,7 +675,7 @@ def _read_secret(name: str) -> str:
     """A value from the terminal (not echoed) or, when piped, all of stdin minus one newline."""
     import getpass
 
-    from .credential_file import MAX_VALUE_BYTES, CredentialError
+    from ..credential_file import MAX_VALUE_BYTES, CredentialError
 
     if sys.stdin is not None and sys.stdin.isatty():
         return getpass.getpass(f"{name}: ")
@@ -690,7 +690,7 @@ def _read_secret(name: str) -> str:
 
 
 def cmd_sources(args: argparse.Namespace) -> int:
-    from .sources import SourceRegistry
+    from ..sources import SourceRegistry
 
     registry = SourceRegistry()
     if args.sources_command == "add":
@@ -713,9 +713,9 @@ def cmd_sources(args: argparse.Namespace) -> int:
 
 def _agent_env(replaying: bool) -> dict[str, str]:
     """API keys for an ask/chat agent: spawnkit's credentials, or the replay key."""
-    from .credentials import CredentialStore
-    from .service import REPLAY_API_KEY, REPLAY_KEYS
-    from .store import SessionStore
+    from ..credentials import CredentialStore
+    from ..service import REPLAY_API_KEY, REPLAY_KEYS
+    from ..store import SessionStore
 
     if replaying:
         return dict.fromkeys(REPLAY_KEYS, REPLAY_API_KEY)
@@ -727,8 +727,8 @@ def _agent_env(replaying: bool) -> dict[str, str]:
 def cmd_ask(args: argparse.Namespace) -> int:
     import asyncio
 
-    from .ask import ask
-    from .replay import ReplayServer, Scenario
+    from ..ask import ask
+    from ..replay import ReplayServer, Scenario
 
     question = read_prompt(args.question)
 
@@ -753,8 +753,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from .ask import chat
-    from .replay import ReplayServer, Scenario
+    from ..ask import chat
+    from ..replay import ReplayServer, Scenario
 
     if args.replay is None:
         return chat(args.sources, runtime=args.runtime, resume=args.resume, env=_agent_env(False))
@@ -767,8 +767,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .doctor import check_roster_mcp, check_runtimes
-    from .roster_location import RosterNotFound
+    from ..doctor import check_roster_mcp, check_runtimes
+    from ..roster_location import RosterNotFound
 
     runtimes = check_runtimes()
     try:
@@ -810,7 +810,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                   f"({len(m.tools)} tools); {where}")  # fmt: skip
         else:
             print(f"  {m.butler:<12} FAILED   its MCP server does not answer: {m.error}")
-    from .history.retention import claude_cleanup_warnings
+    from ..history.retention import claude_cleanup_warnings
 
     for warning in claude_cleanup_warnings():
         print(f"warning: {warning}", file=sys.stderr)
@@ -818,8 +818,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_adapter(args: argparse.Namespace) -> int:
-    from . import contract
-    from .runtimes import canonical_runtime
+    from .. import contract
+    from ..runtimes import canonical_runtime
 
     args.runtime = canonical_runtime(args.runtime)
     try:
@@ -830,7 +830,7 @@ def cmd_adapter(args: argparse.Namespace) -> int:
 
 
 def _adapter(args: argparse.Namespace, contract: Any) -> int:
-    from .store import SessionStore
+    from ..store import SessionStore
 
     command = args.contract_command
     if command == "capabilities":
@@ -863,7 +863,7 @@ def _adapter(args: argparse.Namespace, contract: Any) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from . import history
+    from .. import history
 
     # A model without a price is worth one line, not a warning with a source location.
     with warnings.catch_warnings(record=True) as caught:
@@ -896,8 +896,8 @@ def _history(args: argparse.Namespace, history: Any) -> str:
 
 
 def cmd_store(args: argparse.Namespace) -> int:
-    from .home import default_store_path
-    from .store import check_store
+    from ..home import default_store_path
+    from ..store import check_store
 
     if args.store_command == "replay":
         return _replay_journal()
@@ -920,7 +920,7 @@ def cmd_store(args: argparse.Namespace) -> int:
 
 
 def _replay_journal() -> int:
-    from .store import SessionStore
+    from ..store import SessionStore
 
     with SessionStore() as store:  # opening it replays what it can
         journal = store.journal
@@ -935,7 +935,7 @@ def _replay_journal() -> int:
 
 
 def _repair(path: Path) -> int:
-    from .store_repair import repair_store
+    from ..store_repair import repair_store
 
     report = repair_store(path)
     if report.backup is None:
@@ -960,7 +960,7 @@ def _repair(path: Path) -> int:
 
 
 def _migrate(path: Path, url: str) -> int:
-    from .store_migrate import migrate_store
+    from ..store_migrate import migrate_store
 
     report = migrate_store(path, url)
     print(f"{report.source} -> {report.target}")
@@ -977,10 +977,10 @@ def _migrate(path: Path, url: str) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .dispatch import require_distributed
+    from ..dispatch import require_distributed
 
     require_distributed()  # says how to install it when it is missing (exit 2)
-    from .cluster_worker import check_worker, exec_worker, reach_scheduler, secured_worker
+    from ..cluster_worker import check_worker, exec_worker, reach_scheduler, secured_worker
 
     scheduler, options, credentials = secured_worker(
         args.scheduler, args.worker_options, credentials=args.credentials, insecure=args.insecure
@@ -999,10 +999,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
-    from .dispatch import require_distributed
+    from ..dispatch import require_distributed
 
     require_distributed()
-    from .cluster_security import ensure_credentials, export_credentials, scheduler_command
+    from ..cluster_security import ensure_credentials, export_credentials, scheduler_command
 
     credentials = ensure_credentials()
     if args.export_credentials is not None:
@@ -1042,7 +1042,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _store_chosen(args.store):
             return COMMANDS[args.command](args)
     except SpawnkitError as exc:
-        from .signals import Stopped  # imported here: it loads asyncio
+        from ..signals import Stopped  # imported here: it loads asyncio
 
         if isinstance(exc, Stopped):
             _say(f"spawnkit: {exc}; the run was cancelled and recorded")
