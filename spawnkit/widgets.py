@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
-from .console import blocked_count
+from .cli.console import blocked_count
 from .notebook.hub import Hub, RunHandle, Target, default_hub
 from .notebook.live import LiveStatus
 from .notebook.prompt_box import PromptBox

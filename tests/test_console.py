@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from datetime import UTC, datetime, timedelta
 
-from spawnkit.console import (
+from spawnkit.cli.console import (
     EventPrinter,
     Style,
     describe_input,

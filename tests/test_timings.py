@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 from spawnkit import history
-from spawnkit.console import EventPrinter
+from spawnkit.cli.console import EventPrinter
 from spawnkit.events import Finished, Started, Timing
 from spawnkit.notebook.terminal import TerminalView
 from spawnkit.result import SpawnerResult

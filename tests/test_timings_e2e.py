@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from spawnkit import history
-from spawnkit.console import EventPrinter
+from spawnkit.cli.console import EventPrinter
 from spawnkit.events import Finished, RunEvent, Timing, ToolCallFinished
 from spawnkit.notebook.hub import Hub, Target
 from spawnkit.notebook.static_view import static_html, static_text

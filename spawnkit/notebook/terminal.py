@@ -18,7 +18,7 @@ import threading
 import time
 from typing import TextIO
 
-from ..console import Style, render_event, render_timing
+from ..cli.console import Style, render_event, render_timing
 from ..events import Finished, RunEvent, TextDelta, Timing
 from .view_state import ViewState
 

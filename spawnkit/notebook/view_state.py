@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..console import (
+from ..cli.console import (
     NetworkRefusals,
     blocked_count,
     describe_input,

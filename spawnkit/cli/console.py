@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from .egress import NOT_LISTED
-from .events import (
+from ..egress import NOT_LISTED
+from ..events import (
     AssistantText,
     Finished,
     NetworkDenied,
@@ -29,9 +29,9 @@ from .events import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from .result import SpawnerResult, ToolCall, tool_count
-from .store import SessionRecord
-from .timings import timing_line
+from ..result import SpawnerResult, ToolCall, tool_count
+from ..store import SessionRecord
+from ..timings import timing_line
 
 PREVIEW_CHARS = 160
 # Hosts a hint names at most (a run refused more names them all in its events).

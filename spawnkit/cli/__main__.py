@@ -1,0 +1,3 @@
+from .commands import main
+
+raise SystemExit(main())

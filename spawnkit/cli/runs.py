@@ -1,0 +1,208 @@
+"""``spawnkit run`` and ``spawnkit demo``: one prompt on a butler, its tool calls streamed
+to the terminal as they happen, and the result (or its JSON) at the end.
+
+``serve`` starts runs too and shares the tracer provider made here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..limits import positive_number
+from .parsing import PROMPT_HELP, ROSTER_HELP, Commands, find_and_load_roster, read_prompt
+from .reporting import EXIT_FAILED, EXIT_OK, say
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from ..result import SpawnerResult
+    from ..roster import ButlerConfig
+    from ..store import SessionStore
+
+DEMO_BUTLER = "health"
+DEMO_SCENARIO = "scenarios/demo.toml"
+DEMO_PROMPT = "I weighed 72.4 kg this morning"
+
+
+def add_run(commands: Commands) -> None:
+    run = commands.add_parser("run", help="run one prompt on a butler and stream its tool calls")
+    run.add_argument("--roster", type=Path, default=None, help=ROSTER_HELP)
+    run.add_argument("--butler", required=True, help="butler name")
+    run.add_argument(
+        "--runtime", help="run on this runtime instead of the butler's (claude-code, codex, gemini)"
+    )
+    run.add_argument("--max-turns", type=int, default=None, help="override max_turns")
+    run.add_argument(
+        "--max-cost-usd", type=positive_number, default=None, help="stop the run at this spend"
+    )
+    run.add_argument(
+        "--max-tokens", type=int, default=None, help="stop the run at this many tokens (in + out)"
+    )
+    run.add_argument("--timeout-s", type=positive_number, default=None, help="override timeout_s")
+    run.add_argument(
+        "--replay", type=Path, metavar="SCENARIO", help="play model turns from a scenario"
+    )
+    run.add_argument(
+        "--external-mcp",
+        action="store_true",
+        help="use the MCP server already serving the butler's port instead of starting one",
+    )
+    run.add_argument(
+        "--context", default=None, help="context placed before the prompt (@FILE: a file's text)"
+    )
+    run.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    run.add_argument(
+        "--on", metavar="SCHEDULER",
+        help="run on a worker of this Dask cluster (tls://host:8786) instead of here",
+    )  # fmt: skip
+    run.add_argument("prompt", help=PROMPT_HELP)
+
+
+def add_demo(commands: Commands) -> None:
+    demo = commands.add_parser("demo", help="run an example butler offline, end to end")
+    demo.add_argument("--json", action="store_true")
+
+
+def tracer_provider() -> TracerProvider:
+    """Spans give each session a trace id; OTEL_TRACES_EXPORTER=console prints them."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+
+    provider = TracerProvider()
+    if os.environ.get("OTEL_TRACES_EXPORTER") == "console":
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
+    return provider
+
+
+def _quiet_sdk_logs() -> None:
+    """The SDK logs a CLI that died as "Fatal error in message reader"; the run's own
+    result says the same, with the CLI's exit code and stderr, once."""
+    import logging
+
+    logging.getLogger("claude_agent_sdk").setLevel(logging.CRITICAL)
+
+
+async def _run_once(
+    butler: ButlerConfig,
+    prompt: str,
+    *,
+    context: str | None,
+    max_turns: int | None,
+    replay: Path | None,
+    external_mcp: bool,
+    json_output: bool,
+    store: SessionStore,
+    on: str | None = None,
+) -> SpawnerResult:
+    import asyncio
+
+    from ..dispatch import Cluster
+    from ..replay import Scenario
+    from ..service import ButlerService
+    from .console import EventPrinter
+
+    _quiet_sdk_logs()
+    printer = EventPrinter(sys.stderr if json_output else sys.stdout)
+    provider = tracer_provider()
+    scenario = Scenario.load(replay) if replay else None
+    cluster = Cluster(on, replay=scenario) if on else None
+    options: dict[str, Any] = {"cluster": cluster} if cluster is not None else {}
+    try:
+        async with ButlerService(
+            butler,
+            store=store,
+            replay=scenario,
+            external_mcp=external_mcp,
+            tracer_provider=provider,
+            **options,
+        ) as service:
+            return await service.trigger(
+                prompt, context=context, max_turns=max_turns, on_event=printer
+            )
+    finally:
+        provider.shutdown()
+        if cluster is not None:
+            await asyncio.to_thread(cluster.close)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+
+    from .. import signals
+    from ..limits import Limits
+    from ..run import validate_request
+    from ..store import SessionStore
+
+    prompt = read_prompt(args.prompt)
+    context = read_prompt(args.context) if args.context and args.context != "-" else args.context
+    validate_request(prompt, args.max_turns)  # before the store or any server is touched
+    limits = Limits(
+        max_cost_usd=args.max_cost_usd, max_tokens=args.max_tokens, timeout_s=args.timeout_s
+    ).validate()
+    butler = find_and_load_roster(args.roster)[args.butler].with_limits(limits)
+    if args.runtime:
+        butler = butler.with_runtime(args.runtime)
+    store = SessionStore()
+    result = signals.run(
+        _run_once(
+            butler, prompt, context=context, max_turns=args.max_turns,
+            replay=args.replay, external_mcp=args.external_mcp, json_output=args.json,
+            store=store, on=args.on,
+        )
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False, default=str))
+    _report_journal(store)
+    return EXIT_OK if result.success else EXIT_FAILED
+
+
+def _report_journal(store: SessionStore) -> None:
+    """Say so when writes of the run wait in the journal for a server that went away."""
+    waiting = store.pending_writes()
+    store.close()
+    if waiting and store.journal is not None:
+        say(
+            f"spawnkit: the session store {store.location} went away: {waiting} write(s) of "
+            f"the run are kept in {store.journal.path} and written when it is back (any "
+            "spawnkit command that opens the store writes them)"
+        )
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+
+    from .. import signals
+    from ..roster import load_roster
+    from ..roster_location import example_roster
+    from ..store import SessionStore
+    from .console import Style, render_session
+
+    roster = load_roster(example_roster())
+    butler = roster[DEMO_BUTLER]
+    out = sys.stderr if args.json else sys.stdout
+    style = Style.for_stream(out)
+    print(
+        style.bold("spawnkit demo")
+        + f": the {butler.name!r} butler runs the real Claude Code CLI, offline, against\n"
+        "spawnkit's replay model server, with its own MCP server and skills.\n"
+        f"prompt: {DEMO_PROMPT!r}\n",
+        file=out,
+    )
+    store = SessionStore()
+    result = signals.run(
+        _run_once(
+            butler, DEMO_PROMPT, context=None, max_turns=None,
+            replay=butler.directory / DEMO_SCENARIO, external_mcp=False, json_output=args.json,
+            store=store,
+        )
+    )  # fmt: skip
+    record = store.get_session(result.session_id or "")
+    if args.json:
+        print(json.dumps(record.to_dict() if record else result.to_dict(), default=str))
+    elif record is not None:
+        print(f"\nThe session record in {store.location}:\n", file=out)
+        print(render_session(record, style), file=out)
+    return EXIT_OK if result.success else EXIT_FAILED
