@@ -43,8 +43,8 @@ def measure(
 ) -> dict[str, Any]:
     os.environ["SPAWNKIT_HOME"] = str(work / "home")
     import spawnkit
+    from spawnkit.config.roster import load_roster
     from spawnkit.notebook.hub import Hub
-    from spawnkit.roster import load_roster
     from spawnkit.store import SessionStore
 
     base = load_roster(ROOT / "roster")["general"].with_runtime(runtime)

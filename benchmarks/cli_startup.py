@@ -7,7 +7,7 @@ adapter contract runs it, with a private ``SPAWNKIT_HOME`` holding a store of
 * baseline: ``python -c pass`` (the interpreter alone);
 * ``spawnkit --version``, ``spawnkit sessions`` and ``spawnkit adapter claude-code
   check_status ID`` (the commands that must stay under 0.25 s);
-* for contrast, ``python -c "import spawnkit.service"``: what every command paid before
+* for contrast, ``python -c "import spawnkit.serve.service"``: what every command paid before
   imports became lazy (the MCP server, the agent SDK, OpenTelemetry).
 
 Rounds alternate between the commands after one warm-up each, so drift on a shared
@@ -45,7 +45,7 @@ def commands(session_id: str) -> dict[str, list[str]]:
         "spawnkit --version": [*cli, "--version"],
         "spawnkit sessions": [*cli, "sessions"],
         "adapter check_status": [*cli, "adapter", "claude-code", "check_status", session_id],
-        "import spawnkit.service": [python, "-c", "import spawnkit.service"],
+        "import spawnkit.serve.service": [python, "-c", "import spawnkit.serve.service"],
     }
 
 

@@ -54,10 +54,10 @@ async def timed(trigger: Any) -> tuple[float, float]:
 
 
 async def measure(rounds: int, client: Any, butler: Any, store: Any) -> dict[str, Any]:
-    from spawnkit.dispatch import Cluster
     from spawnkit.replay import Scenario
     from spawnkit.run import Spawner
-    from spawnkit.service import ButlerService
+    from spawnkit.run.dispatch import Cluster
+    from spawnkit.serve.service import ButlerService
 
     scenario = Scenario.from_dict(tomllib.loads(SCENARIO), source="<dispatch benchmark>")
     sides: dict[str, list[tuple[float, float]]] = {"local": [], "dask": []}
@@ -99,7 +99,7 @@ def _measure_in(home: Path, rounds: int) -> dict[str, Any]:
 
     import distributed
 
-    from spawnkit.roster import load_roster
+    from spawnkit.config.roster import load_roster
     from spawnkit.store import SessionStore
 
     butler = load_roster(home / "roster")["bench"]

@@ -1,8 +1,8 @@
 """What the run's model relay adds to a streamed model response, against the upstream direct.
 
 Three processes, as in a real run: a model server (an upstream that streams an Anthropic
-Messages answer at once), the relay (:func:`spawnkit.relay.open_relay` with a key to swap,
-the spawner's part) and the client (the CLI's part, a plain ``http.client`` on one
+Messages answer at once), the relay (:func:`spawnkit.containment.relay.open_relay` with a key to
+swap, the spawner's part) and the client (the CLI's part, a plain ``http.client`` on one
 keep-alive connection, as the CLIs keep theirs). The client reaches the upstream:
 
 * ``direct``: on its TCP port;
@@ -96,9 +96,9 @@ asyncio.run(main())
 RELAY = r"""
 import asyncio, json, sys
 from pathlib import Path
-from spawnkit.credentials import KeySwap
-from spawnkit.metering import Meter
-from spawnkit.relay import open_relay
+from spawnkit.containment.credentials import KeySwap
+from spawnkit.budgets.metering import Meter
+from spawnkit.containment.relay import open_relay
 
 async def main():
     upstream, uds, metered, key = json.loads(sys.stdin.readline())

@@ -49,15 +49,15 @@ from pathlib import Path
 from typing import Any
 
 from spawnkit._asgi import serve_in_thread
-from spawnkit.butler_server import ButlerServer
-from spawnkit.mcp_access import AccessTable
+from spawnkit.config.roster import ButlerConfig, load_roster
+from spawnkit.config.system_prompt import compose_system_prompt, read_prompt_file
+from spawnkit.containment.mcp_access import AccessTable
 from spawnkit.replay import ReplayServer, Scenario
-from spawnkit.roster import ButlerConfig, load_roster
 from spawnkit.run import Spawner
 from spawnkit.runtimes import get_adapter
 from spawnkit.runtimes.base import McpServerSpec, RunSpec
+from spawnkit.serve.butler_server import ButlerServer
 from spawnkit.store import SessionStore
-from spawnkit.system_prompt import compose_system_prompt, read_prompt_file
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "spawn_overhead.json"

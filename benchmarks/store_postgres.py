@@ -279,7 +279,7 @@ async def _whole_runs(
     butlers: dict[str, Any], stores: dict[str, SessionStore], rounds: int
 ) -> dict[str, list[float]]:
     from spawnkit.replay import Scenario
-    from spawnkit.service import ButlerService
+    from spawnkit.serve.service import ButlerService
 
     scenario = Scenario.from_dict(tomllib.loads(RUN_SCENARIO), source="<store benchmark>")
     walls: dict[str, list[float]] = {name: [] for name in stores}
@@ -314,7 +314,7 @@ def measure_whole_runs(url: str, sqlite_path: Path, rounds: int) -> dict[str, An
             f'[butler]\nname = "bench-{name}"\nport = {port}\ndescription = "store benchmark"\n'
         )
         (folder / "CLAUDE.md").write_text("Be brief.")
-    from spawnkit.roster import load_roster
+    from spawnkit.config.roster import load_roster
 
     loaded = load_roster(roster)
     butlers = {name: loaded[f"bench-{name}"] for name in ("postgresql", "sqlite")}

@@ -17,23 +17,23 @@ __version__ = "0.1.0"
 _moved.install()  # old import paths of moved modules keep working, with a warning
 
 if TYPE_CHECKING:
-    from .dispatch import Cluster
+    from .cluster.worktrees import apply_diff
+    from .config.roster import ButlerConfig, Roster, load_butler, load_roster
     from .errors import SpawnError, SpawnkitError
     from .events import RunEvent
     from .notebook.batch import map
     from .result import SpawnerResult, ToolCall, Usage
-    from .roster import ButlerConfig, Roster, load_butler, load_roster
     from .run import MockSpawner, Spawner
+    from .run.dispatch import Cluster
     from .runtimes import available_runtimes, get_adapter, register_adapter
     from .store import SessionStore
-    from .worktrees import apply_diff
 
 # Public name -> the module that defines it.
 _EXPORTS = {
-    "ButlerConfig": "roster",
-    "Cluster": "dispatch",
+    "ButlerConfig": "config.roster",
+    "Cluster": "run.dispatch",
     "MockSpawner": "run",
-    "Roster": "roster",
+    "Roster": "config.roster",
     "RunEvent": "events",
     "SessionStore": "store",
     "SpawnError": "errors",
@@ -42,11 +42,11 @@ _EXPORTS = {
     "SpawnkitError": "errors",
     "ToolCall": "result",
     "Usage": "result",
-    "apply_diff": "worktrees",
+    "apply_diff": "cluster.worktrees",
     "available_runtimes": "runtimes",
     "get_adapter": "runtimes",
-    "load_butler": "roster",
-    "load_roster": "roster",
+    "load_butler": "config.roster",
+    "load_roster": "config.roster",
     "map": "notebook.batch",
     "register_adapter": "runtimes",
 }

@@ -1,6 +1,6 @@
 """HTTP/1.1 as the model relay needs it: request and answer heads, and bodies passed as framed.
 
-The relay (:mod:`spawnkit.relay`) sits between a CLI and its model API on every run, so
+The relay (:mod:`spawnkit.containment.relay`) sits between a CLI and its model API on every run, so
 it must add next to nothing to a streamed answer. It therefore parses only heads: an
 answer's body goes to the client exactly as the upstream framed it (``Content-Length``,
 ``chunked`` or until close), each piece as soon as it arrives, and the chunked framing is

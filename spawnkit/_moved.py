@@ -24,6 +24,54 @@ if TYPE_CHECKING:
 
 # Old module path -> new module path. Remove an entry one release after its move.
 MOVED: dict[str, str] = {
+    # Budgets: spawnkit.budgets.
+    "spawnkit.budget": "spawnkit.budgets.budget",
+    "spawnkit.metering": "spawnkit.budgets.metering",
+    "spawnkit.pacing": "spawnkit.budgets.pacing",
+    # The command line.
+    "spawnkit.contract": "spawnkit.cli.contract",
+    # Many runs: spawnkit.cluster.
+    "spawnkit.batch": "spawnkit.cluster.batch",
+    "spawnkit.cluster_worker": "spawnkit.cluster.worker",
+    "spawnkit.worktrees": "spawnkit.cluster.worktrees",
+    # Configuration: spawnkit.config.
+    "spawnkit.butler_config": "spawnkit.config.butler_config",
+    "spawnkit.credential_file": "spawnkit.config.credential_file",
+    "spawnkit.limits": "spawnkit.config.limits",
+    "spawnkit.pricing": "spawnkit.config.pricing",
+    "spawnkit.retry": "spawnkit.config.retry",
+    "spawnkit.roster": "spawnkit.config.roster",
+    "spawnkit.roster_location": "spawnkit.config.roster_location",
+    "spawnkit.runtime_names": "spawnkit.config.runtime_names",
+    "spawnkit.scaffold": "spawnkit.config.scaffold",
+    "spawnkit.system_prompt": "spawnkit.config.system_prompt",
+    # How a run is locked down: spawnkit.containment.
+    "spawnkit.cluster_security": "spawnkit.containment.cluster_security",
+    "spawnkit.credentials": "spawnkit.containment.credentials",
+    "spawnkit.doors": "spawnkit.containment.doors",
+    "spawnkit.egress": "spawnkit.containment.egress",
+    "spawnkit.mcp_access": "spawnkit.containment.mcp_access",
+    "spawnkit.mcp_guard": "spawnkit.containment.mcp_guard",
+    "spawnkit.relay": "spawnkit.containment.relay",
+    "spawnkit.sandbox": "spawnkit.containment.sandbox",
+    "spawnkit.sandbox_forward": "spawnkit.containment.sandbox_forward",
+    "spawnkit.sources": "spawnkit.containment.sources",
+    "spawnkit.sweep": "spawnkit.containment.sweep",
+    "spawnkit.workspace": "spawnkit.containment.workspace",
+    # The notebook frontend.
+    "spawnkit.widgets": "spawnkit.notebook.widgets",
+    # The run lifecycle: spawnkit.run.
+    "spawnkit.dispatch": "spawnkit.run.dispatch",
+    "spawnkit.memory": "spawnkit.run.memory",
+    # A butler's services: spawnkit.serve.
+    "spawnkit.butler_server": "spawnkit.serve.butler_server",
+    "spawnkit.queue_report": "spawnkit.serve.queue_report",
+    "spawnkit.scheduler": "spawnkit.serve.scheduler",
+    "spawnkit.service": "spawnkit.serve.service",
+    # Telemetry: spawnkit.telemetry (itself a package now, exporting what the module did).
+    "spawnkit.otlp": "spawnkit.telemetry.otlp",
+    "spawnkit.runlog": "spawnkit.telemetry.runlog",
+    "spawnkit.timings": "spawnkit.telemetry.timings",
     # The spawner became the package spawnkit.run (which exports all spawner.py did).
     "spawnkit.spawner": "spawnkit.run",
     "spawnkit.testing": "spawnkit.run.testing",

@@ -9,7 +9,7 @@ Two guarantees live here:
   ``SPAWNKIT_ENV_KEEP``: whatever the parent had, the CLI (and every tool it
   runs) starts from exactly that list.
 * **Nothing the CLI started outlives the run.** The CLI starts inside its
-  run's sandbox (:mod:`spawnkit.sandbox`: a pid namespace that dies with the
+  run's sandbox (:mod:`spawnkit.containment.sandbox`: a pid namespace that dies with the
   run and with its owner). Besides, the wrapper puts it in a new session
   (``setsid``, same pid), records that pid, and the run's owner terminates the
   whole process group afterwards: SIGTERM, a grace period, then SIGKILL.

@@ -12,7 +12,7 @@ user's terminal. Frontends (the command line, ``%%ask``, the chat widget) are th
 over them.
 
 Which runtime answers is a runtime name (``claude-code``, ``codex``, ``gemini``) or a
-:class:`~spawnkit.roster.RuntimeConfig`, e.g. ``type = "command"`` for any CLI. The
+:class:`~spawnkit.config.roster.RuntimeConfig`, e.g. ``type = "command"`` for any CLI. The
 older *agent command templates* of ``$SPAWNKIT_HOME/ask.toml`` are still read, with a
 deprecation warning, and converted to runtimes (:func:`runtime_config`). Errors::
 
@@ -45,15 +45,9 @@ import tomli_w
 from opentelemetry.trace import TracerProvider
 
 from . import signals
-from .credentials import CredentialStore
-from .errors import ConfigError, SpawnkitError, UnknownRuntimeError
-from .events import EventSink
-from .home import home_path, spawnkit_home
-from .result import SpawnerResult, ToolCall, Usage
-from .roster import ButlerConfig, CommandConfig, EnvConfig, RuntimeConfig
-from .run import RunKind, Spawner
-from .runtimes import ALIASES
-from .sources import (
+from .config.roster import ButlerConfig, CommandConfig, EnvConfig, RuntimeConfig
+from .containment.credentials import CredentialStore
+from .containment.sources import (
     Source,
     SourceError,
     SourcePathError,
@@ -62,8 +56,14 @@ from .sources import (
     sources_list,
     validate_name,
 )
+from .containment.workspace import ASK_DIR
+from .errors import ConfigError, SpawnkitError, UnknownRuntimeError
+from .events import EventSink
+from .home import home_path, spawnkit_home
+from .result import SpawnerResult, ToolCall, Usage
+from .run import RunKind, Spawner
+from .runtimes import ALIASES
 from .store import SessionRecord, SessionStore
-from .workspace import ASK_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -427,7 +427,7 @@ def resolve_sources(
     """Sources from names (a list, or ``"a,b"``) or :class:`Source` records.
 
     Every unknown name is reported at once by
-    :class:`~spawnkit.sources.UnknownSourceError`; duplicates are dropped.
+    :class:`~spawnkit.containment.sources.UnknownSourceError`; duplicates are dropped.
     """
     if isinstance(sources, str):
         items: list[str | Source] = [part.strip() for part in sources.split(",") if part.strip()]
@@ -781,7 +781,7 @@ async def ask(
     a bad template or config and a missing CLI are reported before anything is created;
     the workspace is removed whether the agent answered, failed (:class:`AskError` with
     its stderr) or was cancelled. ``runtime`` is a runtime's (or ``ask.toml`` agent's)
-    name or a :class:`~spawnkit.roster.RuntimeConfig` (``type = "command"`` for any
+    name or a :class:`~spawnkit.config.roster.RuntimeConfig` (``type = "command"`` for any
     CLI). ``base_url`` points the CLI at another model server (the replay server, a
     gateway); ``env`` gives the agent variables, such as an API key.
     """

@@ -19,8 +19,8 @@ import socket
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .config.roster import ButlerConfig
 from .errors import RuntimeNotFoundError
-from .roster import ButlerConfig
 from .runtimes import available_runtimes, get_adapter
 
 PROBE_TIMEOUT_S = 10.0
@@ -116,9 +116,9 @@ async def check_mcp(butler: ButlerConfig) -> McpCheck:
     import tempfile
     from pathlib import Path
 
-    from .butler_server import ButlerServer
+    from .containment.mcp_access import AccessTable, owner_token, owner_token_path
     from .errors import SpawnkitError
-    from .mcp_access import AccessTable, owner_token, owner_token_path
+    from .serve.butler_server import ButlerServer
     from .store import SessionStore
 
     path = butler.mcp_path

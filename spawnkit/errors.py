@@ -281,7 +281,7 @@ class StoreTooNew(StoreError):
 
 class HistoryError(SpawnkitError):
     """History that cannot be read: an unknown source, a missing folder or store, or an
-    unreadable pricing table (:mod:`spawnkit.pricing`)."""
+    unreadable pricing table (:mod:`spawnkit.config.pricing`)."""
 
 
 class HomeNotWritable(StoreError):

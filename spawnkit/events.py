@@ -91,8 +91,8 @@ class ToolTime:
 class Timing:
     """One model request's latency or one tool call's time, from the CLI's own telemetry.
 
-    Only with CLI telemetry on (:mod:`spawnkit.otlp`), as the CLI's log events reach the
-    run's receiver (:mod:`spawnkit.timings` reads them). ``kind`` is ``"model"`` (``name``
+    Only with CLI telemetry on (:mod:`spawnkit.telemetry.otlp`), as the CLI's log events reach the
+    run's receiver (:mod:`spawnkit.telemetry.timings` reads them). ``kind`` is ``"model"`` (``name``
     the model) or ``"tool"`` (``name`` the tool as the CLI names it); ``status`` is ``"ok"``
     or ``"error"``. The rest are the run's running figures so far, this one included:
     ``requests`` model requests with latency percentiles ``p50_ms`` and ``p90_ms``
@@ -113,7 +113,8 @@ class Timing:
 
 @dataclass(frozen=True)
 class NetworkDenied:
-    """A connection the run's network sandbox refused (its egress proxy, :mod:`spawnkit.egress`).
+    """A connection the run's network sandbox refused (its egress proxy,
+    :mod:`spawnkit.containment.egress`).
 
     ``host`` as the agent named it (a name or an address), ``port``, and ``reason`` (the
     proxy's: ``"not in allow_hosts"`` and so on). ``tool`` and ``tool_call_id`` name the tool

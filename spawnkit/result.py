@@ -139,7 +139,7 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class BudgetReport:
-    """How a run stood against its limits when it ended (see :mod:`spawnkit.budget`).
+    """How a run stood against its limits when it ended (see :mod:`spawnkit.budgets.budget`).
 
     ``limits`` are the ones that applied, by name; ``tokens`` is what counted towards
     ``max_tokens`` (cache reads apart, in ``cache_read_tokens``). ``cost_estimated`` flags a
@@ -235,7 +235,8 @@ class SpawnerResult:
     # The CLI's exit code when it exited by itself (None: stopped by spawnkit, or unknown).
     # Not kept in the session record.
     exit_code: int | None = None
-    # Connections the run's network sandbox refused (spawnkit.egress; a NetworkDenied each).
+    # Connections the run's network sandbox refused (spawnkit.containment.egress; a NetworkDenied
+    # each).
     network_denied: int = 0
 
     def to_dict(self) -> dict[str, Any]:

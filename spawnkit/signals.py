@@ -4,7 +4,7 @@
 run unwinds through: the CLI's process group is terminated, the workspace removed, the
 record completed as ``cancelled``. Closing a terminal (SIGHUP), ``kill PID``, or systemd
 or docker stopping a service (SIGTERM) would instead end the process on the spot and
-leave its runs to the start-up sweep (:mod:`spawnkit.sweep`) as ``crashed``.
+leave its runs to the start-up sweep (:mod:`spawnkit.containment.sweep`) as ``crashed``.
 
 The frontends that own runs install these handlers for as long as they own them, never
 at import, and put back whatever was there before:

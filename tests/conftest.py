@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from spawnkit.roster import ButlerConfig, load_roster
+from spawnkit.config.roster import ButlerConfig, load_roster
 from spawnkit.store import SessionStore
 
 from .postgres import PostgresServer, postgres_server

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from spawnkit.containment.sweep import kill_processes, process_start
 from spawnkit.store import SessionRecord, SessionStore
-from spawnkit.sweep import kill_processes, process_start
 
 from .conftest import REPO, processes_with_env
 
@@ -116,7 +116,7 @@ import os, subprocess, sys, time
 from datetime import UTC, datetime
 from pathlib import Path
 from spawnkit.store import SessionStore
-from spawnkit.sweep import run_home
+from spawnkit.containment.sweep import run_home
 
 db, session_id, workspace = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 store = SessionStore(db)

@@ -50,11 +50,11 @@ from spawnkit.ask import (
     sources_list,
     template_path,
 )
+from spawnkit.containment.sources import Source, SourcePathError, SourceRegistry, UnknownSourceError
 from spawnkit.errors import RuntimeNotFoundError, UnknownRuntimeError
 from spawnkit.events import Finished, RunEvent, Started, TextDelta, ToolCallStarted
 from spawnkit.history import sessions as history_sessions
 from spawnkit.replay import ReplayServer, Scenario
-from spawnkit.sources import Source, SourcePathError, SourceRegistry, UnknownSourceError
 from spawnkit.store import SessionRecord, SessionStore
 
 from .conftest import processes_with_env

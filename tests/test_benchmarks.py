@@ -87,7 +87,7 @@ def test_cli_startup_benchmark_runs(tmp_path: Path) -> None:
     commands = report["commands"]
     assert set(commands) == {
         "python -c pass", "spawnkit --version", "spawnkit sessions", "adapter check_status",
-        "import spawnkit.service",
+        "import spawnkit.serve.service",
     }  # fmt: skip
     assert commands["python -c pass"]["ratio_to_baseline"] == 1.0
     assert all(c["median_s"] > 0 for c in commands.values())
@@ -97,7 +97,7 @@ def test_cli_startup_benchmark_runs(tmp_path: Path) -> None:
 def test_a_command_imports_only_what_it_needs() -> None:
     """What keeps start-up fast, checked on the modules loaded (not on a clock)."""
     heavy = ("mcp", "claude_agent_sdk", "opentelemetry.sdk", "pandas", "httpx", "uvicorn",
-             "starlette", "croniter", "pyarrow", "spawnkit.service")  # fmt: skip
+             "starlette", "croniter", "pyarrow", "spawnkit.serve.service")  # fmt: skip
     probe = (
         "import sys; from spawnkit.cli import main\n"
         "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"

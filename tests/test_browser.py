@@ -178,10 +178,11 @@ def workdir(tmp_path: Path) -> Path:
                        f"%%spawn --butler general --roster {roster} --replay long.toml "
                        "--max-turns 30\nrun the report"],
         "dashboard.ipynb": [
-            f"from spawnkit.widgets import ButlerDashboard\nButlerDashboard({str(roster)!r})"
+            "from spawnkit.notebook.widgets import ButlerDashboard\n"
+            f"ButlerDashboard({str(roster)!r})"
         ],
         "chat.ipynb": [
-            "from spawnkit.sources import SourceRegistry\n"
+            "from spawnkit.containment.sources import SourceRegistry\n"
             f"_ = SourceRegistry().add('notes', {str(tmp_path / 'notes')!r})",
             "from spawnkit.notebook import chat\n"
             "conversation = chat('notes', replay='chat.toml')\nconversation",

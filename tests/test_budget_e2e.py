@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
+from spawnkit.config.limits import Limits
+from spawnkit.config.roster import ButlerConfig
 from spawnkit.errors import BudgetRefused
 from spawnkit.history.pricing import default_pricing
-from spawnkit.limits import Limits
 from spawnkit.notebook.hub import with_runtime
 from spawnkit.replay import Scenario
-from spawnkit.roster import ButlerConfig
 from spawnkit.run import Spawner
-from spawnkit.service import ButlerService
+from spawnkit.serve.service import ButlerService
 from spawnkit.store import SessionStore
 
 from .conftest import REPO, processes_with_env, workspaces_of

@@ -10,9 +10,9 @@ from typing import Any
 
 from mcp import Client
 
-from spawnkit.butler_server import ButlerServer
-from spawnkit.roster import ButlerConfig
+from spawnkit.config.roster import ButlerConfig
 from spawnkit.run import Spawner
+from spawnkit.serve.butler_server import ButlerServer
 from spawnkit.store import SessionStore
 
 from . import mcp_clients

@@ -25,14 +25,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from spawnkit.credential_file import CredentialFile
+from spawnkit.config.credential_file import CredentialFile
+from spawnkit.config.roster import ButlerConfig
 from spawnkit.errors import QueueFullError, RuntimeNotFoundError
 from spawnkit.events import Finished, RunEvent, Started, ToolCallStarted
 from spawnkit.replay import ReplayServer, Scenario
 from spawnkit.result import OUTPUT_LIMIT
-from spawnkit.roster import ButlerConfig
 from spawnkit.runtimes import claude_code
-from spawnkit.service import REPLAY_API_KEY, ButlerService
+from spawnkit.serve.service import REPLAY_API_KEY, ButlerService
 from spawnkit.store import SessionStore
 
 from .conftest import env_lines, processes_with_env, sessions_running, workspaces_of

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from spawnkit.cli import build_parser
-from spawnkit.credential_file import CredentialFile
+from spawnkit.config.credential_file import CredentialFile
 from spawnkit.store import SessionStore
 
 from . import mcp_clients

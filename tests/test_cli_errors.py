@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from spawnkit.credential_file import CredentialFile
+from spawnkit.config.credential_file import CredentialFile
 from spawnkit.result import SpawnerResult
 from spawnkit.store import SessionStore
 

@@ -34,7 +34,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from spawnkit import _asgi, history, otlp
 from spawnkit.replay import Scenario
-from spawnkit.service import ButlerService
+from spawnkit.serve.service import ButlerService
 from spawnkit.store import SessionStore
 
 from .conftest import REPO

@@ -1,4 +1,4 @@
-"""Runs on a Dask cluster (spawnkit.dispatch, spawnkit.cluster_worker), through the real
+"""Runs on a Dask cluster (spawnkit.run.dispatch, spawnkit.cluster.worker), through the real
 Claude Code CLI on the replay model: a ``LocalCluster`` of 2 worker processes here, real
 ``dask scheduler`` and ``dask worker`` processes on TCP in test_cluster_tcp_e2e.py.
 
@@ -21,7 +21,6 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from spawnkit.dispatch import WORKER_LOST, Cluster  # noqa: E402
 from spawnkit.errors import MissingEnvError, StoreError  # noqa: E402
 from spawnkit.events import (  # noqa: E402
     Finished,
@@ -35,7 +34,8 @@ from spawnkit.events import (  # noqa: E402
 )
 from spawnkit.replay import Scenario  # noqa: E402
 from spawnkit.run import Spawner  # noqa: E402
-from spawnkit.service import ButlerService  # noqa: E402
+from spawnkit.run.dispatch import WORKER_LOST, Cluster  # noqa: E402
+from spawnkit.serve.service import ButlerService  # noqa: E402
 from spawnkit.store import SessionStore  # noqa: E402
 
 from .conftest import REPO  # noqa: E402

@@ -1,4 +1,4 @@
-"""A spawnkit Dask cluster answers only its own members (spawnkit.cluster_security).
+"""A spawnkit Dask cluster answers only its own members (spawnkit.containment.cluster_security).
 
 Real processes throughout: ``spawnkit scheduler`` and ``spawnkit worker`` on ``tls://``, a
 run through the real Claude Code CLI on the replay model, and the user ``nobody`` (through
@@ -29,7 +29,7 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from spawnkit.cluster_security import (  # noqa: E402
+from spawnkit.containment.cluster_security import (  # noqa: E402
     CA_KEY,
     SHARED,
     ClusterCredentials,
@@ -38,8 +38,8 @@ from spawnkit.cluster_security import (  # noqa: E402
     export_credentials,
     load_credentials,
 )
-from spawnkit.dispatch import Cluster, RemoteTrigger  # noqa: E402
 from spawnkit.run import Spawner  # noqa: E402
+from spawnkit.run.dispatch import Cluster, RemoteTrigger  # noqa: E402
 from spawnkit.store import SessionStore  # noqa: E402
 
 from .conftest import REPO  # noqa: E402

@@ -26,10 +26,10 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from spawnkit.cluster_worker import _worker_report, worker_command  # noqa: E402
-from spawnkit.dispatch import WORKER_LOST, Cluster  # noqa: E402
+from spawnkit.cluster.worker import _worker_report, worker_command  # noqa: E402
 from spawnkit.events import Finished, RunEvent, Started, ToolCallStarted  # noqa: E402
 from spawnkit.run import Spawner  # noqa: E402
+from spawnkit.run.dispatch import WORKER_LOST, Cluster  # noqa: E402
 
 from .conftest import REPO  # noqa: E402
 from .leftovers import SLEEPY, kill_leftovers, sleeping_tool, survivors  # noqa: E402

@@ -14,7 +14,7 @@ import pytest
 from spawnkit.notebook.hub import with_runtime
 from spawnkit.replay import ReplayServer, Scenario
 from spawnkit.runtimes.codex import toml_string
-from spawnkit.service import ButlerService
+from spawnkit.serve.service import ButlerService
 
 from .conftest import REPO
 

@@ -25,15 +25,15 @@ from typing import Any
 import pytest
 
 from spawnkit.ask import BUILTIN_AGENTS, AgentCommand, ask, runtime_config
+from spawnkit.config.roster import CommandConfig, RuntimeConfig
+from spawnkit.containment.sources import SourceRegistry
 from spawnkit.errors import RosterError
 from spawnkit.events import RunEvent, TextDelta, ToolCallFinished
 from spawnkit.result import SpawnerResult
-from spawnkit.roster import CommandConfig, RuntimeConfig
 from spawnkit.run import Spawner
 from spawnkit.runtimes.base import RunSpec
 from spawnkit.runtimes.claude_code import ClaudeStreamParser
 from spawnkit.runtimes.command import TextParser, detect_output
-from spawnkit.sources import SourceRegistry
 from spawnkit.store import SessionStore
 from tests.conftest import REPO, RosterFactory, processes_with_env
 

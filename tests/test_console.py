@@ -15,7 +15,7 @@ from spawnkit.cli.console import (
     render_tool_call_finished,
     render_tool_call_started,
 )
-from spawnkit.egress import NOT_LISTED, PRIVATE
+from spawnkit.containment.egress import NOT_LISTED, PRIVATE
 from spawnkit.events import Finished, NetworkDenied, Queued, TextDelta, ToolCallStarted
 from spawnkit.result import SpawnerResult, ToolCall, Usage
 

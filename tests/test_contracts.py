@@ -26,8 +26,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from spawnkit import MockSpawner
-from spawnkit.butler_config import MODULE_KEYS
-from spawnkit.credentials import CredentialStore, run_values
+from spawnkit.config.butler_config import MODULE_KEYS
+from spawnkit.containment.credentials import CredentialStore, run_values
 from spawnkit.errors import (
     InvalidTriggerSource,
     MissingApiKeyError,
@@ -35,11 +35,11 @@ from spawnkit.errors import (
     RuntimeFailure,
 )
 from spawnkit.home import spawnkit_home
-from spawnkit.memory import StoreMemory
 from spawnkit.replay import Scenario
 from spawnkit.run import TRIGGER_SOURCES, Spawner
+from spawnkit.run.memory import StoreMemory
 from spawnkit.runtimes import available_runtimes, get_adapter
-from spawnkit.service import ButlerService
+from spawnkit.serve.service import ButlerService
 from spawnkit.store import SessionStore
 
 from .conftest import RosterFactory

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from spawnkit.credential_file import (
+from spawnkit.config.credential_file import (
     CredentialError,
     CredentialFile,
     StoredCredential,
     validate_name,
 )
-from spawnkit.credentials import CredentialStore
+from spawnkit.containment.credentials import CredentialStore
 from spawnkit.errors import StoreDamaged
 from spawnkit.store import SessionStore
 
@@ -184,7 +184,7 @@ def test_a_damaged_file_is_reported_and_never_overwritten(tmp_path: Path) -> Non
 WRITER = """
 import sys
 from pathlib import Path
-from spawnkit.credential_file import CredentialFile
+from spawnkit.config.credential_file import CredentialFile
 file = CredentialFile(Path(sys.argv[1]))
 for i in range(int(sys.argv[3])):
     file.set(f"{sys.argv[2]}_{i}", f"value-{sys.argv[2]}-{i}")

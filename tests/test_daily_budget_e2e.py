@@ -18,7 +18,7 @@ import pytest
 from spawnkit.errors import BudgetRefused
 from spawnkit.history.pricing import default_pricing
 from spawnkit.replay import Scenario
-from spawnkit.service import ButlerService
+from spawnkit.serve.service import ButlerService
 from spawnkit.store import SessionStore
 
 from .conftest import processes_with_env
@@ -55,8 +55,8 @@ def spend_in_another_process(roster: Path, db: Path, script: str, triggers: int)
         f"""
         import asyncio, sys, tomllib
         from spawnkit.replay import Scenario
-        from spawnkit.roster import load_roster
-        from spawnkit.service import ButlerService
+        from spawnkit.config.roster import load_roster
+        from spawnkit.serve.service import ButlerService
         from spawnkit.store import SessionStore
 
         async def main():

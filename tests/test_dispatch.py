@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from spawnkit.dispatch import SCHEDULER_VAR, Cluster, RemoteTrigger, event_message
 from spawnkit.errors import ConfigError, MissingEnvError, QueueFullError, SpawnkitError
 from spawnkit.events import ToolCallStarted
 from spawnkit.result import ToolCall
+from spawnkit.run.dispatch import SCHEDULER_VAR, Cluster, RemoteTrigger, event_message
 
 distributed = pytest.importorskip("distributed")
 

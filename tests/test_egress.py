@@ -1,4 +1,4 @@
-"""The egress proxy (spawnkit.egress) with real clients against real local servers.
+"""The egress proxy (spawnkit.containment.egress) with real clients against real local servers.
 
 The proxy serves on a unix socket, as it does for a sandboxed run. Clients reach it either
 directly over that socket (raw HTTP, to read exact status lines and bodies) or through a
@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from spawnkit import egress
-from spawnkit.egress import (
+from spawnkit.containment.egress import (
     NOT_LISTED,
     PRIVATE,
     TOO_MANY,

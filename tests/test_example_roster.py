@@ -21,10 +21,10 @@ import pytest
 from croniter import croniter
 
 from spawnkit import ButlerConfig, load_roster
+from spawnkit.config.system_prompt import compose_system_prompt, read_prompt_file
 from spawnkit.replay import Scenario
 from spawnkit.replay.anthropic import SHELL_TOOL
 from spawnkit.replay.scenario import Reply, TurnRequest
-from spawnkit.system_prompt import compose_system_prompt, read_prompt_file
 
 ROSTER = Path(__file__).resolve().parent.parent / "roster"
 SCENARIOS = sorted(ROSTER.glob("*/scenarios/*.toml"))

@@ -28,10 +28,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from spawnkit.containment.sweep import OpenRun, kill_processes, run_processes
 from spawnkit.errors import QueueFullError
 from spawnkit.run import Spawner
 from spawnkit.store import SessionStore
-from spawnkit.sweep import OpenRun, kill_processes, run_processes
 
 from .conftest import REPO, RosterFactory
 
@@ -146,7 +146,7 @@ def test_a_killed_hosts_run_is_crashed_by_another_host_once_its_lease_ran_out(
 
 HOST = """
 import asyncio, sys
-from spawnkit.roster import load_roster
+from spawnkit.config.roster import load_roster
 from spawnkit.run import Spawner
 
 async def main() -> None:
@@ -231,7 +231,7 @@ def test_max_concurrent_sessions_holds_across_two_hosts(
 
 QUEUE_HOST = """
 import asyncio, sys
-from spawnkit.roster import load_roster
+from spawnkit.config.roster import load_roster
 from spawnkit.run import Spawner
 
 async def main() -> None:

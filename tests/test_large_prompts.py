@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from spawnkit.config.roster import load_roster
 from spawnkit.replay import Scenario
-from spawnkit.roster import load_roster
-from spawnkit.service import ButlerService
+from spawnkit.serve.service import ButlerService
 from spawnkit.store import SessionStore
 
 from .conftest import REPO

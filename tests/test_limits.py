@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from spawnkit.budget import admit
+from spawnkit.budgets.budget import admit
+from spawnkit.config.limits import Limits
 from spawnkit.errors import BudgetRefused, InvalidArgument, RosterError
-from spawnkit.limits import Limits
 from spawnkit.result import Usage
 
 

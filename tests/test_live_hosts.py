@@ -28,9 +28,9 @@ from IPython.testing.globalipapp import start_ipython
 
 from spawnkit.notebook.hub import Hub, close_default_hub, default_hub
 from spawnkit.notebook.live import LiveStatus
+from spawnkit.notebook.widgets import ButlerDashboard, LiveStatusView
 from spawnkit.store import SessionStore
 from spawnkit.store.listen import Change, ChangeFeed, Wake, feed_for
-from spawnkit.widgets import ButlerDashboard, LiveStatusView
 
 from .conftest import REPO
 from .postgres import PostgresServer, postgres_server

@@ -16,10 +16,10 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.testing import globalipapp
 
-from spawnkit.batch import Progress
+from spawnkit.cluster.batch import Progress
+from spawnkit.cluster.worktrees import DiffDoesNotApply, Worktrees, apply_diff, base_commit
 from spawnkit.errors import ConfigError
 from spawnkit.notebook.batch import _TextBar, prompt_list, static_html
-from spawnkit.worktrees import DiffDoesNotApply, Worktrees, apply_diff, base_commit
 
 from .conftest import REPO, git
 

@@ -18,11 +18,11 @@ import pandas as pd
 import pytest
 
 import spawnkit
-from spawnkit.batch import SKIPPED_BUDGET, SKIPPED_STOPPED
+from spawnkit.cluster.batch import SKIPPED_BUDGET, SKIPPED_STOPPED
+from spawnkit.cluster.worktrees import DiffDoesNotApply
 from spawnkit.history.pricing import default_pricing
 from spawnkit.notebook.hub import Hub
 from spawnkit.store import SessionRecord, SessionStore
-from spawnkit.worktrees import DiffDoesNotApply
 
 from .conftest import REPO, git, processes_with_env, workspaces_of
 

@@ -22,13 +22,13 @@ import httpx
 import pytest
 
 from spawnkit import mcp_access
-from spawnkit.butler_server import ButlerServer
+from spawnkit.config.roster import ButlerConfig
+from spawnkit.containment.mcp_access import GRANTS_PATH, AccessTable, McpAccessError, owner_token
 from spawnkit.errors import RuntimeFailure
-from spawnkit.mcp_access import GRANTS_PATH, AccessTable, McpAccessError, owner_token
 from spawnkit.notebook.kernel_tools import kernel_tools
-from spawnkit.roster import ButlerConfig
 from spawnkit.run import Spawner
-from spawnkit.service import ButlerService
+from spawnkit.serve.butler_server import ButlerServer
+from spawnkit.serve.service import ButlerService
 from spawnkit.store import SessionStore
 
 from . import mcp_clients

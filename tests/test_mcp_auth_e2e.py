@@ -20,10 +20,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from spawnkit.mcp_access import AccessTable
+from spawnkit.containment.mcp_access import AccessTable
 from spawnkit.notebook.hub import with_runtime
 from spawnkit.replay import Scenario
-from spawnkit.service import ButlerService
+from spawnkit.serve.service import ButlerService
 
 from .conftest import REPO
 from .test_mcp_auth import mcp_call_rows, try_http
@@ -116,7 +116,7 @@ async def test_a_cli_without_its_runs_secret_is_refused(make_butler, store, case
     butler = with_runtime(make_butler(extra=f'mcp_transport = "{transport}"\n'), runtime)
     async with ButlerService(butler, store=store, replay=STORE_WEIGHT) as svc:
         svc.spawner.mcp_access = AccessTable()  # grants the server does not know
-        with caplog.at_level(logging.WARNING, logger="spawnkit.mcp_guard"):
+        with caplog.at_level(logging.WARNING, logger="spawnkit.containment.mcp_guard"):
             result = await svc.trigger("log my weight")
     refusals = [r for r in caplog.records if "no valid bearer secret" in r.getMessage()]
     assert refusals, "the CLI never reached the server"

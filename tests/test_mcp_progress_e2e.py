@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from spawnkit.replay import Scenario
-from spawnkit.service import ButlerService
+from spawnkit.serve.service import ButlerService
 
 from . import mcp_clients
 

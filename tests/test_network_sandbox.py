@@ -1,7 +1,7 @@
 """The parts of the network sandbox, each with real processes: the butler's
-``[butler.sandbox] network``/``allow_hosts``, the host's doors (:mod:`spawnkit.doors`), the
-forwarder inside (:mod:`spawnkit.sandbox_forward`) and the view that joins them
-(:func:`spawnkit.sandbox.plan`). The real CLIs are in test_network_sandbox_e2e.py.
+``[butler.sandbox] network``/``allow_hosts``, the host's doors (:mod:`spawnkit.containment.doors`),
+the forwarder inside (:mod:`spawnkit.containment.sandbox_forward`) and the view that joins them
+(:func:`spawnkit.containment.sandbox.plan`). The real CLIs are in test_network_sandbox_e2e.py.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from spawnkit import sandbox
-from spawnkit.doors import DOORS_DIR, INSIDE, open_doors
+from spawnkit.config.roster import adhoc_butler
+from spawnkit.containment.doors import DOORS_DIR, INSIDE, open_doors
 from spawnkit.errors import RosterError
-from spawnkit.roster import adhoc_butler
 
 FORWARDER = Path(sandbox.__file__).with_name("sandbox_forward.py")
 PYTHON = os.path.realpath(sys.executable)
@@ -274,7 +274,7 @@ async def test_another_local_user_cannot_connect_to_a_runs_door(short_dir) -> No
 def test_the_plan_gives_a_network_of_its_own_unless_the_butler_says_host(tmp_path) -> None:
     butler = adhoc_butler("claude-code", tmp_path)
     (tmp_path / DOORS_DIR).mkdir()
-    from spawnkit.doors import Door
+    from spawnkit.containment.doors import Door
 
     door = Door(8123, tmp_path / DOORS_DIR / "8123.sock")
     argv = sandbox.plan(butler, tmp_path, doors=[door]).argv

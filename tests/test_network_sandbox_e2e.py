@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from spawnkit.doors import DOORS_DIR
-from spawnkit.egress import NOT_LISTED
+from spawnkit.containment.doors import DOORS_DIR
+from spawnkit.containment.egress import NOT_LISTED
 from spawnkit.events import NetworkDenied
 from spawnkit.store import SessionStore
 
@@ -323,9 +323,9 @@ async def test_a_run_on_a_dask_worker_is_contained_the_same_way(
     canary,
     client,  # noqa: F811 - the fixture imported above
 ) -> None:
-    from spawnkit.dispatch import Cluster
     from spawnkit.replay import Scenario
     from spawnkit.run import Spawner
+    from spawnkit.run.dispatch import Cluster
 
     port, seen = canary
     butler = make_butler(files={"health/probe.sh": PROBE})
@@ -354,7 +354,7 @@ async def test_the_hosts_network_is_logged_on_every_run_and_recorded(
 ) -> None:
     butler = make_butler(extra=f"[butler.sandbox]\n{table}\n")
     script = '[[turn]]\ntext = "one"\n[[turn]]\ntext = "two"\n'
-    with caplog.at_level(logging.WARNING, logger="spawnkit.sandbox"):
+    with caplog.at_level(logging.WARNING, logger="spawnkit.containment.sandbox"):
         async with service(butler, "claude-code", store, script) as svc:
             results = [await svc.trigger("hello"), await svc.trigger("again")]
     assert all(r.success for r in results), [r.error for r in results]

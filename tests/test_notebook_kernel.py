@@ -83,7 +83,7 @@ def test_spawn_cells_in_a_kernel(tmp_path: Path) -> None:
             "import pandas as pd\ndf = pd.DataFrame({'a': [1, 2, 3], 'b': ['x', 'y', 'z']})",
             f"%%spawn --butler general --replay {peek} --kernel-tools\nlook at df",
             "%spawn_sessions -n 20",
-            "from spawnkit import load_roster\nfrom spawnkit.service import ButlerService\n"
+            "from spawnkit import load_roster\nfrom spawnkit.serve.service import ButlerService\n"
             f"async with ButlerService(load_roster('roster')['general'], replay='{echo}') as s:\n"
             "    direct = await s.trigger('top-level await works')\nprint(direct.output)",
         ]
@@ -189,7 +189,7 @@ def test_ask_and_chat_in_a_kernel(tmp_path: Path) -> None:
     outputs = run_notebook(
         [
             "%load_ext spawnkit",
-            "from spawnkit.sources import SourceRegistry\n"
+            "from spawnkit.containment.sources import SourceRegistry\n"
             f"_ = SourceRegistry().add('notes', '{notes}')",
             f"%%ask --sources notes --replay {script} --out answer\nwhat is on my todo?",
             "import os\nprint(answer.answer, os.path.exists(answer.workdir))",

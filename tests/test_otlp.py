@@ -33,7 +33,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from spawnkit import _asgi
 from spawnkit.events import Timing
-from spawnkit.otlp import (
+from spawnkit.redaction import Redactor
+from spawnkit.telemetry.otlp import (
     FORWARD_DRAIN_S,
     MAX_BODY_BYTES,
     MAX_IN_FLIGHT,
@@ -42,7 +43,6 @@ from spawnkit.otlp import (
     OtlpReceiver,
     OtlpTarget,
 )
-from spawnkit.redaction import Redactor
 
 RUN_TRACE = ("ab" * 16, "cd" * 8)
 TELEMETRY_EVENTS = Path(__file__).parent / "fixtures" / "telemetry" / "log_events.json"

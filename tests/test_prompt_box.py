@@ -9,8 +9,8 @@ import pytest
 
 from spawnkit.notebook.hub import Hub
 from spawnkit.notebook.prompt_box import PromptBox
+from spawnkit.notebook.widgets import ButlerDashboard
 from spawnkit.store import SessionStore
-from spawnkit.widgets import ButlerDashboard
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from spawnkit.notebook.hub import Hub, Target
-from spawnkit.queue_report import percentile, queue_report
+from spawnkit.notebook.widgets import ButlerDashboard
 from spawnkit.result import Attempt, SpawnerResult
+from spawnkit.serve.queue_report import percentile, queue_report
 from spawnkit.store import SessionStore
-from spawnkit.widgets import ButlerDashboard
 
 NOW = datetime.now(UTC)
 

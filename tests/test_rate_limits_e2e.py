@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from spawnkit.config.retry import RetryPolicy
+from spawnkit.config.roster import ButlerConfig
 from spawnkit.notebook.hub import with_runtime
 from spawnkit.replay import ReplayServer, Scenario, Throttle
-from spawnkit.retry import RetryPolicy
-from spawnkit.roster import ButlerConfig
-from spawnkit.service import ButlerService
+from spawnkit.serve.service import ButlerService
 from spawnkit.store import SessionStore
 
 from .conftest import REPO, processes_with_env, workspaces_of

@@ -23,8 +23,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from spawnkit import redaction
-from spawnkit.butler_server import ButlerServer
-from spawnkit.credential_file import CredentialFile
+from spawnkit.config.credential_file import CredentialFile
 from spawnkit.events import (
     AssistantText,
     EventSink,
@@ -38,9 +37,10 @@ from spawnkit.events import (
 from spawnkit.redaction import MIN_SECRET_CHARS, Redactor
 from spawnkit.result import SpawnerResult, ToolCall
 from spawnkit.run import Spawner
-from spawnkit.runlog import RunLog
 from spawnkit.runtimes.base import RunOutcome, RunSpec
-from spawnkit.telemetry import run_span
+from spawnkit.serve.butler_server import ButlerServer
+from spawnkit.telemetry.runlog import RunLog
+from spawnkit.telemetry.spans import run_span
 
 from . import mcp_clients
 from .fakes import FakeAdapter, Gate

@@ -1,7 +1,7 @@
 """The model relay serves only its own run: another local user gets nothing from it.
 
 A run of Codex or Gemini with a token or dollar limit talks to the model API through a
-relay (:mod:`spawnkit.relay`). In a run's own network the relay is a unix socket in the
+relay (:mod:`spawnkit.containment.relay`). In a run's own network the relay is a unix socket in the
 run's 0700 door folder, which no other user can connect to. On the host's network it
 listens on 127.0.0.1, where any local user can connect to it, so the base URL its CLI is
 given carries a per-run secret: a request without it must be refused before it is
@@ -29,14 +29,14 @@ from typing import Any
 import psutil
 import pytest
 
-from spawnkit.doors import DOORS_DIR
-from spawnkit.metering import Meter
+from spawnkit.budgets.metering import Meter
+from spawnkit.containment.doors import DOORS_DIR
+from spawnkit.containment.relay import open_relay
 from spawnkit.notebook.hub import with_runtime
-from spawnkit.relay import open_relay
 from spawnkit.replay import ReplayServer, Scenario
 from spawnkit.result import Usage
 from spawnkit.runtimes.claude_code import ClaudeCodeAdapter
-from spawnkit.service import ButlerService
+from spawnkit.serve.service import ButlerService
 
 from .conftest import REPO, processes_with_env, workspaces_of
 

@@ -24,13 +24,13 @@ from typing import Any
 
 import pytest
 
-from spawnkit.credentials import CredentialStore
+from spawnkit.containment.credentials import CredentialStore
 from spawnkit.notebook.hub import with_runtime
 from spawnkit.replay import ReplayServer, Scenario
 from spawnkit.runtimes.base import RunSpec
 from spawnkit.runtimes.claude_code import ClaudeCodeAdapter
 from spawnkit.runtimes.codex import CodexAdapter
-from spawnkit.service import ButlerService
+from spawnkit.serve.service import ButlerService
 
 from .conftest import REPO, processes_with_env, workspaces_of
 from .test_relay_auth_e2e import MODEL_PATHS, HoldFirstModelCall, on_command_lines

@@ -26,9 +26,9 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from spawnkit._asgi import serve
-from spawnkit.credentials import MODEL_CREDENTIALS, KeySwap, placeholder_for
-from spawnkit.metering import Meter
-from spawnkit.relay import Relay, open_relay
+from spawnkit.budgets.metering import Meter
+from spawnkit.containment.credentials import MODEL_CREDENTIALS, KeySwap, placeholder_for
+from spawnkit.containment.relay import Relay, open_relay
 from spawnkit.replay import ReplayServer, Scenario
 from spawnkit.result import Usage
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from spawnkit.budgets.pacing import Pacer
+from spawnkit.config.retry import RetryPolicy, retry_after_hint
 from spawnkit.errors import InvalidArgument, RosterError
-from spawnkit.pacing import Pacer
-from spawnkit.retry import RetryPolicy, retry_after_hint
 
 
 def test_butler_retry_is_read(make_butler) -> None:

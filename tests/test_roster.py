@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 import spawnkit
+from spawnkit.config.roster import DEFAULT_TOOLS, load_butler, load_roster
 from spawnkit.errors import ConfigError, RosterError, UnknownRuntimeError
-from spawnkit.roster import DEFAULT_TOOLS, load_butler, load_roster
 from spawnkit.run import Spawner
 from spawnkit.store import SessionStore
 

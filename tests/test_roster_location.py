@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from spawnkit.config.roster import load_roster
+from spawnkit.config.roster_location import RosterNotFound, find_roster
+from spawnkit.config.scaffold import init_roster
 from spawnkit.errors import ConfigError
-from spawnkit.roster import load_roster
-from spawnkit.roster_location import RosterNotFound, find_roster
-from spawnkit.scaffold import init_roster
 
 from .conftest import REPO
 
@@ -107,7 +107,7 @@ def test_from_an_empty_folder_init_roster_and_an_offline_run(tmp_path: Path) -> 
 
 
 def test_the_example_roster_ships_with_the_package() -> None:
-    from spawnkit.roster_location import example_roster
+    from spawnkit.config.roster_location import example_roster
 
     assert (example_roster() / "health" / "scenarios" / "demo.toml").is_file()
     assert example_roster().resolve() in (

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from spawnkit.config.roster import ButlerConfig, load_roster
+from spawnkit.config.system_prompt import compose_system_prompt, read_prompt_file
 from spawnkit.errors import RosterError
-from spawnkit.roster import ButlerConfig, load_roster
-from spawnkit.system_prompt import compose_system_prompt, read_prompt_file
 
 SECRET = "TOP SECRET, outside the roster"
 

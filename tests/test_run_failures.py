@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from spawnkit.roster import ButlerConfig, load_roster
-from spawnkit.service import ButlerService
+from spawnkit.config.roster import ButlerConfig, load_roster
+from spawnkit.serve.service import ButlerService
 
 from .conftest import REPO, RosterFactory
 
@@ -140,7 +140,7 @@ def spawnkit(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
 
 
 def test_external_mcp_with_nothing_serving_is_never_a_success(make_butler: RosterFactory) -> None:
-    from spawnkit.mcp_access import owner_token, owner_token_path
+    from spawnkit.containment.mcp_access import owner_token, owner_token_path
 
     butler = make_butler("desk", extra='[butler.runtime]\ntools = ["Bash"]\n')
     args = ("run", "--roster", str(butler.roster_dir), "--butler", "desk", "--runtime", "codex",

@@ -13,6 +13,7 @@ from typing import cast
 
 import pytest
 
+from spawnkit.containment.sources import Source
 from spawnkit.errors import InvalidArgument, QueueFullError
 from spawnkit.events import RunEvent, ToolCallStarted
 from spawnkit.redaction import Redactor
@@ -22,7 +23,6 @@ from spawnkit.run.collector import Collector
 from spawnkit.run.recording import Recorder
 from spawnkit.run.request import checked_run_arguments
 from spawnkit.run.settings import RunSettings
-from spawnkit.sources import Source
 from spawnkit.store import SessionStore
 
 from .conftest import RosterFactory

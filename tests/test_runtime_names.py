@@ -11,8 +11,8 @@ import pytest
 
 from spawnkit import get_adapter
 from spawnkit.ask import load_config
+from spawnkit.config.roster import adhoc_butler
 from spawnkit.errors import UnknownRuntimeError
-from spawnkit.roster import adhoc_butler
 from spawnkit.runtimes import ALIASES, available_runtimes, canonical_runtime
 
 from .conftest import REPO, RosterFactory

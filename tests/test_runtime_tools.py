@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from spawnkit.roster import load_roster
-from spawnkit.service import ButlerService
+from spawnkit.config.roster import load_roster
+from spawnkit.serve.service import ButlerService
 
 from .conftest import REPO
 

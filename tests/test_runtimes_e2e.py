@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
+from spawnkit.config.roster import ButlerConfig
 from spawnkit.errors import RuntimeNotFoundError
 from spawnkit.events import Started
 from spawnkit.notebook.hub import with_runtime
 from spawnkit.replay import Scenario
-from spawnkit.roster import ButlerConfig
 from spawnkit.runtimes import get_adapter
-from spawnkit.service import REPLAY_API_KEY, ButlerService
+from spawnkit.serve.service import REPLAY_API_KEY, ButlerService
 from spawnkit.store import SessionStore
 
 from .conftest import REPO, env_lines, processes_with_env, workspaces_of

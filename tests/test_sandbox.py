@@ -27,13 +27,13 @@ from typing import Any
 import pytest
 
 from spawnkit import sandbox
+from spawnkit.config.roster import ButlerConfig
 from spawnkit.errors import SandboxUnavailable
 from spawnkit.events import Started
 from spawnkit.notebook.hub import with_runtime
 from spawnkit.replay import Scenario
-from spawnkit.roster import ButlerConfig
 from spawnkit.run import Spawner
-from spawnkit.service import ButlerService
+from spawnkit.serve.service import ButlerService
 from spawnkit.store import SessionStore
 
 from .conftest import REPO, workspaces_of

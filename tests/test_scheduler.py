@@ -7,8 +7,8 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from spawnkit.run import Spawner
-from spawnkit.scheduler import Scheduler
-from spawnkit.service import ButlerService
+from spawnkit.serve.scheduler import Scheduler
+from spawnkit.serve.service import ButlerService
 
 from .fakes import FakeAdapter, Gate
 

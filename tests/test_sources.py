@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from spawnkit.ask import ask
-from spawnkit.errors import ConfigError
-from spawnkit.sources import (
+from spawnkit.containment.sources import (
     GitError,
     InvalidSourceNameError,
     SourceError,
@@ -31,6 +30,7 @@ from spawnkit.sources import (
     check_outside_state,
     is_git_url,
 )
+from spawnkit.errors import ConfigError
 
 GIT_TIMEOUT_S = 30
 

@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from spawnkit import MockSpawner, SpawnerResult
-from spawnkit.credential_file import CredentialFile
+from spawnkit.config.credential_file import CredentialFile
 from spawnkit.errors import (
     InvalidArgument,
     InvalidSessionId,
@@ -22,8 +22,8 @@ from spawnkit.errors import (
     SpawnerClosedError,
 )
 from spawnkit.events import Finished, Queued, RunEvent, Started, ToolCallStarted
-from spawnkit.memory import StoreMemory
 from spawnkit.run import Spawner, compose_prompt, validate_trigger_source
+from spawnkit.run.memory import StoreMemory
 from spawnkit.store import SessionStore
 
 from .conftest import RosterFactory

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from spawnkit.contract import _read_meta
-from spawnkit.mcp_access import owner_token_path
+from spawnkit.cli.contract import _read_meta
+from spawnkit.containment.mcp_access import owner_token_path
 from spawnkit.signals import Stopped, on_stop_signals, run
 from spawnkit.store import SessionStore
 

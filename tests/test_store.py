@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from spawnkit.credential_file import CredentialFile
-from spawnkit.credentials import CredentialStore, check_required, isolated_env
+from spawnkit.config.credential_file import CredentialFile
+from spawnkit.containment.credentials import CredentialStore, check_required, isolated_env
 from spawnkit.errors import MissingEnvError, StoreDamaged, StoreError
-from spawnkit.memory import StoreMemory, render_episodes
 from spawnkit.result import Attempt, BudgetReport, SpawnerResult, ToolCall, Usage
+from spawnkit.run.memory import StoreMemory, render_episodes
 from spawnkit.store import SCHEMA_VERSION, SessionStore
 
 from .conftest import REPO, RosterFactory
@@ -507,7 +507,7 @@ def test_a_run_whose_lease_ran_out_elsewhere_is_crashed_once(target: str) -> Non
 def test_a_dispatched_runs_queued_record_is_adopted_once_or_closed_by_its_client(
     target: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The client's ``queued`` record (spawnkit.dispatch): a worker adopts it once, with the
+    """The client's ``queued`` record (spawnkit.run.dispatch): a worker adopts it once, with the
     run's details; one no worker adopted is closed or withdrawn by its client only."""
     with SessionStore(target) as client:
         monkeypatch.setenv("SPAWNKIT_HOST", "worker-host")

@@ -20,8 +20,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from spawnkit.credential_file import CredentialFile
-from spawnkit.credentials import CredentialStore
+from spawnkit.config.credential_file import CredentialFile
+from spawnkit.containment.credentials import CredentialStore
 from spawnkit.errors import StoreError, StoreTooNew, StoreUnreachable
 from spawnkit.result import SpawnerResult, ToolCall, Usage
 from spawnkit.store import SessionStore

@@ -21,9 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from spawnkit.run import Spawner
-from spawnkit.store import SessionStore
-from spawnkit.sweep import (
+from spawnkit.containment.sweep import (
     HomeSeal,
     kill_processes,
     process_start,
@@ -31,6 +29,8 @@ from spawnkit.sweep import (
     run_home,
     sweep,
 )
+from spawnkit.run import Spawner
+from spawnkit.store import SessionStore
 
 from .conftest import processes_with_env, workspaces_of
 from .fakes import FakeAdapter
@@ -198,7 +198,7 @@ def test_a_dead_owners_run_is_swept_when_a_spawner_starts(
 
 
 def test_a_dead_dask_workers_run_is_recorded_as_worker_lost(owner: Owner, tmp_path: Path) -> None:
-    """A record whose setup names a Dask worker (spawnkit.cluster_worker) says "worker lost",
+    """A record whose setup names a Dask worker (spawnkit.cluster.worker) says "worker lost",
     as the client and the task's re-run guard do: one reason whoever closes it first."""
     with SessionStore(tmp_path / "sessions.db") as store:
         store.record_setup(

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from spawnkit.errors import RosterError
-from spawnkit.system_prompt import (
+from spawnkit.config.system_prompt import (
     MAX_INCLUDE_DEPTH,
     append_memory,
     compose_system_prompt,
     read_prompt_file,
     resolve_includes,
 )
+from spawnkit.errors import RosterError
 
 from .conftest import RosterFactory
 

@@ -26,7 +26,7 @@ from spawnkit.events import Finished, Started, Timing
 from spawnkit.notebook.terminal import TerminalView
 from spawnkit.result import SpawnerResult
 from spawnkit.store import SessionStore
-from spawnkit.timings import (
+from spawnkit.telemetry.timings import (
     Measurement,
     RunTimings,
     classify,

@@ -28,10 +28,10 @@ from spawnkit.events import Finished, RunEvent, Timing, ToolCallFinished
 from spawnkit.notebook.hub import Hub, Target
 from spawnkit.notebook.static_view import static_html, static_text
 from spawnkit.notebook.view_state import ViewState, format_duration
+from spawnkit.notebook.widgets import ButlerDashboard
 from spawnkit.replay import Scenario
-from spawnkit.service import ButlerService
+from spawnkit.serve.service import ButlerService
 from spawnkit.store import SessionStore
-from spawnkit.widgets import ButlerDashboard
 
 from .test_cli_telemetry_e2e import runtime  # noqa: F401 - the fixture: all three CLIs
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from spawnkit.egress import NOT_LISTED
+from spawnkit.containment.egress import NOT_LISTED
 from spawnkit.events import (
     AssistantText,
     Finished,
@@ -301,7 +301,7 @@ def test_a_view_of_a_record_shows_its_count_of_refusals() -> None:
 
 
 def test_the_dashboard_shows_a_recorded_run_with_its_refusals(tmp_path: Path) -> None:
-    from spawnkit.widgets import record_result  # ipywidgets: only this test needs it
+    from spawnkit.notebook.widgets import record_result  # ipywidgets: only this test needs it
 
     with SessionStore(tmp_path / "sessions.db") as store:
         store.create_session(

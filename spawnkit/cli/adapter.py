@@ -66,8 +66,8 @@ def add_adapter(commands: Commands) -> None:
 
 
 def cmd_adapter(args: argparse.Namespace) -> int:
-    from .. import contract
     from ..runtimes import canonical_runtime
+    from . import contract
 
     args.runtime = canonical_runtime(args.runtime)
     try:

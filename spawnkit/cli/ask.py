@@ -50,7 +50,7 @@ def add_chat(commands: Commands) -> None:
 
 
 def cmd_sources(args: argparse.Namespace) -> int:
-    from ..sources import SourceRegistry
+    from ..containment.sources import SourceRegistry
 
     registry = SourceRegistry()
     if args.sources_command == "add":
@@ -73,8 +73,8 @@ def cmd_sources(args: argparse.Namespace) -> int:
 
 def _agent_env(replaying: bool) -> dict[str, str]:
     """API keys for an ask/chat agent: spawnkit's credentials, or the replay key."""
-    from ..credentials import CredentialStore
-    from ..service import REPLAY_API_KEY, REPLAY_KEYS
+    from ..containment.credentials import CredentialStore
+    from ..serve.service import REPLAY_API_KEY, REPLAY_KEYS
     from ..store import SessionStore
 
     if replaying:

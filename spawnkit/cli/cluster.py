@@ -38,7 +38,7 @@ def add_worker(commands: Commands) -> None:
     worker = commands.add_parser(
         "worker",
         help="start a Dask worker that runs butlers' triggers (dask worker + spawnkit's plugin)",
-        description="Starts `dask worker SCHEDULER --preload spawnkit.cluster_worker`: at "
+        description="Starts `dask worker SCHEDULER --preload spawnkit.cluster.worker`: at "
         "start-up it checks the agent CLIs and the store (--store, else the default), and "
         "refuses to start when it cannot run agents. It joins only a secured (tls://) "
         "scheduler, with the certificates of `spawnkit scheduler` (--credentials DIR, else "
@@ -59,10 +59,10 @@ def add_worker(commands: Commands) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from ..dispatch import require_distributed
+    from ..run.dispatch import require_distributed
 
     require_distributed()  # says how to install it when it is missing (exit 2)
-    from ..cluster_worker import check_worker, exec_worker, reach_scheduler, secured_worker
+    from ..cluster.worker import check_worker, exec_worker, reach_scheduler, secured_worker
 
     scheduler, options, credentials = secured_worker(
         args.scheduler, args.worker_options, credentials=args.credentials, insecure=args.insecure
@@ -81,10 +81,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
-    from ..dispatch import require_distributed
+    from ..run.dispatch import require_distributed
 
     require_distributed()
-    from ..cluster_security import ensure_credentials, export_credentials, scheduler_command
+    from ..containment.cluster_security import (
+        ensure_credentials,
+        export_credentials,
+        scheduler_command,
+    )
 
     credentials = ensure_credentials()
     if args.export_credentials is not None:

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from ..egress import NOT_LISTED
+from ..containment.egress import NOT_LISTED
 from ..events import (
     AssistantText,
     Finished,
@@ -31,7 +31,7 @@ from ..events import (
 )
 from ..result import SpawnerResult, ToolCall, tool_count
 from ..store import SessionRecord
-from ..timings import timing_line
+from ..telemetry.timings import timing_line
 
 PREVIEW_CHARS = 160
 # Hosts a hint names at most (a run refused more names them all in its events).

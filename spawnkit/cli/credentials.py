@@ -26,7 +26,7 @@ def add_credentials(commands: Commands) -> None:
 
 
 def cmd_credentials(args: argparse.Namespace) -> int:
-    from ..credential_file import CredentialFile, validate_name
+    from ..config.credential_file import CredentialFile, validate_name
     from ..errors import HomeNotWritable
     from ..store import SessionStore
 
@@ -63,7 +63,7 @@ def _read_secret(name: str) -> str:
     """A value from the terminal (not echoed) or, when piped, all of stdin minus one newline."""
     import getpass
 
-    from ..credential_file import MAX_VALUE_BYTES, CredentialError
+    from ..config.credential_file import MAX_VALUE_BYTES, CredentialError
 
     if sys.stdin is not None and sys.stdin.isatty():
         return getpass.getpass(f"{name}: ")

@@ -72,7 +72,7 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     from ..store import SessionStore
     from .console import Style, render_session, render_sessions_table
 
-    store = SessionStore()  # opening it sweeps up the runs of dead owners (spawnkit.sweep)
+    store = SessionStore()  # opening it sweeps up the runs of dead owners (containment.sweep)
     if args.session_id:
         matches = store.sessions_with_prefix(args.session_id, limit=2)
         if len(matches) != 1:

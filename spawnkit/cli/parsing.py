@@ -70,7 +70,7 @@ def read_prompt(value: str) -> str:
 
 def find_and_load_roster(explicit: Path | None) -> Any:
     """The roster ``--roster`` names, else the one found where rosters are looked for."""
-    from ..roster import load_roster
-    from ..roster_location import find_roster
+    from ..config.roster import load_roster
+    from ..config.roster_location import find_roster
 
     return load_roster(find_roster(explicit))

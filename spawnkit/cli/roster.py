@@ -56,7 +56,7 @@ def cmd_roster(args: argparse.Namespace) -> int:
 def cmd_init(args: argparse.Namespace) -> int:
     import shlex
 
-    from ..scaffold import STARTER_PROMPT, init_roster
+    from ..config.scaffold import STARTER_PROMPT, init_roster
 
     made = init_roster(args.directory)
     shown = args.directory.expanduser()
@@ -77,8 +77,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from ..config.roster_location import RosterNotFound
     from ..doctor import check_roster_mcp, check_runtimes
-    from ..roster_location import RosterNotFound
 
     runtimes = check_runtimes()
     try:

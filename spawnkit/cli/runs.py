@@ -13,15 +13,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..limits import positive_number
+from ..config.limits import positive_number
 from .parsing import PROMPT_HELP, ROSTER_HELP, Commands, find_and_load_roster, read_prompt
 from .reporting import EXIT_FAILED, EXIT_OK, say
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
+    from ..config.roster import ButlerConfig
     from ..result import SpawnerResult
-    from ..roster import ButlerConfig
     from ..store import SessionStore
 
 DEMO_BUTLER = "health"
@@ -101,9 +101,9 @@ async def _run_once(
 ) -> SpawnerResult:
     import asyncio
 
-    from ..dispatch import Cluster
     from ..replay import Scenario
-    from ..service import ButlerService
+    from ..run.dispatch import Cluster
+    from ..serve.service import ButlerService
     from .console import EventPrinter
 
     _quiet_sdk_logs()
@@ -133,7 +133,7 @@ async def _run_once(
 def cmd_run(args: argparse.Namespace) -> int:
 
     from .. import signals
-    from ..limits import Limits
+    from ..config.limits import Limits
     from ..run import validate_request
     from ..store import SessionStore
 
@@ -175,8 +175,8 @@ def _report_journal(store: SessionStore) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
 
     from .. import signals
-    from ..roster import load_roster
-    from ..roster_location import example_roster
+    from ..config.roster import load_roster
+    from ..config.roster_location import example_roster
     from ..store import SessionStore
     from .console import Style, render_session
 

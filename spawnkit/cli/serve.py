@@ -39,7 +39,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .. import signals
     from ..replay import Scenario
-    from ..service import ButlerService
+    from ..serve.service import ButlerService
     from .console import EventPrinter
     from .runs import tracer_provider
 

@@ -1,9 +1,9 @@
-"""Model prices for history: :mod:`spawnkit.pricing`, under its historical name.
+"""Model prices for history: :mod:`spawnkit.config.pricing`, under its historical name.
 
-The pricing table lives below the history package because budgets (:mod:`spawnkit.budget`)
+The pricing table lives below the history package because budgets (:mod:`spawnkit.budgets.budget`)
 price runs while they happen; history prices them afterwards with the same table.
 """
 
-from ..pricing import PER_MILLION, ModelPrice, PriceDict, PricingTable, default_pricing
+from ..config.pricing import PER_MILLION, ModelPrice, PriceDict, PricingTable, default_pricing
 
 __all__ = ["PER_MILLION", "ModelPrice", "PriceDict", "PricingTable", "default_pricing"]

@@ -1,4 +1,4 @@
-"""The agent CLIs' own telemetry (CLI telemetry, :mod:`spawnkit.otlp`) as DataFrames.
+"""The agent CLIs' own telemetry (CLI telemetry, :mod:`spawnkit.telemetry.otlp`) as DataFrames.
 
 ``spans()``: one row per stored span: its ``session_id``, ``trace_id`` and ``span_id``,
 ``name``, ``parent_span_id``, the CLI's ``service`` name, ``started_at`` (UTC) and

@@ -1,7 +1,7 @@
 """Where a run's time went, from the agent CLIs' own telemetry (CLI telemetry on).
 
 ``timings()``: one row per model request and per tool call, as the CLI's log events
-reported them (:mod:`spawnkit.timings` reads Claude Code's, Codex's and Gemini's event
+reported them (:mod:`spawnkit.telemetry.timings` reads Claude Code's, Codex's and Gemini's event
 names), with the run's butler and runtime. ``tool_times()``: time per tool across runs
 (calls, total, p50, p90). ``request_latency()``: model request latency per butler, model
 or run. ``waterfall(session_id)``: one run's spans as bars (start offset from the run's
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from ..store import SessionRecord, SessionStore
-from ..timings import classify, span_kind
+from ..telemetry.timings import classify, span_kind
 from .renamed import new_key, with_old_names
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 ``%load_ext spawnkit`` calls :func:`load`, which registers the magics and does two
 things a host of runs must: it sweeps up what runs of dead owners left behind (a kernel
-killed with SIGKILL or restarted with ``now=True``; see :mod:`spawnkit.sweep`), and it
+killed with SIGKILL or restarted with ``now=True``; see :mod:`spawnkit.containment.sweep`), and it
 makes SIGTERM and SIGHUP stop this kernel's runs the way an interrupt does (cancelled,
 recorded, cleaned up) before the signal takes its course; ``%unload_ext`` puts the
 previous handlers back. No event-loop patching, no warning filters, no network.

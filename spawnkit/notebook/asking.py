@@ -20,10 +20,10 @@ from pathlib import Path
 import ipywidgets as w
 
 from ..ask import AskError, AskResult, ask, ask_turn, load_template, render_prompt, resolve_sources
-from ..credentials import CredentialStore
+from ..containment.credentials import CredentialStore
+from ..containment.sources import Source
 from ..replay import ReplayServer, Scenario
-from ..service import REPLAY_API_KEY, REPLAY_KEYS
-from ..sources import Source
+from ..serve.service import REPLAY_API_KEY, REPLAY_KEYS
 from ..store import SessionStore
 from .hub import Hub, default_hub
 from .loop import Job

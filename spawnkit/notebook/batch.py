@@ -11,7 +11,7 @@
     spawnkit.apply_diff(df.loc[3, "diff"], "~/src/project")
 
 The runs happen on the kernel's hub (the same background loop, butler services and store
-as ``%%spawn``), through :class:`spawnkit.batch.Batch`. Progress shows while they run: an
+as ``%%spawn``), through :class:`spawnkit.cluster.batch.Batch`. Progress shows while they run: an
 ipywidgets bar in Jupyter, a text line in a terminal. Interrupting (the stop button,
 Ctrl-C) cancels the runs in flight, waits until they are recorded, and returns the
 partial DataFrame: finished rows intact, the rest ``cancelled`` or ``skipped: stopped``.
@@ -28,13 +28,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..batch import Batch, Progress, Runner, items_for, to_frame
-from ..dispatch import Cluster
+from ..cluster.batch import Batch, Progress, Runner, items_for, to_frame
+from ..cluster.worktrees import Worktrees, base_commit
+from ..config.roster import ButlerConfig, load_roster
 from ..errors import ConfigError
-from ..roster import ButlerConfig, load_roster
 from ..run import Spawner
+from ..run.dispatch import Cluster
 from ..runtimes import canonical_runtime
-from ..worktrees import Worktrees, base_commit
 from .hub import Hub, Target, default_hub
 from .loop import CANCEL_TIMEOUT_S
 from .runner import in_kernel
@@ -69,7 +69,7 @@ def map(
 
     ``prompts`` is a list of strings, a pandas Series, or a DataFrame with a
     ``prompt_column`` or a ``template`` whose ``{column}`` fields each row fills in. The
-    result keeps the input's index and has the columns of :data:`spawnkit.batch.COLUMNS`
+    result keeps the input's index and has the columns of :data:`spawnkit.cluster.batch.COLUMNS`
     (with ``runtimes``, one row per prompt and runtime, prompt-major; with ``repo``, a
     ``diff`` column). ``max_concurrent`` (default: the butler's
     ``max_concurrent_sessions``) bounds the runs at once; ``max_cost_usd`` stops
@@ -77,7 +77,7 @@ def map(
     ``skipped: budget``).
 
     ``cluster`` runs them on a Dask cluster instead of in this process, with the same
-    code: a :class:`~spawnkit.dispatch.Cluster`, a ``distributed.Client``, a scheduler
+    code: a :class:`~spawnkit.run.dispatch.Cluster`, a ``distributed.Client``, a scheduler
     address (``tcp://host:8786``), or ``"dask"`` for the current default client (else
     ``$SPAWNKIT_DASK_SCHEDULER``). ``replay`` then plays on the workers. With ``repo``, the
     worktrees are made here: the workers must see this machine's temporary folder (a

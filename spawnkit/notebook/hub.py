@@ -1,6 +1,6 @@
 """The kernel's spawnkit hub: running butlers on the background loop, and their runs.
 
-One :class:`Hub` per kernel keeps a :class:`~spawnkit.service.ButlerService`
+One :class:`Hub` per kernel keeps a :class:`~spawnkit.serve.service.ButlerService`
 per target (a butler, possibly with its runtime, model or replay scenario
 overridden), started on first use and kept for the kernel's lifetime, so
 several runs of one butler share its semaphore, queue and MCP server. Every
@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..butler_server import ToolExtension
-from ..dispatch import Cluster
+from ..config.limits import Limits
+from ..config.roster import ButlerConfig
 from ..events import EventSink, Finished, Queued, RunEvent, Started
-from ..limits import Limits
-from ..queue_report import QueueReport, queue_report
 from ..result import SpawnerResult
-from ..roster import ButlerConfig
 from ..run import Spawner, SpawnerStatus
-from ..service import ButlerService
+from ..run.dispatch import Cluster
+from ..serve.butler_server import ToolExtension
+from ..serve.queue_report import QueueReport, queue_report
+from ..serve.service import ButlerService
 from ..store import SessionStore
 from .live import LiveStatus
 from .loop import CANCEL_TIMEOUT_S, BackgroundLoop, Job, shared_loop

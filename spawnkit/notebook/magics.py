@@ -17,8 +17,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Enum, Integer, Unicode
 
 from ..ask import AskResult
+from ..config.limits import Limits, positive_number
 from ..errors import ConfigError, InvalidArgument
-from ..limits import Limits, positive_number
 from ..result import SpawnerResult
 from .asking import ask_cell
 from .failures import RunCancelled, RunFailed, debug_report, remember
@@ -251,7 +251,7 @@ class SpawnMagics(Magics):
 
         args = parse_argstring(self.spawn_status, line)
         if args.live:
-            from ..widgets import LiveStatusView
+            from .widgets import LiveStatusView
 
             live = self.hub.live()
             if live is None:
@@ -297,7 +297,7 @@ class SpawnMagics(Magics):
     @line_magic
     def spawn_dashboard(self, line: str) -> Any:
         """The butler dashboard for the roster (``%spawn_dashboard [ROSTER]``)."""
-        from ..widgets import ButlerDashboard
+        from .widgets import ButlerDashboard
 
         try:
             return ButlerDashboard(line.strip() or self.roster, hub=self.hub)

@@ -28,11 +28,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from ..dispatch import environment_cluster
+from ..config.limits import Limits
+from ..config.roster import adhoc_butler, load_roster
 from ..errors import ConfigError
-from ..limits import Limits
 from ..result import SpawnerResult
-from ..roster import adhoc_butler, load_roster
+from ..run.dispatch import environment_cluster
 from ..runtimes import canonical_runtime
 from . import display as shown
 from .failures import RunCancelled, remember

@@ -28,6 +28,7 @@ from ..cli.console import (
     one_line,
     tool_label,
 )
+from ..config.pricing import PricingTable, default_pricing
 from ..events import (
     AssistantText,
     Finished,
@@ -41,9 +42,8 @@ from ..events import (
     ToolCallStarted,
     UsageUpdate,
 )
-from ..pricing import PricingTable, default_pricing
 from ..result import SpawnerResult, ToolCall, Usage, tool_count
-from ..timings import timing_line
+from ..telemetry.timings import timing_line
 from .markdown import markdown_html
 
 MAX_ITEMS = 600

@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..budget import RunBudget
+from ..budgets.budget import RunBudget
+from ..containment.relay import Relay
+from ..containment.sources import Source
 from ..redaction import Redactor
-from ..relay import Relay
-from ..runlog import RunLog
 from ..runtimes.base import RuntimeAdapter
-from ..sources import Source
+from ..telemetry.runlog import RunLog
 from .collector import Collector
 from .request import RunKind
 

@@ -1,7 +1,7 @@
 """Assembly: what a run is made of before its CLI starts, and the parts open while it runs.
 
 What is shared by every runtime is written here once, never per adapter: the door folder
-of the run's own network and the bridges through it (:mod:`spawnkit.doors`), the egress
+of the run's own network and the bridges through it (:mod:`spawnkit.containment.doors`), the egress
 proxy for the hosts a butler allows, the model relay that holds the real keys, the OTLP
 receiver of the CLI's own telemetry, the MCP secret, the isolated environment, the system
 prompt (with memory and sources), the sandbox plan and the CLI's config file, and the
@@ -20,25 +20,25 @@ from pathlib import Path
 
 from opentelemetry import trace
 
-from .. import sandbox
-from ..credentials import (
+from ..config.system_prompt import append_memory, compose_system_prompt
+from ..containment import sandbox
+from ..containment.credentials import (
     MODEL_CREDENTIALS,
     isolated_env,
     missing_optional,
     run_values,
     secret_names,
 )
-from ..doors import DOORS_DIR, Door, Doors, loopback_address, open_doors
-from ..egress import egress_proxy, proxy_env
+from ..containment.doors import DOORS_DIR, Door, Doors, loopback_address, open_doors
+from ..containment.egress import egress_proxy, proxy_env
+from ..containment.relay import free_port, open_relay
+from ..containment.sources import sources_list
+from ..containment.sweep import HOME_VAR, run_home
+from ..containment.workspace import files_in, link_sources, mcp_url, source_paths
 from ..errors import ConfigError, StoreError
-from ..otlp import CliTelemetry, OtlpReceiver
-from ..relay import free_port, open_relay
 from ..runtimes.base import McpServerSpec, RunSpec
-from ..sources import sources_list
-from ..sweep import HOME_VAR, run_home
-from ..system_prompt import append_memory, compose_system_prompt
-from ..telemetry import RunSpan
-from ..workspace import files_in, link_sources, mcp_url, source_paths
+from ..telemetry.otlp import CliTelemetry, OtlpReceiver
+from ..telemetry.spans import RunSpan
 from .accepted import CANCEL_GRACE_S, AcceptedRun
 from .request import SOURCE_KINDS, compose_prompt
 from .settings import RunSettings
@@ -71,7 +71,7 @@ class Assembly:
         """Open the run's model relay in ``stack`` (``run.relay``); the base URL its CLI is given.
 
         A CLI that reaches its model API through a base URL goes through a relay of its own
-        (:mod:`spawnkit.relay`) whenever there is an API to forward to: the butler's
+        (:mod:`spawnkit.containment.relay`) whenever there is an API to forward to: the butler's
         base_url, else the CLI's default API when the run has a model key (a subscription
         login without one goes its own way). The relay swaps the real keys in for the
         placeholders the CLI gets (:meth:`prepare`), and meters a CLI that reports usage
@@ -101,7 +101,7 @@ class Assembly:
             return self.settings.base_url
         meter = None
         if metered:
-            from ..metering import Meter
+            from ..budgets.metering import Meter
 
             meter = Meter(run.collector.metered_usage)
             run.collector.metered = True
@@ -161,7 +161,7 @@ class Assembly:
     async def open_run_doors(
         self, run: AcceptedRun, workspace: Path, stack: contextlib.AsyncExitStack
     ) -> Doors | None:
-        """The door folder of the run's own network (:mod:`spawnkit.doors`), open until
+        """The door folder of the run's own network (:mod:`spawnkit.containment.doors`), open until
         ``stack`` closes; None when the run has the host's network."""
         if sandbox.network_policy(self.settings.butler) == "host":
             return None

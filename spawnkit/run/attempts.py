@@ -1,9 +1,9 @@
 """Attempts: a run started, and started again while it fails on a rate limit or overload.
 
-Each start first waits out the butler's cool-down and stagger (:mod:`spawnkit.pacing`)
+Each start first waits out the butler's cool-down and stagger (:mod:`spawnkit.budgets.pacing`)
 and gets a workspace, a span and the parts :mod:`spawnkit.run.assembly` opens; its CLI
 runs until it ends, its timeout, a cancel, or one of the run's limits
-(:mod:`spawnkit.budget`, fed by the collector or the relay's meter) stops it. What this
+(:mod:`spawnkit.budgets.budget`, fed by the collector or the relay's meter) stops it. What this
 spawner's runs spend counts towards the butler's daily budget until their records hold
 it. Whatever outlived the CLI is reaped; its transcripts are kept.
 """
@@ -18,7 +18,10 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, cast
 
-from ..budget import LimitHit, RunBudget, day_start
+from ..budgets.budget import LimitHit, RunBudget, day_start
+from ..config.retry import RETRYABLE_KINDS, retry_after_hint
+from ..containment.sweep import reap
+from ..containment.workspace import run_workspace
 from ..errors import (
     BudgetRefused,
     ConfigError,
@@ -29,11 +32,8 @@ from ..errors import (
 )
 from ..events import Started
 from ..result import Attempt, AttemptOutcome, RunStatus, SpawnerResult, tool_count
-from ..retry import RETRYABLE_KINDS, retry_after_hint
 from ..runtimes.base import RunOutcome, RunSpec
-from ..sweep import reap
-from ..telemetry import run_span
-from ..workspace import run_workspace
+from ..telemetry.spans import run_span
 from .accepted import CANCEL_GRACE_S, AcceptedRun
 from .assembly import Assembly
 from .recording import Recorder, in_thread, ms_since, now_utc
@@ -55,11 +55,11 @@ class Attempts:
     async def run(self, run: AcceptedRun) -> SpawnerResult:
         """The run, started again while it fails on a rate limit or overload before any tool.
 
-        Each start first waits out the butler's cool-down and stagger (:mod:`spawnkit.pacing`).
-        A rate limit or overload sets the cool-down to the backoff of :mod:`spawnkit.retry`,
-        whether or not this run is started again; a run that had called a tool is not (its
-        tools may have had effects) and fails saying so. The result lists every attempt and
-        its duration covers them all.
+        Each start first waits out the butler's cool-down and stagger
+        (:mod:`spawnkit.budgets.pacing`). A rate limit or overload sets the cool-down to the
+        backoff of :mod:`spawnkit.config.retry`, whether or not this run is started again; a run
+        that had called a tool is not (its tools may have had effects) and fails saying so. The
+        result lists every attempt and its duration covers them all.
         """
         policy = self.settings.retry
         attempts: list[Attempt] = []

@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from ..budget import LimitHit, RunBudget
-from ..egress import Denial
+from ..budgets.budget import LimitHit, RunBudget
+from ..containment.egress import Denial
 from ..errors import StoreError
 from ..events import (
     AssistantText,
@@ -29,7 +29,7 @@ from ..events import (
 from ..redaction import Redactor
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
 from ..store import SessionStore
-from ..telemetry import RunSpan
+from ..telemetry.spans import RunSpan
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""A trigger run on a worker of a Dask cluster, from the client's side (spawnkit.dispatch).
+"""A trigger run on a worker of a Dask cluster, from the client's side (spawnkit.run.dispatch).
 
 Its record is made here, ``queued`` and owned by this process (whose leases keep it), the
 moment the trigger is accepted, and a ``Queued`` event says so: a run waiting in Dask's
@@ -15,14 +15,14 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from ..credentials import injected_secrets
-from ..dispatch import Cluster
+from ..containment.credentials import injected_secrets
+from ..containment.sources import Source
 from ..events import EventSink, Queued, RunEvent
 from ..redaction import Redactor
 from ..result import SpawnerResult
-from ..sources import Source
 from .accepted import CANCEL_GRACE_S
 from .admission import Admissions
+from .dispatch import Cluster
 from .request import RunKind
 from .settings import RunSettings
 

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 from ..errors import StoreError
 from ..redaction import Redactor
 from ..result import RunStatus, SpawnerResult
-from ..runlog import session_log_dir
 from ..runtimes.base import RunOutcome, RuntimeAdapter
+from ..telemetry.runlog import session_log_dir
 from .accepted import AcceptedRun
 from .collector import Collector
 from .settings import RunSettings
@@ -60,7 +60,7 @@ class Recorder:
         )
 
     async def _adopt(self, run: AcceptedRun) -> None:
-        """Take over the ``queued`` record the dispatching client made (spawnkit.dispatch)."""
+        """Take over the ``queued`` record the dispatching client made (spawnkit.run.dispatch)."""
         assert run.queued_by is not None
         adopted = await asyncio.to_thread(
             self.settings.store.adopt_session, run.session_id, queued_by=run.queued_by,

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from ..containment.sources import Source
 from ..errors import InvalidArgument, InvalidTriggerSource
-from ..runlog import check_session_id
-from ..sources import Source
+from ..telemetry.runlog import check_session_id
 
 TRIGGER_SOURCES = ("tick", "external", "trigger", "route")
 # What a run is: a butler's trigger, a question about sources, or an interactive session

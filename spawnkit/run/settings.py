@@ -14,15 +14,15 @@ from typing import Protocol
 
 from opentelemetry.trace import TracerProvider
 
-from ..credentials import CredentialStore
-from ..mcp_access import McpAccess
-from ..memory import MemoryProvider
-from ..otlp import OtlpTarget
-from ..pacing import Pacer
-from ..retry import RetryPolicy
-from ..roster import ButlerConfig
+from ..budgets.pacing import Pacer
+from ..config.retry import RetryPolicy
+from ..config.roster import ButlerConfig
+from ..containment.credentials import CredentialStore
+from ..containment.mcp_access import McpAccess
 from ..runtimes.base import RuntimeAdapter
 from ..store import SessionStore
+from ..telemetry.otlp import OtlpTarget
+from .memory import MemoryProvider
 
 
 class RunSettings(Protocol):

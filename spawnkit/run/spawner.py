@@ -43,32 +43,32 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.trace import TracerProvider
 
-from .. import sandbox
-from ..budget import RunBudget, admit, day_start
-from ..credentials import CredentialStore, check_required, injected_secrets, run_values
-from ..dispatch import Cluster
+from ..budgets.budget import RunBudget, admit, day_start
+from ..budgets.pacing import Pacer
+from ..config.limits import Limits
+from ..config.retry import RetryPolicy
+from ..config.roster import ButlerConfig
+from ..containment import sandbox
+from ..containment.credentials import CredentialStore, check_required, injected_secrets, run_values
+from ..containment.mcp_access import AccessTable, McpAccess
+from ..containment.sources import Source
 from ..errors import SpawnerClosedError, SpawnkitError, StoreError
 from ..events import EventSink, Finished, Queued
-from ..limits import Limits
-from ..mcp_access import AccessTable, McpAccess
-from ..memory import MemoryProvider, StoreMemory
-from ..otlp import OtlpTarget, tracer_provider_from_env
-from ..pacing import Pacer
 from ..redaction import Redactor
 from ..result import SpawnerResult
-from ..retry import RetryPolicy
-from ..roster import ButlerConfig
-from ..runlog import DEFAULT_CAP_BYTES, RunLog
 from ..runtimes import get_adapter
 from ..runtimes.base import RuntimeAdapter
-from ..sources import Source
 from ..store import SessionStore
+from ..telemetry.otlp import OtlpTarget, tracer_provider_from_env
+from ..telemetry.runlog import DEFAULT_CAP_BYTES, RunLog
 from .accepted import CANCEL_GRACE_S, AcceptedRun
 from .admission import Admissions, Place
 from .assembly import Assembly
 from .attempts import Attempts
 from .collector import Collector, LiveToolCalls
+from .dispatch import Cluster
 from .dispatched import dispatch
+from .memory import MemoryProvider, StoreMemory
 from .recording import Recorder, now_utc
 from .request import (
     SOURCE_KINDS,
@@ -118,7 +118,7 @@ class Spawner:
         cluster: Cluster | None = None,
         origin: dict[str, str] | None = None,
     ) -> None:
-        # Given a cluster, triggers run on its workers (spawnkit.dispatch), not here.
+        # Given a cluster, triggers run on its workers (spawnkit.run.dispatch), not here.
         self.cluster = cluster
         # Where this spawner's runs came from, kept in each record's setup (a Dask worker
         # names itself there, so a sweep can tell a lost worker's runs).
@@ -137,7 +137,8 @@ class Spawner:
         if memory is None and "memory" in butler.modules:
             memory = StoreMemory.from_module_config(self.store, butler.modules["memory"])
         self.memory = memory
-        # The CLI's own spans, to a receiver per run (spawnkit.otlp); None: [butler.telemetry].
+        # The CLI's own spans, to a receiver per run (spawnkit.telemetry.otlp); None:
+        # [butler.telemetry].
         self.cli_telemetry = butler.cli_telemetry if cli_telemetry is None else cli_telemetry
         # The user's own collector (OTEL_EXPORTER_OTLP_*): the receivers forward to it.
         self.otlp_target = OtlpTarget.from_env()
@@ -278,12 +279,12 @@ class Spawner:
         once accepted, failures come back as ``success=False`` results.
 
         A spawner given a ``cluster`` runs the trigger on one of its Dask workers
-        (:mod:`spawnkit.dispatch`), through this same method there: the events, the result,
+        (:mod:`spawnkit.run.dispatch`), through this same method there: the events, the result,
         the record and the refusals are a local run's; a run whose worker died comes back
         ``crashed`` ("worker lost") and is never run again. Only ``kind="run"`` is sent.
         Its record is made ``queued`` here when the trigger is accepted (with a ``Queued``
         event); the worker adopts it: ``queued_by`` is that record's owner (host, pid), given
-        by :mod:`spawnkit.cluster_worker` on the worker.
+        by :mod:`spawnkit.cluster.worker` on the worker.
         """
         validate_trigger_source(trigger_source)
         # A chat's prompt is only recorded: the user types at the CLI's own prompt.

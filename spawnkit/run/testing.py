@@ -17,10 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..config.limits import Limits
+from ..containment.sources import Source
 from ..events import EventSink
-from ..limits import Limits
 from ..result import SpawnerResult
-from ..sources import Source
 from .request import RunKind, validate_trigger_source
 
 __all__ = ["Invocation", "MockSpawner"]

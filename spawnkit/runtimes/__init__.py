@@ -1,7 +1,7 @@
 """The runtime registry: runtime type strings mapped to their adapters, and their aliases.
 
 The names themselves (canonical names, aliases, :func:`canonical_runtime`) live in
-:mod:`spawnkit.runtime_names`, below the configuration that validates them; this
+:mod:`spawnkit.config.runtime_names`, below the configuration that validates them; this
 package turns a name into its adapter class. Adapters are imported lazily so that
 naming a runtime does not import every agent SDK.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, cast
 
-from ..runtime_names import (
+from ..config.runtime_names import (
     ALIASES,
     adapter_entry,
     available_runtimes,

@@ -25,7 +25,9 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 from .. import _process
-from ..butler_config import AgentRole, McpTransport, RuntimeConfig
+from ..config.butler_config import AgentRole, McpTransport, RuntimeConfig
+from ..config.system_prompt import read_prompt_file
+from ..containment.sandbox import NO_SANDBOX, SandboxPlan
 from ..errors import (
     AuthenticationFailure,
     ConfigError,
@@ -37,11 +39,9 @@ from ..errors import (
 )
 from ..events import EventSink
 from ..home import spawnkit_home
-from ..otlp import CliTelemetry
 from ..result import Usage
-from ..runlog import RunLog
-from ..sandbox import NO_SANDBOX, SandboxPlan
-from ..system_prompt import read_prompt_file
+from ..telemetry.otlp import CliTelemetry
+from ..telemetry.runlog import RunLog
 from ..transcripts import copy_tree
 from .version import cli_version
 
@@ -85,7 +85,7 @@ class RunSpec:
     max_turns: int
     tools: tuple[str, ...] = ()
     model: str | None = None
-    # Where the CLI sends its model calls: the run's relay (see spawnkit.relay), or the
+    # Where the CLI sends its model calls: the run's relay (see spawnkit.containment.relay), or the
     # butler's base_url itself; None: the CLI's own default API, directly.
     base_url: str | None = None
     # Whether ``base_url`` is a relay to the CLI's own default API (the butler set none):
@@ -165,7 +165,7 @@ _OVERLOADED_REMEDY = "the model is overloaded: this is temporary, retry in a min
 _SERVER_ERROR_REMEDY = "the model API failed on its side: retry later"
 _UNAVAILABLE_REMEDY = "the model API is unavailable for now: this is temporary, retry in a minute"
 # The kind of a failure on an overloaded or briefly unavailable model API (529, 503): like a
-# rate limit, it is waited out and retried (spawnkit.retry); other 5xx are not.
+# rate limit, it is waited out and retried (spawnkit.config.retry); other 5xx are not.
 OVERLOADED = "overloaded"
 # "status 529", "API Error: 529", '"code":529': the HTTP status inside a CLI's message.
 _STATUS_IN_TEXT = re.compile(r"(?:status|api error:?|\"code\":)\s*([1-5]\d\d)\b", re.IGNORECASE)
@@ -232,7 +232,7 @@ class RuntimeAdapter(ABC):
     # Variables any one of which authenticates the CLI with its model API (the first is
     # the one to suggest); empty: the runtime needs none. Without one, a login may do:
     # `login_command` makes it, leaving one of `login_files` (relative to the user's home).
-    # A login is a subscription, where usage has no dollar price (see spawnkit.budget).
+    # A login is a subscription, where usage has no dollar price (see spawnkit.budgets.budget).
     api_key_env: ClassVar[tuple[str, ...]] = ()
     # Those of `api_key_env` that are a subscription's token, not a priced API key.
     subscription_env: ClassVar[tuple[str, ...]] = ()

@@ -62,8 +62,8 @@ from ..events import (
     ToolCallStarted,
     UsageUpdate,
 )
-from ..otlp import CliTelemetry
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
+from ..telemetry.otlp import CliTelemetry
 from ..transcripts import copy_file
 from .base import (
     MCP_UNAVAILABLE,
@@ -461,7 +461,7 @@ class ClaudeCodeAdapter(RuntimeAdapter):
     api_key_env: ClassVar[tuple[str, ...]] = (
         "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN",
     )  # fmt: skip
-    # A subscription's token: usage under it has no dollar price (spawnkit.budget).
+    # A subscription's token: usage under it has no dollar price (spawnkit.budgets.budget).
     subscription_env: ClassVar[tuple[str, ...]] = ("CLAUDE_CODE_OAUTH_TOKEN",)
     login_command: ClassVar[str | None] = "claude login"
     login_files: ClassVar[tuple[str, ...]] = (".claude/.credentials.json",)

@@ -42,8 +42,8 @@ import tomli_w
 
 from ..errors import RuntimeCrashed, RuntimeFailure
 from ..events import AssistantText, RunEvent, ToolCallFinished, ToolCallStarted, UsageUpdate
-from ..otlp import CliTelemetry
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
+from ..telemetry.otlp import CliTelemetry
 from ..transcripts import copy_file
 from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure, write_private
 from .streaming import LineParser, StreamingCliAdapter, stderr_summary

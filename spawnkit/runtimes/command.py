@@ -7,14 +7,14 @@ butler's MCP server, or none, as ``{"mcpServers": {...}}``), ``{workspace}`` (th
 HOME), ``{cwd}``, ``{prompt}``, ``{base_url}``, ``{model}``, ``{sources}`` (an ask's
 ``- ./name/`` list) and ``{claude}``/``{codex}``/``{gemini}`` (those CLIs as spawnkit
 finds them). ``{base_url}`` in ``env`` is the run's model relay, which swaps the real
-model keys in for the placeholders the CLI gets (see :mod:`spawnkit.relay`). ``{prompt}``
-puts the prompt in the process's arguments, which every local user can read and the
+model keys in for the placeholders the CLI gets (see :mod:`spawnkit.containment.relay`).
+``{prompt}`` puts the prompt in the process's arguments, which every local user can read and the
 kernel bounds: each run that uses it logs a warning naming ``{prompt_file}`` and
 ``stdin = "prompt"``, which are neither. What it prints is read by ``output``:
 
 * ``text``: stdout is the answer;
 * ``json-lines``: one JSON object a line, mapped to spawnkit's events by
-  ``[butler.runtime.events]`` (:class:`~spawnkit.roster.EventMapping`);
+  ``[butler.runtime.events]`` (:class:`~spawnkit.config.roster.EventMapping`);
 * ``claude-stream-json``, ``codex-json``, ``gemini-stream-json``: the built-in CLIs'
   streams, read by those runtimes' own parsers; ``auto`` picks one from the first line.
 
@@ -32,7 +32,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..butler_config import PLACEHOLDER_RE, CommandConfig, EventMapping, RuntimeConfig, placeholders
+from ..config.butler_config import (
+    PLACEHOLDER_RE,
+    CommandConfig,
+    EventMapping,
+    RuntimeConfig,
+    placeholders,
+)
+from ..containment.sandbox import node_install
 from ..errors import ConfigError, RuntimeFailure, RuntimeNotFoundError
 from ..events import (
     AssistantText,
@@ -43,7 +50,6 @@ from ..events import (
     UsageUpdate,
 )
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
-from ..sandbox import node_install
 from . import get_adapter
 from .base import McpServerSpec, RunOutcome, RunSpec, write_private
 from .streaming import LineParser, StreamingCliAdapter, stderr_summary
@@ -103,7 +109,7 @@ class TextParser(LineParser):
 
 
 class JsonLinesParser(LineParser):
-    """JSON lines -> spawnkit events, as an :class:`~spawnkit.roster.EventMapping` says."""
+    """JSON lines -> spawnkit events, as an :class:`~spawnkit.config.roster.EventMapping` says."""
 
     def __init__(self, session_id: str, mapping: EventMapping, server: str = "") -> None:
         super().__init__(session_id, server)

@@ -35,8 +35,8 @@ from ..events import (
     ToolCallStarted,
     UsageUpdate,
 )
-from ..otlp import CliTelemetry
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
+from ..telemetry.otlp import CliTelemetry
 from ..transcripts import copy_file
 from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure, write_private
 from .streaming import LineParser, StreamingCliAdapter, stderr_summary

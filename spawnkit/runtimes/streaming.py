@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from .. import _process
+from ..containment.sandbox import node_install
 from ..errors import RuntimeFailure, RuntimeNotFoundError
 from ..events import EventSink, RunEvent
-from ..sandbox import node_install
 from .base import MCP_UNAVAILABLE, RunOutcome, RunSpec, RuntimeAdapter, mcp_unavailable_message
 
 logger = logging.getLogger(__name__)

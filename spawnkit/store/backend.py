@@ -126,7 +126,7 @@ class Backend(Protocol):
     Its schema is created and migrated when it is constructed. ``location`` names it in
     messages (a path, or a URL without password); ``path`` is the SQLite file, None for
     a server. ``local_dir`` is this machine's folder for what never goes to a shared
-    database: the credentials file (:mod:`spawnkit.credential_file`).
+    database: the credentials file (:mod:`spawnkit.config.credential_file`).
     """
 
     location: str

@@ -1,11 +1,12 @@
 """Which host and process own a record, and what closes a record whose owner is gone.
 
 A record belongs to the process that created it, on its host (``owner_host``,
-``owner_pid``, ``owner_start``), sealed with its home's key (:class:`~spawnkit.sweep.HomeSeal`)
-so a sweep on that host knows the record's workspace is its own to remove. It holds the
-record for a lease it renews while the run lives: a record whose host stopped renewing is
-marked ``crashed`` by whichever host sees it next. A run dispatched to a cluster is queued
-by its client's process and adopted by the worker's (:mod:`spawnkit.dispatch`).
+``owner_pid``, ``owner_start``), sealed with its home's key
+(:class:`~spawnkit.containment.sweep.HomeSeal`) so a sweep on that host knows the record's
+workspace is its own to remove. It holds the record for a lease it renews while the run lives: a
+record whose host stopped renewing is marked ``crashed`` by whichever host sees it next. A run
+dispatched to a cluster is queued by its client's process and adopted by the worker's
+(:mod:`spawnkit.run.dispatch`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
+from ..containment.sweep import HomeSeal, OpenRun, process_start
 from ..home import host_name
-from ..sweep import HomeSeal, OpenRun, process_start
 from .backend import Backend
 from .records import stamp, to_iso, utcnow
 
@@ -57,8 +58,8 @@ class RecordOwner:
         return stamp(utcnow() + timedelta(seconds=self.lease_s))
 
     def seal(self, session_id: str, workspace: Path | None) -> str | None:
-        """This home's seal on a record this process owns (spawnkit.sweep.HomeSeal); None
-        when the home has no key (the sweep then kills and removes nothing for the run)."""
+        """This home's seal on a record this process owns (containment.sweep.HomeSeal); None when
+        the home has no key (the sweep then kills and removes nothing for the run)."""
         if self._sealer is None:
             self._sealer = HomeSeal.of_home(create=True) or False
         if self._sealer is False:

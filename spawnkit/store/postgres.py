@@ -345,12 +345,12 @@ _MIGRATIONS: tuple[str, ...] = (
         FOR EACH ROW EXECUTE FUNCTION notify_change()
     """,
     # 8 -> 9: which home wrote a record, sealed with that home's key, so a row another
-    # member writes naming this host is never swept here (spawnkit.sweep.HomeSeal;
+    # member writes naming this host is never swept here (spawnkit.containment.sweep.HomeSeal;
     # SQLite schema 13).
     """
     ALTER TABLE sessions ADD COLUMN owner_seal TEXT
     """,
-    # 9 -> 10: connections a run's network sandbox refused (spawnkit.egress; SQLite
+    # 9 -> 10: connections a run's network sandbox refused (spawnkit.containment.egress; SQLite
     # schema 14).
     """
     ALTER TABLE sessions ADD COLUMN network_denied INTEGER

@@ -80,7 +80,8 @@ class SessionRecord:
     lease_until: datetime | None = None
     # The process that owns it on that host (a dispatching client's, until a worker adopts it).
     owner_pid: int | None = None
-    # Connections its network sandbox refused (spawnkit.egress); 0 in records from before.
+    # Connections its network sandbox refused (spawnkit.containment.egress); 0 in records from
+    # before.
     network_denied: int = 0
 
     @classmethod

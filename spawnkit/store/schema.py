@@ -146,7 +146,7 @@ HISTORY_SCHEMA = (
         PRIMARY KEY (source, machine, row_key)) WITHOUT ROWID""",
 )
 
-# The spans a run's CLI exported (spawnkit.otlp), attributes redacted, as JSON.
+# The spans a run's CLI exported (spawnkit.telemetry.otlp), attributes redacted, as JSON.
 CLI_SPANS_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS cli_spans (
         session_id TEXT NOT NULL, trace_id TEXT NOT NULL, span_id TEXT NOT NULL,
@@ -156,7 +156,7 @@ CLI_SPANS_SCHEMA = (
     "CREATE INDEX IF NOT EXISTS cli_spans_by_session ON cli_spans (session_id, start_ns)",
 )
 
-# The log events and metric points a run's CLI exported (spawnkit.otlp), attributes
+# The log events and metric points a run's CLI exported (spawnkit.telemetry.otlp), attributes
 # redacted, as JSON; ``kind`` is "log" or "metric", ``value`` a metric point's value.
 CLI_EVENTS_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS cli_events (
@@ -178,9 +178,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE sessions ADD COLUMN kind TEXT NOT NULL DEFAULT 'run'",
         "ALTER TABLE sessions ADD COLUMN sources TEXT",
     ),
-    # How a run stood against its limits (spawnkit.budget), as JSON.
+    # How a run stood against its limits (spawnkit.budgets.budget), as JSON.
     ("ALTER TABLE sessions ADD COLUMN budget TEXT",),
-    # Each start of the run's CLI (spawnkit.retry), as JSON.
+    # Each start of the run's CLI (spawnkit.config.retry), as JSON.
     ("ALTER TABLE sessions ADD COLUMN attempts TEXT",),
     CLI_SPANS_SCHEMA,
     CLI_EVENTS_SCHEMA,
@@ -190,9 +190,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX IF NOT EXISTS sessions_lease ON sessions (lease_until) "
         "WHERE completed_at IS NULL",
     ),
-    # Which home wrote a record, sealed with that home's key (spawnkit.sweep.HomeSeal).
+    # Which home wrote a record, sealed with that home's key (spawnkit.containment.sweep.HomeSeal).
     ("ALTER TABLE sessions ADD COLUMN owner_seal TEXT",),
-    # Connections the run's network sandbox refused (spawnkit.egress).
+    # Connections the run's network sandbox refused (spawnkit.containment.egress).
     ("ALTER TABLE sessions ADD COLUMN network_denied INTEGER",),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION - 1

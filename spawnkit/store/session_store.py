@@ -9,12 +9,12 @@ A session row is created when a trigger is accepted and completed when the run e
 whatever happens; each row also records which process owns it (and, once it runs, its
 workspace), so what a process that died left behind is swept up the next time any process
 opens the store: its processes killed, its workspace removed, its record marked
-``crashed`` (see :mod:`spawnkit.sweep` and :mod:`spawnkit.store.ownership`).
+``crashed`` (see :mod:`spawnkit.containment.sweep` and :mod:`spawnkit.store.ownership`).
 
 The same store holds the tables the butler's MCP server and the core need:
 ``state`` (the ``state_*`` tools), ``mcp_calls`` (tool calls as the server saw
-them) and ``episodes`` (see :mod:`spawnkit.memory`), and the spans, log events and metric
-points a run's CLI exported (:mod:`spawnkit.otlp`). It holds no credentials.
+them) and ``episodes`` (see :mod:`spawnkit.run.memory`), and the spans, log events and metric
+points a run's CLI exported (:mod:`spawnkit.telemetry.otlp`). It holds no credentials.
 Methods are synchronous and short, and async callers run them with ``asyncio.to_thread``.
 
 The class is the one public surface over its collaborators: the backend that runs the
@@ -33,10 +33,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from ..containment.sweep import OpenRun, sweep
 from ..errors import StoreUnreachable
 from ..home import default_store_path, lease_seconds, store_setting
 from ..result import SpawnerResult, ToolCall
-from ..sweep import OpenRun, sweep
 from .backend import Admission, Backend, SlotClaim, is_postgres_url
 from .journal import StoreJournal
 from .ownership import HostRecords, RecordOwner
@@ -373,7 +373,7 @@ class SessionStore:
 
         Other hosts' runs whose lease expired are marked ``crashed``
         (:meth:`expire_leases`); this host's runs whose owner process died are swept up
-        at once, lease or not (:mod:`spawnkit.sweep`).
+        at once, lease or not (:mod:`spawnkit.containment.sweep`).
         """
         return len(self.expire_leases()) + len(sweep(self))
 
@@ -410,7 +410,7 @@ class SessionStore:
     @_translated
     def open_runs_here(self) -> list[OpenRun]:
         """This host's records that have not completed, with their owner, workspace and
-        seal (which home on this host wrote them: :class:`~spawnkit.sweep.HomeSeal`)."""
+        seal (which home on this host wrote them: :class:`~spawnkit.containment.sweep.HomeSeal`)."""
         return self._hosts.open_runs_here()
 
     # -- a run dispatched to a cluster: queued by its client, adopted by a worker -------
@@ -428,7 +428,7 @@ class SessionStore:
         log_dir: Path | None,
     ) -> bool:
         """Make the ``queued`` record a dispatching client (``queued_by``, its owner) made
-        for this run this process's, with the run's details known here (spawnkit.dispatch).
+        for this run this process's, with the run's details known here (spawnkit.run.dispatch).
         False when it is not that client's unstarted open record any more: closed, or
         adopted already (by a worker that died: the run is not taken twice)."""
         return self._hosts.adopt_session(
@@ -545,18 +545,19 @@ class SessionStore:
         )
         return [dict(r) for r in rows]
 
-    # -- the CLIs' own spans (spawnkit.otlp) ----------------------------------------
+    # -- the CLIs' own spans (spawnkit.telemetry.otlp) --------------------------------
 
     def record_cli_spans(self, spans: Sequence[dict[str, Any]]) -> int:
-        """Store spans a run's CLI exported (``spawnkit.otlp.CliSpan`` fields); returns how many."""
+        """Store spans a run's CLI exported (``spawnkit.telemetry.otlp.CliSpan`` fields);
+        returns how many."""
         if not spans:
             return 0
         self._writes.write("cli_spans", str(spans[0]["session_id"]), cli_span_rows(spans))
         return len(spans)
 
     def record_cli_events(self, events: Sequence[dict[str, Any]]) -> int:
-        """Store log events and metric points a run's CLI exported (``spawnkit.otlp.CliEvent``
-        fields); returns how many."""
+        """Store log events and metric points a run's CLI exported
+        (``spawnkit.telemetry.otlp.CliEvent`` fields); returns how many."""
         if not events:
             return 0
         self._writes.write("cli_events", str(events[0]["session_id"]), cli_event_rows(events))

@@ -3,7 +3,7 @@
 One database file (``$SPAWNKIT_HOME/sessions.db`` by default) in WAL mode with a
 busy timeout, so several processes (a notebook, ``spawnkit serve``, a CLI run)
 can write at once. Connections are per thread. The file holds no credentials:
-those live in their own file (:mod:`spawnkit.credential_file`), and the
+those live in their own file (:mod:`spawnkit.config.credential_file`), and the
 ``credentials`` table older versions kept is moved there when the store opens.
 :func:`check_store` reads a file page by page without opening it as a store, and
 :func:`store_error` turns any SQLite failure into one typed line.
@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
 
-from ..credential_file import CredentialError, CredentialFile, StoredCredential
+from ..config.credential_file import CredentialError, CredentialFile, StoredCredential
 from ..errors import HomeNotWritable, StoreDamaged, StoreError, StoreTooNew
 from ..home import is_writable
 from .backend import Params, Row, statements

@@ -264,7 +264,7 @@ def mcp_call_row(
 
 
 def cli_span_rows(spans: Sequence[dict[str, Any]]) -> list[list[Any]]:
-    """The "cli_spans" write's rows, from ``spawnkit.otlp.CliSpan`` fields."""
+    """The "cli_spans" write's rows, from ``spawnkit.telemetry.otlp.CliSpan`` fields."""
     return [
         [
             s["session_id"], s["trace_id"], s["span_id"], s["parent_span_id"],
@@ -277,7 +277,7 @@ def cli_span_rows(spans: Sequence[dict[str, Any]]) -> list[list[Any]]:
 
 
 def cli_event_rows(events: Sequence[dict[str, Any]]) -> list[list[Any]]:
-    """The "cli_events" write's rows, from ``spawnkit.otlp.CliEvent`` fields."""
+    """The "cli_events" write's rows, from ``spawnkit.telemetry.otlp.CliEvent`` fields."""
     return [
         [
             e["session_id"], e["kind"], e["name"], e["service"], e["time_ns"],

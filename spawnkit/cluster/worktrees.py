@@ -1,0 +1,131 @@
+"""Throw-away git worktrees: one copy of a repository per run, and the diff it leaves.
+
+``spawnkit.map(..., repo=PATH)`` gives every run its own worktree of ``PATH`` at its
+``HEAD`` (detached, so no branch is created), lets the agent edit it, keeps what it
+changed as a diff (``git diff --binary`` against that commit, new files included), and
+removes the worktree. The repository itself is untouched: its working tree, index and
+branches never change, and its ``.git/worktrees`` entries are pruned afterwards. The user
+then applies the diff they choose with :func:`apply_diff`.
+
+Uncommitted changes of the repository are not in the worktrees (they start at ``HEAD``);
+:func:`base_commit` says which commit that is, and whether the repository was dirty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ConfigError, SpawnkitError
+
+GIT_TIMEOUT_S = 120.0
+
+
+class DiffDoesNotApply(SpawnkitError):
+    """``git apply --check`` refused a diff: the repository moved on, or it was applied."""
+
+
+@dataclass(frozen=True)
+class Base:
+    """The commit the worktrees start from, and whether the repository had other changes."""
+
+    repo: Path
+    commit: str
+    dirty: bool
+
+
+def _git(repo: Path, *args: str, input: bytes | None = None) -> bytes:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(repo), *args],
+            input=input,
+            capture_output=True,
+            timeout=GIT_TIMEOUT_S,
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        raise ConfigError("git is not installed (it makes the worktrees of repo=)") from exc
+    if done.returncode != 0:
+        message = done.stderr.decode(errors="replace").strip().splitlines()
+        raise ConfigError(f"git {' '.join(args[:2])} in {repo}: {message[-1] if message else ''}")
+    return done.stdout
+
+
+def base_commit(repo: str | Path) -> Base:
+    """The repository's top folder and ``HEAD``; a clear error when it is not a git repo."""
+    path = Path(repo).expanduser().resolve()
+    if not path.is_dir():
+        raise ConfigError(f"repo: {path} is not a directory")
+    try:
+        top = Path(_git(path, "rev-parse", "--show-toplevel").decode().strip())
+        commit = _git(top, "rev-parse", "--verify", "HEAD^{commit}").decode().strip()
+    except ConfigError as exc:
+        raise ConfigError(f"repo: {path} is not a git repository with a commit ({exc})") from exc
+    dirty = bool(_git(top, "status", "--porcelain", "--untracked-files=no").strip())
+    return Base(top, commit, dirty)
+
+
+class Worktrees:
+    """The worktrees of one batch, in one temporary folder removed with the last of them."""
+
+    def __init__(self, base: Base) -> None:
+        self.base = base
+        self.root = Path(tempfile.mkdtemp(prefix="spawnkit-worktrees-"))
+        self._made: set[Path] = set()
+
+    def add(self, name: str) -> Path:
+        """A new worktree at the base commit, detached."""
+        path = self.root / name
+        _git(self.base.repo, "worktree", "add", "--detach", "--quiet", str(path), self.base.commit)
+        self._made.add(path)
+        return path
+
+    def diff(self, path: Path) -> str:
+        """What the run changed in ``path``: tracked edits, deletions and new files."""
+        # Intent-to-add makes new files show in the diff without touching the index's
+        # content; the worktree has its own index, so the repository's is untouched.
+        _git(path, "add", "--intent-to-add", "--all")
+        return _git(path, "diff", "--binary", self.base.commit).decode(errors="replace")
+
+    def remove(self, path: Path) -> None:
+        """Remove one worktree (never raises: a batch's rows matter more than its cleanup)."""
+        with contextlib.suppress(ConfigError):
+            _git(self.base.repo, "worktree", "remove", "--force", str(path))
+        shutil.rmtree(path, ignore_errors=True)
+        self._made.discard(path)
+
+    def close(self) -> None:
+        for path in list(self._made):
+            self.remove(path)
+        shutil.rmtree(self.root, ignore_errors=True)
+        with contextlib.suppress(ConfigError):
+            _git(self.base.repo, "worktree", "prune")
+
+    def __enter__(self) -> Worktrees:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def apply_diff(diff: str, repo: str | Path) -> list[str]:
+    """Apply a run's diff to ``repo``'s working tree; the paths it touched.
+
+    Checked first (``git apply --check``): a diff that does not apply changes nothing and
+    raises :class:`DiffDoesNotApply` with git's reason. An empty diff changes nothing.
+    """
+    path = Path(repo).expanduser().resolve()
+    if not diff.strip():
+        return []
+    data = diff.encode() if diff.endswith("\n") else (diff + "\n").encode()
+    try:
+        _git(path, "apply", "--check", "--binary", input=data)
+    except ConfigError as exc:
+        raise DiffDoesNotApply(f"the diff does not apply to {path}: {exc}") from exc
+    _git(path, "apply", "--binary", input=data)
+    stat = _git(path, "apply", "--numstat", "--binary", input=data).decode()
+    return [line.split("\t", 2)[2] for line in stat.splitlines() if line.count("\t") >= 2]

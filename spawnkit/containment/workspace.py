@@ -1,0 +1,118 @@
+"""The ephemeral directory of one run: ``$SPAWNKIT_HOME/workspaces/butler_<name>_<uuid>/``.
+
+It is the CLI's HOME and working directory (inside the sandbox, the only place the run may
+write) and holds the runtime's configuration, the environment filter that starts the CLI,
+and a ``skills`` link to the butler's skills. Two runs never share one, and the directory is
+removed when the run ends, on success, failure, exception and cancellation alike:
+:func:`run_workspace` is the only way the spawner creates one.
+
+Why not the system temp dir: Codex refuses to set up its helper binaries when its home lies
+under a temp dir (it then breaks on machines with bubblewrap), and a per-user 0700 folder
+keeps other local users out of every run's files.
+
+An ask (a question about sources) works in ``<workspace>/ask/``: each source linked by its
+name, and an empty MCP configuration for every CLI that reads one from its working
+directory (:func:`link_sources`), so the agent sees its sources and reaches no MCP server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from ..config.butler_config import ButlerConfig
+from ..home import spawnkit_home
+from .sources import Source
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "butler_"
+# The folder of the home that holds every run's workspace (the only one the sweep empties).
+WORKSPACES_DIR = "workspaces"
+
+
+def workspaces_root() -> Path:
+    root = spawnkit_home() / WORKSPACES_DIR
+    root.mkdir(mode=0o700, exist_ok=True)
+    return root
+
+
+def workspace_path(butler: str, root: Path | None = None) -> Path:
+    base = root if root is not None else workspaces_root()
+    return base / f"{PREFIX}{butler}_{uuid.uuid4().hex}"
+
+
+@contextmanager
+def run_workspace(butler: ButlerConfig, root: Path | None = None) -> Iterator[Path]:
+    """Create a private directory for one run and remove it however the block ends."""
+    path = workspace_path(butler.name, root)
+    path.mkdir(mode=0o700, parents=False, exist_ok=False)
+    try:
+        skills = butler.directory / "skills"
+        if skills.is_dir() and butler.workdir is None:
+            (path / "skills").symlink_to(skills, target_is_directory=True)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        if path.exists():
+            logger.warning("could not remove the run workspace %s", path)
+
+
+def files_in(workspace: Path) -> list[str]:
+    """The files under ``workspace``, relative and sorted (links are not followed)."""
+    found: list[str] = []
+    for root, _dirs, files in os.walk(workspace):
+        found.extend(str((Path(root) / name).relative_to(workspace)) for name in files)
+    return sorted(found)
+
+
+def mcp_url(
+    butler: ButlerConfig, session_key: str, host: str = "localhost", port: int | None = None
+) -> str:
+    """The butler's MCP endpoint, carrying the session key the server records calls under."""
+    return (
+        f"http://{host}:{port or butler.port}{butler.mcp_path}"
+        f"?session_id={quote(session_key, safe='')}"
+    )
+
+
+# Where an ask's agent works, inside its run's workspace (which is the CLI's HOME).
+ASK_DIR = "ask"
+# "No MCP servers" for every CLI that reads a config from its working directory.
+EMPTY_MCP_CONFIGS: Mapping[str, Mapping[str, Any]] = {
+    ".mcp.json": {"mcpServers": {}},  # Claude Code (project scope)
+    ".gemini/settings.json": {"mcpServers": {}},  # Gemini CLI (workspace settings)
+    ".cursor/mcp.json": {"mcpServers": {}},  # Cursor
+    "opencode.json": {"mcp": {}},  # opencode
+}
+
+
+def link_sources(workspace: Path, sources: Iterable[Source]) -> Path:
+    """Create ``<workspace>/ask/`` with each source linked by its name; its path.
+
+    The links point at the sources' real paths (:func:`source_paths`), so a sandbox
+    that binds those paths read-only shows exactly these sources.
+    """
+    folder = workspace / ASK_DIR
+    folder.mkdir(mode=0o700)
+    for source in sources:
+        real = source.path.resolve()
+        (folder / source.name).symlink_to(real, target_is_directory=real.is_dir())
+    for relative, content in EMPTY_MCP_CONFIGS.items():
+        target = folder / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+    return folder
+
+
+def source_paths(sources: Iterable[Source]) -> tuple[Path, ...]:
+    """The real paths of ``sources``: what a CLI must be told about and a sandbox bind."""
+    return tuple(dict.fromkeys(source.path.resolve() for source in sources))
