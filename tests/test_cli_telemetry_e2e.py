@@ -32,10 +32,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from spawnkit import _asgi, history, otlp
+from spawnkit import _asgi, history
 from spawnkit.replay import Scenario
 from spawnkit.serve.service import ButlerService
 from spawnkit.store import SessionStore
+from spawnkit.telemetry import otlp_decode
 
 from .conftest import REPO
 
@@ -176,7 +177,7 @@ class Collector:
         await send({"type": "http.response.body", "body": b""})
 
     def spans(self) -> list[dict[str, Any]]:
-        return [span for b, t in self.traces for _, span in otlp.decode_traces(b, t)]
+        return [span for b, t in self.traces for _, span in otlp_decode.decode_traces(b, t)]
 
 
 async def test_everything_is_forwarded_to_the_users_collector(

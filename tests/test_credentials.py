@@ -206,7 +206,7 @@ def test_concurrent_writers_in_several_processes_lose_nothing(tmp_path: Path) ->
 def test_a_held_lock_times_out_with_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from spawnkit import credential_file
+    from spawnkit.config import credential_file
 
     monkeypatch.setattr(credential_file, "LOCK_TIMEOUT_S", 0.2)
     file = CredentialFile(tmp_path / "credentials.json")

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from spawnkit import egress
+from spawnkit.containment import egress
 from spawnkit.containment.egress import (
     NOT_LISTED,
     PRIVATE,

@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from spawnkit import mcp_access
 from spawnkit.config.roster import ButlerConfig
+from spawnkit.containment import mcp_access
 from spawnkit.containment.mcp_access import GRANTS_PATH, AccessTable, McpAccessError, owner_token
 from spawnkit.errors import RuntimeFailure
 from spawnkit.notebook.kernel_tools import kernel_tools

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from spawnkit import sandbox
 from spawnkit.config.roster import adhoc_butler
+from spawnkit.containment import sandbox
 from spawnkit.containment.doors import DOORS_DIR, INSIDE, open_doors
 from spawnkit.errors import RosterError
 

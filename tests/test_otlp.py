@@ -35,14 +35,13 @@ from spawnkit import _asgi
 from spawnkit.events import Timing
 from spawnkit.redaction import Redactor
 from spawnkit.telemetry.otlp import (
-    FORWARD_DRAIN_S,
     MAX_BODY_BYTES,
     MAX_IN_FLIGHT,
     MAX_SPANS,
     SECRET_HEADER,
     OtlpReceiver,
-    OtlpTarget,
 )
+from spawnkit.telemetry.otlp_export import FORWARD_DRAIN_S, OtlpTarget
 
 RUN_TRACE = ("ab" * 16, "cd" * 8)
 TELEMETRY_EVENTS = Path(__file__).parent / "fixtures" / "telemetry" / "log_events.json"

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from spawnkit import sandbox
 from spawnkit.config.roster import ButlerConfig
+from spawnkit.containment import sandbox
 from spawnkit.errors import SandboxUnavailable
 from spawnkit.events import Started
 from spawnkit.notebook.hub import with_runtime

@@ -21,7 +21,7 @@ from ..containment.credentials import CredentialStore
 from ..containment.mcp_access import McpAccess
 from ..runtimes.base import RuntimeAdapter
 from ..store import SessionStore
-from ..telemetry.otlp import OtlpTarget
+from ..telemetry.otlp_export import OtlpTarget
 from .memory import MemoryProvider
 
 

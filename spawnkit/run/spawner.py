@@ -59,7 +59,7 @@ from ..result import SpawnerResult
 from ..runtimes import get_adapter
 from ..runtimes.base import RuntimeAdapter
 from ..store import SessionStore
-from ..telemetry.otlp import OtlpTarget, tracer_provider_from_env
+from ..telemetry.otlp_export import OtlpTarget, tracer_provider_from_env
 from ..telemetry.runlog import DEFAULT_CAP_BYTES, RunLog
 from .accepted import CANCEL_GRACE_S, AcceptedRun
 from .admission import Admissions, Place

@@ -5,8 +5,10 @@ With CLI telemetry on (``[butler.telemetry] cli = true`` or ``Spawner(cli_teleme
 True)``), the spawner starts one :class:`OtlpReceiver` per run on loopback (port 0)
 for as long as the run's CLI lives, and tells the CLI to export its telemetry there
 (:class:`CliTelemetry`, which each adapter turns into its own settings). Only a
-request carrying the run's secret in the :data:`SECRET_HEADER` header gets in; the
-sandbox shares the host's loopback, as it does for the butler's MCP server.
+request carrying the run's secret in the :data:`SECRET_HEADER` header gets in; a run
+in a network of its own reaches it through one of its doors, as it does the butler's MCP
+server. Decoding is :mod:`.otlp_decode`'s, forwarding to the user's collector
+:mod:`.otlp_export`'s.
 
 The receiver accepts ``POST /v1/traces`` as protobuf (``application/x-protobuf``) or
 JSON, gzip-compressed or not, in one piece or chunked, up to :data:`MAX_BODY_BYTES`
@@ -43,7 +45,6 @@ import gzip
 import hmac
 import json
 import logging
-import os
 import secrets
 import zlib
 from collections.abc import (
@@ -57,43 +58,36 @@ from collections.abc import (
 )
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
-from urllib.parse import unquote
+from typing import Any
 
-import httpx
-from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
-from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-)
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import (
-    AnyValue,
-    ArrayValue,
-    InstrumentationScope,
-    KeyValue,
-)
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
-from opentelemetry.proto.trace.v1.trace_pb2 import Status as ProtoStatus
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from google.protobuf.json_format import ParseDict, ParseError
 
 from .. import _asgi
 from ..events import Timing
 from ..redaction import Redactor
+from .otlp_decode import (
+    MAX_BODY_BYTES,
+    OPAQUE_KEYS,
+    REQUESTS,
+    CliEvent,
+    CliSpan,
+    Decoded,
+    attributes_of,
+    decompress,
+    hex_id,
+    logs_of,
+    metrics_of,
+    parse,
+    spans_of,
+)
+from .otlp_export import Forwarder, OtlpTarget
 from .timings import RunTimings, classify
 
 logger = logging.getLogger(__name__)
 
+
 SECRET_HEADER = "x-spawnkit-otlp-secret"
 SESSION_ATTRIBUTE = "spawnkit.session_id"
-# One export request, decompressed. The largest the real CLIs sent in the end-to-end
-# runs was 198 KB (Codex, about 490 spans); a request costs about 0.35 s a megabyte to
-# decode and redact, so this bounds one request to about 1.5 s of a worker thread.
-MAX_BODY_BYTES = 4 * 1024 * 1024
 # Requests of one run being read, decoded or waiting for their turn; more get 429. The
 # CLIs send one request per signal at a time (three at most).
 MAX_IN_FLIGHT = 4
@@ -107,23 +101,6 @@ MAX_EVENTS = 20_000
 COMMAND_LINE_ATTRIBUTES = frozenset(
     {"process.command_args", "process.command_line", "process.command", "process.argv"}
 )
-SIGNALS = ("traces", "metrics", "logs")
-_REQUESTS: dict[str, type[Any]] = {
-    "traces": ExportTraceServiceRequest,
-    "metrics": ExportMetricsServiceRequest,
-    "logs": ExportLogsServiceRequest,
-}
-# Forwarding to the user's collector: requests waiting at most, and how long the end of
-# a run waits for them to go out.
-FORWARD_QUEUE = 256
-FORWARD_DRAIN_S = 2.0
-# How long spawnkit's own finished spans wait to be exported in a batch.
-EXPORT_DELAY_MS = 1000
-_PROVIDERS: dict[tuple[str, tuple[tuple[str, str], ...]], SdkTracerProvider] = {}
-# Fields of an OTLP tree that are ids or times: never redacted (a base64 id is not text).
-_OPAQUE_KEYS = frozenset({"traceId", "spanId", "parentSpanId"})
-_STATUS = {0: "unset", 1: "ok", 2: "error"}
-_STATUS_NAMES = {"STATUS_CODE_UNSET": "unset", "STATUS_CODE_OK": "ok", "STATUS_CODE_ERROR": "error"}
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -159,479 +136,6 @@ class CliTelemetry:
     def resource_attributes(self) -> str:
         """``OTEL_RESOURCE_ATTRIBUTES``: how spans of a CLI that ignores TRACEPARENT are found."""
         return f"{SESSION_ATTRIBUTE}={self.session_id}"
-
-
-@dataclass(frozen=True)
-class CliSpan:
-    """One span a run's CLI exported, as stored (attributes redacted)."""
-
-    session_id: str
-    trace_id: str
-    span_id: str
-    parent_span_id: str | None
-    name: str
-    service: str | None
-    start_ns: int
-    end_ns: int
-    status: str
-    attributes: dict[str, Any]
-    reparented: bool = False
-
-
-@dataclass(frozen=True)
-class CliEvent:
-    """One log event or metric point a run's CLI exported, as stored (attributes redacted).
-
-    ``kind`` is ``"log"`` or ``"metric"``; ``time_ns`` the record's (or point's) time;
-    ``value`` a metric point's value (a histogram's sum), None for a log event.
-    """
-
-    session_id: str
-    kind: str
-    name: str
-    service: str | None
-    time_ns: int
-    trace_id: str | None
-    span_id: str | None
-    value: float | None
-    attributes: dict[str, Any]
-
-
-def _headers(raw: str) -> dict[str, str]:
-    """``OTEL_EXPORTER_OTLP_HEADERS``: ``key=value`` pairs, comma-separated, URL-encoded."""
-    found = {}
-    for item in raw.split(","):
-        key, sep, value = item.partition("=")
-        if sep and key.strip():
-            found[unquote(key.strip())] = unquote(value.strip())
-    return found
-
-
-@dataclass(frozen=True)
-class OtlpTarget:
-    """The user's own collector, from the standard ``OTEL_EXPORTER_OTLP_*`` variables.
-
-    ``urls`` maps a signal (``traces``, ``metrics``, ``logs``) to its full URL:
-    ``OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT`` as given, else
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/<signal>``; headers likewise
-    (``..._HEADERS``, kept out of ``repr``); ``timeout_s`` from
-    ``OTEL_EXPORTER_OTLP_TIMEOUT`` (milliseconds, 10 s by default).
-    """
-
-    urls: dict[str, str]
-    headers: dict[str, dict[str, str]] = field(repr=False)
-    timeout_s: float = 10.0
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> OtlpTarget | None:
-        """The collector the environment names, or None when it names none."""
-        env = os.environ if env is None else env
-        base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip().rstrip("/")
-        urls, headers = {}, {}
-        for signal in SIGNALS:
-            own = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip()
-            url = own or (f"{base}/v1/{signal}" if base else "")
-            if url:
-                urls[signal] = url
-                headers[signal] = _headers(
-                    env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_HEADERS")
-                    or env.get("OTEL_EXPORTER_OTLP_HEADERS", "")
-                )
-        if not urls:
-            return None
-        try:
-            timeout_s = float(env.get("OTEL_EXPORTER_OTLP_TIMEOUT", "") or 10_000) / 1000
-        except ValueError:
-            timeout_s = 10.0
-        return cls(urls, headers, max(0.1, timeout_s))
-
-
-class Forwarder:
-    """Sends export requests on to an :class:`OtlpTarget` in the background, bounded.
-
-    :meth:`submit` never waits: a request beyond :data:`FORWARD_QUEUE` waiting is
-    dropped. Each POST has the target's timeout; the first failure is logged (as a
-    warning, once per forwarder), the rest counted in ``failed``.
-    """
-
-    def __init__(self, target: OtlpTarget, label: str) -> None:
-        self.target = target
-        self.label = label
-        self.sent = 0
-        self.failed = 0
-        self._queue: asyncio.Queue[tuple[str, bytes, str]] = asyncio.Queue(FORWARD_QUEUE)
-        self._warned = False
-
-    def submit(self, signal: str, body: bytes, content_type: str) -> None:
-        if signal not in self.target.urls:
-            return
-        try:
-            self._queue.put_nowait((signal, body, content_type))
-        except asyncio.QueueFull:
-            self._failed(f"{FORWARD_QUEUE} requests already waiting")
-
-    def _failed(self, why: str) -> None:
-        self.failed += 1
-        if not self._warned:
-            self._warned = True
-            logger.warning("%s: could not forward OTLP to %s: %s (further failures not logged)",
-                           self.label, self.target.urls.get("traces") or
-                           next(iter(self.target.urls.values())), why)  # fmt: skip
-
-    async def _send(self) -> None:
-        async with httpx.AsyncClient(timeout=self.target.timeout_s) as http:
-            while True:
-                signal, body, content_type = await self._queue.get()
-                try:
-                    answer = await http.post(
-                        self.target.urls[signal], content=body,
-                        headers={**self.target.headers[signal], "content-type": content_type},
-                    )  # fmt: skip
-                    if answer.status_code >= 300:
-                        self._failed(f"HTTP {answer.status_code}")
-                    else:
-                        self.sent += 1
-                except httpx.HTTPError as exc:
-                    self._failed(f"{type(exc).__name__}: {exc}")
-                finally:
-                    self._queue.task_done()
-
-    @asynccontextmanager
-    async def running(self, drain_s: float = FORWARD_DRAIN_S) -> AsyncIterator[Forwarder]:
-        """Forward while the block runs; at its end wait at most ``drain_s`` for the rest."""
-        task = asyncio.create_task(self._send())
-        try:
-            yield self
-            drained = asyncio.create_task(self._queue.join())
-            await asyncio.wait({drained}, timeout=drain_s)
-            drained.cancel()
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            if waiting := self._queue.qsize():
-                self.failed += waiting - 1
-                self._failed(f"{waiting} requests still waiting at the run's end")
-
-
-def _any_value(value: Any) -> AnyValue:
-    if isinstance(value, bool):
-        return AnyValue(bool_value=value)
-    if isinstance(value, int):
-        return AnyValue(int_value=value)
-    if isinstance(value, float):
-        return AnyValue(double_value=value)
-    if isinstance(value, list | tuple):
-        return AnyValue(array_value=ArrayValue(values=[_any_value(v) for v in value]))
-    return AnyValue(string_value=str(value))
-
-
-def _key_values(attributes: Mapping[str, Any] | None) -> list[KeyValue]:
-    return [KeyValue(key=k, value=_any_value(v)) for k, v in (attributes or {}).items()]
-
-
-def encode_spans(spans: Sequence[ReadableSpan]) -> bytes:
-    """Finished SDK spans as an OTLP protobuf ``ExportTraceServiceRequest``."""
-    groups: dict[tuple[int, str, str], tuple[Resource, InstrumentationScope, list[Span]]] = {}
-    for span in spans:
-        context = span.get_span_context()
-        if context is None:
-            continue
-        scope = span.instrumentation_scope
-        key = (id(span.resource), scope.name if scope else "", scope.version or "" if scope else "")
-        if key not in groups:
-            groups[key] = (
-                Resource(attributes=_key_values(span.resource.attributes)),
-                InstrumentationScope(name=key[1], version=key[2]),
-                [],
-            )
-        groups[key][2].append(
-            Span(
-                trace_id=context.trace_id.to_bytes(16, "big"),
-                span_id=context.span_id.to_bytes(8, "big"),
-                parent_span_id=span.parent.span_id.to_bytes(8, "big") if span.parent else b"",
-                name=span.name,
-                kind=cast(
-                    Any, span.kind.value + 1
-                ),  # the API counts from INTERNAL, OTLP from UNSPECIFIED
-                start_time_unix_nano=span.start_time or 0,
-                end_time_unix_nano=span.end_time or 0,
-                attributes=_key_values(span.attributes),
-                events=[
-                    Span.Event(
-                        time_unix_nano=e.timestamp,
-                        name=e.name,
-                        attributes=_key_values(e.attributes),
-                    )
-                    for e in span.events
-                ],
-                status=ProtoStatus(
-                    code=cast(Any, span.status.status_code.value),
-                    message=span.status.description or "",
-                ),
-            )
-        )
-    request = ExportTraceServiceRequest(
-        resource_spans=[
-            ResourceSpans(resource=r, scope_spans=[ScopeSpans(scope=s, spans=found)])
-            for r, s, found in groups.values()
-        ]
-    )
-    return bytes(request.SerializeToString())
-
-
-class OtlpSpanExporter(SpanExporter):
-    """spawnkit's own spans to the user's collector over OTLP/HTTP protobuf (in the SDK's
-    batch thread, with the target's timeout; the first failure is logged)."""
-
-    def __init__(self, target: OtlpTarget) -> None:
-        self.target = target
-        self._http = httpx.Client(timeout=target.timeout_s)
-        self._warned = False
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            answer = self._http.post(
-                self.target.urls["traces"], content=encode_spans(spans),
-                headers={**self.target.headers["traces"],
-                         "content-type": "application/x-protobuf"},
-            )  # fmt: skip
-            if answer.status_code < 300:
-                return SpanExportResult.SUCCESS
-            why = f"HTTP {answer.status_code}"
-        except httpx.HTTPError as exc:
-            why = f"{type(exc).__name__}: {exc}"
-        if not self._warned:
-            self._warned = True
-            logger.warning("could not export spawnkit's spans to %s: %s (further failures "
-                           "not logged)", self.target.urls["traces"], why)  # fmt: skip
-        return SpanExportResult.FAILURE
-
-    def shutdown(self) -> None:
-        self._http.close()
-
-
-def tracer_provider_from_env(env: Mapping[str, str] | None = None) -> SdkTracerProvider | None:
-    """A tracer provider exporting spawnkit's spans where ``OTEL_EXPORTER_OTLP_*`` say,
-    batched in the background; None when they name no traces endpoint."""
-    target = OtlpTarget.from_env(env)
-    if target is None or "traces" not in target.urls:
-        return None
-    key = (target.urls["traces"], tuple(sorted(target.headers["traces"].items())))
-    if key in _PROVIDERS:  # one batch thread per collector, however many spawners
-        return _PROVIDERS[key]
-    provider = _PROVIDERS[key] = SdkTracerProvider()
-    provider.add_span_processor(
-        BatchSpanProcessor(
-            OtlpSpanExporter(target),
-            schedule_delay_millis=EXPORT_DELAY_MS,
-            export_timeout_millis=int(target.timeout_s * 1000),
-        )
-    )
-    return provider
-
-
-def _hex_id(value: str, from_base64: bool) -> str:
-    if not value:
-        return ""
-    return base64.b64decode(value).hex() if from_base64 else value.lower()
-
-
-def _value(raw: Mapping[str, Any]) -> Any:
-    """An OTLP ``AnyValue`` (JSON or proto-JSON shape) as a plain value."""
-    if "stringValue" in raw:
-        return raw["stringValue"]
-    if "intValue" in raw:
-        return int(raw["intValue"])
-    if "doubleValue" in raw:
-        return float(raw["doubleValue"])
-    if "boolValue" in raw:
-        return bool(raw["boolValue"])
-    if "arrayValue" in raw:
-        return [_value(v) for v in raw["arrayValue"].get("values", [])]
-    if "kvlistValue" in raw:
-        return _attributes(raw["kvlistValue"].get("values", []))
-    if "bytesValue" in raw:
-        return str(raw["bytesValue"])
-    return None
-
-
-def _attributes(items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    return {str(item.get("key", "")): _value(item.get("value") or {}) for item in items}
-
-
-def _status(raw: Mapping[str, Any] | None) -> str:
-    code = (raw or {}).get("code", 0)
-    if isinstance(code, str):
-        return _STATUS_NAMES.get(code, code.lower())
-    return _STATUS.get(int(code), str(code))
-
-
-def _parse(body: bytes, content_type: str, signal: str) -> tuple[dict[str, Any], bool]:
-    """An export request of ``signal`` as a proto-JSON tree, and whether its ids are base64.
-
-    Raises ``ValueError`` for a body that is neither OTLP protobuf nor OTLP JSON.
-    """
-    if "json" in content_type:
-        try:
-            data = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"not OTLP JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ValueError("not an OTLP export request")
-        return data, False
-    request = _REQUESTS[signal]()
-    try:
-        request.ParseFromString(body)
-    except DecodeError as exc:
-        raise ValueError(f"not OTLP protobuf: {exc}") from None
-    return MessageToDict(request), True  # proto3 JSON mapping writes bytes as base64
-
-
-def _spans_of(
-    data: Mapping[str, Any], from_base64: bool
-) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    found: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    for resource_spans in data.get("resourceSpans", []):
-        resource = _attributes((resource_spans.get("resource") or {}).get("attributes", []))
-        for scope_spans in resource_spans.get("scopeSpans", []):
-            for span in scope_spans.get("spans", []):
-                found.append(
-                    (
-                        resource,
-                        {
-                            "trace_id": _hex_id(span.get("traceId", ""), from_base64),
-                            "span_id": _hex_id(span.get("spanId", ""), from_base64),
-                            "parent_span_id": _hex_id(span.get("parentSpanId", ""), from_base64)
-                            or None,
-                            "name": str(span.get("name", "")),
-                            "start_ns": int(span.get("startTimeUnixNano", 0)),
-                            "end_ns": int(span.get("endTimeUnixNano", 0)),
-                            "status": _status(span.get("status")),
-                            "attributes": _attributes(span.get("attributes", [])),
-                        },
-                    )
-                )
-    return found
-
-
-def decode_traces(body: bytes, content_type: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """``(resource attributes, span)`` pairs of an OTLP export request body.
-
-    Each span is ``{trace_id, span_id, parent_span_id, name, start_ns, end_ns,
-    status, attributes}`` with hex ids. Raises ``ValueError`` for a body that is
-    neither OTLP protobuf nor OTLP JSON.
-    """
-    return _spans_of(*_parse(body, content_type, "traces"))
-
-
-def _time(raw: Mapping[str, Any], *names: str) -> int:
-    for name in names:
-        if int(raw.get(name, 0) or 0):
-            return int(raw[name])
-    return 0
-
-
-def _logs_of(
-    data: Mapping[str, Any], from_base64: bool
-) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """``(resource attributes, event)`` pairs of a logs request: one per log record."""
-    found: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    for resource_logs in data.get("resourceLogs", []):
-        resource = _attributes((resource_logs.get("resource") or {}).get("attributes", []))
-        for scope_logs in resource_logs.get("scopeLogs", []):
-            for record in scope_logs.get("logRecords", []):
-                attributes = _attributes(record.get("attributes", []))
-                body = _value(record.get("body") or {})
-                # Codex's eventName is the code location; every CLI sets ``event.name``.
-                name = attributes.get("event.name") or record.get("eventName") or body or ""
-                if body not in (None, "", name):
-                    attributes["body"] = body
-                if record.get("severityText"):
-                    attributes.setdefault("severity", record["severityText"])
-                found.append(
-                    (
-                        resource,
-                        {
-                            "kind": "log",
-                            "name": str(name),
-                            "time_ns": _time(record, "timeUnixNano", "observedTimeUnixNano"),
-                            "trace_id": _hex_id(record.get("traceId", ""), from_base64) or None,
-                            "span_id": _hex_id(record.get("spanId", ""), from_base64) or None,
-                            "value": None,
-                            "attributes": attributes,
-                        },
-                    )
-                )
-    return found
-
-
-def _point_value(point: Mapping[str, Any]) -> float | None:
-    for name in ("asDouble", "asInt", "sum"):
-        if name in point:
-            return float(point[name])
-    return None
-
-
-def _metrics_of(
-    data: Mapping[str, Any], from_base64: bool
-) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """``(resource attributes, event)`` pairs of a metrics request: one per data point."""
-    found: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    for resource_metrics in data.get("resourceMetrics", []):
-        resource = _attributes((resource_metrics.get("resource") or {}).get("attributes", []))
-        for scope_metrics in resource_metrics.get("scopeMetrics", []):
-            for metric in scope_metrics.get("metrics", []):
-                for shape in ("sum", "gauge", "histogram", "exponentialHistogram", "summary"):
-                    if shape in metric:
-                        break
-                else:
-                    continue
-                for point in (metric.get(shape) or {}).get("dataPoints", []):
-                    attributes = _attributes(point.get("attributes", []))
-                    attributes["metric.type"] = shape
-                    if metric.get("unit"):
-                        attributes["metric.unit"] = metric["unit"]
-                    if "count" in point:
-                        attributes["metric.count"] = int(point["count"])
-                    found.append(
-                        (
-                            resource,
-                            {
-                                "kind": "metric",
-                                "name": str(metric.get("name", "")),
-                                "time_ns": _time(point, "timeUnixNano", "startTimeUnixNano"),
-                                "trace_id": None,
-                                "span_id": None,
-                                "value": _point_value(point),
-                                "attributes": attributes,
-                            },
-                        )
-                    )
-    return found
-
-
-@dataclass(frozen=True)
-class _Decoded:
-    """One export request as the receiver keeps it: built in a worker thread, kept on the
-    loop. ``over``: spans or events beyond the run's limit, not kept."""
-
-    spans: list[CliSpan]
-    events: list[CliEvent]
-    over: int
-    forward: tuple[str, bytes, str] | None
-
-
-def _decompress(body: bytes, encoding: str) -> bytes:
-    if encoding in ("", "identity"):
-        return body
-    if encoding not in ("gzip", "deflate"):
-        raise ValueError(f"unsupported Content-Encoding {encoding!r}")
-    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
-    out = inflater.decompress(body, MAX_BODY_BYTES + 1)
-    if len(out) > MAX_BODY_BYTES:
-        raise OverflowError
-    return out
 
 
 class OtlpReceiver:
@@ -696,7 +200,7 @@ class OtlpReceiver:
             return node
         clean: dict[str, Any] = {}
         for key, value in node.items():
-            if key in _OPAQUE_KEYS:
+            if key in OPAQUE_KEYS:
                 clean[key] = value
                 continue
             if key == "attributes" and isinstance(value, list):
@@ -718,12 +222,12 @@ class OtlpReceiver:
 
         trace_id, span_id = (encoded(i) for i in self.run_trace)
         for resource_spans in data.get("resourceSpans", []):
-            resource = _attributes((resource_spans.get("resource") or {}).get("attributes", []))
+            resource = attributes_of((resource_spans.get("resource") or {}).get("attributes", []))
             if resource.get(SESSION_ATTRIBUTE) != self.session_id:
                 continue
             for scope_spans in resource_spans.get("scopeSpans", []):
                 for span in scope_spans.get("spans", []):
-                    original = _hex_id(span.get("traceId", ""), from_base64)
+                    original = hex_id(span.get("traceId", ""), from_base64)
                     if original == self.run_trace[0]:
                         continue
                     span["traceId"] = trace_id
@@ -745,7 +249,7 @@ class OtlpReceiver:
         if not from_base64:
             return signal, json.dumps(tree).encode(), "application/json"
         try:
-            body = ParseDict(tree, _REQUESTS[signal]()).SerializeToString()
+            body = ParseDict(tree, REQUESTS[signal]()).SerializeToString()
         except ParseError as exc:  # not expected: the tree came from the same message
             logger.warning("run %s: could not re-encode OTLP %s: %s", self.session_id, signal, exc)
             return None
@@ -825,24 +329,24 @@ class OtlpReceiver:
             )
         return kept, over
 
-    def _decode(self, signal: str, body: bytes, content_type: str, encoding: str) -> _Decoded:
+    def _decode(self, signal: str, body: bytes, content_type: str, encoding: str) -> Decoded:
         """One request as it will be kept and forwarded: all the CPU work, in a worker thread.
 
         It reads only what does not change while the run lasts (the redactors swap their
         patterns whole), and how much room is left, which only :meth:`_keep` changes, after.
         Raises ``OverflowError`` (inflated past the limit) or ``ValueError`` and the like.
         """
-        data, from_base64 = _parse(_decompress(body, encoding), content_type, signal)
+        data, from_base64 = parse(decompress(body, encoding), content_type, signal)
         if signal == "traces":
-            spans, over = self._spans(_spans_of(data, from_base64), MAX_SPANS - len(self.spans))
+            spans, over = self._spans(spans_of(data, from_base64), MAX_SPANS - len(self.spans))
             events: list[CliEvent] = []
         else:
-            pairs = (_logs_of if signal == "logs" else _metrics_of)(data, from_base64)
+            pairs = (logs_of if signal == "logs" else metrics_of)(data, from_base64)
             events, over = self._events(pairs, MAX_EVENTS - len(self.events))
             spans = []
-        return _Decoded(spans, events, over, self._forwarded(signal, data, from_base64))
+        return Decoded(spans, events, over, self._forwarded(signal, data, from_base64))
 
-    def _keep(self, decoded: _Decoded) -> None:
+    def _keep(self, decoded: Decoded) -> None:
         """On the event loop: keep one decoded request, tell the listeners, forward it."""
         self.spans.extend(decoded.spans)
         self.events.extend(decoded.events)

@@ -3,7 +3,7 @@
 Attributes follow the GenAI semantic conventions (``gen_ai.*``). spawnkit
 never installs a global tracer provider; the spawner uses one of its own only when
 the application configured none and either the standard ``OTEL_EXPORTER_OTLP_*``
-variables name a collector (:func:`spawnkit.telemetry.otlp.tracer_provider_from_env`) or CLI
+variables name a collector (:func:`spawnkit.telemetry.otlp_export.tracer_provider_from_env`) or CLI
 telemetry is on. With none configured, spans are
 non-recording, no trace id is stored and no ``TRACEPARENT`` reaches the child,
 and the run works the same. With one configured (the application's, or one
