@@ -26,11 +26,13 @@ if TYPE_CHECKING:
     from .run import MockSpawner, Spawner
     from .run.dispatch import Cluster
     from .runtimes import available_runtimes, get_adapter, register_adapter
+    from .serve.service import ButlerService
     from .store import SessionStore
 
 # Public name -> the module that defines it.
 _EXPORTS = {
     "ButlerConfig": "config.roster",
+    "ButlerService": "serve.service",
     "Cluster": "run.dispatch",
     "MockSpawner": "run",
     "Roster": "config.roster",
@@ -80,6 +82,7 @@ def unload_ipython_extension(ipython: object) -> None:
 
 __all__ = [
     "ButlerConfig",
+    "ButlerService",
     "Cluster",
     "MockSpawner",
     "Roster",
