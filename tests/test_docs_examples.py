@@ -1,4 +1,5 @@
-"""Every shell example in the README and docs/ that uses the replay model runs as written.
+"""Every shell example in the README and docs/ that uses the replay model runs as written, and
+so does every Python example of the README that needs no model key.
 
 The blocks are extracted from the Markdown itself, so an example that drifts from the
 code fails here. Each runs with bash (``set -euo pipefail``) in a fresh folder that holds
