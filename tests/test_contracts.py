@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -357,6 +358,17 @@ def _port_free(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) != 0
 
 
+def stop_detached(pid: int, grace_s: float = 30.0) -> None:
+    """Stop a server the contract detached: SIGTERM (which spawnkit handles even where
+    SIGINT is ignored, as under nohup), SIGKILL if it is still there after ``grace_s``."""
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if Path(f"/proc/{pid}").exists():
+        os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize(
     "form",
     [
@@ -383,7 +395,7 @@ def test_start_mcp_server_takes_the_interfaces_positional_form(
         token = spawnkit_home() / "mcp" / f"desk-{unused_tcp_port}.token"
         assert token.is_file(), "the owner token is there once the pid is printed"
     finally:
-        os.kill(pid, signal.SIGINT)
+        stop_detached(pid)
 
 
 def test_start_mcp_server_refuses_a_positional_butler_that_is_not_one(tmp_path: Path) -> None:
