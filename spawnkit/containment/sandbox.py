@@ -501,9 +501,24 @@ def _base_args() -> list[str]:
     ]  # fmt: skip
 
 
-@functools.cache
 def _system_view() -> tuple[str, ...]:
-    """The read-only system part of the view (the same for every run of this process)."""
+    """The read-only system part of the view: worked out once a process, less the masks of
+    what has left ``/etc`` since (bwrap cannot make a mount point in the read-only ``/etc``
+    for a mask whose file is gone, and would fail the run: a lock file of ``passwd`` or
+    ``useradd`` comes and goes)."""
+    before, masks, after = _system_view_parts()
+    present = [arg for path, mask in masks if os.path.lexists(path) for arg in mask]
+    return (*before, *present, *after)
+
+
+# A mask of /etc: the path it covers, and its bwrap arguments.
+_Mask = tuple[str, tuple[str, ...]]
+
+
+@functools.cache
+def _system_view_parts() -> tuple[tuple[str, ...], tuple[_Mask, ...], tuple[str, ...]]:
+    """The system view before ``/etc``'s masks, the masks (each with the path it covers),
+    and the rest."""
     args = ["--ro-bind", "/usr", "/usr"]
     for name in _TOP_LEVEL_LINKS:
         path = Path("/") / name
@@ -518,13 +533,13 @@ def _system_view() -> tuple[str, ...]:
         target = link.resolve()
         if link.is_symlink() and target.exists() and not target.is_relative_to("/usr"):
             args += ["--ro-bind", str(target), str(target)]
-    args += _etc_masks(Path("/etc"))
-    args += ["--dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc", *_proc_view(Path("/proc"))]
-    args += ["--tmpfs", "/tmp"]
-    return tuple(args)
+    masks = _etc_masks(Path("/etc"))
+    after = ["--dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc", *_proc_view(Path("/proc"))]
+    after += ["--tmpfs", "/tmp"]
+    return tuple(args), tuple((mask[-1], tuple(mask)) for mask in masks), tuple(after)
 
 
-def _etc_masks(etc: Path) -> list[str]:
+def _etc_masks(etc: Path) -> list[list[str]]:
     """Masks for what of ``etc`` other users cannot read: the run, maybe uid 0, must not.
 
     A file without read permission for others becomes an empty file, a folder they cannot
@@ -532,7 +547,7 @@ def _etc_masks(etc: Path) -> list[str]:
     not followed (their targets are masked where they are). The walk stops, with a
     warning, after :data:`_ETC_WALK_LIMIT` entries (a usual ``/etc`` has a few thousand).
     """
-    args: list[str] = []
+    args: list[list[str]] = []
     seen = 0
     for top, dirs, files in os.walk(etc):
         here = Path(top)
@@ -540,12 +555,12 @@ def _etc_masks(etc: Path) -> list[str]:
         for name in list(dirs):
             path = here / name
             if name in named or not _others_may(path, stat.S_IXOTH):
-                args += ["--tmpfs", str(path)]
+                args.append(["--tmpfs", str(path)])
                 dirs.remove(name)
         for name in files:
             path = here / name
             if name in named or not _others_may(path, stat.S_IROTH):
-                args += ["--ro-bind", "/dev/null", str(path)]
+                args.append(["--ro-bind", "/dev/null", str(path)])
         seen += len(dirs) + len(files)
         if seen > _ETC_WALK_LIMIT:
             logger.warning("%s has over %d entries: stopped looking for unreadable files at %s",
