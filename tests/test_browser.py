@@ -584,6 +584,11 @@ def test_the_dashboard_shows_states_labels_and_transcripts(lab: int, browser: An
         "() => document.querySelectorAll('.sk-in-flight .sk-run-row').length === 0",
         timeout=60_000,
     )
+    # The browser draws each list's children when their views are built: wait for the third.
+    page.wait_for_function(
+        "() => document.querySelectorAll('.sk-finished .sk-run-label').length === 3",
+        timeout=30_000,
+    )
     finished = page.locator(".sk-finished .sk-run-label").all_inner_texts()
     assert [t.split(" ")[0] for t in finished] == ["■", "■", "✓"], finished
     page.wait_for_function(

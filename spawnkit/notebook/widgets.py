@@ -466,10 +466,12 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
         self._rows = [row for row in self._rows if row in live or row in done]
         in_flight = tuple(row.box for row in live)
         finished = tuple(row.box for row in reversed(done))
-        if self.in_flight.children != in_flight:
-            self.in_flight.children = in_flight
+        # "Just finished" first: a run between the two lists is shown twice for a moment
+        # rather than vanishing from both.
         if self.finished.children != finished:
             self.finished.children = finished
+        if self.in_flight.children != in_flight:
+            self.in_flight.children = in_flight
 
     async def _refresh_timings(self, card: _Card, recent: list[SessionRecord]) -> None:
         """Re-read the card's timings from the store when its last runs changed."""
