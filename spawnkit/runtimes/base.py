@@ -39,6 +39,7 @@ from ..errors import (
 )
 from ..events import EventSink
 from ..home import spawnkit_home
+from ..permissions import Approver
 from ..result import Usage
 from ..telemetry.otlp import CliTelemetry
 from ..telemetry.runlog import RunLog
@@ -109,6 +110,10 @@ class RunSpec:
     model_retries: int | None = None
     # Where the CLI exports its own spans (CLI telemetry on), or None: it exports nothing.
     telemetry: CliTelemetry | None = None
+    # Tools allowed only after a person says yes ([butler.permissions] ask), and who is
+    # asked (None: nobody can be, so such calls are denied; see spawnkit.permissions).
+    ask: tuple[str, ...] = ()
+    approver: Approver | None = None
 
 
 @dataclass
