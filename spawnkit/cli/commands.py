@@ -15,7 +15,7 @@ from typing import NamedTuple
 from .. import __version__
 from ..errors import SpawnkitError
 from ..home import STORE_VAR
-from . import adapter, ask, cluster, credentials, history, roster, runs, serve, store
+from . import acp, adapter, ask, cluster, credentials, history, roster, runs, serve, store
 from .parsing import STORE_HELP, Commands, Parser
 from .reporting import EXIT_INTERRUPTED, EXIT_USAGE, one_line, say
 
@@ -45,6 +45,7 @@ COMMANDS = {
     "adapter": Command(adapter.add_adapter, adapter.cmd_adapter),
     "credentials": Command(credentials.add_credentials, credentials.cmd_credentials),
     "store": Command(store.add_store, store.cmd_store),
+    "acp": Command(acp.add_acp, acp.cmd_acp),
     "history": Command(history.add_history, history.cmd_history),
 }
 

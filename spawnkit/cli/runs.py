@@ -7,9 +7,11 @@ to the terminal as they happen, and the result (or its JSON) at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
 
     from ..config.roster import ButlerConfig
     from ..result import SpawnerResult
+    from ..serve.service import ButlerService
     from ..store import SessionStore
 
 DEMO_BUTLER = "health"
@@ -87,27 +90,24 @@ def _quiet_sdk_logs() -> None:
     logging.getLogger("claude_agent_sdk").setLevel(logging.CRITICAL)
 
 
-async def _run_once(
+@contextlib.asynccontextmanager
+async def serving(
     butler: ButlerConfig,
-    prompt: str,
     *,
-    context: str | None,
-    max_turns: int | None,
     replay: Path | None,
-    external_mcp: bool,
-    json_output: bool,
     store: SessionStore,
+    external_mcp: bool = False,
     on: str | None = None,
-) -> SpawnerResult:
+) -> AsyncIterator[ButlerService]:
+    """The butler's service as ``spawnkit run`` starts it (replay server, MCP server, spans,
+    or a Dask cluster), for one run or for the prompts of ``spawnkit acp``."""
     import asyncio
 
     from ..replay import Scenario
     from ..run.dispatch import Cluster
     from ..serve.service import ButlerService
-    from .console import EventPrinter
 
     _quiet_sdk_logs()
-    printer = EventPrinter(sys.stderr if json_output else sys.stdout)
     provider = tracer_provider()
     scenario = Scenario.load(replay) if replay else None
     cluster = Cluster(on, replay=scenario) if on else None
@@ -121,13 +121,32 @@ async def _run_once(
             tracer_provider=provider,
             **options,
         ) as service:
-            return await service.trigger(
-                prompt, context=context, max_turns=max_turns, on_event=printer
-            )
+            yield service
     finally:
         provider.shutdown()
         if cluster is not None:
             await asyncio.to_thread(cluster.close)
+
+
+async def _run_once(
+    butler: ButlerConfig,
+    prompt: str,
+    *,
+    context: str | None,
+    max_turns: int | None,
+    replay: Path | None,
+    external_mcp: bool,
+    json_output: bool,
+    store: SessionStore,
+    on: str | None = None,
+) -> SpawnerResult:
+    from .console import EventPrinter
+
+    printer = EventPrinter(sys.stderr if json_output else sys.stdout)
+    async with serving(
+        butler, replay=replay, store=store, external_mcp=external_mcp, on=on
+    ) as service:
+        return await service.trigger(prompt, context=context, max_turns=max_turns, on_event=printer)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

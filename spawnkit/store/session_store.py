@@ -292,6 +292,17 @@ class SessionStore:
         return SessionRecord.from_row(rows[0]) if rows else None
 
     @_translated
+    def continuations(self, session_id: str) -> list[SessionRecord]:
+        """The sessions that continue ``session_id`` (its resumes), oldest first.
+
+        Rare (an ACP client loading a conversation), so it scans rather than keeps an index.
+        """
+        rows = self._db.query(
+            "SELECT * FROM sessions WHERE parent_session_id = ? ORDER BY created_at", (session_id,)
+        )
+        return [SessionRecord.from_row(r) for r in rows]
+
+    @_translated
     def list_sessions(
         self,
         *,
