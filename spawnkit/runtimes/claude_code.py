@@ -501,13 +501,19 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         return str(uuid.uuid4())
 
     def stage_resume(self, home: Path, cwd: Path, runtime_session_id: str) -> bool:
-        """Claude Code resumes from ``projects/<its name for the cwd>/<id>.jsonl``."""
+        """Claude Code resumes from ``projects/<its name for the cwd>/<id>.jsonl``.
+
+        Each run of a resumed session works in a workspace of its own, so a session
+        resumed twice is kept once per workspace's folder; the newest copy is the whole
+        conversation (each resume appends to the one before).
+        """
         kept = self.kept_transcripts()
         if kept is None or not kept.is_dir():
             return False
-        found = next(kept.glob(f"*/{runtime_session_id}.jsonl"), None)
-        if found is None:
+        copies = list(kept.glob(f"*/{runtime_session_id}.jsonl"))
+        if not copies:
             return False
+        found = max(copies, key=lambda path: path.stat().st_mtime_ns)
         return copy_file(found, home / ".claude" / "projects" / project_dir_name(cwd)
                          / found.name)  # fmt: skip
 

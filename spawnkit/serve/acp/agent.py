@@ -284,10 +284,17 @@ class ButlerAgent:
             seen.add(nexts[-1].id)
         return chain
 
-    async def _send(self, session_id: str, update: SessionUpdate) -> None:
+    async def _send(self, session_id: str, update: SessionUpdate) -> bool:
+        """Send one notification; False when the client is gone (the run goes on to its
+        record regardless: a client that left cannot be told, and must not stop it)."""
         if self.client is None:
-            return
-        await self.client.session_update(session_id=session_id, update=update)
+            return False
+        try:
+            await self.client.session_update(session_id=session_id, update=update)
+        except (ConnectionError, OSError) as exc:
+            logger.debug("the ACP client is gone (%s): an update was dropped", exc)
+            return False
+        return True
 
 
 async def _no_client(**_: Any) -> Any:
@@ -321,13 +328,8 @@ class _Outbox:
 
     async def _pump(self) -> None:
         while (update := await self.queue.get()) is not None:
-            if self.gone:
-                continue
-            try:
-                await self.agent._send(self.session_id, update)
-            except (ConnectionError, OSError) as exc:
-                logger.debug("the ACP client is gone (%s); the run's updates are dropped", exc)
-                self.gone = True
+            if not self.gone:
+                self.gone = not await self.agent._send(self.session_id, update)
 
 
 def prompt_text(blocks: Sequence[PromptBlock]) -> str:
