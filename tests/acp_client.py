@@ -53,10 +53,10 @@ class RecordingClient:
     async def request_permission(
         self, session_id: str, tool_call: ToolCallUpdate, options: list[PermissionOption], **_: Any
     ) -> RequestPermissionResponse:
+        shown = tool_call.model_dump(by_alias=True, exclude_none=True)
         self.asked.append(
-            {"session": session_id, "tool_call": tool_call.model_dump(by_alias=True),
-             "options": [o.option_id for o in options]}
-        )  # fmt: skip
+            {"session": session_id, "tool_call": shown, "options": [o.option_id for o in options]}
+        )
         if self.answer is None:
             return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
         return RequestPermissionResponse(

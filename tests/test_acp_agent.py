@@ -331,6 +331,29 @@ async def test_closed_stdin_mid_run_cancels_it_and_the_agent_exits(make_butler, 
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("limits", "reason", "says"),
+    [
+        ("[butler.limits]\nmax_tokens = 50", "max_tokens", "max_tokens = 50"),
+        ("[butler.runtime]\nmax_turns = 1", "max_turn_requests", "max_turns"),
+    ],
+)
+async def test_a_run_stopped_by_its_limits_says_so(
+    make_butler, tmp_path, limits: str, reason: str, says: str
+) -> None:
+    butler = make_butler(extra=limits)
+    scenario = _scenario(tmp_path, CONVERSATION)
+    async with agent_process(tmp_path, *_args(Path(butler.roster_dir), scenario)) as agent:
+        session = await agent.conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        response = await _prompt(agent, session.session_id, "go")
+    assert response.stop_reason == reason, agent.log()
+    assert says in agent.client.text()
+    (record,) = _records()
+    assert record.status in ("budget", "failed") and record.completed_at is not None
+    _assert_nothing_left()
+
+
+@pytest.mark.e2e
 async def test_bad_input_gets_json_rpc_errors_and_the_agent_carries_on(
     make_butler, tmp_path
 ) -> None:
