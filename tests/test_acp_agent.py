@@ -142,6 +142,21 @@ def test_claude_code_resumes_the_newest_kept_transcript(tmp_path: Path) -> None:
     assert staged.read_text() == "the latest run\n"
 
 
+def test_the_zed_settings_in_the_docs_start_spawnkit_acp() -> None:
+    import json
+    import re
+
+    from spawnkit.cli import build_parser
+
+    doc = (REPO / "docs" / "acp-agent.md").read_text()
+    block = re.search(r"```json\n(.*?)```", doc, re.S)
+    assert block is not None
+    (server,) = json.loads(block.group(1))["agent_servers"].values()
+    assert server["command"] == "spawnkit" and server["type"] == "custom"
+    args = build_parser().parse_args(server["args"])
+    assert (args.command, args.butler, args.roster) == ("acp", "health", Path("/home/me/roster"))
+
+
 # -- end to end: spawnkit acp as a process ---------------------------------------------------
 
 CONVERSATION = """
