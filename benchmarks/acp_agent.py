@@ -90,7 +90,9 @@ def timed(run: Any) -> tuple[float, float, Any]:
     value = run()
     wall = time.perf_counter() - start
     cpu_after = accounting.usage_s()
-    cpu = cpu_after - cpu_before if cpu_before is not None and cpu_after is not None else float("nan")
+    cpu = float("nan")
+    if cpu_before is not None and cpu_after is not None:
+        cpu = cpu_after - cpu_before
     return wall, cpu, value
 
 
