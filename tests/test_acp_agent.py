@@ -435,3 +435,23 @@ async def test_an_unknown_butler_is_a_one_line_error(tmp_path: Path) -> None:
     assert process.returncode == 2 and out == b""
     lines = err.decode().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("spawnkit: error:") and "nobody" in lines[0]
+
+
+@pytest.mark.e2e
+def test_the_benchmark_runs(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    out = tmp_path / "acp.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "acp_agent.py"), "--rounds", "1",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["rounds"] == 1 and report["run_median_s"] > 0 and report["acp_median_s"] > 0
+    assert report["ratio"] == pytest.approx(
+        report["acp_median_s"] / report["run_median_s"], abs=0.002
+    )
+    assert 0 < report["acp_prompt_median_s"] < report["acp_median_s"]
