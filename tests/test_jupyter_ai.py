@@ -13,9 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-
 from jupyter_ai_persona_manager.persona_manager import load_from_dir
 
 from spawnkit.notebook.jupyter_ai import (
@@ -25,6 +22,7 @@ from spawnkit.notebook.jupyter_ai import (
     without_mention,
 )
 
+REPO = Path(__file__).resolve().parents[1]
 PERSONAS_FILE = (
     "from spawnkit.notebook.jupyter_ai import butler_personas\n"
     "globals().update(butler_personas(__name__))\n"
