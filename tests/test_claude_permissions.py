@@ -159,6 +159,29 @@ async def test_a_run_cancelled_while_it_waits_for_an_answer(
     assert workspaces_of("health") == []
 
 
+@e2e
+async def test_a_read_only_tool_in_ask_is_asked_too(make_butler, store, tmp_path: Path) -> None:
+    """Claude Code lets Read through in its working directory unasked, unless a rule says ask."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "diary.txt").write_text("private words")
+    script = f"""
+[[turn]]
+tool = "Read"
+input = {{ file_path = {json.dumps(str(work / "diary.txt"))} }}
+[[turn]]
+text = "Read said: {{{{ last_tool_result }}}}"
+"""
+    person = Person(allowed=False)
+    butler = make_butler(extra='[butler.permissions]\nask = ["Read"]\n')
+    replay = Scenario.from_dict(tomllib.loads(script), source="<read>")
+    async with ButlerService(butler, store=store, replay=replay) as svc:
+        result = await svc.trigger("read my diary", workdir=work, approver=person)
+    assert result.success, result.error
+    assert [r.call.name for r in person.asked] == ["Read"]
+    assert "private words" not in result.output and "not today" in result.output
+
+
 # -- the options the adapter gives the SDK (pure) --------------------------------------
 
 

@@ -721,6 +721,9 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             # Without ask, anything not allowed is denied without a question; with it, the
             # questions come to can_use_tool (which denies what ask does not name).
             permission_mode="default" if spec.ask else "dontAsk",
+            # An ask rule: the CLI would otherwise let a read-only tool (Read, Grep) through
+            # in its working directory without a question.
+            settings=json.dumps({"permissions": {"ask": list(spec.ask)}}) if spec.ask else None,
             can_use_tool=permission_callback(spec, state) if spec.ask else None,
             max_turns=spec.max_turns,
             model=spec.model,
