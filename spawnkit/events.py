@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .result import SpawnerResult, ToolCall, Usage
+from .permissions import PermissionDecision
+from .result import PermissionAnswer, SpawnerResult, ToolCall, Usage
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,32 @@ class NetworkDenied:
 
 
 @dataclass(frozen=True)
+class PermissionAsked:
+    """A tool call of ``[butler.permissions] ask`` waits for a person's yes or no.
+
+    ``call`` has the tool's name and input (redacted). A :class:`PermissionDecided` for the
+    same ``call.id`` always follows, also when the run ends first (``by="cancelled"``).
+    """
+
+    session_id: str
+    call: ToolCall
+
+
+@dataclass(frozen=True)
+class PermissionDecided:
+    """The answer to a :class:`PermissionAsked`, as the run's record keeps it."""
+
+    session_id: str
+    call: ToolCall
+    answer: PermissionAnswer
+
+    @property
+    def decision(self) -> PermissionDecision:
+        answer = self.answer
+        return PermissionDecision(answer.allowed, answer.by, answer.always, answer.reason)
+
+
+@dataclass(frozen=True)
 class Finished:
     session_id: str
     result: SpawnerResult
@@ -147,6 +174,8 @@ RunEvent = (
     | UsageUpdate
     | Timing
     | NetworkDenied
+    | PermissionAsked
+    | PermissionDecided
     | Finished
 )
 EventSink = Callable[[RunEvent], None]

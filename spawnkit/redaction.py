@@ -54,6 +54,8 @@ from .events import (
     AssistantText,
     Finished,
     NetworkDenied,
+    PermissionAsked,
+    PermissionDecided,
     RunEvent,
     TextDelta,
     ToolCallFinished,
@@ -222,6 +224,9 @@ class Redactor:
             output=self.text(result.output),
             error=self.text(result.error),
             tool_calls=[self.call(call) for call in result.tool_calls],
+            permissions=tuple(
+                replace(answer, reason=self.text(answer.reason)) for answer in result.permissions
+            ),
         )
 
     def event(self, event: RunEvent) -> RunEvent:
@@ -236,6 +241,11 @@ class Redactor:
             return replace(event, result=self.result(event.result))
         if isinstance(event, NetworkDenied):  # a secret can be sent out as a host name
             return replace(event, host=self.text(event.host))
+        if isinstance(event, PermissionAsked):
+            return replace(event, call=self.call(event.call))
+        if isinstance(event, PermissionDecided):
+            answer = replace(event.answer, reason=self.text(event.answer.reason))
+            return replace(event, call=self.call(event.call), answer=answer)
         return event
 
     def stream(self) -> TextStream:

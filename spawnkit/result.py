@@ -164,6 +164,42 @@ class BudgetReport:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+@dataclass(frozen=True)
+class PermissionAnswer:
+    """One answer to a ``[butler.permissions] ask`` question, as the run's record keeps it.
+
+    ``tool_call_id`` and ``tool`` name the call asked about; ``by`` who answered (see
+    :class:`spawnkit.permissions.PermissionDecision`: "notebook", "terminal", "acp-client",
+    "no approver", "cancelled", ...), ``always`` whether the answer held for the rest of
+    the run, ``at`` when it was given, ``reason`` what the agent was told of a denial.
+    """
+
+    tool_call_id: str
+    tool: str
+    allowed: bool
+    by: str
+    at: datetime
+    always: bool = False
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["at"] = self.at.isoformat()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PermissionAnswer:
+        return cls(
+            tool_call_id=str(data["tool_call_id"]),
+            tool=str(data["tool"]),
+            allowed=bool(data["allowed"]),
+            by=str(data["by"]),
+            at=datetime.fromisoformat(data["at"]),
+            always=bool(data.get("always", False)),
+            reason=data.get("reason"),
+        )
+
+
 # How an attempt of a run ended: what spawnkit retries (a rate limit, an overload) or not.
 AttemptOutcome = Literal["ok", "rate_limit", "overloaded", "auth", "other"]
 
@@ -238,6 +274,8 @@ class SpawnerResult:
     # Connections the run's network sandbox refused (spawnkit.containment.egress; a NetworkDenied
     # each).
     network_denied: int = 0
+    # Each answer to a [butler.permissions] ask question, in order (spawnkit.permissions).
+    permissions: tuple[PermissionAnswer, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         # Not asdict(self): it would deep-copy every tool call only to replace them.
@@ -246,6 +284,7 @@ class SpawnerResult:
         data["usage"] = asdict(self.usage)
         data["budget"] = asdict(self.budget) if self.budget is not None else None
         data["attempts"] = [attempt.to_dict() for attempt in self.attempts]
+        data["permissions"] = [answer.to_dict() for answer in self.permissions]
         return data
 
     @property

@@ -23,7 +23,14 @@ import pytest
 from spawnkit.config.credential_file import CredentialFile
 from spawnkit.containment.credentials import CredentialStore, check_required, isolated_env
 from spawnkit.errors import MissingEnvError, StoreDamaged, StoreError
-from spawnkit.result import Attempt, BudgetReport, SpawnerResult, ToolCall, Usage
+from spawnkit.result import (
+    Attempt,
+    BudgetReport,
+    PermissionAnswer,
+    SpawnerResult,
+    ToolCall,
+    Usage,
+)
 from spawnkit.run.memory import StoreMemory, render_episodes
 from spawnkit.store import SCHEMA_VERSION, SessionStore
 
@@ -125,6 +132,11 @@ def full_result(**overrides: object) -> SpawnerResult:
         "num_turns": 4,
         "budget": BudgetReport(limits={"max_tokens": 5000.0}, tokens=120, cache_read_tokens=3000),
         "attempts": (Attempt(1, T0 + timedelta(seconds=1), T0 + timedelta(seconds=6), "ok"),),
+        "permissions": (
+            PermissionAnswer(
+                "call-2", "Bash", False, "notebook", T0 + timedelta(seconds=2), reason="not now"
+            ),
+        ),
     }
     fields.update(overrides)
     return SpawnerResult(**fields)  # type: ignore[arg-type]
@@ -215,6 +227,17 @@ def test_lifecycle_round_trips_every_column(store: SessionStore, tmp_path: Path)
         "owner_host": store.host,
         "lease_until": record.lease_until.isoformat() if record.lease_until else None,
         "network_denied": 0,
+        "permissions": [
+            {
+                "tool_call_id": "call-2",
+                "tool": "Bash",
+                "allowed": False,
+                "by": "notebook",
+                "at": (T0 + timedelta(seconds=2)).isoformat(),
+                "always": False,
+                "reason": "not now",
+            },
+        ],
     }
     assert record.lease_until is not None and record.lease_until > record.created_at
     assert record.tool_calls == tool_calls(), "tool calls round-trip with their datetimes"
@@ -684,7 +707,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         old = store.get_session("old")
         create(store, "new", log_dir=tmp_path / "logs", role="researcher")
         new = store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
     assert old is not None and old.log_dir is None and old.status == "queued"
     assert new is not None and new.log_dir == tmp_path / "logs" and new.role == "researcher"
 
@@ -728,7 +751,7 @@ def test_a_version_6_file_is_migrated(tmp_path: Path) -> None:
             trigger_source="external", kind="ask", sources=["notes", "repo"],
         )  # fmt: skip
         old, asked = store.get_session("old"), store.get_session("asked")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
     assert old is not None and (old.kind, old.sources) == ("run", ())
     assert asked is not None and (asked.kind, asked.sources) == ("ask", ("notes", "repo"))
     assert asked.to_dict()["sources"] == ["notes", "repo"]
@@ -794,7 +817,7 @@ def test_a_version_7_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         store.complete_session("new", full_result())
         new, old = store.get_session("new"), store.get_session("old")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
     assert new is not None and new.budget is not None and new.budget.tokens == 120
     assert old is not None and old.budget is None
 
@@ -1041,9 +1064,33 @@ def _as_schema_10(db: Path) -> None:
     execute(db, "PRAGMA user_version = 10")
 
 
+def _as_schema_14(db: Path) -> None:
+    execute(db, "ALTER TABLE sessions DROP COLUMN permissions")
+    execute(db, "PRAGMA user_version = 14")
+
+
 def _as_schema_13(db: Path) -> None:
+    _as_schema_14(db)
     execute(db, "ALTER TABLE sessions DROP COLUMN network_denied")
     execute(db, "PRAGMA user_version = 13")
+
+
+@sqlite_only
+def test_a_version_14_file_is_migrated_and_keeps_permission_answers(tmp_path: Path) -> None:
+    db = tmp_path / "sessions.db"
+    with SessionStore(db) as store:
+        create(store, "old")
+        store.complete_session("old", replace(full_result(), permissions=()))
+    _as_schema_14(db)
+    with SessionStore(db) as store:
+        create(store, "new")
+        store.complete_session("new", full_result())
+        old, new = store.get_session("old"), store.get_session("new")
+        listed = {r.id: len(r.permissions) for r in store.list_sessions()}
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
+    assert old is not None and old.permissions == () and old.status == "success"
+    assert new is not None and new.permissions == full_result().permissions
+    assert listed == {"old": 0, "new": 1}
 
 
 def test_the_connections_a_run_was_refused_are_counted_in_its_record(
@@ -1072,7 +1119,7 @@ def test_a_version_13_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         store.complete_session("new", replace(full_result(), network_denied=2))
         old, new = store.get_session("old"), store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
     assert old is not None and old.network_denied == 0 and old.status == "success"
     assert new is not None and new.network_denied == 2
 
@@ -1095,7 +1142,7 @@ def test_a_version_12_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         old, new = store.get_session("old"), store.get_session("new")
         seals = rows(store, "SELECT id, owner_seal IS NOT NULL FROM sessions ORDER BY id")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
     assert seals == [("new", 1), ("old", 0)]
     assert old is not None and old.status == "crashed"
     assert (old.error or "").endswith(
@@ -1121,7 +1168,7 @@ def test_a_version_11_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         new, old = store.get_session("new"), store.get_session("old")
         assert store.expire_leases() == [], "a record without a lease never expires"
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
     assert old is not None and old.lease_until is None and old.status == "queued"
     assert new is not None and new.lease_until is not None
     assert timedelta(seconds=29) < new.lease_until - new.created_at < timedelta(seconds=31)
@@ -1161,7 +1208,7 @@ def test_a_version_10_file_is_migrated(tmp_path: Path) -> None:
     with SessionStore(db) as store:
         assert store.record_cli_events([CLI_EVENT]) == 1
         assert store.cli_events("old") == [CLI_EVENT]
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
 
 
 @sqlite_only
@@ -1178,7 +1225,7 @@ def test_a_version_9_file_is_migrated(tmp_path: Path) -> None:
     with SessionStore(db) as store:
         assert store.record_cli_spans([span]) == 1
         assert store.cli_spans("old") == [span]
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
 
 
 def _as_schema_8(db: Path) -> None:
@@ -1201,7 +1248,7 @@ def test_a_version_8_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         store.complete_session("new", replace(full_result(), attempts=(limited, retried)))
         new, old = store.get_session("new"), store.get_session("old")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(14,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
     assert new is not None and new.attempts == (limited, retried)
     assert new.to_dict()["attempts"][1]["cooldown_s"] == 2.0
     assert new.to_dict()["attempts"][0]["started_at"] == T0.isoformat()

@@ -99,6 +99,7 @@ def test_a_schema_3_database_gains_leases_and_keeps_its_records(postgres_url: st
         conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN lease_until")
         conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN owner_seal")  # step 9's
         conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN network_denied")  # step 10's
+        conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN permissions")  # step 11's
         conn.execute("DELETE FROM spawnkit.schema_version WHERE version >= 4")
     with SessionStore(postgres_url, lease_s=20) as store:
         old = store.get_session("old")
@@ -108,9 +109,9 @@ def test_a_schema_3_database_gains_leases_and_keeps_its_records(postgres_url: st
         assert renewed is not None and renewed.lease_until is not None
     with psycopg.connect(postgres_url) as conn:
         versions = conn.execute("SELECT version FROM spawnkit.schema_version ORDER BY 1")
-        assert versions.fetchall() == [(v,) for v in range(1, 11)]
+        assert versions.fetchall() == [(v,) for v in range(1, 12)]
         assert _triggers(conn) == SCHEMA_8_TRIGGERS
-    assert SCHEMA_VERSION == 10
+    assert SCHEMA_VERSION == 11
 
 
 # The row triggers of schema 8, by table: (name, function, timing and events).

@@ -270,3 +270,28 @@ def test_a_completion_journaled_before_the_refusal_count_is_replayed(postgres_ur
         record = store.get_session("s-old")
     assert record is not None
     assert (record.status, record.output, record.network_denied) == ("success", "done", 0)
+
+
+def test_a_completion_journaled_before_permission_answers_is_replayed(postgres_url: str) -> None:
+    """A completion journaled by a spawnkit from before ``permissions`` (one parameter
+    fewer than now, ``network_denied`` there) is written all the same, with no answers."""
+    done = datetime.now(UTC).isoformat()
+    old_session = [
+        "success", 1, None, None, "done", "[]", 0, 10, 1, 2, 0, 0, None, 1, None, None, None,
+        done, None, None, 4, "s-old", None,
+    ]  # fmt: skip
+    with SessionStore(postgres_url) as store:
+        store.create_session(
+            "s-old", butler="b", runtime="codex", model=None, prompt="p", context=None,
+            trigger_source="api",
+        )  # fmt: skip
+        journal = store.journal
+        assert journal is not None
+        old_session[-1] = store.host
+        payload = {"session": old_session, "calls": [], "live": False}
+        journal.append("complete", "s-old", payload, "journaled by an older spawnkit")
+        while store.pending_writes():
+            store.replay_journal()
+        record = store.get_session("s-old")
+    assert record is not None
+    assert (record.status, record.network_denied, record.permissions) == ("success", 4, ())

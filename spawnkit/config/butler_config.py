@@ -214,6 +214,36 @@ class SandboxConfig:
 
 
 @dataclass(frozen=True)
+class PermissionsConfig:
+    """``[butler.permissions]``: tools a person must allow, call by call (``ask``).
+
+    A tool named in ``ask`` runs only after the run's approver says yes (see
+    :mod:`spawnkit.permissions`); it is asked even when ``[butler.runtime] tools`` also
+    lists it (the stricter wins). Only runtimes that can stop before a tool call and ask
+    take it (:data:`ASKING_RUNTIMES`).
+    """
+
+    ask: tuple[str, ...] = ()
+
+
+# The runtimes that can hold a tool call until a person answers: Claude Code through the
+# Agent SDK's permission callback, an ACP agent through session/request_permission.
+# `codex exec` and headless `gemini` have no such hook (docs/permissions.md).
+ASKING_RUNTIMES = frozenset({"claude-code", "acp"})
+
+
+def cannot_ask(runtime_type: str) -> str | None:
+    """Why a butler run by ``runtime_type`` cannot take ``[butler.permissions] ask``, or None."""
+    if runtime_type in ASKING_RUNTIMES:
+        return None
+    return (
+        f"the {runtime_type} runtime cannot stop a tool call to ask a person; run it as "
+        'type = "acp" (command = ["codex-acp"] or ["gemini", "--acp"]), which can, '
+        "or move the tool to [butler.runtime] tools"
+    )
+
+
+@dataclass(frozen=True)
 class EnvConfig:
     """``[butler.env]``: variables the runtime must get, or gets when set."""
 
@@ -268,6 +298,8 @@ class ButlerConfig:
     # [butler.telemetry] cli: the agent CLI exports its own spans to the run's
     # receiver (spawnkit.telemetry.otlp), joined to the run's trace.
     cli_telemetry: bool = False
+    # [butler.permissions]: tools allowed only when a person says yes, call by call.
+    permissions: PermissionsConfig = field(default_factory=PermissionsConfig)
 
     @property
     def config_file(self) -> Path:
@@ -384,6 +416,7 @@ def check_inside(path: Path, root: Path) -> Path:
 
 
 __all__ = [
+    "ASKING_RUNTIMES",
     "COMMAND_OUTPUTS",
     "COMMAND_PLACEHOLDERS",
     "DEFAULT_TOOLS",
@@ -403,11 +436,13 @@ __all__ = [
     "EventMapping",
     "McpTransport",
     "NetworkPolicy",
+    "PermissionsConfig",
     "Roster",
     "RuntimeConfig",
     "SandboxConfig",
     "SandboxMode",
     "Schedule",
+    "cannot_ask",
     "check_inside",
     "decode_utf8",
     "host_pattern_problem",

@@ -49,11 +49,13 @@ from .butler_config import (
     EventMapping,
     McpTransport,
     NetworkPolicy,
+    PermissionsConfig,
     Roster,
     RuntimeConfig,
     SandboxConfig,
     SandboxMode,
     Schedule,
+    cannot_ask,
     check_inside,
     decode_utf8,
     host_pattern_problem,
@@ -234,7 +236,7 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
     b.check_keys(
         {
             "name", "port", "description", "mcp_transport", "runtime", "env", "schedule",
-            "agents", "sandbox", "limits", "retry", "telemetry",
+            "agents", "sandbox", "limits", "retry", "telemetry", "permissions",
         }
     )  # fmt: skip
 
@@ -286,6 +288,8 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
         max_turns=limits.max_turns or runtime.max_turns,
         timeout_s=limits.timeout_s or runtime.timeout_s,
     )
+
+    permissions = _permissions(b.table("permissions"), runtime_type)
 
     e = b.table("env")
     e.check_keys({"required", "optional"})
@@ -363,7 +367,25 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
         limits=replace(limits, max_turns=None, timeout_s=None),
         retry=retry,
         cli_telemetry=cli_telemetry,
+        permissions=permissions,
     )
+
+
+# A tool that ``ask`` names: a whole tool ("Write", "mcp__health__state_set"), no pattern.
+_ASK_TOOL_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
+def _permissions(t: _Reader, runtime_type: str) -> PermissionsConfig:
+    t.check_keys({"ask"})
+    value = t.data.get("ask", [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise t.error("ask", 'must be a list of tool names, like ["Write", "Edit"]')
+    for item in value:
+        if not _ASK_TOOL_RE.fullmatch(item):
+            raise t.error("ask", f"{item!r} is not a tool name (a whole tool, like 'Bash')")
+    if value and (why := cannot_ask(runtime_type)):
+        raise t.error("ask", why)
+    return PermissionsConfig(ask=tuple(dict.fromkeys(value)))
 
 
 def _limits(t: _Reader, runtime: _Reader) -> Limits:
@@ -521,6 +543,7 @@ __all__ = [
     "EventMapping",
     "McpTransport",
     "NetworkPolicy",
+    "PermissionsConfig",
     "Roster",
     "RuntimeConfig",
     "SandboxConfig",

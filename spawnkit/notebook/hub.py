@@ -22,6 +22,7 @@ from typing import Any
 from ..config.limits import Limits
 from ..config.roster import ButlerConfig
 from ..events import EventSink, Finished, Queued, RunEvent, Started
+from ..permissions import Approver
 from ..result import SpawnerResult
 from ..run import Spawner, SpawnerStatus
 from ..run.dispatch import Cluster
@@ -220,8 +221,13 @@ class Hub:
         view: Any | None = None,
         extensions: Sequence[ToolExtension] = (),
         limits: Limits | None = None,
+        approver: Approver | None = None,
     ) -> RunHandle:
-        """Start a run on the background loop; returns at once."""
+        """Start a run on the background loop; returns at once.
+
+        ``approver`` answers the run's ``[butler.permissions] ask`` questions (a run
+        view's :meth:`~spawnkit.notebook.view.RunView.approve`); None: they are denied.
+        """
         handle = RunHandle(self, target, view, prompt)
         sinks = [handle.observe, *listeners]
 
@@ -234,8 +240,9 @@ class Hub:
         async def run() -> SpawnerResult:
             service = await self._service(target, extensions)
             return await service.trigger(
-                prompt, context=context, max_turns=max_turns, on_event=fan_out, limits=limits
-            )
+                prompt, context=context, max_turns=max_turns, on_event=fan_out, limits=limits,
+                approver=approver,
+            )  # fmt: skip
 
         handle.job = self.loop.submit(run())
         self.runs.append(handle)

@@ -174,6 +174,37 @@ function render({ model, el }) {
     d.querySelector(".sk-copy").hidden = !done;
   }
 
+  // A tool call of [butler.permissions] ask waiting for an answer: its tool, its input,
+  // Allow and Deny. The answer goes to the kernel; the card shows the decision once the
+  // run has it (the next batch).
+  function newApproval(r) {
+    const d = node("div", "sk-item sk-approval");
+    const title = node("div", "sk-approval-title");
+    const input = node("pre", "sk-input");
+    const actions = node("div", "sk-actions");
+    const allow = button("Allow", "sk-allow", "let this tool call run");
+    const deny = button("Deny", "sk-deny", "refuse it: the agent is told");
+    actions.append(allow, deny);
+    d.append(title, input, actions);
+    const answer = (allowed) => {
+      allow.disabled = deny.disabled = true;
+      model.send({ kind: "permission", id: d._row.call_id, allowed });
+    };
+    allow.addEventListener("click", () => answer(true));
+    deny.addEventListener("click", () => answer(false));
+    return d;
+  }
+
+  function fillApproval(d, r) {
+    d._row = r;
+    d.dataset.state = r.state;
+    d.querySelector(".sk-approval-title").textContent = r.text;
+    d.querySelector(".sk-input").textContent = r.input;
+    const open = r.state === "waiting";
+    d.querySelector(".sk-input").hidden = !open;
+    d.querySelector(".sk-actions").hidden = !open;
+  }
+
   function putItem(r) {
     let d = byId.get(r.id);
     if (!d) {
@@ -181,6 +212,8 @@ function render({ model, el }) {
         d = node("div", "sk-item sk-text jp-RenderedHTMLCommon");
       } else if (r.kind === "notice") {
         d = node("div", "sk-item sk-notice"); // a refused connection, as plain text
+      } else if (r.kind === "approval") {
+        d = newApproval(r);
       } else {
         d = newTool(r);
         el.dataset.tools = "1";
@@ -197,6 +230,7 @@ function render({ model, el }) {
     }
     if (r.kind === "text") d.innerHTML = r.html; // HTML from Markdown, raw tags escaped
     else if (r.kind === "notice") d.textContent = `⛔ ${r.text}`;
+    else if (r.kind === "approval") fillApproval(d, r);
     else fillTool(d, r);
   }
 

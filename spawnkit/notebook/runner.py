@@ -142,6 +142,8 @@ def spawn(
         target, prompt, context=context, max_turns=max_turns,
         listeners=listeners, view=view, extensions=extensions,
         limits=limits.validate() if limits is not None else None,
+        # The view's approval card answers [butler.permissions] ask; without one, nobody.
+        approver=view.approve if view is not None else None,
     )  # fmt: skip
     board = None
     try:

@@ -73,6 +73,11 @@ def static_html(state: ViewState) -> str:
             parts.append(f'<div class="sk-item sk-text jp-RenderedHTMLCommon">{item["html"]}</div>')
         elif item["kind"] == "notice":
             parts.append(f'<div class="sk-item sk-notice">{_e(item["text"])}</div>')
+        elif item["kind"] == "approval":
+            parts.append(
+                f'<div class="sk-item sk-approval" data-state="{_e(item["state"])}">'
+                f"{_e(item['text'])}</div>"
+            )
         else:
             parts.append(tool_html(item))
     parts.append("</div>")
@@ -98,6 +103,8 @@ def static_text(state: ViewState, width: int = 160) -> str:
             lines.extend(f"  {line}" for line in source.splitlines())
         elif item["kind"] == "notice":
             lines.append(f"  ⛔ {item['text']}"[:width])
+        elif item["kind"] == "approval":
+            lines.append(f"  ? {item['text']}"[:width])
         else:
             mark = {"ok": "✓", "error": "✗"}.get(item["status"], "…")
             summary = f"  {item['summary']}" if item["summary"] else ""

@@ -8,6 +8,12 @@ one as a single custom message; the browser places them in the DOM. A bounded
 a view opened later catch up. The browser asks for a cut tool output in full
 with a ``full_output`` message.
 
+The view is also the run's approver (:meth:`RunView.approve`, for
+``[butler.permissions] ask``): the question arrives as a ``PermissionAsked`` event and
+shows as a card with Allow and Deny; the button's ``permission`` message answers it. The
+approver waits on the run's loop; the answer comes on the kernel's thread and is handed
+over with ``call_soon_threadsafe``.
+
 Next to the widget, the display carries ``text/html`` and ``text/plain`` for
 frontends without the widget (a notebook reopened without its kernel, a
 notebook rendered on a website). Until the run ends they say so in fixed
@@ -18,6 +24,7 @@ notebook keeps the run as it ended.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import threading
 import time
@@ -29,6 +36,7 @@ import anywidget
 import traitlets
 
 from ..events import Finished, RunEvent
+from ..permissions import PermissionDecision, PermissionRequest
 from .static_view import static_html, static_text
 from .view_state import FLUSH_INTERVAL_S, ViewState
 
@@ -61,6 +69,8 @@ class RunView(anywidget.AnyWidget):
         self._last_snapshot = 0.0
         self._lock = threading.Lock()
         self.on_finish: list[Callable[[RunView], None]] = []
+        # Questions waiting for the browser's answer: call id -> (the run's loop, its future).
+        self._questions: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[bool]]] = {}
         self.snapshot = self.state.snapshot()
         self.on_msg(self._on_frontend_message)
 
@@ -102,8 +112,44 @@ class RunView(anywidget.AnyWidget):
             self.snapshot = self.state.snapshot(final=final)
             self.messages_sent += 1
 
+    async def approve(self, request: PermissionRequest) -> PermissionDecision:
+        """The run's approver: wait for the Allow or Deny of the card its question shows."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[bool] = loop.create_future()
+        with self._lock:
+            self._questions[request.call.id] = (loop, answer)
+        try:
+            allowed = await answer
+        finally:
+            with self._lock:
+                self._questions.pop(request.call.id, None)
+        if allowed:
+            return PermissionDecision(allowed=True, by="notebook")
+        return PermissionDecision(
+            allowed=False, by="notebook", reason="the person at the notebook denied this tool call"
+        )
+
+    def answer(self, call_id: str, allowed: bool) -> bool:
+        """Answer the question about ``call_id`` (from any thread); False if none waits."""
+        with self._lock:
+            waiting = self._questions.get(call_id)
+        if waiting is None:
+            return False
+        loop, future = waiting
+
+        def settle() -> None:
+            if not future.done():
+                future.set_result(allowed)
+
+        loop.call_soon_threadsafe(settle)
+        return True
+
     def _on_frontend_message(self, _: Any, content: Any, buffers: Any) -> None:
-        if isinstance(content, dict) and content.get("kind") == "full_output":
+        if not isinstance(content, dict):
+            return
+        if content.get("kind") == "permission" and isinstance(content.get("allowed"), bool):
+            self.answer(str(content.get("id")), content["allowed"])
+        elif content.get("kind") == "full_output":
             call_id = str(content.get("id"))
             with self._lock:
                 text = self.state.full_output(call_id)

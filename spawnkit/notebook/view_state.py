@@ -33,6 +33,8 @@ from ..events import (
     AssistantText,
     Finished,
     NetworkDenied,
+    PermissionAsked,
+    PermissionDecided,
     Queued,
     RunEvent,
     Started,
@@ -42,7 +44,7 @@ from ..events import (
     ToolCallStarted,
     UsageUpdate,
 )
-from ..result import SpawnerResult, ToolCall, Usage, tool_count
+from ..result import PermissionAnswer, SpawnerResult, ToolCall, Usage, tool_count
 from ..telemetry.timings import timing_line
 from .markdown import markdown_html
 
@@ -164,6 +166,29 @@ def tool_item(
     }
 
 
+def approval_item(call: ToolCall, answer: PermissionAnswer | None = None) -> dict[str, Any]:
+    """A ``[butler.permissions] ask`` question as the view's card: waiting for a person
+    (``answer`` None: the browser shows Allow and Deny), or answered."""
+    label = tool_label(call)
+    if answer is None:
+        state, text = "waiting", f"{label} asks to run: waiting for your answer"
+    else:
+        state = "allowed" if answer.allowed else "denied"
+        text = f"{label}: {state} ({answer.by})"
+        if not answer.allowed and answer.reason:
+            text += f": {one_line(answer.reason, RESULT_LINE_CHARS)}"
+    return {
+        "id": f"ask-{call.id}",
+        "kind": "approval",
+        "call_id": call.id,
+        "label": label,
+        "summary": describe_input(call),
+        "input": input_text(call),
+        "state": state,
+        "text": text,
+    }
+
+
 @dataclass
 class _Segment:
     """One block of assistant text, its Markdown source and rendered HTML."""
@@ -233,6 +258,8 @@ class Status:
     timing: str | None = None
     # Connections the network sandbox refused, and once the run ended what to add where.
     refusals: NetworkRefusals = field(default_factory=NetworkRefusals)
+    # Tool calls waiting for a person's answer ([butler.permissions] ask): call id -> label.
+    asking: dict[str, str] = field(default_factory=dict)
     hint: str | None = None
     _estimate: tuple[tuple[Any, ...], float | None] = ((), None)
 
@@ -269,6 +296,8 @@ class Status:
             return "starting"
         if self.state != "running":
             return None
+        if self.asking:
+            return f"waiting for your approval of {list(self.asking.values())[-1]}"
         if self.running:
             labels = list(self.running.values())
             more = f" and {len(labels) - 1} more" if len(labels) > 1 else ""
@@ -404,6 +433,15 @@ class ViewState:
             self._put({"id": f"blocked-{status.refusals.count}", "kind": "notice",
                        "text": network_denied_line(event)})  # fmt: skip
             self._trim()
+        elif isinstance(event, PermissionAsked):
+            status.asking[event.call.id] = tool_label(event.call)
+            self._close_text()
+            self._put(approval_item(event.call))
+            self._trim()
+        elif isinstance(event, PermissionDecided):
+            status.asking.pop(event.call.id, None)
+            self._put(approval_item(event.call, event.answer))
+            self._trim()
         elif isinstance(event, Queued):
             status.state, status.queue_position = "queued", event.position
             status.session_id, status.butler = event.session_id, event.butler
@@ -422,6 +460,7 @@ class ViewState:
         self.result = result
         self._close_text()
         status.state, status.streaming, status.running = result.status, False, {}
+        status.asking = {}
         status.error, status.error_kind = result.error, result.error_kind
         status.session_id = result.session_id or status.session_id
         status.model = result.model or status.model

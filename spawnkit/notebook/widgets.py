@@ -310,7 +310,10 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
         if choice and choice != REAL_MODEL:
             replay = butler.directory / "scenarios" / f"{choice.split(': ', 1)[1]}.toml"
         view = RunView(schedule=self._schedule)
-        handle = self.hub.start(Target(butler, replay=replay), text, listeners=[view], view=view)
+        handle = self.hub.start(
+            Target(butler, replay=replay), text, listeners=[view], view=view,
+            approver=view.approve,
+        )  # fmt: skip
         self._add_row(handle, view)
         self.message.value = ""
         # Its record's end may be heard before the run is done here: refresh once more then.

@@ -16,6 +16,7 @@ from ..containment.sources import Source
 from ..redaction import Redactor
 from ..runtimes.base import RuntimeAdapter
 from ..telemetry.runlog import RunLog
+from .approval import RunApprover
 from .collector import Collector
 from .request import RunKind
 
@@ -51,6 +52,9 @@ class AcceptedRun:
     egress_port: int | None = None
     # A dispatched run: the owner of the queued record its client made, adopted here.
     queued_by: tuple[str, int] | None = None
+    # Who the runtime asks about a tool of [butler.permissions] ask (spawnkit.run.approval);
+    # None until the run is made (the spawner makes one for every run).
+    approver: RunApprover | None = None
 
     @property
     def redactor(self) -> Redactor:

@@ -296,8 +296,16 @@ class Assembly:
             cwd = await asyncio.to_thread(link_sources, workspace, run.sources)
         else:
             cwd = run.workdir or butler.workdir or workspace
-        tools = (
-            agent.tools if agent is not None and agent.tools is not None else butler.runtime.tools
+        # A tool of [butler.permissions] ask is asked about even when tools lists it too.
+        ask = butler.permissions.ask
+        tools = tuple(
+            tool
+            for tool in (
+                agent.tools
+                if agent is not None and agent.tools is not None
+                else butler.runtime.tools
+            )
+            if tool not in ask
         )
         if run.resume and not await asyncio.to_thread(
             worker.stage_resume, workspace, cwd, run.resume
@@ -321,6 +329,7 @@ class Assembly:
                 "network": network_given(doors, run.egress_port),
                 "mcp_servers": [server.name] if server is not None else [],
                 "tools": list(tools),
+                **({"ask": list(ask)} if ask else {}),
                 "home": "the run's workspace",
                 **({"dispatch": self.settings.origin} if self.settings.origin else {}),
                 **({"sources": [str(path) for path in linked]} if asking else {}),
@@ -350,6 +359,8 @@ class Assembly:
             sandbox=plan,
             add_dirs=linked,
             model_retries=0 if self.settings.retry.max_attempts > 1 else None,
+            ask=ask,
+            approver=run.approver,
         )
 
     def _mcp_host_seen(self, doors: tuple[Door, ...] | None) -> str:

@@ -20,6 +20,7 @@ from ..events import (
     AssistantText,
     EventSink,
     NetworkDenied,
+    PermissionDecided,
     RunEvent,
     TextDelta,
     ToolCallFinished,
@@ -27,7 +28,7 @@ from ..events import (
     UsageUpdate,
 )
 from ..redaction import Redactor
-from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
+from ..result import OUTPUT_LIMIT, PermissionAnswer, ToolCall, Usage, truncate
 from ..store import SessionStore
 from ..telemetry.spans import RunSpan
 
@@ -103,6 +104,8 @@ class Collector:
         # Connections the run's egress proxy refused, and the butler.toml that decides.
         self.denied = 0
         self.config_file = str(config_file) if config_file is not None else None
+        # Each answer to a [butler.permissions] ask question (spawnkit.run.approval).
+        self.permissions: list[PermissionAnswer] = []
 
     def network_denied(self, denial: Denial) -> None:
         """A connection the run's egress proxy refused (its ``on_denied``): counted, and an
@@ -143,6 +146,8 @@ class Collector:
             self.usage, self.cost_usd = event.usage, event.cost_usd
             if not self.metered:
                 self._observe(event.usage)
+        elif isinstance(event, PermissionDecided):
+            self.permissions.append(event.answer)
         for sink in self.sinks:
             try:
                 sink(event)

@@ -110,6 +110,7 @@ class Recorder:
             cost_usd=collector.cost_usd,
             model=self.settings.model,
             trace_id=collector.trace_id,
+            permissions=tuple(collector.permissions),
         )
         return collector.redactor.result(unfinished)
 
@@ -144,6 +145,7 @@ class Recorder:
             model=outcome.model or self.settings.model,
             num_turns=outcome.num_turns,
             exit_code=outcome.exit_code,
+            permissions=tuple(collector.permissions),
         )
         # The outcome's output and error come from the adapter, not through the collector.
         return collector.redactor.result(finished)

@@ -45,6 +45,7 @@ from opentelemetry.trace import TracerProvider
 
 from ..budgets.budget import RunBudget, admit, day_start
 from ..budgets.pacing import Pacer
+from ..config.butler_config import cannot_ask
 from ..config.limits import Limits
 from ..config.retry import RetryPolicy
 from ..config.roster import ButlerConfig
@@ -52,8 +53,9 @@ from ..containment import sandbox
 from ..containment.credentials import CredentialStore, check_required, injected_secrets, run_values
 from ..containment.mcp_access import AccessTable, McpAccess
 from ..containment.sources import Source
-from ..errors import SpawnerClosedError, SpawnkitError, StoreError
+from ..errors import ConfigError, SpawnerClosedError, SpawnkitError, StoreError
 from ..events import EventSink, Finished, Queued
+from ..permissions import Approver
 from ..redaction import Redactor
 from ..result import SpawnerResult
 from ..runtimes import get_adapter
@@ -63,6 +65,7 @@ from ..telemetry.otlp_export import OtlpTarget, tracer_provider_from_env
 from ..telemetry.runlog import DEFAULT_CAP_BYTES, RunLog
 from .accepted import CANCEL_GRACE_S, AcceptedRun
 from .admission import Admissions, Place
+from .approval import RunApprover
 from .assembly import Assembly
 from .attempts import Attempts
 from .collector import Collector, LiveToolCalls
@@ -243,6 +246,7 @@ class Spawner:
         limits: Limits | None = None,
         workdir: Path | None = None,
         queued_by: tuple[str, int] | None = None,
+        approver: Approver | None = None,
     ) -> SpawnerResult:
         """Run ``prompt`` on this butler's runtime and return its result.
 
@@ -285,6 +289,13 @@ class Spawner:
         Its record is made ``queued`` here when the trigger is accepted (with a ``Queued``
         event); the worker adopts it: ``queued_by`` is that record's owner (host, pid), given
         by :mod:`spawnkit.cluster.worker` on the worker.
+
+        ``approver`` is asked before each call of a tool in the butler's
+        ``[butler.permissions] ask`` (:mod:`spawnkit.permissions`); without one such calls
+        are denied (:data:`~spawnkit.permissions.NO_APPROVER`). Every question and answer
+        is a ``PermissionAsked`` and a ``PermissionDecided`` event and is kept in the
+        record (``permissions``), see :mod:`spawnkit.run.approval`. A run sent to a cluster
+        has no approver: nobody on its worker can answer.
         """
         validate_trigger_source(trigger_source)
         # A chat's prompt is only recorded: the user types at the CLI's own prompt.
@@ -327,6 +338,7 @@ class Spawner:
             prompt, context, trigger_source, run_limits, budget, redactor, on_event=on_event,
             parent_session_id=parent_session_id, resume=resume, session_id=session_id,
             role=role, kind=kind, sources=sources, workdir=workdir, queued_by=queued_by,
+            approver=approver,
         ))  # fmt: skip
 
     def _check_runnable(self, kind: RunKind) -> None:
@@ -335,6 +347,8 @@ class Spawner:
             self.adapter.check_interactive()  # its interactive CLI, which may be another
         else:
             self.adapter.find_binary()
+        if self.butler.permissions.ask and (why := cannot_ask(self.butler.runtime.type)):
+            raise ConfigError(f"butler {self.butler.name!r}: [butler.permissions] ask: {why}")
         sandbox.check_available(self.butler)
         check_required(self.butler, self.credentials)
         self.adapter.check_authenticated(
@@ -381,6 +395,7 @@ class Spawner:
         sources: Sequence[Source],
         workdir: Path | None,
         queued_by: tuple[str, int] | None,
+        approver: Approver | None,
     ) -> AcceptedRun:
         """The accepted trigger, with its worker, collector and budget."""
         session_id = session_id if session_id is not None else str(uuid.uuid4())
@@ -411,6 +426,7 @@ class Spawner:
         )
         run.collector.budget = budget
         run.collector.live_calls = LiveToolCalls(self.store, session_id)
+        run.approver = RunApprover(run.collector, approver)
         return run
 
     async def _accept(

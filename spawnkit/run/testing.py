@@ -20,6 +20,7 @@ from pathlib import Path
 from ..config.limits import Limits
 from ..containment.sources import Source
 from ..events import EventSink
+from ..permissions import Approver
 from ..result import SpawnerResult
 from .request import RunKind, validate_trigger_source
 
@@ -77,6 +78,7 @@ class MockSpawner:
         limits: Limits | None = None,
         workdir: Path | None = None,
         queued_by: tuple[str, int] | None = None,  # a dispatched run's (see Spawner)
+        approver: Approver | None = None,  # asked by no mock run
     ) -> SpawnerResult:
         validate_trigger_source(trigger_source)
         self.invocations.append(

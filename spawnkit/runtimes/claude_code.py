@@ -49,7 +49,16 @@ from claude_agent_sdk import (
 from claude_agent_sdk._errors import MessageParseError
 from claude_agent_sdk._internal.message_parser import parse_message
 from claude_agent_sdk._internal.transport.subprocess_cli import SubprocessCLITransport
-from claude_agent_sdk.types import McpHttpServerConfig, McpSSEServerConfig, SystemPromptFile
+from claude_agent_sdk.types import (
+    CanUseTool,
+    McpHttpServerConfig,
+    McpSSEServerConfig,
+    PermissionResult,
+    PermissionResultAllow,
+    PermissionResultDeny,
+    SystemPromptFile,
+    ToolPermissionContext,
+)
 
 from .. import _process
 from ..errors import ProtocolError, RuntimeCrashed, RuntimeFailure, RuntimeNotFoundError
@@ -62,6 +71,7 @@ from ..events import (
     ToolCallStarted,
     UsageUpdate,
 )
+from ..permissions import NO_APPROVER, PermissionRequest
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
 from ..telemetry.otlp import CliTelemetry
 from ..transcripts import copy_file
@@ -380,6 +390,53 @@ class _RunState:
         return outcome
 
 
+@dataclasses.dataclass(frozen=True)
+class _Asked:
+    """A run's ``ask`` tools as Claude Code sees them: built-in tools it must offer (the
+    allowed ones are offered already), and whether any is one of the butler's MCP tools
+    (then the server is not allowed as a whole: that would allow it without a question)."""
+
+    builtin: tuple[str, ...]
+    mcp: bool
+
+
+def asking(spec: RunSpec) -> _Asked:
+    server = spec.mcp_server
+    prefix = f"mcp__{server.name}__" if server is not None else None
+    return _Asked(
+        builtin=tuple(t for t in spec.ask if not t.startswith("mcp__") and t not in spec.tools),
+        mcp=prefix is not None and any(t.startswith(prefix) for t in spec.ask),
+    )
+
+
+def permission_callback(spec: RunSpec, state: _RunState | None) -> CanUseTool:
+    """Claude Code's permission callback for a run with ``ask``: a tool of ``ask`` goes
+    to the run's approver, the butler's own MCP tools (not allowed as a whole when one of
+    them is in ``ask``) are allowed, anything else is denied as ``dontAsk`` would."""
+    server = spec.mcp_server
+    own_mcp = f"mcp__{server.name}__" if server is not None else None
+
+    async def can_use_tool(
+        name: str, tool_input: dict[str, Any], context: ToolPermissionContext
+    ) -> PermissionResult:
+        if name in spec.ask:
+            call_id = context.tool_use_id or ""
+            known = state.calls.get(call_id) if state is not None else None
+            call = known or ToolCall.start(call_id, name, dict(tool_input), _now())
+            request = PermissionRequest(spec.session_id, spec.butler, call)
+            decision = await spec.approver(request) if spec.approver else NO_APPROVER
+            if decision.allowed:
+                return PermissionResultAllow()
+            return PermissionResultDeny(
+                message=decision.reason or f"a person ({decision.by}) denied this tool call"
+            )
+        if own_mcp is not None and name.startswith(own_mcp):
+            return PermissionResultAllow()
+        return PermissionResultDeny(message=f"{name} is not among this butler's tools")
+
+    return can_use_tool
+
+
 class ClaudeStreamParser(LineParser):
     """``claude -p --output-format stream-json`` lines read by the adapter's own code.
 
@@ -425,6 +482,29 @@ class ClaudeStreamParser(LineParser):
             outcome.success, outcome.error_kind = False, "runtime_error"
             outcome.error = f"Claude Code exited with code {exit_code}"
         return outcome
+
+
+def cli_options(options: ClaudeAgentOptions) -> ClaudeAgentOptions:
+    """The options the CLI's command line is built from.
+
+    With a permission callback the CLI must send its questions over stdio
+    (``--permission-prompt-tool stdio``); ``query()`` sets that only on the transport it
+    makes itself, and the adapter gives it one of its own.
+    """
+    if options.can_use_tool is None:
+        return options
+    return replace(options, permission_prompt_tool_name="stdio")
+
+
+def sdk_options(options: ClaudeAgentOptions) -> ClaudeAgentOptions:
+    """The options ``query()`` reads: the same, without the allow list when there is a
+    permission callback. The list reaches the CLI through the transport's command line;
+    the SDK reads it only to warn that allowed tools skip the callback, which is what
+    ``[butler.permissions] ask`` means (tools are allowed, ``ask`` tools are asked).
+    """
+    if options.can_use_tool is None:
+        return options
+    return replace(options, allowed_tools=[])
 
 
 class _Transport(SubprocessCLITransport):
@@ -616,6 +696,7 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         # itself goes to the CLI on stdin.)
         system_file = spec.workspace / "system-prompt.md"
         write_private(system_file, spec.system_prompt)
+        asked = asking(spec)
         return ClaudeAgentOptions(
             cli_path=wrapper,
             cwd=spec.cwd,
@@ -626,11 +707,11 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             mcp_servers=str(spec.config_file),
             strict_mcp_config=True,
             setting_sources=[],
-            tools=[*spec.tools, *delegation],
+            tools=[*spec.tools, *asked.builtin, *delegation],
             allowed_tools=[
                 *spec.tools,
                 *delegation,
-                *([f"mcp__{server.name}"] if server else []),
+                *([f"mcp__{server.name}"] if server and not asked.mcp else []),
             ],
             add_dirs=list(spec.add_dirs),
             agents={
@@ -643,7 +724,13 @@ class ClaudeCodeAdapter(RuntimeAdapter):
                 for role in spec.agents.values()
             }
             or None,
-            permission_mode="dontAsk",
+            # Without ask, anything not allowed is denied without a question; with it, the
+            # questions come to can_use_tool (which denies what ask does not name).
+            permission_mode="default" if spec.ask else "dontAsk",
+            # An ask rule: the CLI would otherwise let a read-only tool (Read, Grep) through
+            # in its working directory without a question.
+            settings=json.dumps({"permissions": {"ask": list(spec.ask)}}) if spec.ask else None,
+            can_use_tool=permission_callback(spec, state) if spec.ask else None,
             max_turns=spec.max_turns,
             model=spec.model,
             session_id=None if spec.resume else spec.runtime_session_id,
@@ -692,9 +779,9 @@ class ClaudeCodeAdapter(RuntimeAdapter):
     async def _consume(self, prompt: str, options: ClaudeAgentOptions, state: _RunState) -> None:
         # Our own transport, so that a CLI that died before reading its prompt
         # still tells its exit code.
-        transport = _Transport(prompt=prompt, options=options)
+        transport = _Transport(prompt=prompt, options=cli_options(options))
         messages: AsyncIterator[Message] = query(
-            prompt=prompt, options=options, transport=transport
+            prompt=prompt, options=sdk_options(options), transport=transport
         )
         try:
             async for message in messages:

@@ -355,6 +355,11 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE sessions ADD COLUMN network_denied INTEGER
     """,
+    # 10 -> 11: each answer to a [butler.permissions] ask question, as JSON
+    # (spawnkit.run.approval; SQLite schema 15).
+    """
+    ALTER TABLE sessions ADD COLUMN permissions TEXT
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 # The NOTIFY channel of migration 5's triggers.

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..result import Attempt, BudgetReport, ToolCall, Usage
+from ..result import Attempt, BudgetReport, PermissionAnswer, ToolCall, Usage
 from .backend import Row
 
 
@@ -83,6 +83,8 @@ class SessionRecord:
     # Connections its network sandbox refused (spawnkit.containment.egress); 0 in records from
     # before.
     network_denied: int = 0
+    # Each answer to a [butler.permissions] ask question (spawnkit.run.approval), in order.
+    permissions: tuple[PermissionAnswer, ...] = ()
 
     @classmethod
     def from_row(cls, row: Row) -> SessionRecord:
@@ -129,6 +131,9 @@ class SessionRecord:
             lease_until=from_iso(row["lease_until"]),
             owner_pid=row["owner_pid"],
             network_denied=row["network_denied"] or 0,
+            permissions=tuple(
+                PermissionAnswer.from_dict(a) for a in json.loads(row["permissions"] or "[]")
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,4 +176,5 @@ class SessionRecord:
             "owner_host": self.owner_host,
             "lease_until": to_iso(self.lease_until),
             "network_denied": self.network_denied,
+            "permissions": [answer.to_dict() for answer in self.permissions],
         }

@@ -8,7 +8,7 @@ A PostgreSQL store keeps the same tables and columns under its own versions
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -53,7 +53,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     attempts TEXT,
     lease_until TEXT,
     owner_seal TEXT,
-    network_denied INTEGER
+    network_denied INTEGER,
+    permissions TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_at);
 CREATE INDEX IF NOT EXISTS sessions_by_butler ON sessions (butler, created_at);
@@ -194,5 +195,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("ALTER TABLE sessions ADD COLUMN owner_seal TEXT",),
     # Connections the run's network sandbox refused (spawnkit.containment.egress).
     ("ALTER TABLE sessions ADD COLUMN network_denied INTEGER",),
+    # Each answer to a [butler.permissions] ask question (spawnkit.run.approval), as JSON.
+    ("ALTER TABLE sessions ADD COLUMN permissions TEXT",),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION - 1

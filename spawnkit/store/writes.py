@@ -43,7 +43,7 @@ _COMPLETE = """UPDATE sessions SET status = ?, success = ?, error = ?, error_kin
         trace_id = COALESCE(?, trace_id),
         runtime_session_id = COALESCE(?, runtime_session_id),
         model = COALESCE(?, model), completed_at = ?, budget = ?,
-        attempts = ?, network_denied = ?
+        attempts = ?, network_denied = ?, permissions = ?
     WHERE id = ? AND (completed_at IS NULL
         OR (status = 'crashed' AND num_tool_calls IS NULL AND owner_host = ?))"""
 
@@ -57,8 +57,10 @@ def _write_complete(tx: Transaction, payload: Any, replayed: bool) -> None:
     # final calls replace them. Otherwise there are none (a record is completed with its
     # calls once; only a crash mark, which has none, gives way), and none are looked for.
     replace = replayed or payload.get("live", True)
-    if len(payload["session"]) == _COMPLETE_PARAMS - 1:  # journaled before network_denied
-        payload = {**payload, "session": [*payload["session"][:-2], 0, *payload["session"][-2:]]}
+    session = payload["session"]
+    if len(session) < _COMPLETE_PARAMS:  # journaled before network_denied or permissions
+        missing = [0, None][len(session) - _COMPLETE_PARAMS :]
+        payload = {**payload, "session": [*session[:-2], *missing, *session[-2:]]}
     if tx.writable_ctes:
         _write_complete_one_statement(tx, payload, replace)
         return
@@ -238,6 +240,7 @@ def completion(
         json.dumps(asdict(result.budget)) if result.budget else None,
         json.dumps([a.to_dict() for a in result.attempts]) if result.attempts else None,
         result.network_denied,
+        json.dumps([a.to_dict() for a in result.permissions]) if result.permissions else None,
         session_id, host,
     ]  # fmt: skip
     calls = [tool_call_row(session_id, seq, c) for seq, c in enumerate(result.tool_calls)]
