@@ -42,7 +42,7 @@ async def connected(client: RecordingClient) -> AsyncIterator[AgentSideConnectio
     to_agent_r, to_agent_w = os.pipe()
     to_client_r, to_client_w = os.pipe()
     wire = await StdioWire.open(ProtocolStdio(to_agent_r, to_client_w))
-    agent = AgentSideConnection(cast(Agent, object()), wire)
+    agent = AgentSideConnection(cast(Agent, object()), wire.writer, wire.reader)
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(
         lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(to_client_r, "rb", 0)
@@ -57,6 +57,7 @@ async def connected(client: RecordingClient) -> AsyncIterator[AgentSideConnectio
     finally:
         await agent.close()
         await peer.close()
+        await wire.close()
         transport.close()
 
 

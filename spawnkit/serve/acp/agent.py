@@ -365,9 +365,10 @@ async def serve_stdio(service: ButlerService, stdio: ProtocolStdio, *, version: 
     agent = ButlerAgent(service, version=version)
     # The SDK's Agent protocol lists every method; the ones a butler lacks (modes, fork,
     # list, authenticate...) are answered "Method not found" by its router.
-    connection = AgentSideConnection(cast(Agent, agent), wire, listening=False)
+    connection = AgentSideConnection(cast(Agent, agent), wire.writer, wire.reader, listening=False)
     try:
         await connection.listen()
     finally:
         await agent.close()
         await connection.close()
+        await wire.close()

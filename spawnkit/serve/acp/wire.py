@@ -5,11 +5,12 @@ descriptors 0 and 1 elsewhere (``/dev/null`` and stderr), so that nothing else, 
 ``print``, a library's warning or a child process that inherits them, can read a
 client's message or put a line that is not JSON-RPC on its stream.
 
-:class:`StdioWire` is the SDK's message transport (``acp._transport.Transport``) over
-those two descriptors. Unlike the SDK's own stdio framing, which logs a line that is not
-JSON and reads on, it answers such a line with JSON-RPC's ``Parse error`` (-32700) and
-a message that is no request, notification or response with ``Invalid Request``
-(-32600), as JSON-RPC 2.0 asks, so a broken client learns what it sent.
+:class:`StdioWire` gives the SDK's connection the byte streams it takes (every version
+of ``agent-client-protocol`` from 0.11 takes a reader and a writer), with a filter in
+between: the SDK logs a line that is not JSON and reads on, and says nothing to the
+client; here such a line is answered with JSON-RPC's ``Parse error`` (-32700), and a
+message that is no request, notification or response with ``Invalid Request`` (-32600),
+as JSON-RPC 2.0 asks, so a broken client learns what it sent. Good lines pass unchanged.
 """
 
 from __future__ import annotations
@@ -65,60 +66,44 @@ def _is_message(message: object) -> bool:
 
 
 class StdioWire:
-    """JSON-RPC messages, one a line, over a reader and a writer of the client's pipes."""
+    """The client's stdin, checked line by line (:attr:`reader`), and its stdout
+    (:attr:`writer`), which the SDK and the error answers share: each writes a whole line
+    in one call, so lines never interleave."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader = reader
-        self._writer = writer
-        # Handlers send concurrently; each line goes out whole, in the order they asked.
-        self._sending = asyncio.Lock()
-        self._closed = False
+    def __init__(self, source: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.source = source
+        self.writer = writer
+        self.reader = asyncio.StreamReader(limit=LINE_LIMIT)
+        self._pump = asyncio.create_task(self._check_lines(), name="acp-stdin")
 
     @classmethod
     async def open(cls, stdio: ProtocolStdio) -> StdioWire:
         loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=LINE_LIMIT)
+        source = asyncio.StreamReader(limit=LINE_LIMIT)
         await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(stdio.read_fd, "rb", 0)
+            lambda: asyncio.StreamReaderProtocol(source), os.fdopen(stdio.read_fd, "rb", 0)
         )
         transport, protocol = await loop.connect_write_pipe(
             asyncio.streams.FlowControlMixin, os.fdopen(stdio.write_fd, "wb", 0)
         )
-        writer = asyncio.StreamWriter(transport, protocol, None, loop)
-        return cls(reader, writer)
+        return cls(source, asyncio.StreamWriter(transport, protocol, None, loop))
 
-    async def send(self, message: dict[str, Any]) -> None:
-        if self._closed:
-            raise ConnectionError("the client's stdout is closed")
-        line = json.dumps(message, ensure_ascii=False, separators=(",", ":")) + "\n"
-        async with self._sending:
-            self._writer.write(line.encode("utf-8"))
-            await self._writer.drain()
-
-    async def receive(self) -> dict[str, Any] | None:
-        """The next message; None when the client closed its end (stdin's EOF)."""
-        while True:
-            line = await self._read_line()
-            if line is None:
-                return None
-            if not line.strip():
-                continue
-            try:
-                message = json.loads(line)
-            except ValueError as exc:
-                await self._answer(_error(None, -32700, "Parse error", f"not JSON: {exc}"))
-                continue
-            if not _is_message(message):
-                request_id = message.get("id") if isinstance(message, dict) else None
-                await self._answer(
-                    _error(request_id, -32600, "Invalid Request", "not a JSON-RPC 2.0 message")
-                )
-                continue
-            return message  # type: ignore[no-any-return]
+    async def _check_lines(self) -> None:
+        """Pass each JSON-RPC message on to :attr:`reader`; answer the rest; EOF at EOF."""
+        try:
+            while (line := await self._read_line()) is not None:
+                if not line.strip():
+                    continue
+                if (error := _problem(line)) is not None:
+                    await self._answer(error)
+                    continue
+                self.reader.feed_data(line if line.endswith(b"\n") else line + b"\n")
+        finally:
+            self.reader.feed_eof()
 
     async def _read_line(self) -> bytes | None:
         try:
-            line = await self._reader.readuntil(b"\n")
+            return await self.source.readuntil(b"\n")
         except asyncio.IncompleteReadError as exc:
             return exc.partial or None  # a last line without its newline still counts
         except asyncio.LimitOverrunError as exc:
@@ -127,30 +112,42 @@ class StdioWire:
                 _error(None, -32700, "Parse error", f"a line longer than {LINE_LIMIT} bytes")
             )
             return b""
-        return line
 
     async def _skip(self, consumed: int) -> None:
         """Drop the rest of an overlong line."""
-        await self._reader.readexactly(consumed)
+        await self.source.readexactly(consumed)
         while True:
             try:
-                await self._reader.readuntil(b"\n")
+                await self.source.readuntil(b"\n")
                 return
             except asyncio.LimitOverrunError as exc:
-                await self._reader.readexactly(exc.consumed)
+                await self.source.readexactly(exc.consumed)
             except asyncio.IncompleteReadError:
                 return
 
     async def _answer(self, error: dict[str, Any]) -> None:
         logger.warning("ACP client sent a bad message: %s", error["error"]["data"]["details"])
+        line = json.dumps(error, separators=(",", ":")) + "\n"
         try:
-            await self.send(error)
+            self.writer.write(line.encode("utf-8"))
+            await self.writer.drain()
         except (ConnectionError, OSError):
             logger.debug("could not answer a bad message: the client's stdout is closed")
 
     async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        self._pump.cancel()
+        await asyncio.gather(self._pump, return_exceptions=True)
         # The pipe's transport writes out what it still holds, then closes.
-        self._writer.close()
+        self.writer.close()
+
+
+def _problem(line: bytes) -> dict[str, Any] | None:
+    """The JSON-RPC error answering ``line``, or None when it is a message."""
+    try:
+        message = json.loads(line)
+    except ValueError as exc:
+        return _error(None, -32700, "Parse error", f"not JSON: {exc}")
+    if _is_message(message):
+        return None
+    request_id = message.get("id") if isinstance(message, dict) else None
+    return _error(request_id, -32600, "Invalid Request", "not a JSON-RPC 2.0 message")
