@@ -24,7 +24,7 @@ from spawnkit.result import BudgetReport, SpawnerResult, ToolCall
 from spawnkit.serve.acp.updates import UpdateStream, edit_diffs, stop_of, tool_call_started
 from spawnkit.store import SessionStore
 
-from .acp_client import AgentProcess, agent_process
+from .acp_client import AgentProcess, RecordingClient, agent_process
 from .conftest import REPO, processes_with_env, workspaces_of
 
 NOW = datetime(2026, 11, 27, tzinfo=UTC)
@@ -365,6 +365,56 @@ async def test_a_run_stopped_by_its_limits_says_so(
     assert says in agent.client.text()
     (record,) = _records()
     assert record.status in ("budget", "failed") and record.completed_at is not None
+    _assert_nothing_left()
+
+
+ASKED_WRITES = """
+[[turn]]
+tool = "Write"
+input = { file_path = "/tmp/acp-asked.txt", content = "approved text" }
+[[turn]]
+text = "The write said: {{ last_tool_result }}"
+[[turn]]
+tool = "Write"
+input = { file_path = "/tmp/acp-asked.txt", content = "again" }
+[[turn]]
+text = "Again: {{ last_tool_result }}"
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("answer", ["allow_once", "reject_once", "allow_always"])
+async def test_an_ask_tool_asks_the_client_and_the_answer_is_kept(
+    make_butler, tmp_path, answer: str
+) -> None:
+    butler = make_butler(
+        extra='[butler.runtime]\ntools = ["Bash"]\n[butler.permissions]\nask = ["Write"]\n'
+    )
+    client = RecordingClient(answer=answer)
+    scenario = _scenario(tmp_path, ASKED_WRITES)
+    args = _args(Path(butler.roster_dir), scenario)
+    async with agent_process(tmp_path, *args, client=client) as agent:
+        session = await agent.conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        first = await _prompt(agent, session.session_id, "write the note")
+        second = await _prompt(agent, session.session_id, "once more")
+    assert (first.stop_reason, second.stop_reason) == ("end_turn", "end_turn"), agent.log()
+    allowed = answer.startswith("allow")
+    # Asked before each Write, with the call shown; "always" is not asked again.
+    assert len(client.asked) == (1 if answer == "allow_always" else 2)
+    shown = client.asked[0]
+    assert shown["session"] == session.session_id
+    assert (shown["tool_call"]["title"], shown["tool_call"]["kind"]) == (
+        "Write /tmp/acp-asked.txt", "edit",
+    )  # fmt: skip
+    assert shown["options"] == ["allow_once", "allow_always", "reject_once", "reject_always"]
+    writes = [u for u in client.of_kind("tool_call_update") if u["kind"] == "edit"]
+    assert [u["status"] for u in writes] == ["completed" if allowed else "failed"] * 2
+    # Each run's record keeps the answer, given by the ACP client.
+    for record in _records():
+        (kept,) = record.permissions
+        assert (kept.tool, kept.allowed, kept.by) == ("Write", allowed, "acp-client")
+    if not allowed:
+        assert "rejected Write" in client.text()
     _assert_nothing_left()
 
 

@@ -204,6 +204,8 @@ class ButlerAgent:
                 on_event=on_event,
                 parent_session_id=conversation.last_run,
                 resume=conversation.resume_from,
+                # [butler.permissions] ask: the person at the client answers.
+                approver=conversation.approver,
             ),
             name=f"acp:{self.butler_name}:{run_id[:8]}",
         )
