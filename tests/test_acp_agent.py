@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 import textwrap
 from datetime import UTC, datetime
@@ -155,6 +156,25 @@ def test_the_zed_settings_in_the_docs_start_spawnkit_acp() -> None:
     assert server["command"] == "spawnkit" and server["type"] == "custom"
     args = build_parser().parse_args(server["args"])
     assert (args.command, args.butler, args.roster) == ("acp", "health", Path("/home/me/roster"))
+
+
+def test_only_the_protocol_reaches_the_client_stdout(tmp_path: Path) -> None:
+    """After claim_stdio, a print and a child process writing to fd 1 reach stderr; the
+    protocol's descriptor is the one that reaches the client."""
+    script = textwrap.dedent("""
+        import os, subprocess
+        from spawnkit.serve.acp.wire import claim_stdio
+        stdio = claim_stdio()
+        print("a stray print", flush=True)
+        subprocess.run(["echo", "a child's line"], check=True)
+        os.write(stdio.write_fd, b'{"jsonrpc": "2.0", "method": "ok"}\\n')
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == '{"jsonrpc": "2.0", "method": "ok"}\n'
+    assert "a stray print" in done.stderr and "a child's line" in done.stderr
 
 
 # -- end to end: spawnkit acp as a process ---------------------------------------------------
@@ -418,6 +438,18 @@ async def test_an_ask_tool_asks_the_client_and_the_answer_is_kept(
     _assert_nothing_left()
 
 
+async def test_a_refused_prompt_says_why_and_leaves_no_record(make_butler, tmp_path) -> None:
+    butler = make_butler(extra='[butler.env]\nrequired = ["SPAWNKIT_ACP_MISSING"]\n')
+    scenario = _scenario(tmp_path, CONVERSATION)
+    async with agent_process(tmp_path, *_args(Path(butler.roster_dir), scenario)) as agent:
+        session = await agent.conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        response = await _prompt(agent, session.session_id, "hello")
+    assert response.stop_reason == "end_turn"
+    assert response.field_meta == {"spawnkit": {"sessionId": None, "status": "refused"}}
+    assert "SPAWNKIT_ACP_MISSING" in agent.client.text()
+    assert _records() == []
+
+
 @pytest.mark.e2e
 async def test_bad_input_gets_json_rpc_errors_and_the_agent_carries_on(
     make_butler, tmp_path
@@ -490,7 +522,6 @@ async def test_an_unknown_butler_is_a_one_line_error(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_the_benchmark_runs(tmp_path: Path) -> None:
     import json
-    import subprocess
 
     out = tmp_path / "acp.json"
     done = subprocess.run(

@@ -21,11 +21,13 @@ from acp import (
     tool_content,
     tool_diff_content,
     update_agent_message_text,
+    update_agent_thought_text,
     update_tool_call,
     update_user_message_text,
 )
 from acp.schema import (
     AgentMessageChunk,
+    AgentThoughtChunk,
     ContentToolCallContent,
     Cost,
     FileEditToolCallContent,
@@ -38,14 +40,26 @@ from acp.schema import (
 )
 from acp.schema import Usage as AcpUsage
 
-from ...events import AssistantText, RunEvent, TextDelta, ToolCallFinished, ToolCallStarted
+from ...events import (
+    AssistantText,
+    Queued,
+    RunEvent,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
 from ...events import UsageUpdate as RunUsage
 from ...result import SpawnerResult, ToolCall, Usage
 from ...runtimes.acp.kinds import acp_status, tool_kind, tool_locations
 from ...store import SessionRecord
 
 SessionUpdate = (
-    AgentMessageChunk | UserMessageChunk | ToolCallStart | ToolCallProgress | UsageUpdate
+    AgentMessageChunk
+    | AgentThoughtChunk
+    | UserMessageChunk
+    | ToolCallStart
+    | ToolCallProgress
+    | UsageUpdate
 )
 
 # The context window of a model family, for usage_update's ``size`` (ACP requires one);
@@ -228,6 +242,8 @@ class UpdateStream:
         if isinstance(event, RunUsage):
             self.model = event.model or self.model
             return [usage_update(event.usage, event.cost_usd, self.model)]
+        if isinstance(event, Queued):  # the butler's slots are all busy: say why it waits
+            return [update_agent_thought_text(f"(waiting for a free slot: #{event.position})\n")]
         return []
 
 
