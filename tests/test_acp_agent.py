@@ -341,9 +341,14 @@ async def test_cancel_mid_tool_records_cancelled_and_leaves_nothing(make_butler,
         assert response.stop_reason == "cancelled", agent.log()
         (record,) = _records()
         assert record.status == "cancelled" and record.completed_at is not None
-        _assert_nothing_left()
-        # The session goes on after a cancel.
         assert agent.client.of_kind("tool_call")[0]["kind"] == "execute"
+        _assert_nothing_left()
+        # The session goes on after a cancel, from the cancelled run's conversation.
+        after = await _prompt(agent, session.session_id, "are you awake?")
+    assert after.stop_reason == "end_turn", agent.log()
+    assert agent.client.text().endswith("Woke up.")
+    cancelled, then = _records()
+    assert then.status == "success" and then.parent_session_id == cancelled.id
 
 
 @pytest.mark.e2e

@@ -215,6 +215,7 @@ class ButlerAgent:
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if not turn.cancelled or (current is not None and current.cancelling()):
+                outbox.task.cancel()  # nobody will read them: the client is going away
                 raise  # the connection or the process is going away: the run is cancelled
             await outbox.flush()
             return PromptResponse(stop_reason="cancelled")
