@@ -70,7 +70,10 @@ class BackgroundLoop:
         return job
 
     def call_soon(self, callback: Callable[[], object]) -> None:
-        self.loop.call_soon_threadsafe(callback)
+        """Run ``callback`` on the loop; nothing once the loop has closed (at exit, a widget
+        closed by the garbage collector asks to cancel what the closed loop already ended)."""
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(callback)
 
     def run(
         self,
