@@ -42,6 +42,7 @@ COMMANDS = {
     "ask": Command(ask.add_ask, ask.cmd_ask),
     "chat": Command(ask.add_chat, ask.cmd_chat),
     "doctor": Command(roster.add_doctor, roster.cmd_doctor),
+    "install-clis": Command(roster.add_install_clis, roster.cmd_install_clis),
     "adapter": Command(adapter.add_adapter, adapter.cmd_adapter),
     "credentials": Command(credentials.add_credentials, credentials.cmd_credentials),
     "store": Command(store.add_store, store.cmd_store),
