@@ -104,7 +104,13 @@ def _run(*extra: str) -> tuple[str, ...]:
 def _with_source(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp / "notes").mkdir()
     assert spawnkit("sources", "add", "notes", str(tmp / "notes")).returncode == 0
-    return spawnkit(*args)
+    return spawnkit(*args, stdin="what\x00now" if "-" in args else None)
+
+
+def _nul_file(tmp: Path) -> Path:
+    path = tmp / "nul.txt"
+    path.write_bytes(b"log my\x00weight")
+    return path
 
 
 def _roster_with(tmp: Path, butler_toml: bytes, claude_md: bytes = b"Be brief.") -> Path:
@@ -219,6 +225,22 @@ CASES: dict[str, tuple[BadInput, tuple[str, ...]]] = {
         for option in ("--timeout-s", "--max-cost-usd")
         for value in ("inf", "nan", "0", "-1")
     },
+    "NUL byte in a prompt on stdin": (
+        lambda tmp: spawnkit(*_run("-"), stdin="weigh\x00this"),
+        ("the prompt contains a NUL byte (at character 5)",),
+    ),
+    "NUL byte in a prompt file": (
+        lambda tmp: spawnkit(*_run(f"@{_nul_file(tmp)}")),
+        ("the prompt contains a NUL byte",),
+    ),
+    "NUL byte in the context": (
+        lambda tmp: spawnkit(*_run("--context", f"@{_nul_file(tmp)}", "hi")),
+        ("the context contains a NUL byte",),
+    ),
+    "NUL byte in a question": (
+        lambda tmp: _with_source(tmp, "ask", "--sources", "notes", "-"),
+        ("the question contains a NUL byte",),
+    ),
     "run --timeout-s not a number": (
         lambda tmp: spawnkit(*_run("--timeout-s", "soon", "hi")),
         ("argument --timeout-s: 'soon' is not a number",),

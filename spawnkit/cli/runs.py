@@ -139,7 +139,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     prompt = read_prompt(args.prompt)
     context = read_prompt(args.context) if args.context and args.context != "-" else args.context
-    validate_request(prompt, args.max_turns)  # before the store or any server is touched
+    validate_request(prompt, args.max_turns, context)  # before the store or any server is touched
     limits = Limits(
         max_cost_usd=args.max_cost_usd, max_tokens=args.max_tokens, timeout_s=args.timeout_s
     ).validate()
