@@ -60,12 +60,22 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS.values():
         command.add_parser(commands)
-    # `--store` is a global option, also accepted after the command (`spawnkit sessions
-    # --store URL`); there it is kept only when given, so it never hides the global one.
-    for subparser in commands.choices.values():
+    # `--store` is a global option, also accepted after the command and its subcommand
+    # (`spawnkit sessions --store URL`, `spawnkit store check --store URL`); there it is
+    # kept only when given, so it never hides the global one.
+    for subparser in _subparsers(parser):
         subparser.add_argument("--store", metavar="PATH_OR_URL", default=argparse.SUPPRESS,
                                help=STORE_HELP)  # fmt: skip
     return parser
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """Every command's and subcommand's parser under ``parser``, at any depth."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in dict.fromkeys(action.choices.values()):  # aliases: once each
+                yield subparser
+                yield from _subparsers(subparser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -113,6 +113,8 @@ async def _run_once(
     cluster = Cluster(on, replay=scenario) if on else None
     options: dict[str, Any] = {"cluster": cluster} if cluster is not None else {}
     try:
+        if cluster is not None:
+            await cluster.connect()  # out of reach: one line, before the butler starts
         async with ButlerService(
             butler,
             store=store,
@@ -139,7 +141,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     prompt = read_prompt(args.prompt)
     context = read_prompt(args.context) if args.context and args.context != "-" else args.context
-    validate_request(prompt, args.max_turns)  # before the store or any server is touched
+    validate_request(prompt, args.max_turns, context)  # before the store or any server is touched
+    if args.on:
+        from ..containment.cluster_security import checked_scheduler_address
+
+        checked_scheduler_address(args.on)
     limits = Limits(
         max_cost_usd=args.max_cost_usd, max_tokens=args.max_tokens, timeout_s=args.timeout_s
     ).validate()
