@@ -22,6 +22,7 @@ from ..events import (
     AssistantText,
     Finished,
     NetworkDenied,
+    PermissionDecided,
     Queued,
     RunEvent,
     Started,
@@ -206,9 +207,19 @@ def render_event(event: RunEvent, style: Style = Style()) -> str | None:
         return "\n".join(f"  {line}" for line in event.text.strip().splitlines())
     if isinstance(event, NetworkDenied):
         return render_network_denied(event, style)
+    if isinstance(event, PermissionDecided):
+        return render_permission_decided(event, style)
     if isinstance(event, Finished):
         return render_summary(event.result, style)
     return None
+
+
+def render_permission_decided(event: PermissionDecided, style: Style = Style()) -> str:
+    """``  ? Write: denied (no approver): why``: the answer to an ask question."""
+    answer = event.answer
+    word = style.green("allowed") if answer.allowed else style.red("denied")
+    why = f": {one_line(answer.reason, 160)}" if answer.reason and not answer.allowed else ""
+    return f"  ? {tool_label(event.call)}: {word} ({answer.by}){why}"
 
 
 class EventPrinter:
