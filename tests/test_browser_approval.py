@@ -50,6 +50,11 @@ def lab_with_asking_butler(tmp_path: Path) -> Iterator[tuple[int, Path]]:
          f"%%spawn --background --butler health --roster {roster} --replay {scenario}\n"
          "write the note"],
     )  # fmt: skip
+    write_notebook(
+        work / "foreground.ipynb",
+        ["%load_ext spawnkit",
+         f"%%spawn --butler health --roster {roster} --replay {scenario}\nwrite the note"],
+    )  # fmt: skip
     port = free_port()
     proc = start(
         [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
@@ -88,3 +93,24 @@ def test_allow_on_the_card_lets_the_tool_run(
     assert (out / "note.txt").read_text() == "from the card"
     (record,) = SessionStore().list_sessions()
     assert [(a.allowed, a.by) for a in record.permissions] == [(True, "notebook")]
+
+
+def test_a_foreground_run_asks_in_the_cells_input_box(
+    lab_with_asking_butler: tuple[int, Path],
+    browser: Any,  # noqa: F811 - the fixture imported above
+) -> None:
+    port, out = lab_with_asking_butler
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = open_notebook(browser, port, "foreground.ipynb")
+    run_all(page)
+    box = page.locator(".jp-Stdin-input")
+    box.wait_for(timeout=240_000)
+    card = page.locator(".spawnkit-run .sk-approval[data-state='waiting']")
+    assert "answer in the box below the cell" in card.inner_text()
+    assert not card.locator(".sk-allow").is_visible(), "no button the busy kernel cannot hear"
+    page.screenshot(path=str(ARTIFACTS / "lab-approval-below.png"))
+    box.fill("y")
+    box.press("Enter")
+    wait_state(page, "success")
+    page.close()
+    assert (out / "note.txt").read_text() == "from the card"
