@@ -305,6 +305,7 @@ def render_session(record: SessionRecord, style: Style = Style()) -> str:
     data: dict[str, Any] = record.to_dict()
     calls = data.pop("tool_calls")
     output = data.pop("output") or ""
+    data.pop("permissions")
     lines = [style.bold(f"session {record.id}")]
     width = max(len(k) for k in data)
     for key, value in data.items():
@@ -314,6 +315,12 @@ def render_session(record: SessionRecord, style: Style = Style()) -> str:
     for call in record.tool_calls:
         lines.append("  " + render_tool_call_started(call, style))
         lines.append("  " + render_tool_call_finished(call, style))
+    if record.permissions:
+        lines.append(f"  {'permissions'.ljust(width)}  {len(record.permissions)} asked")
+    for answer in record.permissions:
+        word = style.green("allowed") if answer.allowed else style.red("denied")
+        always = ", always" if answer.always else ""
+        lines.append(f"    ? {answer.tool} ({answer.tool_call_id}): {word} by {answer.by}{always}")
     if output:
         lines.append(f"  {'output'.ljust(width)}")
         lines.extend(f"    {line}" for line in output.splitlines())
