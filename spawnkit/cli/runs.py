@@ -98,12 +98,14 @@ async def _run_once(
     json_output: bool,
     store: SessionStore,
     on: str | None = None,
+    ask_terminal: bool = False,
 ) -> SpawnerResult:
     import asyncio
 
     from ..replay import Scenario
     from ..run.dispatch import Cluster
     from ..serve.service import ButlerService
+    from .approving import terminal_approver
     from .console import EventPrinter
 
     _quiet_sdk_logs()
@@ -124,8 +126,10 @@ async def _run_once(
             **options,
         ) as service:
             return await service.trigger(
-                prompt, context=context, max_turns=max_turns, on_event=printer
-            )
+                prompt, context=context, max_turns=max_turns, on_event=printer,
+                # [butler.permissions] ask: y/N on a terminal; elsewhere nobody answers.
+                approver=terminal_approver() if ask_terminal else None,
+            )  # fmt: skip
     finally:
         provider.shutdown()
         if cluster is not None:
@@ -157,7 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _run_once(
             butler, prompt, context=context, max_turns=args.max_turns,
             replay=args.replay, external_mcp=args.external_mcp, json_output=args.json,
-            store=store, on=args.on,
+            store=store, on=args.on, ask_terminal=True,
         )
     )  # fmt: skip
     if args.json:
