@@ -62,6 +62,7 @@ from .events import EventSink
 from .home import home_path, spawnkit_home
 from .result import SpawnerResult, ToolCall, Usage
 from .run import RunKind, Spawner
+from .run.request import refuse_nul
 from .runtimes import ALIASES
 from .store import SessionRecord, SessionStore
 
@@ -787,6 +788,7 @@ async def ask(
     """
     if not question.strip():
         raise ConfigError("the question is empty")
+    refuse_nul(question, "the question")
     resolved = resolve_sources(sources, registry)
     prompt = render_prompt(load_template(template_file), question, resolved)
     _check_paths(resolved)

@@ -141,3 +141,33 @@ def test_an_answer_for_no_question_is_ignored() -> None:
     view = RunView()
     assert view.answer("nothing", True) is False
     from_browser(view, {"kind": "permission", "id": "nothing", "allowed": "yes"})  # no crash
+
+
+@pytest.mark.e2e
+def test_a_foreground_run_puts_the_question_in_the_cells_input_box(
+    tmp_path: Path, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cell blocked in ``%%spawn`` reads no widget message: the question goes to input()."""
+    out = tmp_path / "out"
+    out.mkdir()
+    roster = roster_with_asking_butler(tmp_path, out)
+    prompts: list[str] = []
+
+    def typed(prompt: str) -> str:
+        prompts.append(prompt)
+        return "y"
+
+    monkeypatch.setattr("builtins.input", typed)
+    monkeypatch.setattr("spawnkit.notebook.runner._show", lambda view: None)
+    hub = Hub(store)
+    try:
+        result = spawn(
+            "write the note", butler="health", roster=roster,
+            replay=roster / "health" / "scenarios" / "write.toml", render="widget", hub=hub,
+        )  # fmt: skip
+    finally:
+        hub.close()
+    assert isinstance(result, SpawnerResult) and result.success, result
+    assert prompts == [f"Allow Write ({out / 'note.txt'})? [y/N] "]
+    assert (out / "note.txt").read_text() == "from the card"
+    assert [(a.allowed, a.by) for a in result.permissions] == [(True, "notebook")]

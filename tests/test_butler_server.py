@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -150,3 +151,44 @@ async def test_trigger_tool_without_a_spawner(make_butler, store) -> None:
     async with http_client(make_butler(), store, "k") as client:
         result = payload(await client.call_tool("trigger", {"prompt": "x"}))
     assert result == {"success": False, "error": "this server has no spawner to trigger runs"}
+
+
+async def test_trigger_tool_called_in_process_without_a_request(make_butler, store) -> None:
+    """``MCPServer.call_tool`` (how MCP servers are tested in process) gives the tool a
+    Context without a request: the run goes on, with no progress to send anywhere."""
+    butler = make_butler()
+    spawner = Spawner(butler, store=store, adapter=FakeAdapter())
+    server = ButlerServer(butler, store, spawner)
+    result = await server.mcp.call_tool("trigger", {"prompt": "in process"})
+    assert not result.is_error, result.content
+    assert result.structured_content["success"] is True
+    assert result.structured_content["output"] == "answer to: in process"
+    (record,) = store.list_sessions()
+    assert (record.trigger_source, record.status) == ("trigger", "success")
+
+
+async def test_trigger_tool_through_an_in_memory_client_sends_progress(make_butler, store) -> None:
+    """The MCP SDK's in-memory ``Client(server)``: a request to answer, so progress goes out."""
+    butler = make_butler()
+    spawner = Spawner(butler, store=store, adapter=FakeAdapter())
+    server = ButlerServer(butler, store, spawner)
+    seen: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(json.loads(message or "null")["event"])
+
+    async with Client(server.mcp) as client:
+        result = await client.call_tool("trigger", {"prompt": "hi"}, progress_callback=on_progress)
+    assert payload(result)["success"] is True
+    assert "tool_call" in seen
+
+
+async def test_trigger_tool_refuses_a_nul_byte_in_one_line(make_butler, store) -> None:
+    butler = make_butler()
+    adapter = FakeAdapter()
+    server = ButlerServer(butler, store, Spawner(butler, store=store, adapter=adapter))
+    result = await server.mcp.call_tool("trigger", {"prompt": "a\x00b"})
+    assert result.structured_content["success"] is False
+    assert "NUL byte" in result.structured_content["error"]
+    assert "\n" not in result.structured_content["error"]
+    assert adapter.specs == [] and store.count_sessions() == 0

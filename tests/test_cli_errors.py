@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -104,7 +105,13 @@ def _run(*extra: str) -> tuple[str, ...]:
 def _with_source(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp / "notes").mkdir()
     assert spawnkit("sources", "add", "notes", str(tmp / "notes")).returncode == 0
-    return spawnkit(*args)
+    return spawnkit(*args, stdin="what\x00now" if "-" in args else None)
+
+
+def _nul_file(tmp: Path) -> Path:
+    path = tmp / "nul.txt"
+    path.write_bytes(b"log my\x00weight")
+    return path
 
 
 def _roster_with(tmp: Path, butler_toml: bytes, claude_md: bytes = b"Be brief.") -> Path:
@@ -218,6 +225,34 @@ CASES: dict[str, tuple[BadInput, tuple[str, ...]]] = {
         )
         for option in ("--timeout-s", "--max-cost-usd")
         for value in ("inf", "nan", "0", "-1")
+    },
+    "NUL byte in a prompt on stdin": (
+        lambda tmp: spawnkit(*_run("-"), stdin="weigh\x00this"),
+        ("the prompt contains a NUL byte (at character 5)",),
+    ),
+    "NUL byte in a prompt file": (
+        lambda tmp: spawnkit(*_run(f"@{_nul_file(tmp)}")),
+        ("the prompt contains a NUL byte",),
+    ),
+    "NUL byte in the context": (
+        lambda tmp: spawnkit(*_run("--context", f"@{_nul_file(tmp)}", "hi")),
+        ("the context contains a NUL byte",),
+    ),
+    "NUL byte in a question": (
+        lambda tmp: _with_source(tmp, "ask", "--sources", "notes", "-"),
+        ("the question contains a NUL byte",),
+    ),
+    **{
+        f"run --on {address}": (
+            lambda tmp, address=address: spawnkit(*_run("--on", address, "hi")),
+            (f"{address!r} is not a Dask scheduler's address ({why})", "tcp://host:8786"),
+        )
+        for address, why in (
+            ("notanaddress", "it has no port"),
+            ("tcp://127.0.0.1", "it has no port"),
+            ("http://127.0.0.1:8786", "the scheme http:// is not tcp:// or tls://"),
+            ("tcp://127.0.0.1:port", "it is not host:port"),
+        )
     },
     "run --timeout-s not a number": (
         lambda tmp: spawnkit(*_run("--timeout-s", "soon", "hi")),
@@ -344,3 +379,15 @@ def test_history_reads_a_read_only_home(isolated_home: Path, read_only: ReadOnly
     assert done.returncode == 0, done.stderr
     assert '"butler": "general"' in done.stdout and '"sessions": 3' in done.stdout
     assert done.stderr == ""
+
+
+def test_an_unreachable_scheduler_is_one_line_and_no_record(tmp_path: Path) -> None:
+    """Nothing listens there: refused once the connection attempt gives up (5 s), before
+    the run is accepted, so it is never said to be queued and leaves no record."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    done = spawnkit(*_run("--on", address, "hi"), cwd=tmp_path)
+    assert_one_line(done, f"cannot reach the Dask scheduler at {address} within 5 s")
+    assert "queued" not in done.stdout, done.stdout
+    assert SessionStore().count_sessions() == 0

@@ -258,3 +258,45 @@ def test_a_worker_that_cannot_run_agents_closes_itself(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(scheduler.pid, signal.SIGKILL)
             scheduler.wait()
+
+
+def test_spawnkit_worker_says_what_it_found_and_when_it_stops(tmp_path):
+    """Among Dask's lines, one of spawnkit's own when the worker is ready (its CLIs, store and
+    roster) and one when it stops."""
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    scheduler = _start(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+         "--port", str(port), "--dashboard-address", ":0"],
+        dict(os.environ), tmp_path / "scheduler.log",
+    )  # fmt: skip
+    log = tmp_path / "worker.log"
+    store = tmp_path / "worker.db"
+    try:
+        worker = _start(
+            [sys.executable, "-m", "spawnkit", "--store", str(store), "worker", "--insecure",
+             "--scheduler", address, "--", "--no-nanny", "--dashboard-address", ":0"],
+            dict(os.environ), log,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 90
+            while "spawnkit worker: ready at" not in log.read_text():
+                assert worker.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(timeout=60)
+        finally:
+            if worker.poll() is None:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait()
+        lines = log.read_text().splitlines()
+        (ready,) = [line for line in lines if line.startswith("spawnkit worker: ready at")]
+        assert "CLIs claude-code " in ready and f"store {store}" in ready and "roster " in ready
+        assert any(line.startswith("spawnkit worker: stopped") for line in lines), lines
+    finally:
+        os.killpg(scheduler.pid, signal.SIGTERM)
+        try:
+            scheduler.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(scheduler.pid, signal.SIGKILL)
+            scheduler.wait()

@@ -10,14 +10,23 @@ from spawnkit.cli.console import (
     Style,
     describe_input,
     render_event,
+    render_session,
     render_sessions_table,
     render_summary,
     render_tool_call_finished,
     render_tool_call_started,
 )
 from spawnkit.containment.egress import NOT_LISTED, PRIVATE
-from spawnkit.events import Finished, NetworkDenied, Queued, TextDelta, ToolCallStarted
-from spawnkit.result import SpawnerResult, ToolCall, Usage
+from spawnkit.events import (
+    Finished,
+    NetworkDenied,
+    PermissionDecided,
+    Queued,
+    TextDelta,
+    ToolCallStarted,
+)
+from spawnkit.result import PermissionAnswer, SpawnerResult, ToolCall, Usage
+from spawnkit.store.records import SessionRecord
 
 T0 = datetime(2026, 11, 22, 8, 0, tzinfo=UTC)
 
@@ -111,3 +120,23 @@ def test_a_run_with_refusals_ends_with_a_hint_naming_the_key_and_the_file() -> N
     quiet = io.StringIO()
     EventPrinter(quiet)(Finished("t", SpawnerResult(session_id="t")))
     assert "hint" not in quiet.getvalue() and "blocked" not in quiet.getvalue()
+
+
+def test_permission_answers_are_printed_and_shown_with_the_session() -> None:
+    write = call("Write", file_path="/tmp/x")
+    answer = PermissionAnswer("c1", "Write", False, "no approver", T0, reason="nobody\nthere")
+    assert (
+        render_event(PermissionDecided("s", write, answer))
+        == "  ? Write: denied (no approver): nobody there"
+    )
+    record = SessionRecord(
+        id="s", butler="b", runtime="claude-code", model=None, prompt="p", context=None,
+        trigger_source="external", status="success", success=True, error=None,
+        error_kind=None, output="", tool_calls=[write], duration_ms=1, usage=Usage(),
+        cost_usd=None, num_turns=1, trace_id=None, runtime_session_id=None,
+        parent_session_id=None, created_at=T0, started_at=T0, completed_at=T0,
+        permissions=(answer,),
+    )  # fmt: skip
+    shown = render_session(record)
+    assert any(line.split() == ["permissions", "1", "asked"] for line in shown.splitlines())
+    assert "    ? Write (c1): denied by no approver" in shown

@@ -247,3 +247,17 @@ def test_session_timeout_comes_from_config(work: Path) -> None:
     (spawnkit_home() / "adapter.toml").write_text("[adapter]\ntimeout_seconds = 1\n")
     bad = spawnkit("adapter", "codex", "spawn", "brief.md", "state.json", "x", cwd=work)
     assert bad.returncode == 2 and "unknown keys timeout_seconds" in bad.stderr
+
+
+def test_spawn_refuses_a_nul_byte_in_the_prompt(work: Path) -> None:
+    (work / "nul.txt").write_bytes(b"count\x00words")
+    done = spawnkit(
+        "adapter", "codex", "--replay", "echo.toml", "spawn", "brief.md", "state.json",
+        "@nul.txt", cwd=work,
+    )  # fmt: skip
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.strip() == (
+        "spawnkit adapter: the prompt contains a NUL byte (at character 5), which no agent CLI "
+        "can receive: remove it"
+    )
+    assert done.stdout == "" and SessionStore().count_sessions() == 0

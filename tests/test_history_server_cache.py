@@ -129,6 +129,7 @@ def test_a_store_before_schema_7_is_read_directly(
         conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN change_xid")
         conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN owner_seal")  # 9's
         conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN network_denied")  # 10's
+        conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN permissions")  # 11's
         conn.execute("DELETE FROM spawnkit.schema_version WHERE version >= 7")
     frame = _same_as_the_database(url)
     assert list(frame["session_id"]) == ["a", "b", "c", "d"]

@@ -369,6 +369,7 @@ def test_a_store_is_migrated_to_schema_5_with_its_history_untouched(tmp_path: Pa
         conn.execute(f"DROP TABLE {name}")
     for kind in ("session_update", "session_delete", "call_update", "call_delete"):
         conn.execute(f"DROP TRIGGER history_epoch_{kind}")
+    conn.execute("ALTER TABLE sessions DROP COLUMN permissions")  # schema 15's
     conn.execute("ALTER TABLE sessions DROP COLUMN network_denied")  # schema 14's
     conn.execute("ALTER TABLE sessions DROP COLUMN owner_seal")  # schema 13's
     conn.execute("DROP INDEX sessions_lease")  # schema 12's

@@ -77,7 +77,8 @@ def test_the_command_is_spawnkit_acp_on_jupyters_interpreter(roster: Path) -> No
     assert acp_command(roster, "health", None) == [
         sys.executable, "-m", "spawnkit", "acp", "--roster", str(roster), "--butler", "health",
     ]  # fmt: skip
-    assert acp_command(roster, "health", "demo")[-2:] == ["--replay", "demo"]
+    scenario = roster / "health" / "scenarios" / "demo.toml"
+    assert acp_command(roster, "health", scenario)[-2:] == ["--replay", str(scenario)]
 
 
 def test_replay_applies_to_butlers_that_have_the_scenario(
@@ -87,7 +88,7 @@ def test_replay_applies_to_butlers_that_have_the_scenario(
     monkeypatch.setenv("SPAWNKIT_ROSTER", str(roster))
     monkeypatch.setenv("SPAWNKIT_PERSONA_BUTLER", "general")
     classes = butler_personas("x", replay=scenario)
-    assert classes["Butler_health"].replay == scenario
+    assert classes["Butler_health"].replay == roster / "health" / "scenarios" / f"{scenario}.toml"
     assert classes["Butler_relationship"].replay is None
 
 

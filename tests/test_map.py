@@ -2,11 +2,14 @@
 
 The batches themselves run on the real CLIs in tests/test_map_e2e.py; here are the parts
 a user meets before and around them: what a bad input says, what the bar shows, what
-``%%spawn_map`` does with a cell, and git worktrees made and removed for real.
+``%%spawn_map`` does with a cell, and git worktrees made and removed for real. The cost a
+batch shows is tested with a hand-written runner: a run whose runtime reports a cost other
+than its estimate (two price tables that disagree) is a case no replay CLI makes on demand.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +19,12 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.testing import globalipapp
 
-from spawnkit.cluster.batch import Progress
+from spawnkit.cluster.batch import Batch, BatchItem, Progress
 from spawnkit.cluster.worktrees import DiffDoesNotApply, Worktrees, apply_diff, base_commit
 from spawnkit.errors import ConfigError
+from spawnkit.events import EventSink, UsageUpdate
 from spawnkit.notebook.batch import _TextBar, prompt_list, static_html
+from spawnkit.result import SpawnerResult, Usage
 
 from .conftest import REPO, git
 
@@ -68,6 +73,50 @@ def test_the_progress_line_counts_every_state_and_the_budget() -> None:
     assert stopped.line().endswith("3 skipped · $1.2000 · budget reached: no new runs")
     assert _TextBar.render(progress).startswith("[############............] 5/10")
     assert '<progress max="100" value="50">' in static_html(progress)
+
+
+def test_a_running_estimate_is_shown_apart_from_what_finished_runs_cost() -> None:
+    progress = Progress(total=4, done=1, running=2, cost_usd=0.01, running_cost_usd=0.0138)
+    assert progress.line() == "1/4 · 1 ok · 0 failed · 2 running · $0.0100 (+$0.0138 running)"
+
+
+class EstimatedHigh:
+    """A runner whose runs report usage priced at 0.02 live, then finish at a cost of 0.01
+    (the CLI's own price), one after another as the test releases them."""
+
+    def __init__(self) -> None:
+        self.release: asyncio.Queue[None] = asyncio.Queue()
+        self.reported = 0
+
+    async def trigger(
+        self, prompt: str, trigger_source: str = "external", *, on_event: EventSink | None = None,
+        session_id: str | None = None, workdir: Path | None = None,
+    ) -> SpawnerResult:  # fmt: skip
+        assert on_event is not None and session_id is not None
+        on_event(UsageUpdate(session_id, Usage(1000, 100), 0.02, 1, "some-model"))
+        self.reported += 1
+        await self.release.get()
+        return SpawnerResult(output="done", session_id=session_id, cost_usd=0.01)
+
+    async def cancel(self, session_id: str) -> bool:
+        return False
+
+
+async def test_the_cost_so_far_never_goes_down_when_a_run_ends_below_its_estimate() -> None:
+    runner = EstimatedHigh()
+    shown: list[Progress] = []
+    items = [BatchItem(n, n, f"prompt {n}", "fake") for n in range(3)]
+    batch = Batch(items, {"fake": runner}, max_concurrent=3, on_progress=shown.append)
+    running = asyncio.create_task(batch.run())
+    while runner.reported < 3:
+        await asyncio.sleep(0.01)
+    for _ in items:
+        runner.release.put_nowait(None)
+    rows = await asyncio.wait_for(running, 30)
+    assert [row.result.cost_usd for row in rows if row.result] == [0.01] * 3
+    costs = [p.cost_usd for p in shown]
+    assert costs == sorted(costs) and costs[-1] == pytest.approx(0.03), costs
+    assert shown[-1].line().endswith(" · $0.0300")
 
 
 @pytest.fixture

@@ -7,7 +7,10 @@ its ``completed_at``), the budget on scenarios whose usage gives a known cost.
 
 from __future__ import annotations
 
+import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,8 +21,9 @@ import pandas as pd
 import pytest
 
 import spawnkit
-from spawnkit.cluster.batch import SKIPPED_BUDGET, SKIPPED_STOPPED
+from spawnkit.cluster.batch import SKIPPED_BUDGET, SKIPPED_STOPPED, BatchRefused
 from spawnkit.cluster.worktrees import DiffDoesNotApply
+from spawnkit.errors import MissingApiKeyError
 from spawnkit.history.pricing import default_pricing
 from spawnkit.notebook.hub import Hub
 from spawnkit.store import SessionRecord, SessionStore
@@ -279,3 +283,68 @@ def test_map_on_a_local_cluster_runs_on_its_workers_within_max_concurrent(
     records = store.list_sessions(limit=100)
     assert len(records) == 8 and {r.owner_host for r in records} == {"dask-worker-host"}
     assert 2 <= most_at_once(records) <= 3, "runs in parallel, never more than 3 at once"
+
+
+def test_a_batch_every_run_of_which_has_no_key_raises_that_one_error(
+    make_butler: Any, hub: Hub, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("OPENAI_API_KEY", "CODEX_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(MissingApiKeyError, match="codex has no API key"):
+        spawnkit.map(codex_butler(make_butler), ["a", "b", "c"], hub=hub, progress="none")
+    assert store.list_sessions(limit=10) == []
+
+
+def test_a_batch_with_some_runs_refused_says_why_on_each_row_and_warns_once(
+    make_butler: Any, hub: Hub, scenario: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPAWNKIT_GEMINI_CLI", "/nonexistent/gemini")
+    with pytest.warns(RuntimeWarning, match=r"2 of 4 runs were refused .*gemini") as warned:
+        frame = spawnkit.map(
+            codex_butler(make_butler), ["count the words in: a b", "count the words in: c"],
+            runtimes=["codex", "gemini"], replay=scenario, hub=hub, progress="none",
+        )  # fmt: skip
+    assert len(warned) == 1
+    codex, gemini = frame.xs("codex", level="runtime"), frame.xs("gemini", level="runtime")
+    assert codex["success"].all(), codex["error"].tolist()
+    assert (gemini["status"] == "refused").all()
+    assert gemini["error"].str.contains("cannot find the '/nonexistent/gemini").all()
+
+
+def test_runtimes_that_are_all_missing_are_one_error_naming_each(
+    make_butler: Any, hub: Hub, scenario: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPAWNKIT_GEMINI_CLI", "/nonexistent/gemini")
+    monkeypatch.setenv("SPAWNKIT_CODEX_CLI", "/nonexistent/codex")
+    with pytest.raises(BatchRefused, match=r"every run of the batch was refused: codex.*; gemini"):
+        spawnkit.map(
+            codex_butler(make_butler), ["count the words in: a"], runtimes=["codex", "gemini"],
+            replay=scenario, hub=hub, progress="none",
+        )  # fmt: skip
+
+
+MAP_SCRIPT = """
+import spawnkit
+frame = spawnkit.map("{butler}", ["count the words in: a b", "count the words in: c d e"],
+                     runtimes=["claude-code", "codex"], replay="{scenario}", progress="text")
+print(frame["status"].tolist())
+"""
+
+
+def test_a_script_that_maps_ends_quietly_and_its_cost_so_far_only_goes_up(
+    make_butler: Any, scenario: Path, tmp_path: Path
+) -> None:
+    """Codex's MCP client opens an SSE stream, whose library leaves a task on the loop; and
+    Claude Code reports its own cost at the end, which the live estimate need not match."""
+    butler = make_butler("mapper", extra="[butler.runtime]\nmax_concurrent_sessions = 4\n")
+    script = MAP_SCRIPT.format(butler=butler.name, scenario=scenario)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("['success', 'success', 'success', 'success']")
+    assert "Task was destroyed" not in done.stderr and "Traceback" not in done.stderr
+    shown = [line for line in re.split(r"[\r\n]", done.stderr) if line.startswith("[")]
+    costs = [float(re.search(r" · \$([0-9.]+)", line)[1]) for line in shown]  # type: ignore[index]
+    assert len(costs) > 2 and costs == sorted(costs) and costs[-1] > 0, shown

@@ -317,7 +317,7 @@ def test_unknown_key_in_butler(tmp_path: Path) -> None:
     )
     assert message == (
         f"{path}: [butler.descripton]: unknown key (did you mean 'description'? allowed: "
-        "agents, description, env, limits, mcp_transport, name, port, retry, runtime, "
+        "agents, description, env, limits, mcp_transport, name, permissions, port, retry, runtime, "
         "sandbox, schedule, telemetry)"
     )
 

@@ -383,3 +383,17 @@ async def test_a_chosen_plain_session_id_is_used(make_butler, store) -> None:
     record = store.get_session("orchestrator-run_7.a")
     assert record is not None and record.log_dir is not None
     assert record.log_dir.name == "orchestrator-run_7.a"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "context", "what"),
+    [("a\x00b", None, "the prompt"), ("fine", "c\x00d", "the context")],
+)
+async def test_a_nul_byte_is_refused_never_changed(
+    make_butler, store, prompt: str, context: str | None, what: str
+) -> None:
+    adapter = FakeAdapter()
+    spawner = Spawner(make_butler(), store=store, adapter=adapter)
+    with pytest.raises(InvalidArgument, match=f"{what} contains a NUL byte"):
+        await spawner.trigger(prompt, context=context)
+    assert adapter.specs == [] and store.count_sessions() == 0

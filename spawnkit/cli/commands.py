@@ -42,6 +42,7 @@ COMMANDS = {
     "ask": Command(ask.add_ask, ask.cmd_ask),
     "chat": Command(ask.add_chat, ask.cmd_chat),
     "doctor": Command(roster.add_doctor, roster.cmd_doctor),
+    "install-clis": Command(roster.add_install_clis, roster.cmd_install_clis),
     "adapter": Command(adapter.add_adapter, adapter.cmd_adapter),
     "credentials": Command(credentials.add_credentials, credentials.cmd_credentials),
     "store": Command(store.add_store, store.cmd_store),
@@ -60,12 +61,22 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS.values():
         command.add_parser(commands)
-    # `--store` is a global option, also accepted after the command (`spawnkit sessions
-    # --store URL`); there it is kept only when given, so it never hides the global one.
-    for subparser in commands.choices.values():
+    # `--store` is a global option, also accepted after the command and its subcommand
+    # (`spawnkit sessions --store URL`, `spawnkit store check --store URL`); there it is
+    # kept only when given, so it never hides the global one.
+    for subparser in _subparsers(parser):
         subparser.add_argument("--store", metavar="PATH_OR_URL", default=argparse.SUPPRESS,
                                help=STORE_HELP)  # fmt: skip
     return parser
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """Every command's and subcommand's parser under ``parser``, at any depth."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in dict.fromkeys(action.choices.values()):  # aliases: once each
+                yield subparser
+                yield from _subparsers(subparser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from ..events import (
     AssistantText,
     Finished,
     NetworkDenied,
+    PermissionDecided,
     Queued,
     RunEvent,
     Started,
@@ -206,9 +207,19 @@ def render_event(event: RunEvent, style: Style = Style()) -> str | None:
         return "\n".join(f"  {line}" for line in event.text.strip().splitlines())
     if isinstance(event, NetworkDenied):
         return render_network_denied(event, style)
+    if isinstance(event, PermissionDecided):
+        return render_permission_decided(event, style)
     if isinstance(event, Finished):
         return render_summary(event.result, style)
     return None
+
+
+def render_permission_decided(event: PermissionDecided, style: Style = Style()) -> str:
+    """``  ? Write: denied (no approver): why``: the answer to an ask question."""
+    answer = event.answer
+    word = style.green("allowed") if answer.allowed else style.red("denied")
+    why = f": {one_line(answer.reason, 160)}" if answer.reason and not answer.allowed else ""
+    return f"  ? {tool_label(event.call)}: {word} ({answer.by}){why}"
 
 
 class EventPrinter:
@@ -294,6 +305,7 @@ def render_session(record: SessionRecord, style: Style = Style()) -> str:
     data: dict[str, Any] = record.to_dict()
     calls = data.pop("tool_calls")
     output = data.pop("output") or ""
+    data.pop("permissions")
     lines = [style.bold(f"session {record.id}")]
     width = max(len(k) for k in data)
     for key, value in data.items():
@@ -303,6 +315,12 @@ def render_session(record: SessionRecord, style: Style = Style()) -> str:
     for call in record.tool_calls:
         lines.append("  " + render_tool_call_started(call, style))
         lines.append("  " + render_tool_call_finished(call, style))
+    if record.permissions:
+        lines.append(f"  {'permissions'.ljust(width)}  {len(record.permissions)} asked")
+    for answer in record.permissions:
+        word = style.green("allowed") if answer.allowed else style.red("denied")
+        always = ", always" if answer.always else ""
+        lines.append(f"    ? {answer.tool} ({answer.tool_call_id}): {word} by {answer.by}{always}")
     if output:
         lines.append(f"  {'output'.ljust(width)}")
         lines.extend(f"    {line}" for line in output.splitlines())

@@ -503,8 +503,14 @@ PROMPT_FILE = "prompt.txt"
 
 
 def _check_prompt(prompt: str) -> None:
+    from ..run.request import refuse_nul
+
     if not prompt.strip():
         raise ContractError("the prompt is empty: give the agent something to do")
+    try:
+        refuse_nul(prompt, "the prompt")
+    except SpawnkitError as exc:
+        raise ContractError(str(exc)) from None
 
 
 def write_prompt(session_id: str, prompt: str) -> Path:

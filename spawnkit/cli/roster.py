@@ -1,6 +1,6 @@
-"""``spawnkit roster``, ``spawnkit init`` and ``spawnkit doctor``: the butlers a roster
-holds, a new roster to start from, and whether this host can run them (each runtime's
-CLI found, each butler's MCP server answering)."""
+"""``spawnkit roster``, ``spawnkit init``, ``spawnkit doctor`` and ``spawnkit install-clis``:
+the butlers a roster holds, a new roster to start from, whether this host can run them
+(each runtime's CLI found, each butler's MCP server answering), and the pinned node CLIs."""
 
 from __future__ import annotations
 
@@ -36,6 +36,24 @@ def add_doctor(commands: Commands) -> None:
     doctor.add_argument("--roster", type=Path, default=None, help=ROSTER_HELP)
     doctor.add_argument("--butler", help="check only this butler's MCP server")
     doctor.add_argument("--json", action="store_true")
+
+
+def add_install_clis(commands: Commands) -> None:
+    commands.add_parser(
+        "install-clis",
+        help="install the pinned Codex and Gemini CLIs (and the ACP adapters) with npm into "
+        "$SPAWNKIT_HOME/clis, where spawnkit finds them",
+    )
+
+
+def cmd_install_clis(args: argparse.Namespace) -> int:
+    from ..runtimes.npm_clis import install_clis, pinned_versions
+
+    pinned = ", ".join(f"{name}@{version}" for name, version in pinned_versions().items())
+    print(f"installing {pinned} with npm ...", flush=True)
+    where = install_clis()
+    print(f"installed into {where}; `spawnkit doctor` shows what each runtime uses")
+    return EXIT_OK
 
 
 def cmd_roster(args: argparse.Namespace) -> int:
@@ -102,6 +120,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             print(f"  {c.runtime:<12} ok       {c.version or '?'}  ({c.path})")
         else:
             print(f"  {c.runtime:<12} missing  install it with: {c.install}")
+    if any(not c.found and c.install and c.install.startswith("npm ") for c in runtimes):
+        print("  (`spawnkit install-clis` installs the pinned Codex and Gemini into "
+              "$SPAWNKIT_HOME/clis, where spawnkit finds them)")  # fmt: skip
     if roster is None:
         print(f"MCP servers: not checked: {no_roster}")
     else:

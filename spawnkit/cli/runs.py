@@ -113,6 +113,8 @@ async def serving(
     cluster = Cluster(on, replay=scenario) if on else None
     options: dict[str, Any] = {"cluster": cluster} if cluster is not None else {}
     try:
+        if cluster is not None:
+            await cluster.connect()  # out of reach: one line, before the butler starts
         async with ButlerService(
             butler,
             store=store,
@@ -139,14 +141,20 @@ async def _run_once(
     json_output: bool,
     store: SessionStore,
     on: str | None = None,
+    ask_terminal: bool = False,
 ) -> SpawnerResult:
+    from .approving import terminal_approver
     from .console import EventPrinter
 
     printer = EventPrinter(sys.stderr if json_output else sys.stdout)
     async with serving(
         butler, replay=replay, store=store, external_mcp=external_mcp, on=on
     ) as service:
-        return await service.trigger(prompt, context=context, max_turns=max_turns, on_event=printer)
+        return await service.trigger(
+            prompt, context=context, max_turns=max_turns, on_event=printer,
+            # [butler.permissions] ask: y/N on a terminal; elsewhere nobody answers.
+            approver=terminal_approver() if ask_terminal else None,
+        )  # fmt: skip
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -158,7 +166,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     prompt = read_prompt(args.prompt)
     context = read_prompt(args.context) if args.context and args.context != "-" else args.context
-    validate_request(prompt, args.max_turns)  # before the store or any server is touched
+    validate_request(prompt, args.max_turns, context)  # before the store or any server is touched
+    if args.on:
+        from ..containment.cluster_security import checked_scheduler_address
+
+        checked_scheduler_address(args.on)
     limits = Limits(
         max_cost_usd=args.max_cost_usd, max_tokens=args.max_tokens, timeout_s=args.timeout_s
     ).validate()
@@ -170,7 +182,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _run_once(
             butler, prompt, context=context, max_turns=args.max_turns,
             replay=args.replay, external_mcp=args.external_mcp, json_output=args.json,
-            store=store, on=args.on,
+            store=store, on=args.on, ask_terminal=True,
         )
     )  # fmt: skip
     if args.json:

@@ -12,6 +12,8 @@ from ..errors import SpawnkitError
 from .parsing import Commands
 from .reporting import EXIT_FAILED, EXIT_OK
 
+STORE_PATH_HELP = "a SQLite file or postgresql:// URL (default: the configured store, see --store)"
+
 
 def add_store(commands: Commands) -> None:
     store_cmd = commands.add_parser("store", help="check, repair or migrate the session store")
@@ -19,15 +21,23 @@ def add_store(commands: Commands) -> None:
     check = store_commands.add_parser(
         "check", help="check every page of the store; exit 1 if it is damaged"
     )
-    check.add_argument("path", nargs="?", type=Path, help="default: $SPAWNKIT_HOME/sessions.db")
+    check.add_argument("path", nargs="?", help=STORE_PATH_HELP)
     check.add_argument(
         "--repair", action="store_true",
         help="copy every readable row into a fresh store; the damaged file is kept as a backup",
     )  # fmt: skip
+    repair = store_commands.add_parser(
+        "repair", help="the same as check --repair: rebuild a damaged SQLite store"
+    )
+    repair.add_argument("path", nargs="?", help=STORE_PATH_HELP)
     migrate = store_commands.add_parser(
         "migrate", help="copy a SQLite store into PostgreSQL (idempotent; counts verified)"
     )
-    migrate.add_argument("path", nargs="?", type=Path, help="default: $SPAWNKIT_HOME/sessions.db")
+    migrate.add_argument(
+        "path", nargs="?",
+        help="the SQLite file (default: the configured store when it is one, else "
+        "$SPAWNKIT_HOME/sessions.db)",
+    )  # fmt: skip
     migrate.add_argument("--to", required=True, metavar="URL", help="postgresql://user@host/db")
     store_commands.add_parser(
         "replay",
@@ -37,17 +47,30 @@ def add_store(commands: Commands) -> None:
 
 
 def cmd_store(args: argparse.Namespace) -> int:
-    from ..home import default_store_path
-    from ..store import check_store
+    from ..home import default_store_path, store_setting
+    from ..store import check_store, is_postgres_url
 
     if args.store_command == "replay":
         return _replay_journal()
-    path = args.path or default_store_path()
+    # The store the command is about: the one named, else the one every command uses
+    # ($SPAWNKIT_STORE or --store, [store] url, then $SPAWNKIT_HOME/sessions.db).
+    chosen: str | Path = args.path or store_setting() or default_store_path()
+    if args.store_command == "migrate" and args.path is None and is_postgres_url(chosen):
+        chosen = default_store_path()  # the store is the server already: copy the old file
+    if is_postgres_url(chosen):
+        if args.store_command == "check" and not args.repair:
+            return _check_server(str(chosen))
+        raise SpawnkitError(
+            f"`spawnkit store {args.store_command}` works on a SQLite file, and the store is "
+            f"the PostgreSQL server {_location(str(chosen))}: give a file (spawnkit store "
+            f"{args.store_command} PATH)"
+        )
+    path = Path(chosen).expanduser()
     if not path.exists():
         raise SpawnkitError(f"no session store at {path}")
     if args.store_command == "migrate":
         return _migrate(path, args.to)
-    if args.repair:
+    if args.store_command == "repair" or args.repair:
         return _repair(path)
     health = check_store(path)
     if health.healthy:
@@ -57,6 +80,24 @@ def cmd_store(args: argparse.Namespace) -> int:
     for problem in health.problems:
         print(f"  {problem}", file=sys.stderr)
     print(f"repair it with: spawnkit store check --repair {path}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _location(url: str) -> str:
+    from ..store.backend import redact_url
+
+    return redact_url(url)
+
+
+def _check_server(url: str) -> int:
+    from ..store.postgres import check_server_store
+
+    health = check_server_store(url)
+    if health.healthy:
+        schema = health.schema_version if health.schema_version is not None else "none yet"
+        print(f"{health.path}: ok (schema {schema}, {health.sessions} sessions)")
+        return EXIT_OK
+    print(f"{health.path}: {'; '.join(health.problems)}", file=sys.stderr)
     return EXIT_FAILED
 
 

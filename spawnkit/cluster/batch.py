@@ -11,10 +11,16 @@ cluster: the batch cannot tell) and runs them on the running event loop:
 * :meth:`Batch.stop` (an interrupted cell) dispatches nothing more and cancels the runs
   in flight, which are recorded ``cancelled``; :meth:`Batch.run` still returns a row per
   item, the finished ones intact;
-* a :class:`Progress` snapshot after every change, for a progress bar.
+* a :class:`Progress` snapshot after every change, for a progress bar. Its cost of the
+  finished runs (the runtimes' own figures) only goes up; the runs in flight are shown
+  apart, priced by spawnkit's table as they report usage, because the two prices need not
+  agree: summed into one figure, it would drop whenever a run ended below its estimate.
 
 Every item becomes exactly one :class:`BatchRow`; :func:`to_frame` makes them a
-DataFrame in input order.
+DataFrame in input order. A run refused before it was accepted is a row ``refused``
+with the reason as its error; :func:`refusal_error` tells when every run was refused for
+a reason of configuration (no key, no CLI: a batch that did nothing), and
+:func:`refusal_summary` sums the refusals up.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config.pricing import ModelPrice, PricingTable, default_pricing
-from ..errors import SpawnkitError
+from ..errors import ConfigError, MissingApiKeyError, RuntimeNotFoundError, SpawnkitError
 from ..events import EventSink, RunEvent, Started, UsageUpdate
 from ..result import SpawnerResult, Usage
 from .worktrees import Worktrees
@@ -42,6 +48,9 @@ logger = logging.getLogger(__name__)
 
 SKIPPED_BUDGET = "skipped: budget"
 SKIPPED_STOPPED = "skipped: stopped"
+REFUSED = "refused"
+# Refusals that every run of the batch would meet alike, whatever its prompt.
+CONFIGURATION_REFUSALS = (ConfigError, MissingApiKeyError, RuntimeNotFoundError)
 
 COLUMNS = [
     "prompt", "runtime", "status", "success", "result", "error", "session_id",
@@ -82,15 +91,22 @@ class BatchRow:
 
     item: BatchItem
     result: SpawnerResult | None = None
-    skipped: str | None = None  # SKIPPED_BUDGET, SKIPPED_STOPPED, or the refusal
+    skipped: str | None = None  # SKIPPED_BUDGET, SKIPPED_STOPPED, or REFUSED
     host: str | None = None
     diff: str | None = None
+    refusal: SpawnkitError | None = None  # why the run was refused (skipped is REFUSED)
 
     @property
     def status(self) -> str:
         if self.result is not None:
             return self.result.status
         return self.skipped or "skipped"
+
+    @property
+    def error(self) -> str | None:
+        if self.result is not None:
+            return self.result.error
+        return str(self.refusal) if self.refusal is not None else self.skipped
 
     def to_dict(self) -> dict[str, Any]:
         r = self.result
@@ -101,7 +117,7 @@ class BatchRow:
             "status": self.status,
             "success": bool(r is not None and r.success),
             "result": r.output if r is not None else None,
-            "error": (r.error if r is not None else self.skipped),
+            "error": self.error,
             "session_id": r.session_id if r is not None else None,
             "input_tokens": usage.input_tokens if usage else 0,
             "output_tokens": usage.output_tokens if usage else 0,
@@ -116,7 +132,9 @@ class BatchRow:
 
 @dataclass(frozen=True)
 class Progress:
-    """How a batch stands: counts by state and the cost so far (in flight included)."""
+    """How a batch stands: counts by state, what the finished runs cost (``cost_usd``, which
+    only goes up) and what the runs in flight have used so far (``running_cost_usd``, an
+    estimate by spawnkit's price table)."""
 
     total: int
     done: int = 0
@@ -125,6 +143,7 @@ class Progress:
     skipped: int = 0
     cost_usd: float = 0.0
     budget_usd: float | None = None
+    running_cost_usd: float = 0.0
     stopping: str | None = None  # "budget" or "stopped" once dispatching has ended
 
     @property
@@ -136,7 +155,7 @@ class Progress:
         return self.running == 0 and self.waiting == 0
 
     def line(self) -> str:
-        """``12/20 · 10 ok · 2 failed · 3 running · $0.0421`` (the text bar's words)."""
+        """``12/20 · 10 ok · 2 failed · 3 running · $0.0421 (+$0.0050 running)``."""
         parts = [
             f"{self.done + self.failed + self.skipped}/{self.total}",
             f"{self.done} ok",
@@ -146,6 +165,8 @@ class Progress:
         if self.skipped:
             parts.append(f"{self.skipped} skipped")
         cost = f"${self.cost_usd:.4f}"
+        if self.running_cost_usd > 0:
+            cost += f" (+${self.running_cost_usd:.4f} running)"
         if self.budget_usd is not None:
             cost += f" of ${self.budget_usd:.4f}"
         parts.append(cost)
@@ -205,8 +226,9 @@ class Batch:
             failed=sum(1 for r in rows if r.result is not None and not r.result.success),
             running=len(self._flight),
             skipped=sum(1 for r in rows if r.result is None),
-            cost_usd=self.cost_so_far,
+            cost_usd=self._spent,
             budget_usd=self.max_cost_usd,
+            running_cost_usd=sum(run.cost_usd for run in self._flight.values()),
             stopping=self._stopping,
         )
 
@@ -316,8 +338,8 @@ class Batch:
                     row = replace(row, host=await self.host_of(result.session_id))
             if workdir is not None and self.worktrees is not None:
                 row = replace(row, diff=await asyncio.to_thread(self.worktrees.diff, workdir))
-        except SpawnkitError as exc:  # refused before it was accepted (queue full, ...)
-            row = BatchRow(item, skipped=f"refused: {exc}")
+        except SpawnkitError as exc:  # refused before it was accepted (no key, queue full, ...)
+            row = BatchRow(item, skipped=REFUSED, refusal=exc)
         except Exception as exc:
             logger.exception("spawnkit.map: item %s failed outside its run", item.key)
             row = BatchRow(item, skipped=f"error: {type(exc).__name__}: {exc}")
@@ -330,6 +352,41 @@ class Batch:
                 self._spent += row.result.cost_usd
             self._wake.set()
             self._report()
+
+
+def refusal_error(rows: Sequence[BatchRow]) -> SpawnkitError | None:
+    """The error to raise when every run was refused for a reason of configuration.
+
+    Such a batch did nothing, and every run of it again would do nothing, so a frame of
+    refusals would read as a result: the one reason (the error itself, of its own type), or
+    a :class:`BatchRefused` naming each when the runtimes of a side-by-side batch differ.
+    """
+    refused = [row.refusal for row in rows if row.refusal is not None]
+    if not refused or len(refused) < len(rows):
+        return None
+    if not all(isinstance(exc, CONFIGURATION_REFUSALS) for exc in refused):
+        return None
+    reasons = list(dict.fromkeys(str(exc) for exc in refused))
+    if len(reasons) == 1:
+        return refused[0]
+    return BatchRefused(f"every run of the batch was refused: {'; '.join(reasons)}")
+
+
+def refusal_summary(rows: Sequence[BatchRow]) -> str | None:
+    """``3 of 10 runs were refused ...: <reason> (2 runs); <reason> (1 run)``, or None."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        if row.refusal is not None:
+            counts[str(row.refusal)] = counts.get(str(row.refusal), 0) + 1
+    if not counts:
+        return None
+    refused = sum(counts.values())
+    why = "; ".join(f"{reason} ({n} run{'s' if n > 1 else ''})" for reason, n in counts.items())
+    return f"{refused} of {len(rows)} runs were refused (status 'refused'): {why}"
+
+
+class BatchRefused(ConfigError):
+    """Every run of a batch was refused, for more than one reason of configuration."""
 
 
 def priced(model: str | None, usage: Usage) -> float | None:

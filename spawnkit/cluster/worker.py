@@ -229,6 +229,15 @@ class WorkerReport:
     def ready(self) -> bool:
         return self.store_error is None and any(check.found for check in self.runtimes)
 
+    def summary(self) -> str:
+        """One line of what this worker found: its CLIs, its store, the roster here."""
+        found = [f"{c.runtime} {c.version or '?'}" for c in self.runtimes if c.found]
+        missing = [c.runtime for c in self.runtimes if not c.found]
+        clis = ", ".join(found) or "none"
+        if missing:
+            clis += f" (not found: {', '.join(missing)})"
+        return f"CLIs {clis}; store {self.store}; roster {_roster_here()}"
+
     @property
     def problem(self) -> str | None:
         """Why this worker cannot run agents, or None when it can."""
@@ -265,7 +274,9 @@ class SpawnkitPlugin(WorkerPlugin):
                 f"{check.version or ''} at {check.path}" if check.found else "not found",
             )  # fmt: skip
         problem = report.problem
-        if problem is not None:
+        if problem is None:
+            _say(f"spawnkit worker: ready at {worker.address}: {report.summary()}")
+        else:
             logger.error("spawnkit: this worker cannot run agents: %s", problem)
             if self.strict:
                 # Dask logs a failing plugin or preload and starts the worker anyway: close
@@ -278,6 +289,23 @@ class SpawnkitPlugin(WorkerPlugin):
 
     async def teardown(self, worker: Worker) -> None:
         await close_services()
+        if self.check:
+            _say(f"spawnkit worker: stopped ({worker.address})")
+
+
+def _say(line: str) -> None:
+    """A line of spawnkit's own among Dask's, on the worker's stderr."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _roster_here() -> str:
+    """The roster found where the worker started (runs bring their own butler: informative)."""
+    from ..config.roster_location import find_roster
+
+    try:
+        return str(find_roster(None))
+    except SpawnkitError:
+        return "none here (each run brings its butler)"
 
 
 def check_worker(store: str | None = None) -> WorkerReport:

@@ -263,6 +263,33 @@ def host_of(address: str) -> str:
     return urlsplit(f"//{rest}").hostname or ""
 
 
+def checked_scheduler_address(address: str) -> str:
+    """``address`` if it can name a Dask scheduler (``[tcp://|tls://]host:port``), else a
+    ConfigError at once: a typo must not cost a connection attempt, nor leave a record."""
+    text = address.strip()
+    scheme = scheme_of(text)
+    rest = text.partition("://")[2] if scheme is not None else text
+    problem = None
+    if scheme is not None and scheme not in ("tcp", SECURE_SCHEME):
+        problem = f"the scheme {scheme}:// is not tcp:// or {SECURE_SCHEME}://"
+    else:
+        try:
+            parts = urlsplit(f"//{rest}")
+            port = parts.port
+        except ValueError:
+            port, parts = None, None
+        if parts is None or not parts.hostname or parts.path or parts.query or parts.fragment:
+            problem = "it is not host:port"
+        elif port is None or port == 0:
+            problem = "it has no port"
+    if problem is not None:
+        raise ConfigError(
+            f"{address!r} is not a Dask scheduler's address ({problem}): give "
+            "tcp://host:8786 or tls://host:8786 (spawnkit scheduler prints it)"
+        )
+    return text
+
+
 def client_address(address: str, credentials: ClusterCredentials | None) -> str:
     """The address a client connects to: a bare ``host:port`` is ``tls://`` when this host
     has credentials. With credentials, a ``tcp://`` address is an error rather than a

@@ -32,11 +32,10 @@ from typing import Any
 
 import pandas as pd
 
-from ..home import default_store_path
 from ..store import BUSY_TIMEOUT_MS, SessionStore
 from .errors import HistoryError
 from .formats import FORMATS, SOURCES, SourceFormat, canonical, spawnkit_runtime_home
-from .imported_files import SPAWNKIT_RUNS
+from .imported_files import SPAWNKIT_RUNS, import_store_file
 from .transcript_loader import local_machine, transcripts
 
 _MACHINE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -148,14 +147,15 @@ def import_history(
 
     ``root`` is a CLI folder to read instead of the default ones (a copied ``~/.claude`` of
     another machine, with ``machine`` naming it); ``store`` defaults to
-    ``$SPAWNKIT_HOME/sessions.db``.
+    the configured store (``$SPAWNKIT_STORE``, ``[store] url``, then
+    ``$SPAWNKIT_HOME/sessions.db``), which must be a SQLite file.
     """
     names = list(SOURCES) if source is None else [source] if isinstance(source, str) else source
     fmts = [FORMATS[canonical(n)] for n in names]
     if root is not None and len(fmts) != 1:
         raise HistoryError("--root needs one --source (the folder is one CLI's)")
     name = _check_machine(machine or local_machine())
-    path = Path(store) if store is not None else default_store_path()
+    path = import_store_file(store)
     reports = []
     for fmt in fmts:
         roots = [Path(root).expanduser()] if root is not None else fmt.default_roots()

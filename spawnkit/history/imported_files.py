@@ -16,7 +16,9 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..home import default_store_path
+from ..home import default_store_path, store_setting
+from ..store import is_postgres_url
+from ..store.backend import redact_url
 from .cache import FileStat
 from .errors import HistoryError
 from .formats import SourceFormat, spawnkit_runtime_home
@@ -38,6 +40,28 @@ class ImportedFiles:
     read: Callable[[FileStat], bytes]
 
 
+def configured_import_store() -> Path | str:
+    """The store imported transcripts live in when none is named: the configured one
+    (``$SPAWNKIT_STORE`` or ``--store``, ``[store] url``, then ``$SPAWNKIT_HOME/sessions.db``);
+    a PostgreSQL URL when that is a server, which holds none."""
+    chosen = store_setting()
+    if chosen is None:
+        return default_store_path()
+    return chosen if is_postgres_url(chosen) else Path(chosen).expanduser()
+
+
+def import_store_file(store: str | Path | None) -> Path:
+    """The SQLite file ``history import`` writes to: ``store``, else the configured store,
+    which must then be a file (imported transcripts are kept in SQLite only)."""
+    chosen = Path(store) if store is not None else configured_import_store()
+    if isinstance(chosen, str):
+        raise HistoryError(
+            "history import keeps transcripts in a SQLite store, and the configured store is "
+            f"the PostgreSQL server {redact_url(chosen)}: give a file with --store PATH"
+        )
+    return chosen
+
+
 def disk_path(relative: str, roots: Sequence[Path], fmt: SourceFormat) -> Path | None:
     """Where an imported file of this machine lives on disk under ``roots``, if it does."""
     if relative.startswith(f"{SPAWNKIT_RUNS}/"):
@@ -57,7 +81,10 @@ def imported_files(
 ) -> list[ImportedFiles]:
     """The files imported for ``fmt`` (one ``machine``, or all), by machine; a file of this
     machine that is still on disk under ``roots`` is left to the disk."""
-    path = Path(store) if store is not None else default_store_path()
+    chosen = Path(store) if store is not None else configured_import_store()
+    if isinstance(chosen, str):
+        return []  # a server: history import never writes there
+    path = chosen
     if not path.exists():
         if store is not None:
             raise HistoryError(f"no session store at {path}")

@@ -15,6 +15,10 @@ as ``%%spawn``), through :class:`spawnkit.cluster.batch.Batch`. Progress shows w
 ipywidgets bar in Jupyter, a text line in a terminal. Interrupting (the stop button,
 Ctrl-C) cancels the runs in flight, waits until they are recorded, and returns the
 partial DataFrame: finished rows intact, the rest ``cancelled`` or ``skipped: stopped``.
+
+A batch in which every run was refused for a reason of configuration (no model key, no
+CLI) raises that one error rather than return a frame that reads like a result; when only
+some were refused, each such row says why and one warning sums them up.
 """
 
 from __future__ import annotations
@@ -23,12 +27,21 @@ import concurrent.futures
 import html
 import sys
 import time
+import warnings
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..cluster.batch import Batch, Progress, Runner, items_for, to_frame
+from ..cluster.batch import (
+    Batch,
+    Progress,
+    Runner,
+    items_for,
+    refusal_error,
+    refusal_summary,
+    to_frame,
+)
 from ..cluster.worktrees import Worktrees, base_commit
 from ..config.roster import ButlerConfig, load_roster
 from ..errors import ConfigError
@@ -82,6 +95,11 @@ def map(
     ``$SPAWNKIT_DASK_SCHEDULER``). ``replay`` then plays on the workers. With ``repo``, the
     worktrees are made here: the workers must see this machine's temporary folder (a
     LocalCluster does).
+
+    Raises the refusal when every run was refused for a reason of configuration (a
+    :class:`~spawnkit.errors.MissingApiKeyError`, a
+    :class:`~spawnkit.errors.RuntimeNotFoundError`, a ``ConfigError``); warns with a
+    summary when some runs were refused.
     """
     config = _butler(butler, roster)
     chosen = [canonical_runtime(r) for r in runtimes] if runtimes else [config.runtime.type]
@@ -109,6 +127,12 @@ def map(
             worktrees.close()
         if dispatch is not None and dispatch is not cluster:
             dispatch.close()  # made here: closes the Client only if it made that too
+    refused = refusal_error(rows)
+    if refused is not None:
+        raise refused
+    summary = refusal_summary(rows)
+    if summary is not None:
+        warnings.warn(f"spawnkit.map: {summary}", RuntimeWarning, stacklevel=2)
     frame = to_frame(rows, index_name=index_name)
     if len(chosen) > 1:
         frame = frame.set_index("runtime", append=True)

@@ -48,7 +48,7 @@ class ButlerPersona(BaseAcpPersona):  # type: ignore[misc]
     butler_name: ClassVar[str]
     roster_dir: ClassVar[Path]
     about: ClassVar[str] = ""
-    replay: ClassVar[str | None] = None
+    replay: ClassVar[Path | None] = None  # a replay scenario file: offline
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, executable=acp_command(self.roster_dir, self.butler_name,
@@ -74,10 +74,10 @@ class ButlerPersona(BaseAcpPersona):  # type: ignore[misc]
         await super().process_message(message)
 
 
-def acp_command(roster: Path, butler: str, replay: str | None) -> list[str]:
+def acp_command(roster: Path, butler: str, replay: Path | None) -> list[str]:
     """``spawnkit acp`` for one butler, on this interpreter (Jupyter's own)."""
     command = [sys.executable, "-m", "spawnkit", "acp", "--roster", str(roster), "--butler", butler]
-    return [*command, "--replay", replay] if replay else command
+    return [*command, "--replay", str(replay)] if replay else command
 
 
 def without_mention(body: str, name: str) -> str:
@@ -88,9 +88,9 @@ def without_mention(body: str, name: str) -> str:
 def persona_class(butler: ButlerConfig, roster: Roster, module: str, replay: str | None) -> type:
     """A persona class for ``butler``; Jupyter AI's persona id is its module and class name."""
     name = "Butler_" + re.sub(r"\W", "_", butler.name)
-    scenario = (
-        replay if replay and (butler.directory / "scenarios" / f"{replay}.toml").is_file() else None
-    )
+    scenario = butler.directory / "scenarios" / f"{replay}.toml" if replay else None
+    if scenario is not None and not scenario.is_file():
+        scenario = None  # this butler has no such scenario: it runs on its real model
     return type(name, (ButlerPersona,), {
         "__module__": module, "butler_name": butler.name, "roster_dir": roster.directory,
         "about": butler.description or "", "replay": scenario,

@@ -26,6 +26,8 @@ START_TIMEOUT_S = 10.0
 # How long an interrupted run may take to kill its CLI and record itself.
 CANCEL_TIMEOUT_S = 30.0
 POLL_S = 0.05
+# How long the tasks left on the loop when it stops may take to end once cancelled.
+FINISH_TIMEOUT_S = 5.0
 
 
 class BackgroundLoop:
@@ -47,7 +49,10 @@ class BackgroundLoop:
         try:
             loop.run_forever()
         finally:
-            loop.close()
+            try:
+                _finish_tasks(loop)
+            finally:
+                loop.close()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -65,7 +70,10 @@ class BackgroundLoop:
         return job
 
     def call_soon(self, callback: Callable[[], object]) -> None:
-        self.loop.call_soon_threadsafe(callback)
+        """Run ``callback`` on the loop; nothing once the loop has closed (at exit, a widget
+        closed by the garbage collector asks to cancel what the closed loop already ended)."""
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(callback)
 
     def run(
         self,
@@ -96,10 +104,26 @@ class BackgroundLoop:
             if idle is not None:
                 idle()
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = FINISH_TIMEOUT_S + 5.0) -> None:
         if self._thread.is_alive() and self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout)
+
+
+def _finish_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what still runs on a stopped ``loop`` and let it end, as ``asyncio.run`` does.
+
+    Libraries leave tasks of their own on a loop that serves them: sse-starlette (the MCP
+    SDK's server-sent events) starts one ``_shutdown_watcher`` per loop that polls until the
+    process ends, with no way to stop it. Closed with such a task pending, the loop drops it
+    and Python prints "Task was destroyed but it is pending!" at exit.
+    """
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.wait(pending, timeout=FINISH_TIMEOUT_S))
+    loop.run_until_complete(loop.shutdown_asyncgens())
 
 
 class Job(Generic[T]):

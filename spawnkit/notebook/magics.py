@@ -17,6 +17,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Enum, Integer, Unicode
 
 from ..ask import AskResult
+from ..cluster.batch import CONFIGURATION_REFUSALS
 from ..config.limits import Limits, positive_number
 from ..errors import ConfigError, InvalidArgument
 from ..result import SpawnerResult
@@ -200,7 +201,7 @@ class SpawnMagics(Magics):
                 model=args.model,
                 hub=self.hub,
             )
-        except (ConfigError, InvalidArgument) as exc:
+        except (*CONFIGURATION_REFUSALS, InvalidArgument) as exc:  # no key, no CLI: one line
             raise UsageError(str(exc)) from None
         if args.out:
             self.ip.user_ns[args.out] = frame

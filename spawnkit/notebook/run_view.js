@@ -202,7 +202,7 @@ function render({ model, el }) {
     d.querySelector(".sk-input").textContent = r.input;
     const open = r.state === "waiting";
     d.querySelector(".sk-input").hidden = !open;
-    d.querySelector(".sk-actions").hidden = !open;
+    d.querySelector(".sk-actions").hidden = !open || r.below;
   }
 
   function putItem(r) {

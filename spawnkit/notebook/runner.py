@@ -192,7 +192,15 @@ def wait_job(job: Job[T]) -> T:
 
 
 def wait(handle: RunHandle, text: TerminalView | None = None) -> SpawnerResult:
-    """Block until the run ends; an interrupt stops the run and raises RunCancelled."""
+    """Block until the run ends; an interrupt stops the run and raises RunCancelled.
+
+    While the cell blocks here the kernel reads no widget message, so the approval card's
+    buttons cannot answer a ``[butler.permissions] ask`` question: it is put in the cell's
+    input box instead (``input()``, the kernel's stdin channel), and the card says so.
+    """
+    view = handle.view if isinstance(handle.view, RunView) else None
+    if view is not None:
+        view.answer_below()
     try:
         while True:
             try:
@@ -200,6 +208,8 @@ def wait(handle: RunHandle, text: TerminalView | None = None) -> SpawnerResult:
             except TimeoutError:
                 if text is not None:
                     text.drain()
+                if view is not None:
+                    answer_in_cell(view)
     except KeyboardInterrupt as interrupt:
         error = RunCancelled(stop(handle))
         remember(error)
@@ -207,6 +217,21 @@ def wait(handle: RunHandle, text: TerminalView | None = None) -> SpawnerResult:
     finally:
         if text is not None:
             text.drain(final=True)
+
+
+def answer_in_cell(view: RunView) -> None:
+    """Put the view's next unanswered question in the cell's input box, and answer it."""
+    question = view.unasked_below()
+    if question is None:
+        return
+    from IPython.core.error import StdinNotImplementedError
+
+    call_id, prompt = question
+    try:
+        reply = input(prompt)
+    except (EOFError, StdinNotImplementedError):  # a frontend without input (Voila, nbconvert)
+        reply = ""
+    view.answer(call_id, reply.strip().lower() in ("y", "yes"))
 
 
 def stop(handle: RunHandle) -> SpawnerResult:

@@ -71,6 +71,7 @@ class RunView(anywidget.AnyWidget):
         self.on_finish: list[Callable[[RunView], None]] = []
         # Questions waiting for the browser's answer: call id -> (the run's loop, its future).
         self._questions: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[bool]]] = {}
+        self._put_below: set[str] = set()  # questions already put in the cell's input box
         self.snapshot = self.state.snapshot()
         self.on_msg(self._on_frontend_message)
 
@@ -128,6 +129,25 @@ class RunView(anywidget.AnyWidget):
         return PermissionDecision(
             allowed=False, by="notebook", reason="the person at the notebook denied this tool call"
         )
+
+    def answer_below(self) -> None:
+        """From now on, questions are answered in the cell's input box (see
+        :func:`spawnkit.notebook.runner.wait`): the card says so and shows no buttons."""
+        with self._lock:
+            self.state.answers_below = True
+
+    def unasked_below(self) -> tuple[str, str] | None:
+        """A question waiting for an answer not yet put in the cell's input box: its call
+        id and how to put it, marked as put."""
+        with self._lock:
+            for call_id in self._questions:
+                if call_id not in self._put_below:
+                    self._put_below.add(call_id)
+                    card = self.state.items.get(f"ask-{call_id}", {})
+                    label = card.get("label", "a tool")
+                    summary = card.get("summary") or ""
+                    return call_id, f"Allow {label}{f' ({summary})' if summary else ''}? [y/N] "
+        return None
 
     def answer(self, call_id: str, allowed: bool) -> bool:
         """Answer the question about ``call_id`` (from any thread); False if none waits."""

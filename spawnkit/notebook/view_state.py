@@ -166,12 +166,16 @@ def tool_item(
     }
 
 
-def approval_item(call: ToolCall, answer: PermissionAnswer | None = None) -> dict[str, Any]:
+def approval_item(
+    call: ToolCall, answer: PermissionAnswer | None = None, below: bool = False
+) -> dict[str, Any]:
     """A ``[butler.permissions] ask`` question as the view's card: waiting for a person
-    (``answer`` None: the browser shows Allow and Deny), or answered."""
+    (``answer`` None: the browser shows Allow and Deny, or with ``below`` points at the
+    cell's input box, see :func:`spawnkit.notebook.runner.wait`), or answered."""
     label = tool_label(call)
     if answer is None:
-        state, text = "waiting", f"{label} asks to run: waiting for your answer"
+        where = "answer in the box below the cell (y/N)" if below else "waiting for your answer"
+        state, text = "waiting", f"{label} asks to run: {where}"
     else:
         state = "allowed" if answer.allowed else "denied"
         text = f"{label}: {state} ({answer.by})"
@@ -186,6 +190,7 @@ def approval_item(call: ToolCall, answer: PermissionAnswer | None = None) -> dic
         "input": input_text(call),
         "state": state,
         "text": text,
+        "below": below and answer is None,
     }
 
 
@@ -395,6 +400,9 @@ class ViewState:
         self._pending: dict[str, None] = {}
         self._dirty_segments: set[str] = set()
         self._status_dirty = False
+        # Questions are answered in the cell's input box, not by the card's buttons (a
+        # foreground %%spawn: the kernel reads no widget message until the cell ends).
+        self.answers_below = False
 
     @classmethod
     def from_result(cls, result: SpawnerResult) -> ViewState:
@@ -436,7 +444,7 @@ class ViewState:
         elif isinstance(event, PermissionAsked):
             status.asking[event.call.id] = tool_label(event.call)
             self._close_text()
-            self._put(approval_item(event.call))
+            self._put(approval_item(event.call, below=self.answers_below))
             self._trim()
         elif isinstance(event, PermissionDecided):
             status.asking.pop(event.call.id, None)

@@ -394,6 +394,10 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
         while True:
             try:
                 await self.refresh()
+            except RuntimeError as exc:
+                if "cannot schedule new futures after" in str(exc):
+                    return  # the loop or the process is ending (its thread pool closed)
+                logger.exception("spawnkit dashboard: refresh failed")
             except Exception:  # a failed refresh must not stop the next one
                 logger.exception("spawnkit dashboard: refresh failed")
             await asyncio.sleep(self.refresh_s)

@@ -46,7 +46,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.roster import ButlerConfig
-from ..containment.cluster_security import ClusterCredentials, client_address, load_credentials
+from ..containment.cluster_security import (
+    ClusterCredentials,
+    checked_scheduler_address,
+    client_address,
+    load_credentials,
+)
 from ..containment.sweep import reap
 from ..errors import ConfigError, SpawnkitError
 from ..events import Finished, RunEvent
@@ -70,7 +75,9 @@ SCHEDULER_VAR = "SPAWNKIT_DASK_SCHEDULER"
 CANCEL_GRACE_S = 30.0
 # How long to wait, after a task's result, for events still on their way to the client.
 STREAM_TAIL_S = 10.0
-CONNECT_TIMEOUT_S = 30.0
+# How long reaching the scheduler may take: one that does not answer by then is out of
+# reach (a trigger fails in one line, before any record is made).
+CONNECT_TIMEOUT_S = 5.0
 
 
 class DispatchError(SpawnkitError):
@@ -197,7 +204,9 @@ class Cluster:
             self._credentials = load_credentials(credentials)
             if credentials is not None and self._credentials is None:
                 raise ConfigError(f"no cluster credentials in {credentials}")
-            self.address: str | None = client_address(client_or_address, self._credentials)
+            self.address: str | None = client_address(
+                checked_scheduler_address(client_or_address), self._credentials
+            )
             self._client: Client | None = None
             self._owns_client = True
         else:
@@ -233,20 +242,21 @@ class Cluster:
             if self._client is None:
                 distributed = require_distributed()
                 security = self._credentials.security() if self._credentials else None
-                if security is None:
-                    logger.warning(
-                        "cluster: %s is not secured: anyone who reaches the scheduler can "
-                        "submit tasks (spawnkit scheduler starts a secured one)", self.address,
-                    )  # fmt: skip
                 try:
                     self._client = distributed.Client(
                         self.address, timeout=CONNECT_TIMEOUT_S, set_as_default=False,
                         security=security,
                     )  # fmt: skip
-                except OSError as exc:
+                except OSError as exc:  # TimeoutError too
                     raise DispatchError(
-                        f"cannot reach the Dask scheduler at {self.address}: {exc}"
+                        f"cannot reach the Dask scheduler at {self.address} within "
+                        f"{CONNECT_TIMEOUT_S:g} s: {exc}"
                     ) from exc
+                if security is None:  # said once it is reached: an unreachable one is one line
+                    logger.warning(
+                        "cluster: %s is not secured: anyone who reaches the scheduler can "
+                        "submit tasks (spawnkit scheduler starts a secured one)", self.address,
+                    )  # fmt: skip
             if not self._subscribed:
                 self._client.subscribe_topic(self.topic, self._receive)
                 self._subscribed = True
@@ -282,6 +292,11 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    async def connect(self) -> None:
+        """Reach the scheduler now (bounded by :data:`CONNECT_TIMEOUT_S`): a trigger is
+        accepted, recorded and reported queued only once the cluster can take it."""
+        await asyncio.to_thread(lambda: self.client)
 
     # -- a run ---------------------------------------------------------------------------
 

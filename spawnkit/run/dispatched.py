@@ -1,7 +1,8 @@
 """A trigger run on a worker of a Dask cluster, from the client's side (spawnkit.run.dispatch).
 
 Its record is made here, ``queued`` and owned by this process (whose leases keep it), the
-moment the trigger is accepted, and a ``Queued`` event says so: a run waiting in Dask's
+moment the trigger is accepted, once the scheduler was reached (one out of reach refuses the
+trigger, with no record), and a ``Queued`` event says so: a run waiting in Dask's
 queue is seen, and one cancelled or lost before it starts is closed. The worker admits it
 (its spawner's queue and the store's slots across hosts), adopts the record and streams
 its events back; here it counts as running until it ends.
@@ -54,6 +55,8 @@ async def dispatch(
             settings.adapter.other_vendor_keys,
         )
     )  # fmt: skip
+    # The cluster first: one out of reach refuses the trigger (DispatchError) with no record.
+    await cluster.connect()
     # Accepted: recorded before it is sent (an id used again raises here, as locally).
     creating = asyncio.ensure_future(
         asyncio.to_thread(

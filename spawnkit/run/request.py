@@ -34,12 +34,29 @@ def validate_trigger_source(source: str) -> None:
     )
 
 
-def validate_request(prompt: object, max_turns: int | None = None) -> None:
-    """Refuse a prompt no run can be made of, or a turn limit below 1 (``InvalidArgument``)."""
+def validate_request(prompt: object, max_turns: int | None = None, context: object = None) -> None:
+    """Refuse a prompt no run can be made of, or a turn limit below 1 (``InvalidArgument``).
+
+    A prompt or context is passed on exactly as given or refused: never changed on the way.
+    """
     if not isinstance(prompt, str) or not prompt.strip():
         raise InvalidArgument("the prompt is empty: give the agent something to do")
+    refuse_nul(prompt, "the prompt")
+    if isinstance(context, str):
+        refuse_nul(context, "the context")
     if max_turns is not None and max_turns < 1:
         raise InvalidArgument(f"max_turns must be at least 1, not {max_turns}")
+
+
+def refuse_nul(text: str, what: str) -> None:
+    """Refuse a text with a NUL byte: no agent CLI receives one intact (one drops it, a
+    terminal shows a space, libpq cuts the text there), so it is refused, not changed."""
+    at = text.find("\0")
+    if at >= 0:
+        raise InvalidArgument(
+            f"{what} contains a NUL byte (at character {at}), which no agent CLI can receive: "
+            "remove it"
+        )
 
 
 def checked_workdir(path: str | Path) -> Path:

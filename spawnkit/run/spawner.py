@@ -299,7 +299,7 @@ class Spawner:
         """
         validate_trigger_source(trigger_source)
         # A chat's prompt is only recorded: the user types at the CLI's own prompt.
-        validate_request(prompt if kind != "chat" else "(chat)", max_turns)
+        validate_request(prompt if kind != "chat" else "(chat)", max_turns, context)
         if not self._admissions.accepting:
             raise SpawnerClosedError(f"butler {self.butler.name!r} is not accepting triggers")
         if self.cluster is not None:

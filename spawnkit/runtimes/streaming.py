@@ -26,6 +26,7 @@ from ..containment.sandbox import node_install
 from ..errors import RuntimeFailure, RuntimeNotFoundError
 from ..events import EventSink, RunEvent
 from .base import MCP_UNAVAILABLE, RunOutcome, RunSpec, RuntimeAdapter, mcp_unavailable_message
+from .npm_clis import found_in_installed
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +34,17 @@ STDERR_TAIL_LINES = 50
 
 
 def find_cli(runtime: str, name: str, env_var: str, install_hint: str) -> Path:
-    """``$env_var``, else ``name`` on PATH, else a ``node_modules/.bin`` nearby."""
+    """``$env_var``, else what ``spawnkit install-clis`` installed (the pinned versions), else
+    ``name`` on PATH, else a ``node_modules/.bin`` nearby."""
     configured = os.environ.get(env_var)
     if configured:
         path = Path(configured).expanduser()
         if path.is_file() and os.access(path, os.X_OK):
             return path
         raise RuntimeNotFoundError(runtime, f"{configured} (from ${env_var})", install_hint)
+    installed = found_in_installed(name)
+    if installed is not None:
+        return installed
     on_path = shutil.which(name)
     if on_path:
         return Path(on_path)

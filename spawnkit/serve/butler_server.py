@@ -47,7 +47,7 @@ from ..containment.mcp_guard import (
     McpGuard,
     host_names,
 )
-from ..errors import TriggerRejected
+from ..errors import InvalidArgument, TriggerRejected
 from ..events import AssistantText, RunEvent, ToolCallFinished, ToolCallStarted, UsageUpdate
 from ..redaction import Redactor
 from ..store import SessionStore
@@ -297,17 +297,17 @@ class ButlerServer:
         ) -> dict[str, Any]:
             """Start a new run of this butler with ``prompt`` and wait for its result.
 
-            With a progress token, each tool call, text chunk and usage update of
+            Asked for progress, each tool call, text chunk and usage update of
             the run arrives first as a progress notification (a JSON message).
             """
             if self.spawner is None:
                 return {"success": False, "error": "this server has no spawner to trigger runs"}
-            relay = _ProgressRelay(ctx) if _progress_token(ctx) is not None else None
+            relay = _ProgressRelay(ctx) if _has_request(ctx) else None
             try:
                 result = await self.spawner.trigger(
                     prompt, "trigger", context=context, on_event=relay
                 )
-            except TriggerRejected as exc:
+            except (TriggerRejected, InvalidArgument) as exc:
                 return {"success": False, "error": str(exc)}
             finally:
                 if relay is not None:
@@ -350,10 +350,18 @@ class ButlerServer:
             yield address
 
 
-def _progress_token(ctx: Context[Any, Any]) -> str | int | None:
-    """The caller's progress token for this request, if it sent one."""
-    meta = ctx.request_context.meta
-    return meta.get("progress_token") if meta is not None else None
+def _has_request(ctx: Context[Any, Any]) -> bool:
+    """Whether this call answers a request, the only place progress can go.
+
+    A tool called in process (``mcp.call_tool(name, arguments)``, as MCP servers are
+    tested) has a Context without one. With a request, the SDK's ``report_progress``
+    sends to the caller's progress token or callback, and is a no-op when it asked for none.
+    """
+    try:
+        ctx.request_context  # noqa: B018  (raises outside of a request)
+    except ValueError:  # "Context is not available outside of a request"
+        return False
+    return True
 
 
 class _quiet_mcp_logging:

@@ -38,6 +38,7 @@ from ..errors import StoreError, StoreTooNew, StoreUnreachable
 from ..home import spawnkit_home
 from .advisory import AdvisoryPlaces, AdvisorySlots, SlotConnections
 from .backend import Params, Row, redact_url, statements
+from .sqlite import StoreHealth
 
 logger = logging.getLogger(__name__)
 
@@ -506,6 +507,35 @@ class _Transaction:
 
     def query(self, sql: str, params: Params = ()) -> Sequence[Row]:
         return self._conn.execute(_pg(sql), params).fetchall()
+
+
+def check_server_store(url: str) -> StoreHealth:
+    """What ``spawnkit store check`` says of a PostgreSQL store: its schema version and
+    sessions, read in a read-only session (nothing is migrated or written). A database
+    spawnkit never used is healthy and empty; the server's own pages are its business."""
+    location = redact_url(url)
+    try:
+        with psycopg.connect(
+            url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+            application_name="spawnkit-check", options="-c default_transaction_read_only=on",
+        ) as conn:  # fmt: skip
+            row = conn.execute(f"SELECT to_regclass('{SCHEMA}.sessions') IS NOT NULL").fetchone()
+            if not row or not row[0]:
+                return StoreHealth(location, (), None, 0)
+            version_row = conn.execute(
+                f"SELECT COALESCE(max(version), 0) FROM {SCHEMA}.schema_version"
+            ).fetchone()
+            count_row = conn.execute(f"SELECT count(*) FROM {SCHEMA}.sessions").fetchone()
+    except psycopg.Error as exc:
+        detail = " ".join(str(exc).split()).replace(url, location) or type(exc).__name__
+        raise StoreUnreachable(location, detail) from exc
+    version = int(version_row[0]) if version_row else 0
+    problems: tuple[str, ...] = ()
+    if version > SCHEMA_VERSION:
+        problems = (
+            f"written by a newer spawnkit (schema {version}, this one reads {SCHEMA_VERSION})",
+        )
+    return StoreHealth(location, problems, version, int(count_row[0]) if count_row else 0)
 
 
 class PostgresBackend:

@@ -89,9 +89,10 @@ def _enable_wal(conn: sqlite3.Connection) -> None:
 
 @dataclass(frozen=True)
 class StoreHealth:
-    """What :func:`check_store` found."""
+    """What :func:`check_store` found (``path``: the file; for a PostgreSQL store, what
+    :func:`~spawnkit.store.postgres.check_server_store` found, its URL without password)."""
 
-    path: Path
+    path: Path | str
     problems: tuple[str, ...]
     schema_version: int | None = None
     sessions: int | None = None
