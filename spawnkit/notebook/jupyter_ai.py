@@ -23,6 +23,7 @@ that replay scenario on the replay model instead of the real one.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -70,7 +71,7 @@ class ButlerPersona(BaseAcpPersona):  # type: ignore[misc]
     async def process_message(self, message: Any) -> None:
         body = without_mention(message.body, self.butler_name)
         if body != message.body:
-            message = message.model_copy(update={"body": body})
+            message = dataclasses.replace(message, body=body)  # jupyterlab_chat's Message
         await super().process_message(message)
 
 
