@@ -9,15 +9,23 @@ permissions or dies mid-prompt.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
 import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from spawnkit.config.roster import ButlerConfig
+from spawnkit.events import Started, ToolCallStarted
+from spawnkit.permissions import Approver, PermissionDecision, PermissionRequest
 from spawnkit.replay import Scenario
+from spawnkit.run.assembly import Assembly
 from spawnkit.serve.service import ButlerService
 from spawnkit.store import SessionStore
 
@@ -89,3 +97,149 @@ async def test_real_agent_calls_the_butlers_mcp_server(make_butler, store, agent
     assert store.count_sessions() == 1
     assert processes_with_env("SPAWNKIT_SESSION_ID", result.session_id or "") == []
     assert workspaces_of("health") == []
+
+
+FIXTURE_AGENT = Path(__file__).parent / "fixtures" / "acp_agent.py"
+
+
+def fixture_butler(make_butler: Any, *args: str, extra: str = "") -> ButlerConfig:
+    command = json.dumps([sys.executable, str(FIXTURE_AGENT), *args])
+    return acp_butler(make_butler, command, extra)
+
+
+async def test_an_agent_that_exits_mid_prompt_fails_the_run(make_butler, store) -> None:
+    events: list[Any] = []
+    async with service(fixture_butler(make_butler, "die"), store, MCP_CALL) as svc:
+        result = await svc.trigger("go", on_event=events.append)
+
+    assert not result.success
+    assert result.error_kind == "crash", result.error
+    assert "exited with code 3 mid-prompt" in (result.error or "")
+    assert "crashed on purpose" in (result.error or "")
+    assert any(isinstance(e, ToolCallStarted) for e in events), "its updates were read"
+    record = store.get_session(result.session_id or "")
+    assert record is not None and record.status == "failed"
+    assert store.count_sessions() == 1
+    assert processes_with_env("SPAWNKIT_SESSION_ID", result.session_id or "") == []
+    assert workspaces_of("health") == []
+
+
+SLOW_TOOL = """
+[[turn]]
+text = "Waiting."
+shell = "sleep 300"
+[[turn]]
+text = "never"
+"""
+
+
+async def test_cancel_mid_tool_leaves_a_cancelled_record_and_nothing_running(
+    make_butler, store, agent
+) -> None:
+    started: list[str] = []
+    tool_started = asyncio.Event()
+
+    def on_event(event: Any) -> None:
+        if isinstance(event, Started):
+            started.append(event.session_id)
+        if isinstance(event, ToolCallStarted):
+            tool_started.set()
+
+    async with service(acp_butler(make_butler, AGENTS[agent]), store, SLOW_TOOL) as svc:
+        task = asyncio.create_task(svc.trigger("wait", on_event=on_event))
+        async with asyncio.timeout(120):
+            await tool_started.wait()
+            while not processes_with_env("SPAWNKIT_SESSION_ID", started[0]):
+                await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert processes_with_env("SPAWNKIT_SESSION_ID", started[0]) == []
+    assert workspaces_of("health") == []
+    record = store.get_session(started[0])
+    assert record is not None and record.status == "cancelled"
+    assert store.count_sessions() == 1
+
+
+def answering(allowed: bool, asked: list[PermissionRequest]) -> Approver:
+    async def approver(request: PermissionRequest) -> PermissionDecision:
+        asked.append(request)
+        return PermissionDecision(allowed=allowed, by="test", reason=None if allowed else "no")
+
+    return approver
+
+
+@pytest.fixture
+def ask_with(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Give every run ``ask`` and ``approver`` (what [butler.permissions] ask will plumb)."""
+
+    def install(ask: tuple[str, ...], approver: Approver) -> None:
+        prepare = Assembly.prepare
+
+        async def with_approver(self: Assembly, *args: Any, **kwargs: Any) -> Any:
+            spec = await prepare(self, *args, **kwargs)
+            return replace(spec, ask=ask, approver=approver)
+
+        monkeypatch.setattr(Assembly, "prepare", with_approver)
+
+    return install
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+async def test_claude_asks_before_a_tool_in_ask_and_the_answer_holds(
+    make_butler, store, tmp_path: Path, ask_with: Any, allowed: bool
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    marker = out / "marker"
+    asked: list[PermissionRequest] = []
+    ask_with(("Bash",), answering(allowed, asked))
+    butler = acp_butler(
+        make_butler, AGENTS["claude-code-acp"],
+        f'tools = ["Read"]\n[butler.sandbox]\nwrite = ["{out}"]\n',
+    )  # fmt: skip
+    script = f'[[turn]]\nshell = "touch {marker}"\n[[turn]]\ntext = "Done."\n'
+    async with service(butler, store, script) as svc:
+        result = await svc.trigger("make the marker")
+
+    assert result.success, result.error
+    (request,) = asked
+    assert request.call.name == "Bash" and str(marker) in json.dumps(request.call.input)
+    assert marker.exists() is allowed, "the tool ran only when the approver said yes"
+    (call,) = result.tool_calls
+    assert call.status == ("ok" if allowed else "error")
+
+
+async def test_a_tool_outside_the_allow_list_is_denied_without_asking(
+    make_butler, store, tmp_path: Path, ask_with: Any
+) -> None:
+    marker = tmp_path / "out" / "marker"
+    marker.parent.mkdir()
+    asked: list[PermissionRequest] = []
+    ask_with((), answering(True, asked))
+    extra = f'[butler.sandbox]\nwrite = ["{marker.parent}"]\n'
+    butler = fixture_butler(make_butler, "ask", str(marker), extra=extra)
+    async with service(butler, store, MCP_CALL) as svc:
+        result = await svc.trigger("write it")
+    assert result.success, result.error
+    assert result.output == "not allowed" and not marker.exists()
+    assert asked == [], "nobody is asked about a tool that is simply not the butler's"
+    (call,) = result.tool_calls
+    assert call.status == "error"
+
+
+async def test_an_agent_asks_about_a_tool_in_ask_by_its_kind(
+    make_butler, store, tmp_path: Path, ask_with: Any
+) -> None:
+    marker = tmp_path / "out" / "marker"
+    marker.parent.mkdir()
+    asked: list[PermissionRequest] = []
+    ask_with(("Write",), answering(True, asked))
+    extra = f'[butler.sandbox]\nwrite = ["{marker.parent}"]\n'
+    butler = fixture_butler(make_butler, "ask", str(marker), extra=extra)
+    async with service(butler, store, MCP_CALL) as svc:
+        result = await svc.trigger("write it")
+    assert result.success, result.error
+    assert result.output == "written" and marker.exists()
+    (request,) = asked
+    assert request.call.name == "Write marker" and request.call.input == {"path": str(marker)}

@@ -99,17 +99,20 @@ class AcpAdapter(RuntimeAdapter):
         return await super().binary_version()
 
     def install_paths(self) -> list[Path]:
-        """The agent's install (a node package's whole tree), read-only in the sandbox."""
+        """The agent's install (a node package's whole tree, else its prefix) and the files
+        its command line names (a script), read-only in the sandbox."""
         binary = self.find_binary()
         real = binary.resolve()
         if "node_modules" in real.parts:
-            return node_install(real)
-        return list(
-            dict.fromkeys(
+            paths = node_install(real)
+        else:
+            paths = [
                 folder.parent if folder.name == "bin" and folder.parent != Path("/usr") else folder
                 for folder in (binary.parent, real.parent)
-            )
-        )
+            ]
+        named = [Path(arg) for arg in self.argv[1:] if Path(arg).is_absolute()]
+        paths += [path.resolve() for path in named if path.exists()]
+        return list(dict.fromkeys(paths))
 
     def model_via_base_url(self) -> bool:
         return self.default_api_url is not None
