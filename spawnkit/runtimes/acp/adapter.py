@@ -122,7 +122,7 @@ class AcpAdapter(RuntimeAdapter):
         another agent's is known only when it starts, and asked for then."""
         return {
             **super().capabilities(),
-            "supports_resume": self.preset is not AcpPreset,
+            "supports_resume": self.preset is not AcpPreset and self.preset.resumes,
             "supports_max_turns": self.preset.native_turn_limit,
             **(
                 {}
@@ -157,6 +157,8 @@ class AcpAdapter(RuntimeAdapter):
             session_meta=agent.session_meta(spec),
             system_in_prompt=agent.system_in_prompt,
             count_turns=not agent.native_turn_limit,
+            noise=agent.noise,
+            resumes=agent.resumes,
             name=Path(self.argv[0]).name,
             auth_remedy=self.auth_remedy,
         )

@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 SETUP_TIMEOUT_S = 120.0
 # How long a cancelled prompt may take to stop before its process group is terminated.
 CANCEL_GRACE_S = 3.0
+# How long an agent has to exit by itself once its prompt is answered and its stdin closed
+# (Claude Code writes the session's transcript, which a resume needs, as it ends).
+EXIT_GRACE_S = 5.0
 # How long an agent that closed its stdout has to exit before it counts as running.
 EXIT_WAIT_S = 5.0
 CLIENT_INFO = {"name": "spawnkit", "title": "spawnkit", "version": "1"}
@@ -129,13 +132,19 @@ class AcpPrompt:
     system_in_prompt: bool = True
     # Whether spawnkit enforces max_turns by counting tool calls (the agent has no limit).
     count_turns: bool = True
+    # The starts of text chunks that are the agent's warnings (see .presets).
+    noise: tuple[str, ...] = ()
+    # False: the agent is known not to continue a session, whatever it advertises.
+    resumes: bool = True
     name: str = "the ACP agent"
     auth_remedy: str = "check the agent's API key"
     stderr: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
 
     def __post_init__(self) -> None:
         server = self.spec.mcp_server
-        self.updates = AcpUpdates(self.spec.session_id, server.name if server else "")
+        self.updates = AcpUpdates(
+            self.spec.session_id, server.name if server else "", noise=self.noise
+        )
         self.approval = Approval(self.spec, self.updates)
         self.agent_session: str | None = None
         self.loading = False  # session/load replays the old conversation: not this run's
@@ -148,7 +157,11 @@ class AcpPrompt:
         """Start the agent, run the prompt, and end it: the outcome, or a failure raised."""
         try:
             async with _process.open_stdio(
-                self.argv, env=self.env, cwd=self.spec.cwd, on_stderr=self._stderr_line
+                self.argv,
+                env=self.env,
+                cwd=self.spec.cwd,
+                on_stderr=self._stderr_line,
+                exit_grace_s=EXIT_GRACE_S,
             ) as child:
                 transport = _LineTransport(child, self.spec)
                 self.conn = Connection(self._handle, transport)
@@ -201,11 +214,11 @@ class AcpPrompt:
         if self.session_meta:
             params["_meta"] = dict(self.session_meta)
         if spec.resume:
-            how = resume_method(capabilities)
+            how = resume_method(capabilities) if self.resumes else None
             if how is None:
                 raise RuntimeFailure(
-                    f"{self.name} cannot continue a session: it advertises neither "
-                    "session/resume nor loadSession", "runtime_error",
+                    f"{self.name} cannot continue a session over ACP (it advertises neither "
+                    "session/resume nor a loadSession that works)", "runtime_error",
                 )  # fmt: skip
             self.loading = how == "session/load"
             try:

@@ -177,13 +177,15 @@ class AcpUpdates:
     cost_usd: float | None = None
     tool_calls: int = 0
     ignored: int = 0
+    # Chunks of text that are the agent's own warnings, not the model's (their starts).
+    noise: tuple[str, ...] = ()
 
     def feed(self, update: Mapping[str, Any]) -> list[RunEvent]:
         """Events for one ``session/update``'s ``update``."""
         kind = update.get("sessionUpdate")
         if kind == "agent_message_chunk":
             text = content_text(update.get("content"))
-            if not text:
+            if not text or text.startswith(self.noise or ("\0",)):
                 return []
             self.block.append(text)
             return [TextDelta(self.session_id, text)]

@@ -53,6 +53,10 @@ class AcpPreset:
     system_in_prompt: ClassVar[bool] = True
     # Whether the agent enforces max_turns itself (else spawnkit counts tool calls).
     native_turn_limit: ClassVar[bool] = False
+    # Whether spawnkit can continue one of its sessions (False: known not to work).
+    resumes: ClassVar[bool] = True
+    # The starts of text chunks that are the agent's own warnings, not the model's.
+    noise: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, argv: Sequence[str]) -> None:
         self.argv = tuple(argv)
@@ -95,6 +99,9 @@ class GeminiPreset(AcpPreset):
     binary_env = GeminiAdapter.binary_env
     system_in_prompt = False
     native_turn_limit = True
+    # It advertises loadSession, but session/load of 0.61 does not find the chat spawnkit
+    # puts back where `gemini --resume` finds it ("No previous sessions found").
+    resumes = False
 
     @classmethod
     def matches(cls, argv: Sequence[str]) -> bool:
@@ -169,6 +176,8 @@ class CodexPreset(AcpPreset):
     install_hint = "npm install -g @zed-industries/codex-acp@0.16.0"
     binary_env = "SPAWNKIT_CODEX_ACP"
     system_in_prompt = False
+    # Its warning that the replay's unknown model slug has no metadata comes as text.
+    noise = ("Model metadata for `",)
 
     def native_adapter(self) -> CodexAdapter:
         return CodexAdapter()
