@@ -89,8 +89,9 @@ def test_doctor_names_the_agents_install_command(
 
 def test_doctor_cli_lists_an_acp_butlers_agent(make_butler: RosterFactory, tmp_path: Path) -> None:
     make_butler(extra='[butler.runtime]\ntype = "acp"\ncommand = ["codex-acp"]\n')
+    roster = str(tmp_path / "roster")
     done = subprocess.run(
-        [sys.executable, "-m", "spawnkit", "doctor", "--roster", str(tmp_path / "roster"), "--json"],
+        [sys.executable, "-m", "spawnkit", "doctor", "--roster", roster, "--json"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     runtimes = {r["runtime"]: r for r in json.loads(done.stdout)["runtimes"]}
