@@ -430,15 +430,12 @@ async def open_stdio(
     cwd: Path,
     on_stderr: LineSink,
     max_line: int = DEFAULT_MAX_LINE,
-    exit_grace_s: float = 0.0,
 ) -> AsyncIterator[StdioChild]:
     """Start a CLI to talk to over its stdio, in its own process group, with exactly ``env``.
 
     Its stderr lines go to ``on_stderr`` as they arrive. However the block ends (its
     end, an exception, a cancellation) stdin is closed and the whole group is
-    terminated (SIGTERM, then SIGKILL) before the block's exit goes on. When the block
-    ends normally, the CLI first has up to ``exit_grace_s`` to exit by itself on the end
-    of its input (an agent writes its transcript as it ends).
+    terminated (SIGTERM, then SIGKILL) before the block's exit goes on.
     """
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -452,16 +449,11 @@ async def open_stdio(
     assert proc.stderr is not None
     assert proc.stdin is not None
     stderr = asyncio.create_task(_pump(proc.stderr, on_stderr, max_line))
-    ended = False
     try:
         yield StdioChild(proc, stderr, max_line)
-        ended = True
     finally:
         with contextlib.suppress(OSError, RuntimeError):
             proc.stdin.close()
-        if ended and exit_grace_s > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(proc.wait()), exit_grace_s)
         await asyncio.shield(terminate_group(proc.pid))
         if proc.returncode is None:
             await asyncio.shield(proc.wait())

@@ -15,6 +15,7 @@ subclass (whose class attributes are its native runtime's) or this class itself.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from pathlib import Path
@@ -158,6 +159,7 @@ class AcpAdapter(RuntimeAdapter):
             system_in_prompt=agent.system_in_prompt,
             count_turns=not agent.native_turn_limit,
             noise=agent.noise,
+            transcript=functools.partial(agent.transcript, spec),
             resumes=agent.resumes,
             name=Path(self.argv[0]).name,
             auth_remedy=self.auth_remedy,

@@ -22,8 +22,9 @@ import contextlib
 import json
 import logging
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from acp.connection import Connection
@@ -45,9 +46,11 @@ logger = logging.getLogger(__name__)
 SETUP_TIMEOUT_S = 120.0
 # How long a cancelled prompt may take to stop before its process group is terminated.
 CANCEL_GRACE_S = 3.0
-# How long an agent has to exit by itself once its prompt is answered and its stdin closed
-# (Claude Code writes the session's transcript, which a resume needs, as it ends).
-EXIT_GRACE_S = 5.0
+# How long the agent's transcript may take to be written after the prompt's answer (the
+# known agents do not exit when their stdin closes, and are terminated after this).
+TRANSCRIPT_WAIT_S = 5.0
+# How long the transcript must stay unchanged to count as written.
+TRANSCRIPT_STILL_S = 0.1
 # How long an agent that closed its stdout has to exit before it counts as running.
 EXIT_WAIT_S = 5.0
 CLIENT_INFO = {"name": "spawnkit", "title": "spawnkit", "version": "1"}
@@ -136,6 +139,9 @@ class AcpPrompt:
     noise: tuple[str, ...] = ()
     # False: the agent is known not to continue a session, whatever it advertises.
     resumes: bool = True
+    # Where the agent writes the transcript of a session (a resume needs it whole), given
+    # its session id; None: nothing to wait for.
+    transcript: Callable[[str], Path | None] | None = None
     name: str = "the ACP agent"
     auth_remedy: str = "check the agent's API key"
     stderr: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
@@ -157,11 +163,7 @@ class AcpPrompt:
         """Start the agent, run the prompt, and end it: the outcome, or a failure raised."""
         try:
             async with _process.open_stdio(
-                self.argv,
-                env=self.env,
-                cwd=self.spec.cwd,
-                on_stderr=self._stderr_line,
-                exit_grace_s=EXIT_GRACE_S,
+                self.argv, env=self.env, cwd=self.spec.cwd, on_stderr=self._stderr_line
             ) as child:
                 transport = _LineTransport(child, self.spec)
                 self.conn = Connection(self._handle, transport)
@@ -189,6 +191,9 @@ class AcpPrompt:
                 capabilities = (init or {}).get("agentCapabilities") or {}
                 self.agent_session = await self._open_session(conn, capabilities)
             result = await self._prompt(conn, self.agent_session)
+            written = self.transcript(self.agent_session) if self.transcript else None
+            if written is not None:
+                await transcript_written(written)
         except (ConnectionError, TimeoutError) as exc:
             raise await self._ended(child, exc) from None
         except RequestError as exc:
@@ -334,6 +339,29 @@ class AcpPrompt:
             outcome.success, outcome.error_kind, outcome.error = False, kind, message
             outcome.output = self.updates.all_text()
         return outcome
+
+
+def _file_state(path: Path) -> tuple[int, int] | None:
+    """A file's size and change time (None: there is none), a stat of a local file."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return None
+    return info.st_size, info.st_mtime_ns
+
+
+async def transcript_written(path: Path) -> None:
+    """Wait (bounded) until ``path`` exists and has stopped changing."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + TRANSCRIPT_WAIT_S
+    seen: tuple[int, int] | None = None
+    while loop.time() < deadline:
+        now = _file_state(path)
+        if now is not None and now == seen:
+            return
+        seen = now
+        await asyncio.sleep(TRANSCRIPT_STILL_S)
+    logger.warning("the agent's transcript %s was not written in time", path.name)
 
 
 def resume_method(capabilities: Mapping[str, Any]) -> str | None:

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import tomli_w
 
 from ..base import RunSpec, RuntimeAdapter, write_private
-from ..claude_code import ClaudeCodeAdapter, seed_home
+from ..claude_code import ClaudeCodeAdapter, project_dir_name, seed_home
 from ..codex import CodexAdapter
 from ..gemini import DEFAULT_MODEL, GeminiAdapter
 
@@ -90,6 +90,11 @@ class AcpPreset:
     def session_meta(self, spec: RunSpec) -> dict[str, Any]:
         """What ``session/new`` carries in ``_meta`` for this agent."""
         return {}
+
+    def transcript(self, spec: RunSpec, session_id: str) -> Path | None:
+        """The file the agent writes a session's transcript to, when a resume needs it
+        whole before the agent is stopped; None: nothing to wait for."""
+        return None
 
 
 class GeminiPreset(AcpPreset):
@@ -168,6 +173,16 @@ class ClaudeCodePreset(AcpPreset):
         if spec.model:
             options["model"] = spec.model
         return {"systemPrompt": spec.system_prompt, "claudeCode": {"options": options}}
+
+    def transcript(self, spec: RunSpec, session_id: str) -> Path:
+        """Claude Code appends the turn's end to its transcript just after the answer."""
+        return (
+            spec.workspace
+            / ".claude"
+            / "projects"
+            / project_dir_name(spec.cwd)
+            / (f"{session_id}.jsonl")
+        )
 
 
 class CodexPreset(AcpPreset):
