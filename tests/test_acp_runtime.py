@@ -276,3 +276,25 @@ async def test_a_missing_agent_says_how_to_install_it(
         with pytest.raises(RuntimeNotFoundError, match="npm install -g @zed-industries/codex-acp"):
             await svc.trigger("hello")
     assert store.count_sessions() == 0
+
+
+async def test_max_turns_is_a_max_turns_failure(make_butler, store, agent) -> None:
+    script = """
+[[turn]]
+tool = "mcp__*__state_list"
+input = {}
+[[turn]]
+tool = "mcp__*__state_list"
+input = {}
+[[turn]]
+tool = "mcp__*__state_list"
+input = {}
+[[turn]]
+text = "never"
+"""
+    async with service(acp_butler(make_butler, AGENTS[agent]), store, script) as svc:
+        result = await svc.trigger("loop", max_turns=1)
+    assert not result.success and result.error_kind == "max_turns", result.error
+    record = store.get_session(result.session_id or "")
+    assert record is not None and record.status == "failed"
+    assert processes_with_env("SPAWNKIT_SESSION_ID", result.session_id or "") == []
