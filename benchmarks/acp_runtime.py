@@ -96,8 +96,9 @@ class DirectClient:
 
 def direct_side(
     agent: str, butler: Any, replay_url: str, mcp_port: int, work: Path, secret: str
-) -> Callable[[], Any]:
-    """One direct ACP prompt per call: the preset's files and env, the SDK's client."""
+) -> tuple[Callable[[], Any], list[str | None]]:
+    """One direct ACP prompt per call (the preset's files and env, the SDK's client), and
+    the versions the agent gave in ``initialize``."""
     adapter = get_adapter("acp")(butler.runtime)
     preset = adapter.agent()
     binary = str(adapter.find_binary().resolve())
@@ -105,6 +106,7 @@ def direct_side(
         butler, read_prompt_file(butler.system_prompt_file, butler.roster_dir)
     )
     url = f"http://localhost:{mcp_port}/mcp?session_id=bench"
+    versions: list[str | None] = []
 
     async def run() -> None:
         workspace = Path(tempfile.mkdtemp(prefix="direct-", dir=work))
@@ -132,7 +134,8 @@ def direct_side(
             assert proc.stdout is not None
             try:
                 conn = acp.connect_to_agent(client, proc.stdin, proc.stdout)
-                await conn.initialize(protocol_version=acp.PROTOCOL_VERSION)
+                init = await conn.initialize(protocol_version=acp.PROTOCOL_VERSION)
+                versions.append(init.agent_info.version if init.agent_info else None)
                 mcp = HttpMcpServer(
                     type="http", name=butler.name, url=url,
                     headers=[HttpHeader(name="Authorization", value=f"Bearer {secret}")],
@@ -153,7 +156,7 @@ def direct_side(
         finally:
             shutil.rmtree(workspace, ignore_errors=True)
 
-    return run
+    return run, versions
 
 
 def measure(agent: str, rounds: int, work: Path) -> dict[str, Any]:
@@ -175,7 +178,9 @@ def measure(agent: str, rounds: int, work: Path) -> dict[str, Any]:
             butler, store=store, base_url=replay_address.url, mcp_port=mcp_address.port,
             mcp_access=access,
         )  # fmt: skip
-        direct = direct_side(agent, butler, replay_address.url, mcp_address.port, work, secret)
+        direct, versions = direct_side(
+            agent, butler, replay_address.url, mcp_address.port, work, secret
+        )
 
         async def through_spawnkit() -> None:
             result = await spawner.trigger(PROMPT)
@@ -205,7 +210,7 @@ def measure(agent: str, rounds: int, work: Path) -> dict[str, Any]:
         runner.close()
     figures = cpu_figures(cpu)
     return {
-        "agent_version": asyncio.run(get_adapter("acp")(butler.runtime).binary_version()),
+        "agent_version": versions[-1],  # as the agent named itself in initialize
         "rounds": rounds,
         "direct_median_s": round(statistics.median(direct_s), 4),
         "spawnkit_median_s": round(statistics.median(spawnkit_s), 4),

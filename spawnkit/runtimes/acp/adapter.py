@@ -95,8 +95,10 @@ class AcpAdapter(RuntimeAdapter):
         return find_cli(self.type, program, self.preset.binary_env, self.preset.install_hint)
 
     async def binary_version(self) -> str | None:
-        if self.preset is AcpPreset:
-            return None  # an arbitrary agent has no known way to print its version
+        """The agent's version where it prints one (an arbitrary agent and the npm ACP
+        adapters do not: they name it only in ``initialize``, in the run's log)."""
+        if self.preset.version_args is None:
+            return None
         return await super().binary_version()
 
     def install_paths(self) -> list[Path]:

@@ -53,6 +53,9 @@ class AcpPreset:
     system_in_prompt: ClassVar[bool] = True
     # Whether the agent enforces max_turns itself (else spawnkit counts tool calls).
     native_turn_limit: ClassVar[bool] = False
+    # How the program prints its version (None: it has no way; the ACP adapters do not,
+    # they say it in initialize's agentInfo).
+    version_args: ClassVar[tuple[str, ...] | None] = None
     # Whether spawnkit can continue one of its sessions (False: known not to work).
     resumes: ClassVar[bool] = True
     # The starts of text chunks that are the agent's own warnings, not the model's.
@@ -102,6 +105,7 @@ class GeminiPreset(AcpPreset):
     program = "gemini"
     install_hint = GeminiAdapter.install_hint
     binary_env = GeminiAdapter.binary_env
+    version_args = GeminiAdapter.version_args
     system_in_prompt = False
     native_turn_limit = True
     # It advertises loadSession, but session/load of 0.61 does not find the chat spawnkit
