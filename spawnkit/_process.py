@@ -16,7 +16,9 @@ Two guarantees live here:
 
 CLIs spawnkit runs directly (Codex, Gemini) go through :func:`run_lines`: an
 exact environment, a new session, output framed into bounded lines and handed
-over as they arrive, and the same group termination on every exit path.
+over as they arrive, and the same group termination on every exit path. An agent
+spawnkit talks to over its stdio (an ACP agent) goes through :func:`open_stdio`: the same
+start, lines read in the same bounds, and the same end, with its stdin kept open.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import shlex
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -364,6 +366,99 @@ async def _run_lines(
         await asyncio.shield(terminate_group(proc.pid))
         if not exited.done():
             await asyncio.shield(exited)
+
+
+class StdioChild:
+    """A child spawnkit talks to over its stdio: lines out (bounded), bytes in.
+
+    Made by :func:`open_stdio`, which owns its end.
+    """
+
+    def __init__(
+        self, proc: asyncio.subprocess.Process, stderr: asyncio.Task[None], max_line: int
+    ) -> None:
+        self.proc = proc
+        self._stderr = stderr
+        self.pid = proc.pid
+        self._framer = LineFramer(max_line)
+        self._ready: list[tuple[str, bool]] = []
+        self._ended = False
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    async def read_line(self) -> tuple[str, bool] | None:
+        """The next stdout line as (text, truncated); None once stdout has closed."""
+        assert self.proc.stdout is not None
+        while not self._ready:
+            if self._ended:
+                return None
+            chunk = await self.proc.stdout.read(READ_CHUNK)
+            if chunk:
+                self._ready += self._framer.feed(chunk)
+                continue
+            self._ended = True
+            last = self._framer.flush()
+            if last is not None:
+                self._ready.append(last)
+        return self._ready.pop(0)
+
+    async def write(self, data: bytes) -> None:
+        """Write to the child's stdin (a closed pipe raises ``ConnectionError``)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        await self.proc.stdin.drain()
+
+    async def exited(self, within_s: float) -> int | None:
+        """The exit code once it has exited and its stderr is read (None: still running
+        after ``within_s`` seconds)."""
+        try:
+            async with asyncio.timeout(within_s):
+                code = await self.proc.wait()
+                await asyncio.wait({self._stderr})
+        except TimeoutError:
+            return self.proc.returncode
+        return code
+
+
+@contextlib.asynccontextmanager
+async def open_stdio(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Path,
+    on_stderr: LineSink,
+    max_line: int = DEFAULT_MAX_LINE,
+) -> AsyncIterator[StdioChild]:
+    """Start a CLI to talk to over its stdio, in its own process group, with exactly ``env``.
+
+    Its stderr lines go to ``on_stderr`` as they arrive. However the block ends (its
+    end, an exception, a cancellation) stdin is closed and the whole group is
+    terminated (SIGTERM, then SIGKILL) before the block's exit goes on.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(env),
+        cwd=cwd,
+        start_new_session=True,
+    )
+    assert proc.stderr is not None
+    assert proc.stdin is not None
+    stderr = asyncio.create_task(_pump(proc.stderr, on_stderr, max_line))
+    try:
+        yield StdioChild(proc, stderr, max_line)
+    finally:
+        with contextlib.suppress(OSError, RuntimeError):
+            proc.stdin.close()
+        await asyncio.shield(terminate_group(proc.pid))
+        if proc.returncode is None:
+            await asyncio.shield(proc.wait())
+        stderr.cancel()
+        await asyncio.gather(stderr, return_exceptions=True)
 
 
 async def run_interactive(

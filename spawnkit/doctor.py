@@ -4,6 +4,7 @@ Two kinds of checks, each a plain record the command line prints (or dumps as JS
 
 * **Runtimes.** Each registered runtime's CLI is looked up the way a run looks it up; a
   missing one comes with the exact command that installs it (the version the tests pin).
+  The ACP agents the roster's butlers name (``type = "acp"``) are looked up the same way.
 * **MCP servers.** For each butler of the roster, its MCP server is started in-process
   on a free port, as ``spawnkit run`` does, and asked over its own transport for its
   tools: if that fails, no run of the butler can get its tools. The butler's configured
@@ -70,6 +71,25 @@ def check_runtimes() -> list[RuntimeCheck]:
         version = asyncio.run(adapter.binary_version())
         checks.append(RuntimeCheck(runtime, True, str(path), version))
     return checks
+
+
+def check_acp_agents(butlers: list[ButlerConfig]) -> list[RuntimeCheck]:
+    """The agent of each ``type = "acp"`` butler, as ``acp:<program>`` (each once)."""
+    checks: dict[str, RuntimeCheck] = {}
+    for butler in butlers:
+        if butler.runtime.type != "acp" or not butler.runtime.acp_command:
+            continue
+        adapter = get_adapter("acp")(butler.runtime)
+        name = f"acp:{butler.runtime.acp_command[0]}"
+        if name in checks:
+            continue
+        try:
+            path = adapter.find_binary()
+        except RuntimeNotFoundError as exc:
+            checks[name] = RuntimeCheck(name, False, install=exc.install_hint)
+            continue
+        checks[name] = RuntimeCheck(name, True, str(path), asyncio.run(adapter.binary_version()))
+    return list(checks.values())
 
 
 async def list_tools(

@@ -255,12 +255,12 @@ def test_duplicate_port_names_both_butlers(tmp_path: Path) -> None:
 
 
 def test_get_adapter_unknown_lists_registered_types() -> None:
-    with pytest.raises(ValueError, match="available runtimes: claude-code") as info:
+    with pytest.raises(ValueError, match="available runtimes: acp, claude-code") as info:
         spawnkit.get_adapter("nope")
     assert isinstance(info.value, UnknownRuntimeError)
     assert str(info.value) == (
-        "unknown runtime 'nope'; available runtimes: claude-code (or claude), codex, command, "
-        "gemini"
+        "unknown runtime 'nope'; available runtimes: acp, claude-code (or claude), codex, "
+        "command, gemini"
     )
 
 
@@ -357,7 +357,7 @@ def test_unknown_runtime_type_is_refused_at_load(tmp_path: Path) -> None:
     )
     assert message == (
         f"{path}: [butler.runtime.type]: unknown runtime 'aider'; "
-        "available runtimes: claude-code (or claude), codex, command, gemini"
+        "available runtimes: acp, claude-code (or claude), codex, command, gemini"
     )
 
 

@@ -26,7 +26,7 @@ def test_the_alias_table_maps_to_registered_runtimes() -> None:
         assert get_adapter(alias) is get_adapter(target)
     for name in available_runtimes():
         assert canonical_runtime(name) == name
-    known = r"claude-code \(or claude\), codex, command, gemini"
+    known = r"acp, claude-code \(or claude\), codex, command, gemini"
     with pytest.raises(UnknownRuntimeError, match=known):
         canonical_runtime("claude_code")
 

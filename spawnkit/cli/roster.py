@@ -96,7 +96,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from ..config.roster_location import RosterNotFound
-    from ..doctor import check_roster_mcp, check_runtimes
+    from ..doctor import check_acp_agents, check_roster_mcp, check_runtimes
 
     runtimes = check_runtimes()
     try:
@@ -106,6 +106,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             raise
         roster, no_roster = None, str(exc)
     butlers = [roster[args.butler]] if roster and args.butler else list(roster or [])
+    runtimes += check_acp_agents(butlers)
     servers = check_roster_mcp(butlers)
     failed = not all(c.found for c in runtimes) or not all(
         c.ok and c.port_status != "other" for c in servers

@@ -155,6 +155,8 @@ class RuntimeConfig:
     tools: tuple[str, ...] = DEFAULT_TOOLS
     # type = "command": the CLI's command line and output format.
     command: CommandConfig | None = None
+    # type = "acp": the ACP agent's command line (``["gemini", "--acp"]``).
+    acp_command: tuple[str, ...] = ()
 
 
 SandboxMode = Literal["bwrap", "none"]

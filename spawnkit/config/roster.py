@@ -273,6 +273,7 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
         timeout_s=r.number("timeout_s", 900.0),
         tools=r.names("tools", _TOOL_RE) if "tools" in r.data else DEFAULT_TOOLS,
         command=_command(r, runtime_type),
+        acp_command=_acp_command(r, runtime_type),
     )
 
     sandbox = _sandbox(b.table("sandbox"))
@@ -427,9 +428,29 @@ _COMMAND_KEYS = (
 )  # fmt: skip
 
 
+def _acp_command(r: _Reader, runtime_type: str) -> tuple[str, ...]:
+    """``[butler.runtime] command`` of the ``acp`` runtime: the agent's argv (required)."""
+    if runtime_type != "acp":
+        return ()
+    value = r.data.get("command")
+    if value is None:
+        raise r.error(
+            "command", 'type = "acp" needs the agent\'s command, like ["gemini", "--acp"]'
+        )
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise r.error("command", 'must be a list of strings, like ["gemini", "--acp"]')
+    if not value or not value[0].strip():
+        raise r.error("command", "must name a program")
+    return tuple(value)
+
+
 def _command(r: _Reader, runtime_type: str) -> CommandConfig | None:
     """``[butler.runtime]``'s keys of the ``command`` runtime (for it only, and required)."""
     given = [key for key in _COMMAND_KEYS if key in r.data]
+    if runtime_type == "acp":
+        if extra := [key for key in given if key != "command"]:
+            raise r.error(extra[0], 'a runtime of type = "acp" takes only command (its argv)')
+        return None
     if runtime_type != "command":
         if given:
             raise r.error(given[0], 'only a runtime of type = "command" takes it')

@@ -29,6 +29,7 @@ _ADAPTERS: dict[str, str | type] = {
     "codex": "spawnkit.runtimes.codex:CodexAdapter",
     "gemini": "spawnkit.runtimes.gemini:GeminiAdapter",
     "command": "spawnkit.runtimes.command:CommandAdapter",
+    "acp": "spawnkit.runtimes.acp.adapter:AcpAdapter",
 }
 
 # Alias -> canonical runtime name. The one table of alternative names.

@@ -327,7 +327,7 @@ class CodexAdapter(StreamingCliAdapter):
         write_private(path, tomli_w.dumps(config))
         return path
 
-    def _write_run_config(self, spec: RunSpec) -> None:
+    def write_run_config(self, spec: RunSpec) -> None:
         """Add what depends on the run (prompt, model, provider) to the config file."""
         with open(spec.config_file, "rb") as fh:
             config: dict[str, Any] = tomllib.load(fh)
@@ -369,7 +369,7 @@ class CodexAdapter(StreamingCliAdapter):
         return env
 
     def command(self, spec: RunSpec) -> list[str]:
-        self._write_run_config(spec)
+        self.write_run_config(spec)
         binary = self.cli()
         # The prompt "-" reads it from stdin: a prompt of any size (one argument over
         # 128 KiB cannot be passed on Linux).
@@ -383,7 +383,7 @@ class CodexAdapter(StreamingCliAdapter):
 
     def interactive_command(self, spec: RunSpec) -> list[str]:
         """``codex`` (its TUI) with the run's configuration; ``codex resume ID`` goes on."""
-        self._write_run_config(spec)
+        self.write_run_config(spec)
         with open(spec.config_file, "rb") as fh:
             config: dict[str, Any] = tomllib.load(fh)
         # Its trust question, answered for the run's own folder.

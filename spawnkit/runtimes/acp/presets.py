@@ -1,0 +1,224 @@
+"""The ACP agents spawnkit knows: how to point each at a model server and give it a prompt.
+
+Any ACP agent runs as a spawnkit runtime from its command line alone; three are
+known better, by their command: ``gemini --acp`` (Gemini CLI), ``claude-code-acp``
+(Zed's adapter over the Claude Agent SDK) and ``codex-acp`` (Zed's adapter over Codex).
+Each is the native runtime's CLI underneath, so a preset sets it up with that
+runtime's own code (its settings, config file, home and environment), points it at the
+run's model relay (``--replay`` works, as for the native runtimes), and gives it the
+system prompt its own way:
+
+* Gemini: ``GEMINI_SYSTEM_MD`` (a file that replaces its system instruction) and the
+  run's ``settings.json`` (turn limit, the built-in tools the butler lists);
+* claude-code-acp: ``session/new``'s ``_meta.systemPrompt``, and Claude Agent SDK options
+  in ``_meta.claudeCode.options`` (turn limit, model, no user settings, the built-in tools
+  the butler does not list disallowed); ``IS_SANDBOX=1`` when spawnkit runs as root
+  (Claude Code refuses to start as root otherwise);
+* codex-acp: ``developer_instructions`` in the run's ``CODEX_HOME/config.toml``, with the
+  model provider as for ``codex exec``.
+
+An unknown agent gets the system prompt at the head of its prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import tomli_w
+
+from ..base import RunSpec, RuntimeAdapter, write_private
+from ..claude_code import ClaudeCodeAdapter, project_dir_name, seed_home
+from ..codex import CodexAdapter
+from ..gemini import DEFAULT_MODEL, GeminiAdapter
+
+
+class AcpPreset:
+    """A known ACP agent: what spawnkit sets up for it. The base is any other agent."""
+
+    # The native runtime whose CLI the agent drives ("" for an unknown agent).
+    native: ClassVar[str] = ""
+    # The program's name on the command line, and how to install it.
+    program: ClassVar[str] = ""
+    install_hint: ClassVar[str] = (
+        "install the agent, or change [butler.runtime] command to a program that exists"
+    )
+    # Overrides where the program is found (as SPAWNKIT_GEMINI_CLI does for gemini).
+    binary_env: ClassVar[str] = "SPAWNKIT_ACP_AGENT"
+    # Whether the system prompt reaches it only at the head of the prompt.
+    system_in_prompt: ClassVar[bool] = True
+    # Whether the agent enforces max_turns itself (else spawnkit counts tool calls).
+    native_turn_limit: ClassVar[bool] = False
+    # How the program prints its version (None: it has no way; the ACP adapters do not,
+    # they say it in initialize's agentInfo).
+    version_args: ClassVar[tuple[str, ...] | None] = None
+    # Whether spawnkit can continue one of its sessions (False: known not to work).
+    resumes: ClassVar[bool] = True
+    # The starts of text chunks that are the agent's own warnings, not the model's.
+    noise: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, argv: Sequence[str]) -> None:
+        self.argv = tuple(argv)
+
+    @classmethod
+    def matches(cls, argv: Sequence[str]) -> bool:
+        return bool(cls.program) and bool(argv) and Path(argv[0]).name == cls.program
+
+    def native_adapter(self) -> RuntimeAdapter | None:
+        return None
+
+    def command(self, spec: RunSpec, program: str) -> list[str]:
+        """The agent's argv for this run, its program resolved."""
+        return [program, *self.argv[1:]]
+
+    def build_config_file(self, workspace: Path) -> Path:
+        """The agent's configuration in the run's home (no MCP server: that goes in
+        ``session/new``)."""
+        path = workspace / "acp-agent.json"
+        write_private(path, json.dumps({"command": list(self.argv)}, indent=2))
+        return path
+
+    def prepare(self, spec: RunSpec) -> None:
+        """Write what depends on the run (its prompt, tools, model) before the agent starts."""
+
+    def env(self, spec: RunSpec) -> dict[str, str]:
+        tmp = spec.workspace / "tmp"
+        tmp.mkdir(exist_ok=True, mode=0o700)
+        return {**spec.env, "HOME": str(spec.workspace), "TMPDIR": str(tmp), "NO_COLOR": "1"}
+
+    def session_meta(self, spec: RunSpec) -> dict[str, Any]:
+        """What ``session/new`` carries in ``_meta`` for this agent."""
+        return {}
+
+    def transcript(self, spec: RunSpec, session_id: str) -> Path | None:
+        """The file the agent writes a session's transcript to, when a resume needs it
+        whole before the agent is stopped; None: nothing to wait for."""
+        return None
+
+
+class GeminiPreset(AcpPreset):
+    native = "gemini"
+    program = "gemini"
+    install_hint = GeminiAdapter.install_hint
+    binary_env = GeminiAdapter.binary_env
+    version_args = GeminiAdapter.version_args
+    system_in_prompt = False
+    native_turn_limit = True
+    # It advertises loadSession, but session/load of 0.61 does not find the chat spawnkit
+    # puts back where `gemini --resume` finds it ("No previous sessions found").
+    resumes = False
+
+    @classmethod
+    def matches(cls, argv: Sequence[str]) -> bool:
+        return super().matches(argv) and any(a in ("--acp", "--experimental-acp") for a in argv)
+
+    def native_adapter(self) -> GeminiAdapter:
+        return GeminiAdapter()
+
+    def command(self, spec: RunSpec, program: str) -> list[str]:
+        argv = super().command(spec, program)
+        if not {"-m", "--model"} & set(argv):
+            argv += ["-m", spec.model or DEFAULT_MODEL]  # no extra model-routing request
+        return argv
+
+    def build_config_file(self, workspace: Path) -> Path:
+        return self.native_adapter().build_config_file(workspace, None)
+
+    def prepare(self, spec: RunSpec) -> None:
+        # The tools the butler asks about stay (not excluded), and are not auto-approved:
+        # Gemini asks for them with session/request_permission.
+        settings = GeminiAdapter.settings(
+            None, [*spec.tools, *spec.ask], spec.max_turns, spec.add_dirs
+        )
+        allowed = GeminiAdapter.settings(None, spec.tools, spec.max_turns)["tools"]["allowed"]
+        settings["tools"]["allowed"] = allowed
+        write_private(spec.config_file, json.dumps(settings, indent=2))
+
+    def env(self, spec: RunSpec) -> dict[str, str]:
+        return self.native_adapter().child_env(spec)
+
+
+class ClaudeCodePreset(AcpPreset):
+    native = "claude-code"
+    program = "claude-code-acp"
+    install_hint = "npm install -g @zed-industries/claude-code-acp@0.16.2"
+    binary_env = "SPAWNKIT_CLAUDE_CODE_ACP"
+    system_in_prompt = False
+    native_turn_limit = True
+    # Claude Code's built-in tools, those a butler does not list are disallowed.
+    BUILTIN = (
+        "Bash", "BashOutput", "KillShell", "Read", "Write", "Edit", "MultiEdit", "Glob",
+        "Grep", "WebFetch", "WebSearch", "NotebookEdit", "Task", "Agent", "TodoWrite", "Skill",
+    )  # fmt: skip
+
+    def native_adapter(self) -> ClaudeCodeAdapter:
+        return ClaudeCodeAdapter()
+
+    def env(self, spec: RunSpec) -> dict[str, str]:
+        seed_home(spec.workspace)
+        env = self.native_adapter().child_env(spec)
+        if os.geteuid() == 0:
+            # Claude Code refuses its permission bypass as root unless told it is
+            # sandboxed, which the run is; claude-code-acp offers that mode only then.
+            env["IS_SANDBOX"] = "1"
+        return env
+
+    def session_meta(self, spec: RunSpec) -> dict[str, Any]:
+        listed = {*spec.tools, *spec.ask}
+        options: dict[str, Any] = {
+            "maxTurns": spec.max_turns,
+            "settingSources": [],
+            "disallowedTools": [tool for tool in self.BUILTIN if tool not in listed],
+        }
+        if spec.model:
+            options["model"] = spec.model
+        return {"systemPrompt": spec.system_prompt, "claudeCode": {"options": options}}
+
+    def transcript(self, spec: RunSpec, session_id: str) -> Path:
+        """Claude Code appends the turn's end to its transcript just after the answer."""
+        return (
+            spec.workspace
+            / ".claude"
+            / "projects"
+            / project_dir_name(spec.cwd)
+            / (f"{session_id}.jsonl")
+        )
+
+
+class CodexPreset(AcpPreset):
+    native = "codex"
+    program = "codex-acp"
+    install_hint = "npm install -g @zed-industries/codex-acp@0.16.0"
+    binary_env = "SPAWNKIT_CODEX_ACP"
+    system_in_prompt = False
+    # Its warning that the replay's unknown model slug has no metadata comes as text.
+    noise = ("Model metadata for `",)
+
+    def native_adapter(self) -> CodexAdapter:
+        return CodexAdapter()
+
+    def build_config_file(self, workspace: Path) -> Path:
+        return self.native_adapter().build_config_file(workspace, None)
+
+    def prepare(self, spec: RunSpec) -> None:
+        self.native_adapter().write_run_config(spec)
+        # Codex asks its client (session/request_permission) instead of refusing alone.
+        with open(spec.config_file, "rb") as fh:
+            config = tomllib.load(fh)
+        config["approval_policy"] = "on-request"
+        write_private(spec.config_file, tomli_w.dumps(config))
+
+    def env(self, spec: RunSpec) -> dict[str, str]:
+        return self.native_adapter().child_env(spec)
+
+
+PRESETS: tuple[type[AcpPreset], ...] = (GeminiPreset, ClaudeCodePreset, CodexPreset)
+
+
+def find_preset(argv: Sequence[str]) -> type[AcpPreset]:
+    """The preset for an agent's command line (:class:`AcpPreset` itself when unknown)."""
+    return next((preset for preset in PRESETS if preset.matches(argv)), AcpPreset)
