@@ -15,7 +15,6 @@ import sys
 import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from spawnkit.errors import RuntimeNotFoundError, SpawnkitError
 from spawnkit.events import Started, ToolCallStarted
 from spawnkit.permissions import Approver, PermissionDecision, PermissionRequest
 from spawnkit.replay import Scenario
-from spawnkit.run.assembly import Assembly
 from spawnkit.serve.service import ButlerService
 from spawnkit.store import SessionStore
 
@@ -170,38 +168,26 @@ def answering(allowed: bool, asked: list[PermissionRequest]) -> Approver:
     return approver
 
 
-@pytest.fixture
-def ask_with(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Give every run ``ask`` and ``approver`` (what [butler.permissions] ask will plumb)."""
-
-    def install(ask: tuple[str, ...], approver: Approver) -> None:
-        prepare = Assembly.prepare
-
-        async def with_approver(self: Assembly, *args: Any, **kwargs: Any) -> Any:
-            spec = await prepare(self, *args, **kwargs)
-            return replace(spec, ask=ask, approver=approver)
-
-        monkeypatch.setattr(Assembly, "prepare", with_approver)
-
-    return install
+def ask(*tools: str) -> str:
+    """A butler.toml section: ``tools`` run only after the approver said yes."""
+    return f"[butler.permissions]\nask = {json.dumps(list(tools))}\n"
 
 
 @pytest.mark.parametrize("allowed", [True, False])
 async def test_claude_asks_before_a_tool_in_ask_and_the_answer_holds(
-    make_butler, store, tmp_path: Path, ask_with: Any, allowed: bool
+    make_butler, store, tmp_path: Path, allowed: bool
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
     marker = out / "marker"
     asked: list[PermissionRequest] = []
-    ask_with(("Bash",), answering(allowed, asked))
     butler = acp_butler(
         make_butler, AGENTS["claude-code-acp"],
-        f'tools = ["Read"]\n[butler.sandbox]\nwrite = ["{out}"]\n',
+        f'tools = ["Read"]\n[butler.sandbox]\nwrite = ["{out}"]\n' + ask("Bash"),
     )  # fmt: skip
     script = f'[[turn]]\nshell = "touch {marker}"\n[[turn]]\ntext = "Done."\n'
     async with service(butler, store, script) as svc:
-        result = await svc.trigger("make the marker")
+        result = await svc.trigger("make the marker", approver=answering(allowed, asked))
 
     assert result.success, result.error
     (request,) = asked
@@ -209,19 +195,24 @@ async def test_claude_asks_before_a_tool_in_ask_and_the_answer_holds(
     assert marker.exists() is allowed, "the tool ran only when the approver said yes"
     (call,) = result.tool_calls
     assert call.status == ("ok" if allowed else "error")
+    record = store.get_session(result.session_id or "")
+    assert record is not None
+    (answer,) = record.permissions  # the question and its answer are on the record
+    assert answer.tool == "Bash" and answer.allowed is allowed
 
 
 async def test_a_tool_outside_the_allow_list_is_denied_without_asking(
-    make_butler, store, tmp_path: Path, ask_with: Any
+    make_butler,
+    store,
+    tmp_path: Path,
 ) -> None:
     marker = tmp_path / "out" / "marker"
     marker.parent.mkdir()
     asked: list[PermissionRequest] = []
-    ask_with((), answering(True, asked))
     extra = f'[butler.sandbox]\nwrite = ["{marker.parent}"]\n'
     butler = fixture_butler(make_butler, "ask", str(marker), extra=extra)
     async with service(butler, store, MCP_CALL) as svc:
-        result = await svc.trigger("write it")
+        result = await svc.trigger("write it", approver=answering(True, asked))
     assert result.success, result.error
     assert result.output == "not allowed" and not marker.exists()
     assert asked == [], "nobody is asked about a tool that is simply not the butler's"
@@ -230,16 +221,17 @@ async def test_a_tool_outside_the_allow_list_is_denied_without_asking(
 
 
 async def test_an_agent_asks_about_a_tool_in_ask_by_its_kind(
-    make_butler, store, tmp_path: Path, ask_with: Any
+    make_butler,
+    store,
+    tmp_path: Path,
 ) -> None:
     marker = tmp_path / "out" / "marker"
     marker.parent.mkdir()
     asked: list[PermissionRequest] = []
-    ask_with(("Write",), answering(True, asked))
-    extra = f'[butler.sandbox]\nwrite = ["{marker.parent}"]\n'
+    extra = f'[butler.sandbox]\nwrite = ["{marker.parent}"]\n' + ask("Write")
     butler = fixture_butler(make_butler, "ask", str(marker), extra=extra)
     async with service(butler, store, MCP_CALL) as svc:
-        result = await svc.trigger("write it")
+        result = await svc.trigger("write it", approver=answering(True, asked))
     assert result.success, result.error
     assert result.output == "written" and marker.exists()
     (request,) = asked

@@ -79,46 +79,51 @@ def prompt_blocks(spec: RunSpec, system_in_prompt: bool) -> list[dict[str, Any]]
     return [{"type": "text", "text": text}]
 
 
-class _LineTransport:
-    """The SDK's transport over a :class:`~spawnkit._process.StdioChild`, lines bounded.
+class _LineFeed:
+    """The agent's stdout for the SDK: its JSON-RPC lines, bounded, into :attr:`reader`.
 
-    A line the agent writes that is too long or not a JSON object is counted and
-    skipped; each one it writes goes to the run's log as it arrives.
+    The SDK's connection reads a stream of lines (in every version spawnkit supports,
+    0.11 and 0.12); this feeds it only whole JSON objects. A line the agent writes that is
+    too long or not a JSON object is counted and skipped; each line goes to the run's log
+    as it arrives. What spawnkit sends goes straight to the agent's stdin.
     """
+
+    # Longer lines are cut by the child's framer (and skipped here) well before this.
+    LIMIT = 64 * 1024 * 1024
 
     def __init__(self, child: _process.StdioChild, spec: RunSpec) -> None:
         self.child = child
         self.spec = spec
         self.bad_lines = 0
+        self.reader = asyncio.StreamReader(limit=self.LIMIT)
+        self._pump = asyncio.create_task(self._feed(), name="acp-agent-stdout")
 
-    async def send(self, message: dict[str, Any]) -> None:
-        data = json.dumps(message, ensure_ascii=False, separators=(",", ":")) + "\n"
+    async def _feed(self) -> None:
         try:
-            await self.child.write(data.encode("utf-8"))
-        except (BrokenPipeError, ConnectionResetError) as exc:
-            raise ConnectionError(f"the agent closed its stdin: {exc}") from exc
-
-    async def receive(self) -> dict[str, Any] | None:
-        while True:
-            read = await self.child.read_line()
-            if read is None:
-                return None
-            line, truncated = read
-            if self.spec.log is not None:
-                self.spec.log.stdout(line)
-            if truncated or not line.strip():
-                self.bad_lines += truncated
-                continue
-            try:
-                message = json.loads(line)
-            except ValueError:
-                message = None
-            if isinstance(message, dict):
-                return message
-            self.bad_lines += 1
+            while (read := await self.child.read_line()) is not None:
+                line, truncated = read
+                if self.spec.log is not None:
+                    self.spec.log.stdout(line)
+                if truncated or not line.strip():
+                    self.bad_lines += truncated
+                    continue
+                if _is_object(line):
+                    self.reader.feed_data(line.encode("utf-8") + b"\n")
+                else:
+                    self.bad_lines += 1
+        finally:
+            self.reader.feed_eof()
 
     async def close(self) -> None:
-        """Nothing to close here: :func:`~spawnkit._process.open_stdio` owns the process."""
+        self._pump.cancel()
+        await asyncio.gather(self._pump, return_exceptions=True)
+
+
+def _is_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -165,16 +170,18 @@ class AcpPrompt:
             async with _process.open_stdio(
                 self.argv, env=self.env, cwd=self.spec.cwd, on_stderr=self._stderr_line
             ) as child:
-                transport = _LineTransport(child, self.spec)
-                self.conn = Connection(self._handle, transport)
+                feed = _LineFeed(child, self.spec)
+                assert child.proc.stdin is not None
+                self.conn = Connection(self._handle, child.proc.stdin, feed.reader)
                 try:
                     return await self._converse(self.conn, child)
                 finally:
                     await self.conn.close()
-                    if transport.bad_lines:
+                    await feed.close()
+                    if feed.bad_lines:
                         logger.warning(
                             "%s: %d lines of the agent were not JSON-RPC messages (session %s)",
-                            self.name, transport.bad_lines, self.spec.session_id,
+                            self.name, feed.bad_lines, self.spec.session_id,
                         )  # fmt: skip
         except FileNotFoundError as exc:
             raise RuntimeFailure(f"cannot start {self.argv[0]}: {exc}", "crash") from exc
