@@ -94,12 +94,22 @@ def lab(tmp_path: Path) -> Iterator[int]:
         stop(proc)
 
 
-def open_chat(browser: Any, port: int, name: str) -> tuple[Any, Any]:
-    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+def open_chat(chromium: Any, port: int, name: str) -> tuple[Any, Any]:
+    page = chromium.new_page(viewport={"width": 1400, "height": 1100})
     page.goto(f"http://127.0.0.1:{port}/lab/tree/{name}?reset")
     box = page.get_by_placeholder(PLACEHOLDER)
     box.wait_for(timeout=240_000)
     return page, box
+
+
+def choose_persona(page: Any, name: str) -> set[str]:
+    """Pick the persona the chat's messages go to; the names it offered."""
+    page.get_by_title("Choose which persona to message").click()
+    menu = page.get_by_role("menuitem")
+    menu.first.wait_for(timeout=30_000)
+    offered = {text.strip() for text in menu.all_inner_texts()}
+    menu.filter(has_text=name).first.click()
+    return offered
 
 
 def send(box: Any, text: str) -> None:
@@ -121,17 +131,19 @@ def wait_records(predicate: Any, timeout_s: float = 120) -> list[Any]:
     raise AssertionError(f"the store never showed it: {[(r.status, r.prompt) for r in records()]}")
 
 
-def test_a_butler_answers_in_the_chat_with_its_tool_calls(lab: int, browser: Any) -> None:
+def test_a_butler_answers_in_the_chat_with_its_tool_calls(
+    lab: int,
+    browser: Any,  # noqa: F811 - the fixture imported above
+) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page, box = open_chat(browser, lab, "weigh.chat")
     # Both routes give personas: `general` by the entry point, `health` by the file.
-    page.get_by_title("Choose which persona to message").click()
-    menu = page.get_by_role("menuitem")
-    menu.first.wait_for(timeout=30_000)
-    assert {"general", "health"} <= {t.strip() for t in menu.all_inner_texts()}
-    page.keyboard.press("Escape")
+    assert {"general", "health"} <= choose_persona(page, "health")
     send(box, "@health I weighed 72.4 kg")
-    page.get_by_text("Recorded 72.4 kg in your weight log.").wait_for(timeout=240_000)
+    try:
+        page.get_by_text("Recorded 72.4 kg in your weight log.").wait_for(timeout=240_000)
+    finally:
+        page.screenshot(path=str(ARTIFACTS / "jupyter-ai-chat.png"))
     shown = page.locator(".jp-chat-messages-container").inner_text()
     for call in ("health.state_get", "health.state_set", "date +%F", "trend.py"):
         assert call in shown, shown
@@ -145,8 +157,12 @@ def test_a_butler_answers_in_the_chat_with_its_tool_calls(lab: int, browser: Any
     page.close()
 
 
-def test_stop_in_the_chat_cancels_the_run_and_leaves_nothing(lab: int, browser: Any) -> None:
+def test_stop_in_the_chat_cancels_the_run_and_leaves_nothing(
+    lab: int,
+    browser: Any,  # noqa: F811 - the fixture imported above
+) -> None:
     page, box = open_chat(browser, lab, "slow.chat")
+    choose_persona(page, "health")
     send(box, "@health do the slow one")
     page.get_by_text("health.state_get").first.wait_for(timeout=240_000)
     (running,) = wait_records(lambda found: found and found[0].tool_calls)
