@@ -241,6 +241,21 @@ def test_replay_serve_answers_the_messages_api(tmp_path: Path) -> None:
     finally:
         code, _, err = _interrupt(proc)
     assert code == 0, err
+    assert err.strip().splitlines()[-1] == f"replay server at {url} stopped by Ctrl-C"
+
+
+@pytest.mark.e2e
+def test_replay_serve_says_when_sigterm_stops_it(tmp_path: Path) -> None:
+    scenario = tmp_path / "hello.toml"
+    scenario.write_text('[[turn]]\ntext = "hello"\n')
+    proc = _start("replay", "serve", str(scenario))
+    try:
+        url = _first_line(proc).split()[-1]
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert err.strip().splitlines() == [f"replay server at {url} stopped by SIGTERM"]
 
 
 def private_token(path: Path) -> str:
