@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -269,6 +268,7 @@ def test_spawnkit_worker_fails_when_its_plugin_closes_the_worker(tmp_path):
     address = f"tcp://127.0.0.1:{port}"
     breaks = tmp_path / "break_store.py"
     breaks.write_text('import os\nos.environ["SPAWNKIT_STORE"] = "/proc/no-such/sessions.db"\n')
+    (tmp_path / "tmp").mkdir()
     scheduler = _start(
         [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
          "--port", str(port), "--dashboard-address", ":0"],
@@ -280,7 +280,7 @@ def test_spawnkit_worker_fails_when_its_plugin_closes_the_worker(tmp_path):
             [sys.executable, "-m", "spawnkit", "--store", str(tmp_path / "fine.db"), "worker",
              "--insecure", "--scheduler", address, "--", "--dashboard-address", ":0",
              "--preload", str(breaks)],
-            dict(os.environ), log,
+            {**os.environ, "TMPDIR": str(tmp_path / "tmp")}, log,
         )  # fmt: skip
         try:
             code = worker.wait(timeout=120)
@@ -293,7 +293,7 @@ def test_spawnkit_worker_fails_when_its_plugin_closes_the_worker(tmp_path):
         assert "Nanny at" in log.read_text()  # it did start, behind a nanny
         assert lines[-1].startswith("spawnkit worker: closed, this worker cannot run agents: ")
         assert "/proc/no-such" in lines[-1]
-        assert not list(Path(tempfile.gettempdir()).glob("spawnkit-worker-*.refusal"))
+        assert not list((tmp_path / "tmp").glob("spawnkit-worker-*"))  # its file is removed
     finally:
         os.killpg(scheduler.pid, signal.SIGTERM)
         try:
