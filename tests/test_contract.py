@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -216,26 +217,47 @@ def test_spawn_is_idempotent_while_a_slow_session_is_pending_or_active_not_after
     finally:
         os.kill(worker, signal.SIGCONT)
         out, err = first.communicate(timeout=120)
-    assert (first.returncode, out.strip()) == (0, session_id), err
-    # Active: the worker runs the minute-long turn.
-    assert spawnkit("adapter", "codex", "check_status", session_id, cwd=work).stdout.strip() in {
-        "pending", "active",
-    }  # fmt: skip
-    active = spawnkit(*args, "third, while active", cwd=work)
-    assert (active.returncode, active.stdout.strip()) == (0, session_id), active.stderr
-    # Finished (stopped here rather than after a minute): the next spawn is a new session.
-    os.kill(worker, signal.SIGTERM)
-    assert wait_status("codex", session_id, work, {"completed", "failed"}) == "failed"
-    after = spawnkit(
-        "adapter", "codex", "--replay", "echo.toml", "spawn", "brief.md", "state.json", "fourth",
-        cwd=work,
-    )  # fmt: skip
-    assert after.returncode == 0, after.stderr
-    later = after.stdout.strip()
-    assert later not in (session_id, "")
-    assert wait_status("codex", later, work, {"completed", "failed"}) == "completed"
-    assert json.loads((work / "state.json").read_text())["sessions"] == [session_id, later]
-    assert [r.status for r in SessionStore().list_sessions()] == ["success", "cancelled"]
+    try:
+        assert (first.returncode, out.strip()) == (0, session_id), err
+        # Active: the worker runs the minute-long turn.
+        status = spawnkit("adapter", "codex", "check_status", session_id, cwd=work)
+        assert status.stdout.strip() in {"pending", "active"}, status.stderr
+        active = spawnkit(*args, "third, while active", cwd=work)
+        assert (active.returncode, active.stdout.strip()) == (0, session_id), active.stderr
+        # Finished (stopped here rather than after a minute): the next spawn is a new session.
+        os.kill(worker, signal.SIGTERM)
+        assert wait_status("codex", session_id, work, {"completed", "failed"}) == "failed"
+        quick = ("adapter", "codex", "--replay", "echo.toml", *args[4:], "fourth")
+        after = spawnkit(*quick, cwd=work)
+        assert after.returncode == 0, after.stderr
+        later = after.stdout.strip()
+        assert later not in (session_id, "")
+        assert wait_status("codex", later, work, {"completed", "failed"}) == "completed"
+        assert json.loads((work / "state.json").read_text())["sessions"] == [session_id, later]
+        assert [r.status for r in SessionStore().list_sessions()] == ["success", "cancelled"]
+    finally:  # a failed assertion must not leave the minute-long session running
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker, signal.SIGTERM)
+
+
+def test_a_spawn_that_times_out_leaves_no_session_behind(work: Path, isolated_home: Path) -> None:
+    """Its worker, still starting, is stopped: no session runs that spawn said did not start,
+    and the next identical spawn starts one of its own."""
+    (isolated_home / "adapter.toml").write_text("[adapter]\nstart_timeout_s = 1\n")
+    (work / "freeze").mkdir()
+    (work / "freeze" / "sitecustomize.py").write_text(FREEZE_WORKER)
+    args = ("adapter", "codex", "--replay", "echo.toml", "spawn", "brief.md", "state.json", "x")
+    timed_out = spawnkit(*args, cwd=work, PYTHONPATH=str(work / "freeze"))
+    assert timed_out.returncode == 1 and timed_out.stdout == ""
+    assert timed_out.stderr == "spawnkit adapter: the session did not start within 1 s\n"
+    session_id, worker = _worker_of(isolated_home)
+    os.kill(worker, signal.SIGCONT)  # the SIGTERM spawn sent it takes effect now
+    assert wait_status("codex", session_id, work, {"failed"}) == "failed"
+    (isolated_home / "adapter.toml").unlink()
+    again = spawnkit(*args, cwd=work)
+    assert again.returncode == 0 and again.stdout.strip() not in (session_id, "")
+    assert wait_status("codex", again.stdout.strip(), work, {"completed"}) == "completed"
+    assert [r.id for r in SessionStore().list_sessions()] == [again.stdout.strip()]
 
 
 def test_spawn_subagent_runs_as_a_butler_role(work: Path) -> None:
