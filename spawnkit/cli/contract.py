@@ -19,7 +19,8 @@ run's system prompt; the state file is a JSON object the agent receives as
 context and that the worker updates when the run ends (under ``"spawnkit"``:
 the latest session and its result; under ``"sessions"``: every session id).
 ``spawn`` is idempotent: the same brief and state file (and role) while that
-session is still pending or active return it instead of starting another.
+session is still pending (its worker started, its record not written yet, included) or
+active return it instead of starting another; once it has finished, a new one starts.
 Timeouts come from ``$SPAWNKIT_HOME/adapter.toml`` (``[adapter] timeout_s``,
 ``start_timeout_s``).
 
@@ -30,6 +31,7 @@ that is not a JSON object), 3 runtime unavailable, 4 unknown session.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -46,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from .. import signals
-from .._process import pid_exists
+from ..containment.sweep import owner_alive, process_start
 from ..errors import MissingApiKeyError, RuntimeNotFoundError, SpawnkitError
 from ..home import spawnkit_home
 from ..result import RunStatus, SpawnerResult
@@ -55,6 +57,8 @@ from ..store import SessionRecord, SessionStore
 from ..telemetry.runlog import session_log_dir
 
 if TYPE_CHECKING:
+    import subprocess
+
     from ..config.roster import ButlerConfig
 
 # `check_status` is polled: this module imports only what it needs at the top, and the
@@ -144,17 +148,20 @@ def capabilities(runtime: str) -> dict[str, Any]:
 
 
 def check_status(session_id: str, store: SessionStore | None = None) -> str:
-    """The contract status; a finished run stays ``active`` until its state file is written."""
+    """The contract status; a finished run stays ``active`` until its state file is written.
+
+    A session spawn started whose worker has not written its record yet is ``pending``
+    while that worker lives, and ``failed`` once it is gone without writing one.
+    """
     record = (store or SessionStore()).get_session(session_id)
     if record is None:
-        raise ContractError(f"unknown session {session_id!r}", EXIT_UNKNOWN)
-    status = STATUS.get(record.status, "failed")
-    if status in ("completed", "failed") and record.status != "crashed":
         meta = _read_meta(session_id)
-        worker = meta.get("worker_pid")
-        if meta and not meta.get("done") and isinstance(worker, int) and pid_exists(worker):
-            return "active"
-    return status
+        if not meta.get("worker_pid"):
+            raise ContractError(f"unknown session {session_id!r}", EXIT_UNKNOWN)
+        return "pending" if _worker_alive(meta) else "failed"
+    status = STATUS.get(record.status, "failed")
+    finished = status in ("completed", "failed") and record.status != "crashed"
+    return "active" if finished and _worker_alive(_read_meta(session_id)) else status
 
 
 @dataclass(frozen=True)
@@ -263,6 +270,10 @@ def spawn(
     butler = contract_butler(options, brief, role)
     preflight(butler, store, replayed=options.replay is not None)
     key = _spawn_key(options, brief, state, role)
+    # The decision and the worker's start are one step under the lock; the earlier spawn is
+    # remembered before its worker starts, so an identical spawn that comes while that worker
+    # has not written the record yet (this spawn still waiting below, or gone: killed, timed
+    # out) finds it pending instead of starting a second session.
     with _spawn_lock():
         active = _active_spawn(key, store)
         if active is not None:
@@ -274,9 +285,9 @@ def spawn(
                 "--state", str(state), "--prompt-file", str(prompt_file)]  # fmt: skip
         if role is not None:
             argv += ["--role", role]
-        start_worker(argv, session_id, store)
         _spawns_dir().joinpath(f"{key}.json").write_text(json.dumps({"session_id": session_id}))
-    return session_id
+        worker = launch_worker(argv, session_id)
+    return wait_for_session(worker, session_id, store)
 
 
 def resume(
@@ -473,6 +484,12 @@ def _listening(port: int) -> bool:
 
 def start_worker(argv: list[str], session_id: str, store: SessionStore) -> str:
     """Start a detached worker for ``session_id`` and wait until its session exists."""
+    return wait_for_session(launch_worker(argv, session_id), session_id, store)
+
+
+def launch_worker(argv: list[str], session_id: str) -> subprocess.Popen[bytes]:
+    """Start the detached worker of ``session_id``; its pid (and start time, so that a later
+    process with its pid is not taken for it) goes into the session's contract facts."""
     import subprocess
 
     log_dir = session_log_dir(session_id)
@@ -483,20 +500,40 @@ def start_worker(argv: list[str], session_id: str, store: SessionStore) -> str:
             stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True, env=dict(os.environ),
         )  # fmt: skip
-    save_meta(session_id, worker_pid=proc.pid)
+    save_meta(session_id, worker_pid=proc.pid, worker_start=process_start(proc.pid))
+    return proc
+
+
+def wait_for_session(proc: subprocess.Popen[bytes], session_id: str, store: SessionStore) -> str:
+    """Wait until the worker wrote the session's record; a worker that exits first, or one
+    that has not written it within ``start_timeout_s`` (it is then stopped, so that no
+    session starts after spawn said it did not), is a :class:`ContractError`."""
+    import signal
+
     timeout = Config.load().start_timeout_s
     deadline = time.monotonic() + timeout
+    log = session_log_dir(session_id) / "adapter.log"
     while store.get_session(session_id) is None:
         code = proc.poll()
         if code is not None:
-            tail = (log_dir / "adapter.log").read_text(errors="replace").strip().splitlines()
+            tail = log.read_text(errors="replace").strip().splitlines()
             reason = tail[-1] if tail else f"exit code {code}"
             exit_code = EXIT_UNAVAILABLE if code == EXIT_UNAVAILABLE else EXIT_USAGE
             raise ContractError(f"the session did not start: {reason}", exit_code)
         if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):  # as Ctrl-C: a record it made is
+                os.killpg(proc.pid, signal.SIGTERM)  # recorded cancelled
             raise ContractError(f"the session did not start within {timeout:g} s", EXIT_FAILED)
         time.sleep(0.05)
     return session_id
+
+
+def _worker_alive(meta: Mapping[str, Any]) -> bool:
+    """Whether the worker named in a session's contract facts still runs (and is not done)."""
+    worker, start = meta.get("worker_pid"), meta.get("worker_start")
+    if meta.get("done") or not isinstance(worker, int):
+        return False
+    return owner_alive(worker, start if isinstance(start, str) else None)
 
 
 PROMPT_FILE = "prompt.txt"

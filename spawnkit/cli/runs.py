@@ -203,6 +203,22 @@ def _report_journal(store: SessionStore) -> None:
         )
 
 
+def demo_writes() -> str:
+    """Where the demo is about to write, said before it does (the home, the store)."""
+    from ..home import ENV_VAR, home_path, store_setting
+    from ..store.backend import is_postgres_url, redact_url
+
+    home = home_path()
+    setting = store_setting()
+    if setting is None:
+        return f"It writes its session record, logs and workspace under {home} (${ENV_VAR})."
+    shown = redact_url(setting) if is_postgres_url(setting) else setting
+    return (
+        f"It writes its session record to {shown} and its logs and workspace under {home} "
+        f"(${ENV_VAR})."
+    )
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
 
     from .. import signals
@@ -219,8 +235,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         style.bold("spawnkit demo")
         + f": the {butler.name!r} butler runs the real Claude Code CLI, offline, against\n"
         "spawnkit's replay model server, with its own MCP server and skills.\n"
-        f"prompt: {DEMO_PROMPT!r}\n",
+        f"prompt: {DEMO_PROMPT!r}\n"
+        f"{demo_writes()}\n",
         file=out,
+        flush=True,
     )
     store = SessionStore()
     result = signals.run(

@@ -10,8 +10,9 @@ sets it, the run is cancelled here (its process group killed, its record ``cance
 :class:`SpawnkitPlugin` checks at start-up that this worker can run agents: which CLIs it
 finds, and that the store opens (which also sweeps what runs of a worker that died on this
 host left behind). ``spawnkit worker --scheduler ADDR`` is ``dask worker ADDR --preload
-spawnkit.cluster.worker``: the preload registers the plugin (:func:`dask_setup`). A plain
-``dask worker`` with spawnkit installed runs the same tasks, without the start-up check.
+spawnkit.cluster.worker`` run in its own process (:func:`run_worker`): the preload registers
+the plugin (:func:`dask_setup`), and a worker the plugin closed makes the command fail. A
+plain ``dask worker`` with spawnkit installed runs the same tasks, without the start-up check.
 :func:`secured_worker` is why ``spawnkit worker`` joins only a ``tls://`` scheduler (the
 certificates of :mod:`spawnkit.containment.cluster_security`) and listens on one address, not all.
 No secret comes with a task: :func:`worker_store` supplies the store's password from this
@@ -55,6 +56,8 @@ from ..store.backend import is_postgres_url, redact_url
 
 logger = logging.getLogger(__name__)
 
+# The file `spawnkit worker` names for the plugin to leave the reason it closed the worker.
+REFUSAL_VAR = "SPAWNKIT_WORKER_REFUSAL"
 # A worker's services, by (butler, store, scenario): started by the first run that needs one.
 _services: dict[str, ButlerService] = {}
 _starting = asyncio.Lock()
@@ -279,6 +282,7 @@ class SpawnkitPlugin(WorkerPlugin):
         else:
             logger.error("spawnkit: this worker cannot run agents: %s", problem)
             if self.strict:
+                _leave_refusal(problem)
                 # Dask logs a failing plugin or preload and starts the worker anyway: close
                 # it, and its nanny (which would start it again), once it has started.
                 self._closing = asyncio.get_running_loop().call_later(
@@ -291,6 +295,18 @@ class SpawnkitPlugin(WorkerPlugin):
         await close_services()
         if self.check:
             _say(f"spawnkit worker: stopped ({worker.address})")
+
+
+def _leave_refusal(problem: str) -> None:
+    """Tell ``spawnkit worker`` why the plugin closed this worker, so that it exits non-zero.
+
+    The plugin may run in the nanny's child process: the reason goes through the file the
+    command named in :data:`REFUSAL_VAR`, which that child inherits (a plain ``dask worker``
+    sets none, and only logs the reason).
+    """
+    path = os.environ.get(REFUSAL_VAR)
+    if path:
+        Path(path).write_text(problem, encoding="utf-8")
 
 
 def _say(line: str) -> None:
@@ -421,10 +437,29 @@ def worker_command(scheduler: str, options: Sequence[str] = ()) -> list[str]:
     ]  # fmt: skip
 
 
-def exec_worker(scheduler: str, options: Sequence[str] = ()) -> None:
-    """Become a worker with spawnkit's plugin (this process is replaced: signals reach it)."""
-    command = worker_command(scheduler, options)
-    os.execv(command[0], command)
+def run_worker(scheduler: str, options: Sequence[str] = ()) -> tuple[int, str | None]:
+    """Be ``dask worker`` with spawnkit's plugin, in this process (signals reach Dask as
+    they would), until it stops; returns its exit status and, when the plugin's start-up
+    check closed it, why (Dask itself then exits 0, which a supervisor takes for a clean
+    stop: the caller makes it a failure)."""
+    import tempfile
+
+    from distributed.cli.dask_worker import main as dask_worker
+
+    fd, refusal = tempfile.mkstemp(prefix="spawnkit-worker-", suffix=".refusal")
+    os.close(fd)
+    os.environ[REFUSAL_VAR] = refusal
+    try:
+        code = 1
+        try:  # click ends every run with SystemExit, a clean one included
+            dask_worker.main(args=worker_command(scheduler, options)[3:], prog_name="dask worker")
+        except SystemExit as stop:
+            code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
+        reason = Path(refusal).read_text(encoding="utf-8").strip() or None
+    finally:
+        os.environ.pop(REFUSAL_VAR, None)
+        Path(refusal).unlink(missing_ok=True)
+    return code, reason
 
 
 def _worker_report(dask_worker: Worker) -> dict[str, Any] | None:

@@ -33,8 +33,10 @@ from urllib.parse import quote
 
 import pyarrow as pa
 
+from ..errors import SpawnkitError
 from ..home import is_writable
 from ..store.schema import SCHEMA as STORE_SCHEMA
+from ..store.sqlite import damage_error
 from .errors import HistoryError
 
 CHILD_MIN_BYTES = 24 << 20
@@ -100,13 +102,13 @@ def _in_process(path: Path | None, sql: str, params: Sequence[object]) -> pa.Tab
         else:
             conn = sqlite3.connect(read_only_uri(path), uri=True)
     except sqlite3.Error as exc:
-        raise HistoryError(f"cannot open the session store {path}: {exc}") from exc
+        raise _read_error(path, "open", str(exc)) from exc
     try:
         cursor = conn.execute(sql, tuple(params))
         names = [d[0] for d in cursor.description]
         rows = cursor.fetchall()
     except sqlite3.Error as exc:
-        raise HistoryError(f"cannot read the session store {path}: {exc}") from exc
+        raise _read_error(path, "read", str(exc)) from exc
     finally:
         conn.close()
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in names]
@@ -149,5 +151,12 @@ def _in_child(path: Path, sql: str, params: Sequence[object]) -> pa.Table:
             stream.close()
     if code != 0 or table is None:
         detail = error.splitlines()[-1] if error else f"the reader exited with code {code}"
-        raise HistoryError(f"cannot read the session store {path}: {detail}")
+        raise _read_error(path, "read", detail)
     return table
+
+
+def _read_error(path: Path | None, doing: str, detail: str) -> SpawnkitError:
+    """A damaged file is :class:`~spawnkit.errors.StoreDamaged`, with the way out the
+    command line gives (``spawnkit store check --repair``); anything else a HistoryError."""
+    damaged = damage_error(path, detail) if path is not None else None
+    return damaged or HistoryError(f"cannot {doing} the session store {path}: {detail}")

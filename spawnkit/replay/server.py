@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import re
+import sys
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -36,6 +37,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from uvicorn._types import ASGIApplication
 
+from .. import signals
 from .._asgi import serve, serve_in_thread
 from . import anthropic, gemini, openai
 from .anthropic import (
@@ -620,28 +622,40 @@ def _recorded_turn(
 
 
 def serve_forever(scenario_path: Path | str, host: str = "127.0.0.1", port: int = 0) -> None:
-    """Play the scenario at ``scenario_path`` until Ctrl-C (``spawnkit replay serve``)."""
+    """Play the scenario at ``scenario_path`` until Ctrl-C or SIGTERM (``spawnkit replay
+    serve``)."""
     server = ReplayServer(Scenario.load(scenario_path))
-    _run_until_interrupted(server, host, port, "replay server listening on {url}")
+    _run_until_stopped(server, host, port, "replay server listening on {url}", "replay server")
 
 
 def record_forever(upstream: str, out: Path | str, host: str = "127.0.0.1", port: int = 0) -> None:
-    """Record traffic to ``upstream`` into ``out`` until Ctrl-C (``spawnkit replay record``)."""
+    """Record traffic to ``upstream`` into ``out`` until Ctrl-C or SIGTERM (``spawnkit
+    replay record``)."""
     server = ReplayServer.recorder(upstream, out)
-    _run_until_interrupted(
+    _run_until_stopped(
         server,
         host,
         port,
         f"replay recorder listening on {{url}} (upstream {upstream}, writing {out})",
+        "replay recorder",
     )
 
 
-def _run_until_interrupted(server: ReplayServer, host: str, port: int, banner: str) -> None:
+def _run_until_stopped(server: ReplayServer, host: str, port: int, banner: str, what: str) -> None:
+    """Serve until Ctrl-C, SIGTERM or SIGHUP, then say so in one line (on stderr, as
+    ``spawnkit serve`` does): whoever started it sees it went away on purpose."""
+    served: list[str] = []
+
     async def main() -> None:
         async with server.serve(host, port) as url:
+            served.append(url)
             print(banner.replace("{url}", url), flush=True)
-            # Deliberately unbounded: the server runs until the user presses Ctrl-C.
+            # Deliberately unbounded: the server runs until the user stops it.
             await asyncio.Event().wait()
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+    try:
+        signals.run(main())
+    except (KeyboardInterrupt, signals.Stopped) as stop:
+        how = stop.args[0] if isinstance(stop, signals.Stopped) else "stopped by Ctrl-C"
+        where = f" at {served[0]}" if served else ""
+        print(f"{what}{where} {how}", file=sys.stderr, flush=True)

@@ -18,6 +18,13 @@ in a private directory that user owns; root clients still connect through its so
 TCP connections need the password (scram), so a wrong one is refused as on a real server;
 the socket trusts local users (:meth:`LocalPostgres.admin`). The server listens on
 127.0.0.1 only, with ``fsync`` off: it is for data nobody needs to keep.
+
+The server is a daemon of its own, so it outlives its holder unless the holder stops it:
+``close()`` or the ``with`` block does, ``atexit`` does on a normal exit, and SIGTERM or
+SIGHUP (a kernel shut down, ``kill PID``, a closed terminal) do through a handler that
+:func:`local_postgres` installs while servers are live, only where the signal still has
+its default action (a program's own handler is left alone): it stops them, then lets the
+signal end the process as it would have. Only SIGKILL leaves a server behind.
 """
 
 from __future__ import annotations
@@ -29,12 +36,14 @@ import os
 import pwd
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Literal
 
 import psycopg
@@ -47,6 +56,10 @@ DEBIAN_ROOT = Path("/usr/lib/postgresql")
 RUN_AS_USERS = ("postgres", "nobody")
 Kind = Literal["debian", "embedded", "directory"]
 _names = itertools.count()
+# Signals that end a process by default and that a holder's server is stopped on.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# The servers this process started and has not closed, by id().
+_live: dict[int, LocalPostgres] = {}
 
 
 class LocalPostgresError(SpawnkitError):
@@ -223,6 +236,9 @@ class LocalPostgres:
     def close(self) -> None:
         """Stop the server and remove everything it had."""
         atexit.unregister(self.close)
+        _live.pop(id(self), None)
+        if not _live:
+            _release_stop_signals()
         try:
             self.stop()
         finally:
@@ -269,4 +285,39 @@ def local_postgres(binaries: str | None = None, *, password: str | None = None) 
         shutil.rmtree(base, ignore_errors=True)
         raise
     atexit.register(server.close)
+    _live[id(server)] = server
+    _catch_stop_signals()
     return server
+
+
+def _stop_live_servers(signum: int, frame: FrameType | None) -> None:
+    """A stop signal: stop every live server, then end the process as the signal would."""
+    for server in list(_live.values()):
+        try:
+            server.close()
+        except (LocalPostgresError, subprocess.SubprocessError, OSError):
+            continue  # one that will not stop must not keep the others up
+    _release_stop_signals()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _catch_stop_signals() -> None:
+    """Install :func:`_stop_live_servers` for each stop signal still at its default action.
+
+    Only the main thread may set handlers; elsewhere ``atexit`` alone stops the servers.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            signal.signal(signum, _stop_live_servers)
+
+
+def _release_stop_signals() -> None:
+    """Put the default action back where the handler is still ours (no server is live)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is _stop_live_servers:
+            signal.signal(signum, signal.SIG_DFL)

@@ -53,12 +53,19 @@ def store_error(path: Path, exc: sqlite3.Error) -> StoreError:
     it, and what to do, never a bare ``sqlite3.DatabaseError``.
     """
     text = str(exc)
-    lowered = text.lower()
-    if any(word in lowered for word in _DAMAGE_WORDS):
-        return StoreDamaged(path, text)
-    if any(word in lowered for word in _READ_ONLY_WORDS) and not is_writable(path.parent):
+    damaged = damage_error(path, text)
+    if damaged is not None:
+        return damaged
+    if any(word in text.lower() for word in _READ_ONLY_WORDS) and not is_writable(path.parent):
         return HomeNotWritable(path.parent, text)
     return StoreError(f"the session store {path}: {text}")
+
+
+def damage_error(path: Path, text: str) -> StoreDamaged | None:
+    """:class:`StoreDamaged` when SQLite's message ``text`` says the file itself is damaged
+    (from ``sqlite3`` or another SQLite library, such as history's reader), else None."""
+    lowered = text.lower()
+    return StoreDamaged(path, text) if any(w in lowered for w in _DAMAGE_WORDS) else None
 
 
 def _has_table(conn: sqlite3.Connection, name: str) -> bool:
