@@ -165,8 +165,8 @@ def test_stop_in_the_chat_cancels_the_run_and_leaves_nothing(
     choose_persona(page, "health")
     send(box, "@health do the slow one")
     page.get_by_text("health.state_get").first.wait_for(timeout=240_000)
-    (running,) = wait_records(lambda found: found and found[0].tool_calls)
-    assert running.status == "running"
+    # The model's next turn takes two minutes: the run is still going.
+    wait_records(lambda found: len(found) == 1 and found[0].status == "running")
     page.get_by_title("Stop generating").click()
     (record,) = wait_records(lambda found: found[0].status != "running")
     assert record.status == "cancelled", record.error
