@@ -10,6 +10,7 @@ updates is tested first, on events as the runtimes emit them.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -541,3 +542,33 @@ def test_the_benchmark_runs(tmp_path: Path) -> None:
         report["acp_median_s"] / report["run_median_s"], abs=0.002
     )
     assert 0 < report["acp_prompt_median_s"] < report["acp_median_s"]
+
+
+@pytest.mark.parametrize("stdin", ["a file", "/dev/null"])
+def test_stdio_that_is_a_file_or_dev_null_works_as_a_pipe_does(
+    make_butler, tmp_path: Path, stdin: str
+) -> None:
+    """A person runs `spawnkit acp < requests.json > answers.json` (or `< /dev/null`): asyncio's
+    pipe transports refuse files and epoll cannot watch /dev/null, which was a traceback."""
+    roster = _butler(make_butler)
+    requests = tmp_path / "requests.json"
+    requests.write_text(
+        '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
+    )
+    answers = tmp_path / "answers.json"
+    with (
+        open(requests if stdin == "a file" else os.devnull, "rb") as source,
+        open(answers, "wb") as sink,
+    ):
+        command = [sys.executable, "-m", "spawnkit", "acp", "--butler", "health"]
+        done = subprocess.run(
+            [*command, "--roster", str(roster)],
+            stdin=source, stdout=sink, stderr=subprocess.PIPE, timeout=120, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    assert b"Traceback" not in done.stderr, done.stderr.decode()
+    if stdin == "a file":
+        (line,) = answers.read_text().splitlines()
+        assert json.loads(line)["result"]["protocolVersion"] == 1
+    else:
+        assert answers.read_text() == ""

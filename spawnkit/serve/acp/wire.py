@@ -19,7 +19,9 @@ import asyncio
 import json
 import logging
 import os
+import stat
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,14 +40,50 @@ class ProtocolStdio:
 
 
 def claim_stdio() -> ProtocolStdio:
-    """Keep fds 0 and 1 for the protocol under new numbers; 0 becomes /dev/null, 1 stderr."""
+    """Keep fds 0 and 1 for the protocol under new numbers; 0 becomes /dev/null, 1 stderr.
+
+    An editor gives the agent pipes; a person may give it a file, ``/dev/null`` or a
+    terminal, which asyncio's pipe transports refuse (or epoll cannot watch): those are
+    carried through a pipe of their own by a thread (:func:`_through_a_pipe`).
+    """
     sys.stdout.flush()
     read_fd, write_fd = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
     os.dup2(2, 1)
+    if not _watchable(read_fd):
+        read_fd = _through_a_pipe(read_fd, reading=True)
+    if not _watchable(write_fd):
+        write_fd = _through_a_pipe(write_fd, reading=False)
     return ProtocolStdio(read_fd, write_fd)
+
+
+def _watchable(fd: int) -> bool:
+    """Whether the event loop can watch ``fd`` itself: a pipe or a socket."""
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def _through_a_pipe(fd: int, *, reading: bool) -> int:
+    """A pipe end standing in for ``fd``, a thread copying between them until EOF."""
+    pipe_read, pipe_write = os.pipe()
+    source, sink, ours = (fd, pipe_write, pipe_read) if reading else (pipe_read, fd, pipe_write)
+
+    def copy() -> None:
+        try:
+            while chunk := os.read(source, 64 * 1024):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(sink, view) :]
+        except OSError:
+            pass  # the other side went away: EOF for the protocol
+        finally:
+            os.close(source)
+            os.close(sink)
+
+    threading.Thread(target=copy, name="acp-stdio", daemon=True).start()
+    return ours
 
 
 def _error(request_id: Any, code: int, message: str, detail: str) -> dict[str, Any]:
