@@ -129,10 +129,11 @@ async def test_ten_runs_against_a_server_that_takes_three_at_once_all_complete(
     attempts = [a for r in records if r is not None for a in r.attempts]
     assert sum(a.outcome == "rate_limit" for a in attempts) == server.refused
     assert len(attempts) == 10 + server.refused
-    # Runs that had not been refused themselves waited on the cool-down others set.
     waited = [a for a in attempts if a.cooldown_s > 0]
     assert waited, "the cool-down shows in the records"
-    assert any(a.number == 1 for a in waited), "a queued run waited on another's cool-down"
+    # Whether a first attempt also starts inside another run's cool-down depends on how
+    # the ten runs interleave on a loaded machine (CI failed on it once): the pacer's
+    # holding of every start through a cool-down is tested in test_retry.py.
 
 
 async def test_stagger_spaces_run_starts(make_butler, store) -> None:
