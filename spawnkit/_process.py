@@ -163,7 +163,7 @@ async def terminate_group(pgid: int, grace: float = TERMINATE_GRACE_S) -> None:
         # groups are gone within milliseconds of SIGTERM (an ACP agent, which never exits
         # by itself, is ended this way after every run): poll soon, then less often.
         delay = FIRST_POLL_S
-        while _group_alive(pgid) and loop.time() < deadline:  # noqa: ASYNC110
+        while _group_alive(pgid) and loop.time() < deadline:
             await asyncio.sleep(delay)
             delay = min(delay * 2, LAST_POLL_S)
         if _group_alive(pgid):
