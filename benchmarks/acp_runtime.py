@@ -54,19 +54,11 @@ from spawnkit.serve.butler_server import ButlerServer
 from spawnkit.store import SessionStore
 
 sys.path.insert(0, str(Path(__file__).parent))
-from spawn_overhead import accounting, cpu_figures
+# The same prompt, one-MCP-call scenario and replay key as the spawn-overhead benchmark.
+from spawn_overhead import KEY, PROMPT, SCENARIO, accounting, cpu_figures
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "acp_runtime.json"
-PROMPT = "What is my weight?"
-SCENARIO = """
-[[turn]]
-tool = "mcp__*__state_get"
-input = { key = "measurements/weight" }
-[[turn]]
-text = "Your weight log: {{ last_tool_result }}"
-"""
-KEY = "spawnkit-replay"
 AGENTS = {
     "gemini": ("gemini", "--acp"),
     "claude-code-acp": ("claude-code-acp",),
