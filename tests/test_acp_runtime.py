@@ -256,6 +256,7 @@ text = "Second, after {{ tools }}"
     assert first.success and second.success, second.error
     assert second.output.startswith("Second"), second.output
     assert "remember 42" in str(requests[-1].body), "the model saw the first prompt again"
+    assert "First: remember 42" in str(requests[-1].body), "and the first answer (whole turn)"
     record = store.get_session(second.session_id or "")
     assert record is not None and record.parent_session_id == first.session_id
 

@@ -162,6 +162,7 @@ class AcpAdapter(RuntimeAdapter):
             count_turns=not agent.native_turn_limit,
             noise=agent.noise,
             transcript=functools.partial(agent.transcript, spec),
+            turn_logged=agent.turn_logged,
             resumes=agent.resumes,
             name=Path(self.argv[0]).name,
             auth_remedy=self.auth_remedy,

@@ -49,8 +49,12 @@ CANCEL_GRACE_S = 3.0
 # How long the agent's transcript may take to be written after the prompt's answer (the
 # known agents do not exit when their stdin closes, and are terminated after this).
 TRANSCRIPT_WAIT_S = 5.0
-# How long the transcript must stay unchanged to count as written.
+# How long the transcript must stay unchanged to count as written (when the agent's
+# preset cannot tell a turn's end from the last line), and how often it is looked at.
 TRANSCRIPT_STILL_S = 0.1
+TRANSCRIPT_POLL_S = 0.01
+# How much of the transcript's end holds its last line (a longer one counts as unknown).
+TRANSCRIPT_TAIL_BYTES = 1 << 20
 # How long an agent that closed its stdout has to exit before it counts as running.
 EXIT_WAIT_S = 5.0
 CLIENT_INFO = {"name": "spawnkit", "title": "spawnkit", "version": "1"}
@@ -147,6 +151,9 @@ class AcpPrompt:
     # Where the agent writes the transcript of a session (a resume needs it whole), given
     # its session id; None: nothing to wait for.
     transcript: Callable[[str], Path | None] | None = None
+    # Whether a transcript's last line ends the turn that gave this answer (see
+    # .presets): then it is written, with no wait for the file to stop changing.
+    turn_logged: Callable[[bytes, str], bool] | None = None
     name: str = "the ACP agent"
     auth_remedy: str = "check the agent's API key"
     stderr: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
@@ -200,7 +207,11 @@ class AcpPrompt:
             result = await self._prompt(conn, self.agent_session)
             written = self.transcript(self.agent_session) if self.transcript else None
             if written is not None:
-                await transcript_written(written)
+                answer = self.updates.last_text()
+                logged = self.turn_logged
+                await transcript_written(
+                    written, None if logged is None else lambda line: logged(line, answer)
+                )
         except (ConnectionError, TimeoutError) as exc:
             raise await self._ended(child, exc) from None
         except RequestError as exc:
@@ -357,17 +368,36 @@ def _file_state(path: Path) -> tuple[int, int] | None:
     return info.st_size, info.st_mtime_ns
 
 
-async def transcript_written(path: Path) -> None:
-    """Wait (bounded) until ``path`` exists and has stopped changing."""
+def _last_line(path: Path) -> bytes:
+    """The file's last complete line (empty: none, or the line is still being written)."""
+    try:
+        with path.open("rb") as file:
+            size = file.seek(0, 2)
+            file.seek(max(0, size - TRANSCRIPT_TAIL_BYTES))
+            tail = file.read()
+    except FileNotFoundError:
+        return b""
+    if not tail.endswith(b"\n"):
+        return b""
+    return tail[:-1].rsplit(b"\n", 1)[-1]
+
+
+async def transcript_written(path: Path, logged: Callable[[bytes], bool] | None = None) -> None:
+    """Wait (bounded) until ``path`` is written: its last line is the turn's end by
+    ``logged``, or it exists and has not changed for :data:`TRANSCRIPT_STILL_S`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + TRANSCRIPT_WAIT_S
     seen: tuple[int, int] | None = None
+    changed = loop.time()
     while loop.time() < deadline:
         now = _file_state(path)
-        if now is not None and now == seen:
+        if now != seen:
+            seen, changed = now, loop.time()
+            if now is not None and logged is not None and logged(_last_line(path)):
+                return
+        elif now is not None and loop.time() - changed >= TRANSCRIPT_STILL_S:
             return
-        seen = now
-        await asyncio.sleep(TRANSCRIPT_STILL_S)
+        await asyncio.sleep(TRANSCRIPT_POLL_S)
     logger.warning("the agent's transcript %s was not written in time", path.name)
 
 

@@ -275,6 +275,10 @@ class AcpUpdates:
         """The run's answer: the last block of text, as on the other runtimes."""
         return truncate(self.blocks[-1] if self.blocks else "", OUTPUT_LIMIT)
 
+    def last_text(self) -> str:
+        """The text since the last tool call (before :meth:`finish`): the answer so far."""
+        return "".join(self.block) if self.block else (self.blocks[-1] if self.blocks else "")
+
     def all_text(self) -> str:
         """Everything the agent wrote (the output of a failed run)."""
         return truncate("\n\n".join([*self.blocks, "".join(self.block)]).strip(), OUTPUT_LIMIT)

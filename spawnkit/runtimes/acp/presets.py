@@ -99,6 +99,11 @@ class AcpPreset:
         whole before the agent is stopped; None: nothing to wait for."""
         return None
 
+    def turn_logged(self, last_line: bytes, answer: str) -> bool:
+        """Whether the transcript's last line is the end of the turn that answered
+        ``answer``: then it is written. False: wait until the file stops changing."""
+        return False
+
 
 class GeminiPreset(AcpPreset):
     native = "gemini"
@@ -187,6 +192,24 @@ class ClaudeCodePreset(AcpPreset):
             / project_dir_name(spec.cwd)
             / (f"{session_id}.jsonl")
         )
+
+    def turn_logged(self, last_line: bytes, answer: str) -> bool:
+        """Claude Code logs a turn's answer last: an assistant entry of text blocks (no
+        tool use) whose text is the answer the prompt streamed."""
+        try:
+            entry = json.loads(last_line)
+        except ValueError:
+            return False
+        message = entry.get("message") if isinstance(entry, dict) else None
+        if entry.get("type") != "assistant" or not isinstance(message, dict):
+            return False
+        blocks = message.get("content")
+        if not isinstance(blocks, list) or not all(isinstance(b, dict) for b in blocks):
+            return False
+        if any(block.get("type") != "text" for block in blocks):
+            return False
+        text = "".join(str(block.get("text") or "") for block in blocks)
+        return bool(answer.strip()) and text.strip() == answer.strip()
 
 
 class CodexPreset(AcpPreset):
