@@ -15,10 +15,17 @@ scenario makes one real MCP tool call.
 * spawnkit, host network: the same trigger for the same butler with ``[butler.sandbox]
   network = "host"``, i.e. without the run's network namespace, its doors and the
   forwarder (the default, above, has them): the figure beside the one with them.
+* spawnkit, unsandboxed: the same trigger with ``[butler.sandbox] mode = "none"``.
+
+The bare Claude Code side runs each time in a fresh home seeded with the CLI's
+first-start record, as spawnkit's runs are: a home kept across runs would skip work
+spawnkit's runs do, and the ratio would not measure spawnkit. Beside the wall-time
+ratios, each side's CPU per run is counted (the CLI's processes through a cgroup, and
+this process), and their sum against the bare side's (``*_total_cpu_ratio``).
 
 Rounds alternate between the sides (after one warm-up each) so drift on a shared
 machine hits all alike; the figure is the ratio of the medians. With
-``--cli-telemetry`` a third side alternates with them: the same trigger with the
+``--cli-telemetry`` a further side alternates with them: the same trigger with the
 CLI's own telemetry on (``Spawner(cli_telemetry=True)``: the run's OTLP receiver,
 the CLI exporting spans, logs and metrics, all stored), reported as the extra
 seconds per run over spawnkit without it (written to
@@ -56,6 +63,7 @@ from spawnkit.replay import ReplayServer, Scenario
 from spawnkit.run import Spawner
 from spawnkit.runtimes import get_adapter
 from spawnkit.runtimes.base import McpServerSpec, RunSpec
+from spawnkit.runtimes.claude_code import seed_home
 from spawnkit.serve.butler_server import ButlerServer
 from spawnkit.store import SessionStore
 
@@ -76,7 +84,9 @@ KEY = "spawnkit-replay"
 def claude_bare(
     butler: ButlerConfig, replay_url: str, mcp_port: int, work: Path, secret: str
 ) -> Callable[[], None]:
-    """The bare Claude Code command, with the settings spawnkit gives it."""
+    """The bare Claude Code command, with the settings spawnkit gives it, each run in a
+    fresh home seeded with the CLI's first-start record as spawnkit seeds its runs' homes
+    (a home shared across runs would skip first-start work spawnkit's runs do not skip)."""
     binary = get_adapter("claude-code")(butler.runtime).find_binary()
     system_prompt = compose_system_prompt(
         butler, read_prompt_file(butler.system_prompt_file, butler.roster_dir)
@@ -94,17 +104,25 @@ def claude_bare(
         "--setting-sources=",
     ]  # fmt: skip
     env = {
-        "PATH": os.environ["PATH"], "HOME": os.environ["HOME"], "ANTHROPIC_API_KEY": KEY,
+        "PATH": os.environ["PATH"], "ANTHROPIC_API_KEY": KEY,
         "ANTHROPIC_BASE_URL": replay_url, "ENABLE_TOOL_SEARCH": "false",
         "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "CLAUDE_CODE_MAX_RETRIES": "1",
     }  # fmt: skip
 
     def run() -> None:
-        done = subprocess.run(
-            command, env=env, cwd=butler.directory, capture_output=True, text=True, timeout=120,
-            stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        home = Path(tempfile.mkdtemp(prefix="bare-home-", dir=work))
+        try:
+            seed_home(home)
+            tmp = home / "tmp"
+            tmp.mkdir(mode=0o700)
+            done = subprocess.run(
+                command, env={**env, "HOME": str(home), "TMPDIR": str(tmp)},
+                cwd=butler.directory, capture_output=True, text=True, timeout=120,
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
         last = json.loads(done.stdout.strip().splitlines()[-1])
         if done.returncode or last.get("is_error") or "measurements/weight" not in last["result"]:
             raise SystemExit(f"bare claude failed: {done.stdout[-500:]} {done.stderr[-500:]}")
@@ -178,6 +196,12 @@ def measure(runtime: str, rounds: int, work: Path, cli_telemetry: bool = False) 
             open_net, store=store, base_url=replay_address.url, mcp_port=mcp_address.port,
             mcp_access=access,
         )  # fmt: skip
+        # And without the sandbox at all ([butler.sandbox] mode = "none").
+        unsandboxed = Spawner(
+            dataclasses.replace(butler, sandbox=dataclasses.replace(butler.sandbox, mode="none")),
+            store=store, base_url=replay_address.url, mcp_port=mcp_address.port,
+            mcp_access=access,
+        )  # fmt: skip
         traced = Spawner(
             butler, store=store, base_url=replay_address.url, mcp_port=mcp_address.port,
             mcp_access=access, cli_telemetry=True,
@@ -187,18 +211,17 @@ def measure(runtime: str, rounds: int, work: Path, cli_telemetry: bool = False) 
         else:
             bare = adapter_bare(runtime, butler, replay_address.url, mcp_address.port, work, secret)
 
-        async def through_spawnkit(with_telemetry: bool = False, host: bool = False) -> None:
-            chosen = traced if with_telemetry else host_network if host else spawner
+        async def through_spawnkit(chosen: Spawner) -> None:
             result = await chosen.trigger(PROMPT)
             if not result.success or "measurements/weight" not in result.output:
                 raise SystemExit(f"spawnkit {runtime} failed: {result.error} {result.output[:300]}")
-            if with_telemetry and not store.cli_spans(result.session_id):
+            if chosen is traced and not store.cli_spans(result.session_id):
                 raise SystemExit(f"spawnkit {runtime}: CLI telemetry on, and no span stored")
 
         runner = asyncio.Runner()
 
         cpu: dict[str, list[tuple[float, float]]] = {
-            "bare": [], "spawnkit": [], "host_network": [],
+            "bare": [], "spawnkit": [], "host_network": [], "unsandboxed": [],
         }  # fmt: skip
         if cli_telemetry:
             cpu["telemetry"] = []
@@ -217,24 +240,29 @@ def measure(runtime: str, rounds: int, work: Path, cli_telemetry: bool = False) 
             return wall
 
         def via_spawnkit() -> None:
-            runner.run(through_spawnkit())
+            runner.run(through_spawnkit(spawner))
 
         def with_telemetry() -> None:
-            runner.run(through_spawnkit(with_telemetry=True))
+            runner.run(through_spawnkit(traced))
 
         def on_host_network() -> None:
-            runner.run(through_spawnkit(host=True))
+            runner.run(through_spawnkit(host_network))
 
-        timed(bare)  # warm-up: first start in a fresh HOME
+        def without_sandbox() -> None:
+            runner.run(through_spawnkit(unsandboxed))
+
+        timed(bare)  # warm-up: the CLI's files in the page cache
         timed(via_spawnkit)
         timed(on_host_network)
+        timed(without_sandbox)
         if cli_telemetry:
             timed(with_telemetry)
-        bare_s, spawnkit_s, host_s, telemetry_s = [], [], [], []
+        bare_s, spawnkit_s, host_s, open_s, telemetry_s = [], [], [], [], []
         for _ in range(rounds):
             bare_s.append(timed(bare, "bare"))
             spawnkit_s.append(timed(via_spawnkit, "spawnkit"))
             host_s.append(timed(on_host_network, "host_network"))
+            open_s.append(timed(without_sandbox, "unsandboxed"))
             if cli_telemetry:
                 telemetry_s.append(timed(with_telemetry, "telemetry"))
         runner.close()
@@ -255,10 +283,13 @@ def measure(runtime: str, rounds: int, work: Path, cli_telemetry: bool = False) 
         "ratio": round(statistics.median(spawnkit_s) / statistics.median(bare_s), 3),
         "host_network_median_s": round(statistics.median(host_s), 4),
         "host_network_ratio": round(statistics.median(host_s) / statistics.median(bare_s), 3),
+        "unsandboxed_median_s": round(statistics.median(open_s), 4),
+        "unsandboxed_ratio": round(statistics.median(open_s) / statistics.median(bare_s), 3),
         **cpu_figures(cpu),
         "bare_s": [round(x, 4) for x in bare_s],
         "spawnkit_s": [round(x, 4) for x in spawnkit_s],
         "host_network_s": [round(x, 4) for x in host_s],
+        "unsandboxed_s": [round(x, 4) for x in open_s],
         **telemetry,
     }
 
@@ -321,6 +352,17 @@ def cpu_figures(cpu: dict[str, list[tuple[float, float]]]) -> dict[str, float | 
         figures[f"{side}_own_cpu_s"] = round(statistics.median(o for _, o in samples), 4)
     bare, ours = figures["bare_child_cpu_s"], figures["spawnkit_child_cpu_s"]
     figures["child_cpu_ratio"] = round(ours / bare, 3) if bare and ours is not None else None
+    # Everything a run costs the machine: the CLI's processes and this process, each side.
+    totals = {side: (figures[f"{side}_child_cpu_s"], figures[f"{side}_own_cpu_s"]) for side in cpu}
+    for side, (children, own) in totals.items():
+        figures[f"{side}_total_cpu_s"] = None if children is None else round(children + own, 4)
+    bare_total = figures["bare_total_cpu_s"]
+    for side in cpu:
+        total = figures[f"{side}_total_cpu_s"]
+        if side != "bare":
+            figures[f"{side}_total_cpu_ratio"] = (
+                round(total / bare_total, 3) if bare_total and total is not None else None
+            )
     return figures
 
 
@@ -352,11 +394,12 @@ def main() -> None:
             f"{result['spawnkit_median_s']:.3f} s, ratio {result['ratio']:.3f} over "
             f"{args.rounds} rounds (target <= 1.05; on the host's network, without the "
             f"namespace: {result['host_network_median_s']:.3f} s, "
-            f"x{result['host_network_ratio']:.3f} the bare CLI); "
+            f"x{result['host_network_ratio']:.3f} the bare CLI; without the sandbox "
+            f"x{result['unsandboxed_ratio']:.3f}); "
             "CPU per run in the CLI's processes "
             f"{result['bare_child_cpu_s']} vs {result['spawnkit_child_cpu_s']} s "
             f"(x{result['child_cpu_ratio']}), in ours {result['bare_own_cpu_s']} vs "
-            f"{result['spawnkit_own_cpu_s']} s",
+            f"{result['spawnkit_own_cpu_s']} s; all CPU x{result['spawnkit_total_cpu_ratio']}",
             flush=True,
         )
         if args.cli_telemetry:

@@ -38,11 +38,16 @@ def test_spawn_overhead_benchmark_runs(tmp_path: Path) -> None:
         assert report["bare_own_cpu_s"] > 0 and report["spawnkit_own_cpu_s"] > 0
         # Beside it, the same runs without the network namespace (network = "host").
         assert report["host_network_median_s"] > 0 and report["host_network_ratio"] > 0
+        # And without the sandbox at all (mode = "none").
+        assert report["unsandboxed_median_s"] > 0 and report["unsandboxed_ratio"] > 0
         if report["bare_child_cpu_s"] is not None:  # a cgroup could be made (root, v1 or v2)
             assert report["spawnkit_child_cpu_s"] > 0.05, "the sandboxed CLI's CPU is counted"
             assert report["child_cpu_ratio"] == pytest.approx(
                 report["spawnkit_child_cpu_s"] / report["bare_child_cpu_s"], abs=0.002
             )
+            bare = report["bare_child_cpu_s"] + report["bare_own_cpu_s"]
+            ours = report["spawnkit_child_cpu_s"] + report["spawnkit_own_cpu_s"]
+            assert report["spawnkit_total_cpu_ratio"] == pytest.approx(ours / bare, abs=0.003)
     assert done.stdout.count("ratio") == 2
 
 
