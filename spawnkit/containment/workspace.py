@@ -17,13 +17,14 @@ directory (:func:`link_sources`), so the agent sees its sources and reaches no M
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -50,9 +51,14 @@ def workspace_path(butler: str, root: Path | None = None) -> Path:
     return base / f"{PREFIX}{butler}_{uuid.uuid4().hex}"
 
 
-@contextmanager
-def run_workspace(butler: ButlerConfig, root: Path | None = None) -> Iterator[Path]:
-    """Create a private directory for one run and remove it however the block ends."""
+@asynccontextmanager
+async def run_workspace(butler: ButlerConfig, root: Path | None = None) -> AsyncIterator[Path]:
+    """Create a private directory for one run and remove it however the block ends.
+
+    The removal runs in a thread (a run's folder can take tens of milliseconds to delete
+    on a busy disk, which would stall every other run on the event loop), and the block
+    ends only when it is done: a cancellation meanwhile is held until then.
+    """
     path = workspace_path(butler.name, root)
     path.mkdir(mode=0o700, parents=False, exist_ok=False)
     try:
@@ -61,9 +67,32 @@ def run_workspace(butler: ButlerConfig, root: Path | None = None) -> Iterator[Pa
             (path / "skills").symlink_to(skills, target_is_directory=True)
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
-        if path.exists():
-            logger.warning("could not remove the run workspace %s", path)
+        try:
+            removal = asyncio.get_running_loop().run_in_executor(None, remove, path)
+        except RuntimeError:  # the loop's executor is shut down (the loop is closing)
+            remove(path)
+        else:
+            await _until_done(removal)
+
+
+def remove(path: Path) -> None:
+    """Remove a run's folder, with a warning when something could not be."""
+    shutil.rmtree(path, ignore_errors=True)
+    if path.exists():
+        logger.warning("could not remove the run workspace %s", path)
+
+
+async def _until_done(work: asyncio.Future[None]) -> None:
+    """Wait for ``work`` to finish, even through cancellations (raised after it)."""
+    cancelled = False
+    while not work.done():
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            cancelled = True
+    work.result()
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 def files_in(workspace: Path) -> list[str]:

@@ -16,6 +16,7 @@ import logging
 import time
 from dataclasses import replace
 from datetime import datetime
+from pathlib import Path
 from typing import Any, cast
 
 from ..budgets.budget import LimitHit, RunBudget, day_start
@@ -33,7 +34,7 @@ from ..errors import (
 from ..events import Started
 from ..result import Attempt, AttemptOutcome, RunStatus, SpawnerResult, tool_count
 from ..runtimes.base import RunOutcome, RunSpec
-from ..telemetry.spans import run_span
+from ..telemetry.spans import RunSpan, run_span
 from .accepted import CANCEL_GRACE_S, AcceptedRun
 from .assembly import Assembly
 from .recording import Recorder, in_thread, ms_since, now_utc
@@ -139,107 +140,20 @@ class Attempts:
             logger.debug("cancelled while withdrawing the secret of %s; it goes on", run.session_id)
 
     async def _execute(self, run: AcceptedRun, started_at: datetime) -> SpawnerResult:
-        butler, worker, collector = self.settings.butler, run.worker, run.collector
+        butler = self.settings.butler
         clock = time.monotonic()
-        with (
-            run_span(
-                butler=butler.name,
-                runtime=butler.runtime.type,
-                model=self.settings.model,
-                session_id=run.session_id,
-                trigger_source=run.trigger_source,
-                provider=self.settings.tracer_provider,
-                redactor=run.redactor,
-                kind=run.kind,
-            ) as span,
-            run_workspace(butler, self.settings.workspace_root) as workspace,
-        ):
-            collector.span = span
-            collector.trace_id = trace_id = span.trace_id
-            await asyncio.to_thread(
-                self.settings.store.mark_started, run.session_id, started_at=started_at,
-                trace_id=trace_id, workspace=workspace,
-            )  # fmt: skip
-            collector.emit(
-                Started(
-                    run.session_id,
-                    butler.name,
-                    butler.runtime.type,
-                    self.settings.model,
-                    run.runtime_session_id,
-                    max_turns=run.max_turns,
-                )
-            )
-            outcome: RunOutcome | None = None
-            status: RunStatus = "failed"
-            error: str | None = None
-            error_kind: str | None = None
-            exit_code: int | None = None
-            contained = False  # in a pid namespace: whatever the run started is gone with it
-            try:
-                async with contextlib.AsyncExitStack() as parts:
-                    spec = await self.assembly.assemble(run, workspace, span, parts)
-                    contained = spec.sandbox.kind == "bwrap"
-                    async with asyncio.timeout(run.timeout_s):
-                        outcome = await self._invoke(run, spec)
-                status = "success" if outcome.success else "failed"
-                error, error_kind = outcome.error, outcome.error_kind
-                if not outcome.success and run.relay is not None and run.relay.unreachable:
-                    # The CLI's own message hides the address: the relay's names it.
-                    error = f"{run.relay.unreachable[-1]} ({ModelUnavailable.remedy})"
-                    error_kind = ModelUnavailable.kind_default
-            except LimitReached as reached:
-                status, error, error_kind = "budget", reached.hit.message(), "budget"
-            except TimeoutError:
-                run.budget.timed_out(run.timeout_s, time.monotonic() - clock)
-                status, error_kind = "timeout", "timeout"
-                error = f"timed out after {run.timeout_s:g} s (timeout_s)"
-            except (RuntimeFailure, RuntimeNotFoundError, ConfigError) as exc:
-                error, exit_code = str(exc), getattr(exc, "exit_code", None)
-                error_kind = getattr(
-                    exc, "kind", "config" if isinstance(exc, ConfigError) else "not_found"
-                )
-                worker.reset()
-            except StoreError:
-                raise  # the store's own failure, recorded by Spawner._run as such
-            except Exception as exc:
-                # Not a RuntimeFailure: a bug or an unforeseen error in the adapter (or in
-                # preparing the run). The run fails with what was raised; the adapter is
-                # reset like after any failure, and the span carries the exception.
-                logger.exception(
-                    "run %s of butler %s raised %s", run.session_id, butler.name,
-                    type(exc).__name__,
-                )  # fmt: skip
-                error, error_kind = f"{type(exc).__name__}: {exc}", "adapter_error"
-                span.record_exception(exc)
-                worker.reset()
-            except asyncio.CancelledError:
-                cancelled = self.recorder.unfinished(
-                    collector, "cancelled", "the run was cancelled", "cancelled"
-                )
-                span.finish(replace(cancelled, duration_ms=ms_since(clock)))
-                reap(run.session_id, workspace)
-                raise
-            finally:
-                await asyncio.shield(
-                    in_thread(self.recorder.keep_transcripts, worker, workspace, run.redactor)
-                )
-            if outcome is not None and not outcome.success:
-                worker.reset()
-            result = self.recorder.result(
-                collector, outcome, status, error, error_kind, trace_id, clock
-            )
-            if outcome is None and exit_code is not None:
-                result = replace(result, exit_code=exit_code)
-            result = self.recorder.with_budget(run, result)
-            span.finish(result)
-            # Whatever carries the run's marker now is a leftover: tools a stopped CLI left
-            # running, or children the agent backgrounded into sessions of their own (Claude
-            # Code and Gemini do that to every tool). Outside a sandbox only this finds them;
-            # in one, the end of its pid namespace has killed them all (and the scan of
-            # every process on the host would cost the loop milliseconds a run).
-            if not contained:
-                reap(run.session_id, workspace)
+        with run_span(
+            butler=butler.name,
+            runtime=butler.runtime.type,
+            model=self.settings.model,
+            session_id=run.session_id,
+            trigger_source=run.trigger_source,
+            provider=self.settings.tracer_provider,
+            redactor=run.redactor,
+            kind=run.kind,
+        ) as span:
+            async with run_workspace(butler, self.settings.workspace_root) as workspace:
+                result = await self._in_workspace(run, started_at, span, workspace, clock)
         if result.success and self.settings.memory is not None:
             try:
                 await self.settings.memory.store_episode(
@@ -249,6 +163,98 @@ class Attempts:
                 logger.exception(
                     "memory: could not store the episode of %s; going on", run.session_id
                 )
+        return result
+
+    async def _in_workspace(
+        self, run: AcceptedRun, started_at: datetime, span: RunSpan, workspace: Path, clock: float
+    ) -> SpawnerResult:
+        butler, worker, collector = self.settings.butler, run.worker, run.collector
+        collector.span = span
+        collector.trace_id = trace_id = span.trace_id
+        await asyncio.to_thread(
+            self.settings.store.mark_started, run.session_id, started_at=started_at,
+            trace_id=trace_id, workspace=workspace,
+        )  # fmt: skip
+        collector.emit(
+            Started(
+                run.session_id,
+                butler.name,
+                butler.runtime.type,
+                self.settings.model,
+                run.runtime_session_id,
+                max_turns=run.max_turns,
+            )
+        )
+        outcome: RunOutcome | None = None
+        status: RunStatus = "failed"
+        error: str | None = None
+        error_kind: str | None = None
+        exit_code: int | None = None
+        contained = False  # in a pid namespace: whatever the run started is gone with it
+        try:
+            async with contextlib.AsyncExitStack() as parts:
+                spec = await self.assembly.assemble(run, workspace, span, parts)
+                contained = spec.sandbox.kind == "bwrap"
+                async with asyncio.timeout(run.timeout_s):
+                    outcome = await self._invoke(run, spec)
+            status = "success" if outcome.success else "failed"
+            error, error_kind = outcome.error, outcome.error_kind
+            if not outcome.success and run.relay is not None and run.relay.unreachable:
+                # The CLI's own message hides the address: the relay's names it.
+                error = f"{run.relay.unreachable[-1]} ({ModelUnavailable.remedy})"
+                error_kind = ModelUnavailable.kind_default
+        except LimitReached as reached:
+            status, error, error_kind = "budget", reached.hit.message(), "budget"
+        except TimeoutError:
+            run.budget.timed_out(run.timeout_s, time.monotonic() - clock)
+            status, error_kind = "timeout", "timeout"
+            error = f"timed out after {run.timeout_s:g} s (timeout_s)"
+        except (RuntimeFailure, RuntimeNotFoundError, ConfigError) as exc:
+            error, exit_code = str(exc), getattr(exc, "exit_code", None)
+            error_kind = getattr(
+                exc, "kind", "config" if isinstance(exc, ConfigError) else "not_found"
+            )
+            worker.reset()
+        except StoreError:
+            raise  # the store's own failure, recorded by Spawner._run as such
+        except Exception as exc:
+            # Not a RuntimeFailure: a bug or an unforeseen error in the adapter (or in
+            # preparing the run). The run fails with what was raised; the adapter is
+            # reset like after any failure, and the span carries the exception.
+            logger.exception(
+                "run %s of butler %s raised %s", run.session_id, butler.name,
+                type(exc).__name__,
+            )  # fmt: skip
+            error, error_kind = f"{type(exc).__name__}: {exc}", "adapter_error"
+            span.record_exception(exc)
+            worker.reset()
+        except asyncio.CancelledError:
+            cancelled = self.recorder.unfinished(
+                collector, "cancelled", "the run was cancelled", "cancelled"
+            )
+            span.finish(replace(cancelled, duration_ms=ms_since(clock)))
+            reap(run.session_id, workspace)
+            raise
+        finally:
+            await asyncio.shield(
+                in_thread(self.recorder.keep_transcripts, worker, workspace, run.redactor)
+            )
+        if outcome is not None and not outcome.success:
+            worker.reset()
+        result = self.recorder.result(
+            collector, outcome, status, error, error_kind, trace_id, clock
+        )
+        if outcome is None and exit_code is not None:
+            result = replace(result, exit_code=exit_code)
+        result = self.recorder.with_budget(run, result)
+        span.finish(result)
+        # Whatever carries the run's marker now is a leftover: tools a stopped CLI left
+        # running, or children the agent backgrounded into sessions of their own (Claude
+        # Code and Gemini do that to every tool). Outside a sandbox only this finds them;
+        # in one, the end of its pid namespace has killed them all (and the scan of
+        # every process on the host would cost the loop milliseconds a run).
+        if not contained:
+            reap(run.session_id, workspace)
         return result
 
     async def _invoke(self, run: AcceptedRun, spec: RunSpec) -> RunOutcome:

@@ -1,0 +1,85 @@
+"""A run's workspace is removed off the event loop, and the run ends only after it is gone
+(a cancellation meanwhile included): a slow disk stalls no other run."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from spawnkit.containment import workspace as workspace_module
+from spawnkit.run import Spawner
+from spawnkit.store import SessionStore
+
+from .conftest import RosterFactory
+
+ECHO = """
+[butler.runtime]
+type = "command"
+command = ["/bin/echo", "done"]
+stdin = "prompt"
+[butler.sandbox]
+mode = "none"
+"""
+
+
+@pytest.fixture
+def slow_removal(monkeypatch: pytest.MonkeyPatch):
+    """Removal that waits for a go-ahead, and says (from its thread) when it began."""
+    began, go = threading.Event(), threading.Event()
+    removed: list[Path] = []
+    real = workspace_module.remove
+
+    def remove(path: Path) -> None:
+        began.set()
+        assert go.wait(60), "the test never let the removal finish"
+        real(path)
+        removed.append(path)
+
+    monkeypatch.setattr(workspace_module, "remove", remove)
+    return began, go, removed
+
+
+async def _until(event: threading.Event) -> None:
+    async with asyncio.timeout(60):
+        while not event.is_set():
+            await asyncio.sleep(0.01)
+
+
+async def test_the_loop_runs_while_a_workspace_is_removed(
+    make_butler: RosterFactory, store: SessionStore, slow_removal
+) -> None:
+    began, go, removed = slow_removal
+    run = asyncio.ensure_future(Spawner(make_butler("echo", extra=ECHO), store=store).trigger("hi"))
+    await _until(began)
+    ticks = 0
+    for _ in range(3):  # the loop turns while the removal waits in its thread
+        await asyncio.sleep(0)
+        ticks += 1
+    assert ticks == 3 and not run.done(), "the run waits for its workspace to be gone"
+    go.set()
+    result = await run
+    assert result.success, result.error
+    (path,) = removed
+    assert not path.exists()
+
+
+async def test_a_cancel_during_removal_still_waits_for_it(
+    make_butler: RosterFactory, store: SessionStore, slow_removal
+) -> None:
+    began, go, removed = slow_removal
+    run = asyncio.ensure_future(Spawner(make_butler("echo", extra=ECHO), store=store).trigger("hi"))
+    await _until(began)
+    run.cancel()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not run.done(), "a cancel does not end the run before its workspace is removed"
+    go.set()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    (path,) = removed
+    assert not path.exists()
+    # The caller cancelled before it had the result: one record, cancelled.
+    assert [r.status for r in store.list_sessions()] == ["cancelled"]
