@@ -26,8 +26,13 @@ from .result import ToolCall
 
 # Lines a rendering shows of one file's diff before "N more lines".
 SHOWN_LINES = 60
+# A shown line keeps at most this many characters (minified code has very long ones).
+LINE_CHARS = 400
 # Context lines around each change of an edit's fragment.
 CONTEXT_LINES = 3
+# Fragments longer than this (in lines) are shown as removed then added, not compared:
+# difflib's time grows faster than their length.
+COMPARED_LINES = 5_000
 _PATCH_START, _PATCH_END = "*** Begin Patch", "*** End Patch"
 _SHELL_TOOLS = frozenset({"Bash", "shell", "exec_command", "shell_command", "run_shell_command"})
 _WHOLE_FILE = "whole file written: its earlier content is not in the call"
@@ -52,7 +57,9 @@ class FileDiff:
 
     @property
     def header(self) -> str:
-        """``path +A -R``."""
+        """``path +A -R``; the path alone when the call does not carry the change."""
+        if not self.lines:
+            return self.path
         return f"{self.path} +{self.added} -{self.removed}"
 
     @property
@@ -68,12 +75,17 @@ class FileDiff:
         lines, more = self.shown(limit)
         return {
             "path": self.path,
+            "header": self.header,
             "added": self.added,
             "removed": self.removed,
             "note": self.note,
-            "lines": list(lines),
+            "lines": [_cut_line(line) for line in lines],
             "more": more,
         }
+
+
+def _cut_line(line: str) -> str:
+    return line if len(line) <= LINE_CHARS else line[: LINE_CHARS - 1] + "…"
 
 
 def diff_from_lines(
@@ -95,10 +107,12 @@ def _side(lines: list[str], mark: str) -> str:
 
 def replacement(path: str, old: str, new: str, note: str | None = None) -> FileDiff:
     """``old`` replaced by ``new`` in ``path``: a diff of the two fragments."""
+    before, after = old.splitlines(), new.splitlines()
+    if max(len(before), len(after)) > COMPARED_LINES:
+        whole = [f"-{line}" for line in before] + [f"+{line}" for line in after]
+        return FileDiff(path, tuple(whole), len(after), len(before), note, old, new)
     lines: list[str] = []
-    for line in difflib.unified_diff(
-        old.splitlines(), new.splitlines(), lineterm="", n=CONTEXT_LINES
-    ):
+    for line in difflib.unified_diff(before, after, lineterm="", n=CONTEXT_LINES):
         if line.startswith(("---", "+++")) and not lines:
             continue  # the two file header lines difflib starts with
         if line.startswith("@@"):

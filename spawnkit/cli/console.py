@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from ..containment.egress import NOT_LISTED
+from ..edits import diff_lines, file_diffs
 from ..events import (
     AssistantText,
     Finished,
@@ -119,6 +120,32 @@ def render_tool_call_finished(call: ToolCall, style: Style = Style()) -> str:
     return f"    {mark} {style.dim(ms)}  {style.dim(preview)}"
 
 
+# Lines of one file's diff the terminal prints before "N more lines".
+TERMINAL_DIFF_LINES = 40
+
+
+def render_diffs(call: ToolCall, style: Style = Style()) -> list[str]:
+    """A file edit's diffs under its tool line: ``path +A -R``, then red ``-`` and green
+    ``+`` lines (plain when piped); nothing for a call that edits no file."""
+    lines: list[str] = []
+    for diff in file_diffs(call):
+        for index, line in enumerate(diff_lines(diff, TERMINAL_DIFF_LINES)):
+            lines.append(f"      {_diff_style(line, index == 0, style)}")
+    return lines
+
+
+def _diff_style(line: str, header: bool, style: Style) -> str:
+    if header:
+        return style.bold(line)
+    if line.startswith("+"):
+        return style.green(line)
+    if line.startswith("-"):
+        return style.red(line)
+    if line.startswith(("@@", "…")):
+        return style.cyan(line) if line.startswith("@@") else style.dim(line)
+    return line
+
+
 def format_tokens(n: int) -> str:
     return f"{n:,}"
 
@@ -200,7 +227,9 @@ def render_event(event: RunEvent, style: Style = Style()) -> str | None:
         model = f" · {event.model}" if event.model else ""
         return style.dim(f"▶ {event.butler} · {event.runtime}{model} · session {event.session_id}")
     if isinstance(event, ToolCallStarted):
-        return render_tool_call_started(event.call, style)
+        return "\n".join(
+            [render_tool_call_started(event.call, style), *render_diffs(event.call, style)]
+        )
     if isinstance(event, ToolCallFinished):
         return render_tool_call_finished(event.call, style)
     if isinstance(event, AssistantText):
