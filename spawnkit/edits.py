@@ -35,7 +35,7 @@ CONTEXT_LINES = 3
 COMPARED_LINES = 5_000
 _PATCH_START, _PATCH_END = "*** Begin Patch", "*** End Patch"
 _SHELL_TOOLS = frozenset({"Bash", "shell", "exec_command", "shell_command", "run_shell_command"})
-_WHOLE_FILE = "whole file written: its earlier content is not in the call"
+_WHOLE_FILE = "whole file written; its earlier content is not in the call"
 
 
 @dataclass(frozen=True)

@@ -227,11 +227,12 @@ def render_event(event: RunEvent, style: Style = Style()) -> str | None:
         model = f" · {event.model}" if event.model else ""
         return style.dim(f"▶ {event.butler} · {event.runtime}{model} · session {event.session_id}")
     if isinstance(event, ToolCallStarted):
-        return "\n".join(
-            [render_tool_call_started(event.call, style), *render_diffs(event.call, style)]
-        )
+        return render_tool_call_started(event.call, style)
     if isinstance(event, ToolCallFinished):
-        return render_tool_call_finished(event.call, style)
+        # An edit's diff once it ran, when the tool has said what it did (created a file).
+        return "\n".join(
+            [render_tool_call_finished(event.call, style), *render_diffs(event.call, style)]
+        )
     if isinstance(event, AssistantText):
         return "\n".join(f"  {line}" for line in event.text.strip().splitlines())
     if isinstance(event, NetworkDenied):

@@ -142,9 +142,11 @@ def static_text(state: ViewState, width: int = 160) -> str:
             lines.append(f"  ? {item['text']}"[:width])
         else:
             mark = {"ok": "✓", "error": "✗"}.get(item["status"], "…")
-            summary = f"  {item['summary']}" if item["summary"] else ""
+            diffs = item.get("diffs") or []
+            # An edit's diff headers name its files and counts; its summary would repeat them.
+            summary = f"  {item['summary']}" if item["summary"] and not diffs else ""
             lines.append(f"  {mark} {item['label']}{summary}"[:width])
-            lines.extend(diff_text(item.get("diffs") or [], width))
+            lines.extend(diff_text(diffs, width))
             if item["result"] is not None:
                 lines.append(f"      {item['duration']}  {item['result']}"[:width])
     if status.hint:
