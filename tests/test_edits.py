@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
-from spawnkit.cli.console import EventPrinter, Style, render_diffs
+from spawnkit.cli.console import EventPrinter, Style, render_diffs, render_session
 from spawnkit.edits import FileDiff, diff_lines, file_diffs, patch_diffs, replacement
 from spawnkit.events import ToolCallFinished
 from spawnkit.notebook.static_view import static_html, static_text
 from spawnkit.notebook.view_state import ViewState, tool_item
-from spawnkit.result import ToolCall
+from spawnkit.result import ToolCall, Usage
+from spawnkit.store import SessionRecord
 
 DATA = Path(__file__).parent / "data" / "real"
 NOW = datetime(2026, 11, 28, tzinfo=UTC)
@@ -220,6 +221,18 @@ def test_the_terminal_colours_a_diff_only_on_a_terminal() -> None:
     piped = io.StringIO()
     EventPrinter(piped)(ToolCallFinished("s", edit_call()))
     assert "      -beta\n      +BETA\n" in piped.getvalue() and "\033[" not in piped.getvalue()
+
+
+def test_a_recorded_session_shows_its_edits() -> None:
+    record = SessionRecord(
+        id="s", butler="b", runtime="claude-code", model=None, prompt="p", context=None,
+        trigger_source="notebook", status="success", success=True, error=None,
+        error_kind=None, output="", tool_calls=[edit_call()], duration_ms=1, usage=Usage(),
+        cost_usd=None, num_turns=1, trace_id=None, runtime_session_id=None,
+        parent_session_id=None, created_at=NOW, started_at=NOW, completed_at=NOW,
+    )  # fmt: skip
+    text = render_session(record)
+    assert "      /w/notes.txt +1 -1\n         a\n        -beta\n        +BETA" in text
 
 
 @pytest.mark.parametrize("name", ["Edit", "Write", "file_change"])

@@ -345,6 +345,7 @@ def render_session(record: SessionRecord, style: Style = Style()) -> str:
     for call in record.tool_calls:
         lines.append("  " + render_tool_call_started(call, style))
         lines.append("  " + render_tool_call_finished(call, style))
+        lines.extend("  " + line for line in render_diffs(call, style))
     if record.permissions:
         lines.append(f"  {'permissions'.ljust(width)}  {len(record.permissions)} asked")
     for answer in record.permissions:
