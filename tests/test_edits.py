@@ -21,7 +21,7 @@ from spawnkit.cli.console import EventPrinter, Style, render_diffs, render_sessi
 from spawnkit.edits import FileDiff, diff_lines, file_diffs, patch_diffs, replacement
 from spawnkit.events import ToolCallFinished
 from spawnkit.notebook.static_view import static_html, static_text
-from spawnkit.notebook.view_state import ViewState, tool_item
+from spawnkit.notebook.view_state import ViewState, approval_item, tool_item
 from spawnkit.result import ToolCall, Usage
 from spawnkit.store import SessionRecord
 
@@ -208,6 +208,12 @@ def test_the_views_show_the_diff_instead_of_the_input() -> None:
     assert "old_string" not in page
     text = static_text(state)
     assert "      /w/notes.txt +1 -1\n       a\n      -beta\n      +BETA\n       c" in text
+
+
+def test_an_approval_card_shows_the_edit_it_asks_for() -> None:
+    card = approval_item(edit_call())
+    assert card["input"] == "/w/notes.txt +1 -1\n a\n-beta\n+BETA\n c"
+    assert approval_item(call("Bash", {"command": "ls"}))["input"] == '{\n  "command": "ls"\n}'
 
 
 def test_the_terminal_colours_a_diff_only_on_a_terminal() -> None:

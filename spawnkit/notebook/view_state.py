@@ -29,7 +29,7 @@ from ..cli.console import (
     tool_label,
 )
 from ..config.pricing import PricingTable, default_pricing
-from ..edits import FileDiff, file_diffs
+from ..edits import FileDiff, diff_lines, file_diffs
 from ..events import (
     AssistantText,
     Finished,
@@ -188,6 +188,15 @@ def diffs_summary(diffs: list[FileDiff]) -> str:
     )
 
 
+def approval_input(call: ToolCall) -> str:
+    """What a person approves: an edit's diff as text (``path +A -R``, ``-``/``+`` lines),
+    else the call's input."""
+    diffs = file_diffs(call)
+    if not diffs:
+        return input_text(call)
+    return "\n".join(line for diff in diffs for line in diff_lines(diff))
+
+
 def approval_item(
     call: ToolCall, answer: PermissionAnswer | None = None, below: bool = False
 ) -> dict[str, Any]:
@@ -209,7 +218,7 @@ def approval_item(
         "call_id": call.id,
         "label": label,
         "summary": describe_input(call),
-        "input": input_text(call),
+        "input": approval_input(call),
         "state": state,
         "text": text,
         "below": below and answer is None,
