@@ -210,6 +210,16 @@ def test_the_views_show_the_diff_instead_of_the_input() -> None:
     assert "      /w/notes.txt +1 -1\n       a\n      -beta\n      +BETA\n       c" in text
 
 
+def test_a_live_snapshot_keeps_fewer_diff_lines_than_the_final_one() -> None:
+    big = "\n".join(f"line {i}" for i in range(100))
+    state = ViewState()
+    state.apply(ToolCallFinished("s", call("Write", {"file_path": "/w/b", "content": big}, "ok")))
+    (live,) = state.snapshot()["items"][0]["diffs"]
+    (final,) = state.snapshot(final=True)["items"][0]["diffs"]
+    assert (len(live["lines"]), live["more"]) == (20, 80)
+    assert (len(final["lines"]), final["more"]) == (60, 40)
+
+
 def test_an_approval_card_shows_the_edit_it_asks_for() -> None:
     card = approval_item(edit_call())
     assert card["input"] == "/w/notes.txt +1 -1\n a\n-beta\n+BETA\n c"

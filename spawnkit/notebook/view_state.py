@@ -680,7 +680,7 @@ def _shortened(item: dict[str, Any]) -> dict[str, Any]:
     if item["kind"] != "tool":
         return item
     short = dict(item)
-    short["diffs"] = [_short_diff(diff) for diff in item["diffs"]]
+    short["diffs"] = [_short_diff(diff) for diff in item.get("diffs") or []]
     for key in ("input", "output"):
         value = short.get(key)
         if isinstance(value, str) and len(value) > SNAPSHOT_PREVIEW_CHARS:
