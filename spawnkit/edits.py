@@ -88,17 +88,21 @@ def _cut_line(line: str) -> str:
     return line if len(line) <= LINE_CHARS else line[: LINE_CHARS - 1] + "…"
 
 
-def diff_from_lines(
-    path: str, lines: list[str], note: str | None = None, *, texts: bool = True
+def counted(
+    path: str, lines: list[str], note: str | None, old: str | None, new: str | None
 ) -> FileDiff:
-    """A diff of unified lines; its old and new text rebuilt from them when ``texts``."""
+    """A diff of unified ``lines``, its additions and removals counted."""
     added = sum(1 for line in lines if line.startswith("+"))
     removed = sum(1 for line in lines if line.startswith("-"))
-    old = new = None
-    if texts:
-        old = _side(lines, "-") if removed or any(line[:1] == " " for line in lines) else None
-        new = _side(lines, "+")
     return FileDiff(path, tuple(lines), added, removed, note, old, new)
+
+
+def diff_from_lines(path: str, lines: list[str], note: str | None = None) -> FileDiff:
+    """A diff of unified ``lines``, its old and new text rebuilt from them (no old text
+    when every line is an addition: a new file; neither without lines: a deleted file)."""
+    has_old = any(line[:1] in (" ", "-") for line in lines)
+    new = _side(lines, "+") if lines else None
+    return counted(path, lines, note, _side(lines, "-") if has_old else None, new)
 
 
 def _side(lines: list[str], mark: str) -> str:
@@ -110,7 +114,7 @@ def replacement(path: str, old: str, new: str, note: str | None = None) -> FileD
     before, after = old.splitlines(), new.splitlines()
     if max(len(before), len(after)) > COMPARED_LINES:
         whole = [f"-{line}" for line in before] + [f"+{line}" for line in after]
-        return FileDiff(path, tuple(whole), len(after), len(before), note, old, new)
+        return counted(path, whole, note, old, new)
     lines: list[str] = []
     for line in difflib.unified_diff(before, after, lineterm="", n=CONTEXT_LINES):
         if line.startswith(("---", "+++")) and not lines:
@@ -120,8 +124,7 @@ def replacement(path: str, old: str, new: str, note: str | None = None) -> FileD
                 lines.append("@@")
             continue
         lines.append(line)
-    diff = diff_from_lines(path, lines, note, texts=False)
-    return FileDiff(path, diff.lines, diff.added, diff.removed, note, old, new)
+    return counted(path, lines, note, old, new)
 
 
 def whole_file(path: str, content: str, note: str | None = _WHOLE_FILE) -> FileDiff:

@@ -159,6 +159,7 @@ def test_a_patch_in_a_shell_command_and_tools_that_edit_nothing() -> None:
     command = "apply_patch <<'EOF'\n*** Begin Patch\n*** Delete File: old.txt\n*** End Patch\nEOF"
     (deleted,) = file_diffs(call("exec_command", {"cmd": command}))
     assert (deleted.path, deleted.note, deleted.lines) == ("old.txt", "file deleted", ())
+    assert deleted.new_text is None, "no ACP diff for a deletion"
     assert file_diffs(call("Bash", {"command": "ls"})) == []
     assert file_diffs(call("Read", {"file_path": "/w/a"})) == []
     assert file_diffs(call("mcp__notes__Write", {"file_path": "/w/a", "content": "x"})) == []
