@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from ..containment.egress import NOT_LISTED
+from ..edits import diff_lines, file_diffs
 from ..events import (
     AssistantText,
     Finished,
@@ -119,6 +120,32 @@ def render_tool_call_finished(call: ToolCall, style: Style = Style()) -> str:
     return f"    {mark} {style.dim(ms)}  {style.dim(preview)}"
 
 
+# Lines of one file's diff the terminal prints before "N more lines".
+TERMINAL_DIFF_LINES = 40
+
+
+def render_diffs(call: ToolCall, style: Style = Style()) -> list[str]:
+    """A file edit's diffs under its tool line: ``path +A -R``, then red ``-`` and green
+    ``+`` lines (plain when piped); nothing for a call that edits no file."""
+    lines: list[str] = []
+    for diff in file_diffs(call):
+        for index, line in enumerate(diff_lines(diff, TERMINAL_DIFF_LINES)):
+            lines.append(f"      {_diff_style(line, index == 0, style)}")
+    return lines
+
+
+def _diff_style(line: str, header: bool, style: Style) -> str:
+    if header:
+        return style.bold(line)
+    if line.startswith("+"):
+        return style.green(line)
+    if line.startswith("-"):
+        return style.red(line)
+    if line.startswith(("@@", "…")):
+        return style.cyan(line) if line.startswith("@@") else style.dim(line)
+    return line
+
+
 def format_tokens(n: int) -> str:
     return f"{n:,}"
 
@@ -202,7 +229,10 @@ def render_event(event: RunEvent, style: Style = Style()) -> str | None:
     if isinstance(event, ToolCallStarted):
         return render_tool_call_started(event.call, style)
     if isinstance(event, ToolCallFinished):
-        return render_tool_call_finished(event.call, style)
+        # An edit's diff once it ran, when the tool has said what it did (created a file).
+        return "\n".join(
+            [render_tool_call_finished(event.call, style), *render_diffs(event.call, style)]
+        )
     if isinstance(event, AssistantText):
         return "\n".join(f"  {line}" for line in event.text.strip().splitlines())
     if isinstance(event, NetworkDenied):
@@ -315,6 +345,7 @@ def render_session(record: SessionRecord, style: Style = Style()) -> str:
     for call in record.tool_calls:
         lines.append("  " + render_tool_call_started(call, style))
         lines.append("  " + render_tool_call_finished(call, style))
+        lines.extend("  " + line for line in render_diffs(call, style))
     if record.permissions:
         lines.append(f"  {'permissions'.ljust(width)}  {len(record.permissions)} asked")
     for answer in record.permissions:

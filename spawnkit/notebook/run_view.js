@@ -27,6 +27,46 @@ function button(label, cls, title) {
   return b;
 }
 
+// One file's diff (FileDiff.to_dict in spawnkit/edits.py), as static_view.diff_html writes it.
+const LINE_KINDS = { "+": "add", "-": "del", "@": "hunk" };
+
+function diffNode(diff) {
+  const box = node("div", "sk-diff");
+  const head = node("div", "sk-diff-head");
+  head.append(node("span", "sk-diff-path", diff.path));
+  if (diff.lines.length) {
+    head.append(" ", node("span", "sk-add", `+${diff.added}`));
+    head.append(" ", node("span", "sk-del", `-${diff.removed}`));
+  }
+  if (diff.note) head.append(" ", node("span", "sk-diff-note", diff.note));
+  box.append(head);
+  if (diff.lines.length) {
+    const lines = node("div", "sk-diff-lines");
+    for (const line of diff.lines) {
+      const row = node("div", "sk-dl", line || " ");
+      row.dataset.kind = LINE_KINDS[line[0]] || "ctx";
+      lines.append(row);
+    }
+    box.append(lines);
+  }
+  if (diff.more) {
+    const s = diff.more === 1 ? "" : "s";
+    box.append(node("div", "sk-more", `… ${diff.more.toLocaleString("en-US")} more line${s}`));
+  }
+  return box;
+}
+
+// An edit's row shows its diffs instead of its input (redrawn only when they change).
+function fillDiffs(d, r) {
+  const diffs = r.diffs || [];
+  const key = JSON.stringify(diffs);
+  if (d._diffs === key) return;
+  d._diffs = key;
+  d.querySelector(".sk-diffs").replaceChildren(...diffs.map(diffNode));
+  d.querySelector(".sk-input-label").hidden = diffs.length > 0;
+  d.querySelector(".sk-input").hidden = diffs.length > 0;
+}
+
 function render({ model, el }) {
   el.classList.add("spawnkit-run");
   const head = node("div", "sk-head");
@@ -133,13 +173,15 @@ function render({ model, el }) {
     const copy = button("Copy", "sk-copy", "copy the whole output");
     actions.append(more, copy);
     body.append(
-      node("div", "sk-section", "input"),
+      node("div", "sk-diffs"),
+      node("div", "sk-section sk-input-label", "input"),
       node("pre", "sk-input"),
       outputLabel,
       node("pre", "sk-output"),
       actions,
     );
     d.append(summary, body);
+    if (r.diffs && r.diffs.length) d.open = true; // an edit shows its diff unasked
     more.addEventListener("click", async () => {
       more.disabled = true;
       const text = await fullOutput(r.id);
@@ -162,6 +204,7 @@ function render({ model, el }) {
     summary.querySelector(".sk-result").textContent = r.result == null ? "running…" : r.result;
     d.dataset.status = r.status;
     d.querySelector(".sk-input").textContent = r.input;
+    fillDiffs(d, r);
     const done = r.output != null;
     const lines = `${r.output_lines} line${r.output_lines === 1 ? "" : "s"}`;
     d.querySelector(".sk-output-label").textContent = done ? `output · ${lines}` : "output";

@@ -47,14 +47,49 @@ def tool_html(item: dict[str, Any]) -> str:
             f'<pre class="sk-output">{_e(item["output"]) or "(no output)"}</pre>{note}'
         )
     mark = {"ok": "✓", "error": "✗"}.get(item["status"], "…")
+    diffs = item.get("diffs") or []
+    # An edit shows its diff, open, instead of its input as JSON.
+    shown = (
+        "".join(diff_html(diff) for diff in diffs)
+        if diffs
+        else f'<div class="sk-section">input</div><pre class="sk-input">{_e(item["input"])}</pre>'
+    )
     return (
-        f'<details class="sk-item sk-tool" data-status="{_e(item["status"])}"><summary>'
+        f'<details class="sk-item sk-tool" data-status="{_e(item["status"])}"'
+        f"{' open' if diffs else ''}><summary>"
         f'<span class="sk-mark">{mark}</span><span class="sk-label">{_e(item["label"])}</span>'
         f'<span class="sk-summary">{_e(item["summary"])}</span>'
         f'<span class="sk-dur">{_e(item["duration"])}</span>'
         f'<span class="sk-result">{_e(result)}</span></summary>'
-        f'<div class="sk-body"><div class="sk-section">input</div>'
-        f'<pre class="sk-input">{_e(item["input"])}</pre>{output}</div></details>'
+        f'<div class="sk-body">{shown}{output}</div></details>'
+    )
+
+
+# A diff line's kind, from its first character, as run_view.js names it too.
+_LINE_KINDS = {"+": "add", "-": "del", "@": "hunk"}
+
+
+def diff_html(diff: dict[str, Any]) -> str:
+    """One file's diff (a :meth:`FileDiff.to_dict`): ``path +A -R``, its note, its lines."""
+    counts = (
+        f' <span class="sk-add">+{diff["added"]}</span>'
+        f' <span class="sk-del">-{diff["removed"]}</span>'
+        if diff["lines"]
+        else ""
+    )
+    note = f' <span class="sk-diff-note">{_e(diff["note"])}</span>' if diff["note"] else ""
+    lines = "".join(
+        f'<div class="sk-dl" data-kind="{_LINE_KINDS.get(line[:1], "ctx")}">{_e(line) or " "}</div>'
+        for line in diff["lines"]
+    )
+    more = diff["more"]
+    rest = (
+        f'<div class="sk-more">… {more:,} more line{"s" if more != 1 else ""}</div>' if more else ""
+    )
+    body = f'<div class="sk-diff-lines">{lines}</div>' if lines else ""
+    return (
+        f'<div class="sk-diff"><div class="sk-diff-head"><span class="sk-diff-path">'
+        f"{_e(diff['path'])}</span>{counts}{note}</div>{body}{rest}</div>"
     )
 
 
@@ -107,8 +142,11 @@ def static_text(state: ViewState, width: int = 160) -> str:
             lines.append(f"  ? {item['text']}"[:width])
         else:
             mark = {"ok": "✓", "error": "✗"}.get(item["status"], "…")
-            summary = f"  {item['summary']}" if item["summary"] else ""
+            diffs = item.get("diffs") or []
+            # An edit's diff headers name its files and counts; its summary would repeat them.
+            summary = f"  {item['summary']}" if item["summary"] and not diffs else ""
             lines.append(f"  {mark} {item['label']}{summary}"[:width])
+            lines.extend(diff_text(diffs, width))
             if item["result"] is not None:
                 lines.append(f"      {item['duration']}  {item['result']}"[:width])
     if status.hint:
@@ -118,3 +156,15 @@ def static_text(state: ViewState, width: int = 160) -> str:
     if status.session_id:
         lines.append(f"session {status.session_id}")
     return "\n".join(lines)
+
+
+def diff_text(diffs: list[dict[str, Any]], width: int = 160) -> list[str]:
+    """Diffs as indented plain lines: header, note, ``+``/``-`` lines, what is left out."""
+    lines: list[str] = []
+    for diff in diffs:
+        note = f"  ({diff['note']})" if diff["note"] else ""
+        lines.append(f"      {diff['header']}{note}"[:width])
+        lines.extend(f"      {line}"[:width] for line in diff["lines"])
+        if diff["more"]:
+            lines.append(f"      … {diff['more']} more line{'s' if diff['more'] != 1 else ''}")
+    return lines

@@ -29,6 +29,7 @@ from ..cli.console import (
     tool_label,
 )
 from ..config.pricing import PricingTable, default_pricing
+from ..edits import FileDiff, diff_lines, file_diffs
 from ..events import (
     AssistantText,
     Finished,
@@ -57,6 +58,7 @@ RESULT_LINE_CHARS = 160
 # A snapshot (for views opened late) is re-sent about once a second: keep it small.
 SNAPSHOT_ITEMS = 200
 SNAPSHOT_PREVIEW_CHARS = 300
+SNAPSHOT_DIFF_LINES = 20
 FLUSH_INTERVAL_S = 0.05  # at most ~20 frontend messages a second
 # A streaming segment is re-rendered as Markdown at most once per this many times
 # its last rendering took, so long answers cannot eat the loop.
@@ -149,11 +151,13 @@ def tool_item(
     output, more = _cut(text, PREVIEW_CHARS)
     done = call.output is not None
     result = (one_line(call.output or "", RESULT_LINE_CHARS) or "(no output)") if done else None
+    diffs = file_diffs(call)
     return {
         "id": call.id,
         "kind": "tool",
         "label": tool_label(call),
-        "summary": describe_input(call),
+        "summary": diffs_summary(diffs) or describe_input(call),
+        "diffs": [diff.to_dict() for diff in diffs],
         "status": call.status,
         "duration_ms": call.duration_ms,
         "duration": format_duration(call.duration_ms),
@@ -164,6 +168,33 @@ def tool_item(
         "output_lines": text.count("\n") + 1 if done and text else 0,
         "output_more": more,
     }
+
+
+def diffs_summary(diffs: list[FileDiff]) -> str:
+    """``a.py +3 -1, b.py +10 -0``: each file an edit changes (its edits summed), or ""."""
+    totals: dict[str, list[int]] = {}
+    bare: set[str] = set()
+    for diff in diffs:
+        counts = totals.setdefault(diff.path, [0, 0])
+        counts[0] += diff.added
+        counts[1] += diff.removed
+        if not diff.lines:
+            bare.add(diff.path)
+    return one_line(
+        ", ".join(
+            path if path in bare and not any(counts) else f"{path} +{counts[0]} -{counts[1]}"
+            for path, counts in totals.items()
+        )
+    )
+
+
+def approval_input(call: ToolCall) -> str:
+    """What a person approves: an edit's diff as text (``path +A -R``, ``-``/``+`` lines),
+    else the call's input."""
+    diffs = file_diffs(call)
+    if not diffs:
+        return input_text(call)
+    return "\n".join(line for diff in diffs for line in diff_lines(diff))
 
 
 def approval_item(
@@ -187,7 +218,7 @@ def approval_item(
         "call_id": call.id,
         "label": label,
         "summary": describe_input(call),
-        "input": input_text(call),
+        "input": approval_input(call),
         "state": state,
         "text": text,
         "below": below and answer is None,
@@ -649,6 +680,7 @@ def _shortened(item: dict[str, Any]) -> dict[str, Any]:
     if item["kind"] != "tool":
         return item
     short = dict(item)
+    short["diffs"] = [_short_diff(diff) for diff in item.get("diffs") or []]
     for key in ("input", "output"):
         value = short.get(key)
         if isinstance(value, str) and len(value) > SNAPSHOT_PREVIEW_CHARS:
@@ -656,3 +688,11 @@ def _shortened(item: dict[str, Any]) -> dict[str, Any]:
             if key == "output":
                 short["output_more"] = item["output_chars"] - SNAPSHOT_PREVIEW_CHARS
     return short
+
+
+def _short_diff(diff: dict[str, Any]) -> dict[str, Any]:
+    lines = diff["lines"]
+    if len(lines) <= SNAPSHOT_DIFF_LINES:
+        return diff
+    more = diff["more"] + len(lines) - SNAPSHOT_DIFF_LINES
+    return {**diff, "lines": lines[:SNAPSHOT_DIFF_LINES], "more": more}

@@ -40,6 +40,7 @@ from acp.schema import (
 )
 from acp.schema import Usage as AcpUsage
 
+from ...edits import file_diffs
 from ...events import (
     AssistantText,
     Queued,
@@ -105,37 +106,17 @@ def _shell_command(call: ToolCall) -> str | None:
 def edit_diffs(call: ToolCall) -> list[FileEditToolCallContent]:
     """A file edit's changes as ACP diffs (path, old text, new text); empty for other tools.
 
-    Claude Code's ``Edit``/``MultiEdit`` and Gemini's ``replace`` carry the replaced and
-    the new text, ``Write``/``write_file`` the whole new file (``oldText`` none: the file's
-    earlier content is not in the call). Codex's ``file_change`` names only the paths, so
-    it gets locations and no diff.
+    :func:`spawnkit.edits.file_diffs` reads the call, as every other view does: an edit
+    carries the replaced and the new text, a whole-file write the new file (``oldText``
+    none: its earlier content is not in the call). A change whose text the call does not
+    carry (Codex's ``file_change`` in ``exec --json`` names only paths) gets locations
+    and no diff.
     """
-    data = call.input
-    path = next(iter(tool_locations(data)), None)
-    if path is None:
-        return []
-    if call.name in ("Edit", "replace"):
-        old, new = data.get("old_string"), data.get("new_string")
-        if isinstance(old, str) and isinstance(new, str):
-            return [tool_diff_content(path, new, old)]
-        return []
-    if call.name == "MultiEdit":
-        edits = data.get("edits")
-        if not isinstance(edits, list):
-            return []
-        return [
-            tool_diff_content(path, edit["new_string"], edit["old_string"])
-            for edit in edits
-            if isinstance(edit, dict) and _texts(edit.get("old_string"), edit.get("new_string"))
-        ]
-    if call.name in ("Write", "write_file"):
-        content = data.get("content")
-        return [tool_diff_content(path, content)] if isinstance(content, str) else []
-    return []
-
-
-def _texts(*values: object) -> bool:
-    return all(isinstance(value, str) for value in values)
+    return [
+        tool_diff_content(diff.path, diff.new_text, diff.old_text)
+        for diff in file_diffs(call)
+        if diff.new_text is not None
+    ]
 
 
 def _locations(call: ToolCall) -> list[ToolCallLocation] | None:
