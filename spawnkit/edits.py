@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .result import ToolCall
+from .result import SHELL_TOOLS, ToolCall
 
 # Lines a rendering shows of one file's diff before "N more lines".
 SHOWN_LINES = 60
@@ -34,7 +34,6 @@ CONTEXT_LINES = 3
 # difflib's time grows faster than their length.
 COMPARED_LINES = 5_000
 _PATCH_START, _PATCH_END = "*** Begin Patch", "*** End Patch"
-_SHELL_TOOLS = frozenset({"Bash", "shell", "exec_command", "shell_command", "run_shell_command"})
 _WHOLE_FILE = "whole file written; its earlier content is not in the call"
 
 
@@ -237,10 +236,8 @@ def _apply_patch(call: ToolCall) -> list[FileDiff]:
 
 
 def _shell_patch(call: ToolCall) -> list[FileDiff]:
-    value = call.input.get("command", call.input.get("cmd"))
-    if isinstance(value, list):
-        value = " ".join(str(part) for part in value)
-    patch = _patch_in(value) if isinstance(value, str) and "apply_patch" in value else None
+    value = call.shell_command
+    patch = _patch_in(value) if value is not None and "apply_patch" in value else None
     return patch_diffs(patch) if patch is not None else []
 
 
@@ -293,7 +290,7 @@ _READERS: Mapping[str, Callable[[ToolCall], list[FileDiff]]] = {
     "NotebookEdit": _notebook_edit,
     "apply_patch": _apply_patch,
     "file_change": _file_change,
-    **{name: _shell_patch for name in _SHELL_TOOLS},
+    **{name: _shell_patch for name in SHELL_TOOLS},
 }
 
 

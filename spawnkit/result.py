@@ -71,6 +71,10 @@ def split_tool_name(name: str) -> tuple[str | None, str]:
     return None, name
 
 
+# Each runtime's shell tool (Claude Code, Codex's three, Gemini).
+SHELL_TOOLS = frozenset({"Bash", "shell", "exec_command", "shell_command", "run_shell_command"})
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One tool call as the runtime reported it, in the same shape for every runtime."""
@@ -97,6 +101,18 @@ class ToolCall:
             status="error" if is_error else "ok",
             finished_at=at,
         )
+
+    @property
+    def shell_command(self) -> str | None:
+        """The command of a CLI's shell tool call (:data:`SHELL_TOOLS`), else None."""
+        if self.server is not None or self.tool not in SHELL_TOOLS:
+            return None
+        value = self.input.get("command", self.input.get("cmd"))
+        if isinstance(value, list) and value[:2] == ["bash", "-lc"] and len(value) == 3:
+            value = value[2]  # Codex's argv form
+        if isinstance(value, list):
+            value = " ".join(str(part) for part in value)
+        return value if isinstance(value, str) else None
 
     @property
     def duration_ms(self) -> int | None:

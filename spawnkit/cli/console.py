@@ -74,25 +74,9 @@ def one_line(text: str, limit: int = PREVIEW_CHARS) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-# Each runtime's shell tool; its command is shown as `$ command`, not as JSON.
-SHELL_TOOLS = frozenset({"Bash", "shell", "exec_command", "shell_command", "run_shell_command"})
-
-
-def shell_command(call: ToolCall) -> str | None:
-    """The command of a shell tool call, or None for other tools."""
-    if call.server is not None or call.tool not in SHELL_TOOLS:
-        return None
-    value = call.input.get("command", call.input.get("cmd"))
-    if isinstance(value, list) and value[:2] == ["bash", "-lc"] and len(value) == 3:
-        value = value[2]  # Codex's argv form
-    if isinstance(value, list):
-        value = " ".join(str(part) for part in value)
-    return value if isinstance(value, str) else None
-
-
 def describe_input(call: ToolCall) -> str:
     """The most telling part of a tool call's input: ``$ command`` for a shell."""
-    command = shell_command(call)
+    command = call.shell_command  # shown as `$ command`, not as JSON
     if command is not None:
         return one_line(f"$ {command}")
     for key in ("file_path", "pattern", "path", "prompt", "command"):

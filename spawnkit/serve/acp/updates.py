@@ -72,13 +72,12 @@ _CONTEXT_WINDOWS = (
 _DEFAULT_WINDOW = 200_000
 # A tool call's title shows at most this much of its input.
 _TITLE_CHARS = 120
-_SHELL_TOOLS = frozenset({"Bash", "shell", "exec_command", "shell_command", "run_shell_command"})
 
 
 def tool_title(call: ToolCall) -> str:
     """``health.state_get``, ``Read /path``, ``$ date +%F``: what a client labels the call."""
     label = f"{call.server}.{call.tool}" if call.server else call.name
-    detail = _shell_command(call) if call.server is None else None
+    detail = call.shell_command
     if detail is not None:
         detail = f"$ {detail}"
     else:
@@ -90,17 +89,6 @@ def tool_title(call: ToolCall) -> str:
     if len(flat) > _TITLE_CHARS:
         flat = flat[: _TITLE_CHARS - 1] + "…"
     return f"{label} {flat}"
-
-
-def _shell_command(call: ToolCall) -> str | None:
-    if call.tool not in _SHELL_TOOLS:
-        return None
-    value = call.input.get("command", call.input.get("cmd"))
-    if isinstance(value, list) and value[:2] == ["bash", "-lc"] and len(value) == 3:
-        value = value[2]  # Codex's argv form
-    if isinstance(value, list):
-        value = " ".join(str(part) for part in value)
-    return value if isinstance(value, str) else None
 
 
 def edit_diffs(call: ToolCall) -> list[FileEditToolCallContent]:
