@@ -130,6 +130,12 @@ class RepoChange:
         """The paths the diff touches, as its ``diff --git`` lines name them."""
         return diff_files(self.diff)
 
+    def stat(self) -> str:
+        """git's diff stat of the change (``git apply --stat``); "" for no change."""
+        if not self.diff.strip():
+            return ""
+        return git(self.repo, "apply", "--stat", *APPLY_OPTIONS, input=_patch(self.diff)).decode()
+
     def apply(self) -> list[str]:
         """Put the change into the repository's working tree; the paths it touched.
 
@@ -328,7 +334,7 @@ def apply_diff(diff: str, repo: str | Path) -> list[str]:
     path = Path(repo).expanduser().resolve()
     if not diff.strip():
         return []
-    data = (diff if diff.endswith("\n") else diff + "\n").encode()
+    data = _patch(diff)
     files = diff_files(diff)
     if _applies(path, data, "--reverse"):
         raise DiffDoesNotApply(
@@ -347,6 +353,10 @@ def apply_diff(diff: str, repo: str | Path) -> list[str]:
         ) from None
     git(path, "apply", *APPLY_OPTIONS, input=data)
     return files
+
+
+def _patch(diff: str) -> bytes:
+    return (diff if diff.endswith("\n") else diff + "\n").encode()
 
 
 def _applies(repo: Path, data: bytes, *options: str) -> bool:
