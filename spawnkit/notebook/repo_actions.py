@@ -80,6 +80,8 @@ class RepoActions:
         self.box = widgets.HBox([self.apply_button, self.discard_button, self.status])
 
     def apply(self, _button: Any = None) -> None:
+        if self.apply_button.disabled:  # applied or discarded already
+            return
         try:
             touched = self.result.apply()
         except SpawnkitError as refused:
@@ -89,6 +91,8 @@ class RepoActions:
         self._say(f"Applied: {', '.join(touched)}", "#1a7f37")
 
     def discard(self, _button: Any = None) -> None:
+        if self.discard_button.disabled:
+            return
         self._done()
         self._say("Discarded: the repository is unchanged.", "#57606a")
 
