@@ -51,10 +51,15 @@ match = "(?i)switch .* to parquet"
   [[script.turn]]
   text = "I saw: {{ last_tool_result }}"
   tool = "Edit"
-  input = { file_path = "analysis.py", old_string = "read_csv('data.csv')", new_string = "read_parquet('data.parquet')" }
+  [script.turn.input]
+  file_path = "analysis.py"
+  old_string = "read_csv('data.csv')"
+  new_string = "read_parquet('data.parquet')"
   [[script.turn]]
   tool = "Write"
-  input = { file_path = "convert.py", content = "import pandas as pd\\npd.read_csv('data.csv').to_parquet('data.parquet')\\n" }
+  [script.turn.input]
+  file_path = "convert.py"
+  content = "import pandas as pd\\npd.read_csv('data.csv').to_parquet('data.parquet')\\n"
   [[script.turn]]
   text = "Switched analysis.py to parquet and wrote convert.py."
 
@@ -333,7 +338,7 @@ def test_spawn_magic_repo_shows_the_diff_and_its_apply_button_applies(
         "       if isinstance(w, ipywidgets.HTML) and 'Not applied' in w.value])",
     ]
     outputs = run_notebook(cells, cwd=tmp_path, timeout=240)
-    load, spawn, before, clicked, again = outputs
+    _, spawn, before, clicked, again = outputs
     assert errors_of(spawn) == [], text_of(spawn)
     html = [out.data["text/html"] for out in spawn if "text/html" in out.get("data", {})]
     diff_html = next(part for part in html if "spawnkit-diff" in part)
