@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..worktree import DiffDoesNotApply, apply_diff
+from ..worktree import DIFF_OPTIONS, DiffDoesNotApply, apply_diff
 from ..worktree import git as _git
 
 __all__ = ["Base", "DiffDoesNotApply", "Worktrees", "apply_diff", "base_commit"]
@@ -56,28 +56,37 @@ class Worktrees:
     def __init__(self, base: Base) -> None:
         self.base = base
         self.root = Path(tempfile.mkdtemp(prefix="spawnkit-worktrees-"))
-        self._made: set[Path] = set()
+        # Each worktree's git folder, read when it is made: the agent can rewrite the
+        # worktree's .git file, and git must not follow it afterwards (spawnkit.worktree).
+        self._made: dict[Path, Path] = {}
 
     def add(self, name: str) -> Path:
         """A new worktree at the base commit, detached."""
         path = self.root / name
         _git(self.base.repo, "worktree", "add", "--detach", "--quiet", str(path), self.base.commit)
-        self._made.add(path)
+        git_dir = _git(path, "rev-parse", "--absolute-git-dir").decode().strip()
+        self._made[path] = Path(git_dir)
         return path
 
     def diff(self, path: Path) -> str:
         """What the run changed in ``path``: tracked edits, deletions and new files."""
         # Intent-to-add makes new files show in the diff without touching the index's
         # content; the worktree has its own index, so the repository's is untouched.
-        _git(path, "add", "--intent-to-add", "--all")
-        return _git(path, "diff", "--binary", self.base.commit).decode(errors="replace")
+        git_dir = self._made[path]
+        _git(path, "add", "--intent-to-add", "--all", git_dir=git_dir)
+        diff = _git(path, "diff", *DIFF_OPTIONS, self.base.commit, git_dir=git_dir)
+        return diff.decode(errors="replace")
 
     def remove(self, path: Path) -> None:
-        """Remove one worktree (never raises: a batch's rows matter more than its cleanup)."""
-        with contextlib.suppress(ConfigError):
-            _git(self.base.repo, "worktree", "remove", "--force", str(path))
+        """Remove one worktree (never raises: a batch's rows matter more than its cleanup).
+
+        Its folder is deleted, then pruned from the repository: ``git worktree remove``
+        would read the worktree's .git file, which the agent could have rewritten.
+        """
         shutil.rmtree(path, ignore_errors=True)
-        self._made.discard(path)
+        self._made.pop(path, None)
+        with contextlib.suppress(ConfigError):
+            _git(self.base.repo, "worktree", "prune")
 
     def close(self) -> None:
         for path in list(self._made):
