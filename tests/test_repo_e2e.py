@@ -11,6 +11,7 @@ nothing; and no worktree may outlive its run, however the run ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -29,7 +30,7 @@ from spawnkit.serve.service import ButlerService
 from spawnkit.store import SessionStore
 from spawnkit.worktree import DiffDoesNotApply
 
-from .conftest import git
+from .conftest import git, processes_with_env
 from .test_notebook_kernel import errors_of, run_notebook, text_of
 
 CLAUDE = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
@@ -207,6 +208,35 @@ async def test_a_cancelled_run_leaves_no_worktree_and_the_repository_as_it_was(
     assert snapshot(repo) == before
     no_worktree_left(repo)
     assert "+df = pd.read_json(" in result.diff, "a cancelled run's partial change is kept"
+
+
+async def test_a_run_whose_cli_is_killed_leaves_no_worktree(
+    make_butler: Any, store: SessionStore, repo: Path, scenario: Path
+) -> None:
+    before = snapshot(repo)
+    folder = Path(os.environ["SPAWNKIT_HOME"]) / "worktrees"
+    async with ButlerService(
+        make_butler(extra=TOOLS), store=store, replay=Scenario.load(scenario)
+    ) as service:
+        task = asyncio.create_task(service.trigger("edit slowly", repo=repo))
+        pids: list[int] = []
+        for _ in range(600):  # a hang guard, not a timing assertion
+            in_flight = service.spawner.in_flight
+            if in_flight and list(folder.glob("*/project/analysis.py")):
+                pids = processes_with_env("SPAWNKIT_SESSION_ID", in_flight[0])
+                edited = "read_json" in next(folder.glob("*/project/analysis.py")).read_text()
+                if pids and edited:
+                    break
+            await asyncio.sleep(0.1)
+        assert pids, "the run's CLI was found"
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        result = await task
+    assert not result.success and result.status == "failed", result.status
+    assert snapshot(repo) == before
+    no_worktree_left(repo)
+    assert "+df = pd.read_json(" in result.diff
 
 
 async def test_a_path_that_is_no_repository_is_one_line_and_nothing_runs(

@@ -51,24 +51,34 @@ async def checked_out(run: AcceptedRun) -> AsyncIterator[None]:
         yield
         return
     checkout = Checkout(run.repo, run.session_id)
-    run.workdir = await asyncio.to_thread(checkout.make)
-    run.checkout = checkout
+    # Shielded: a cancel while git makes the worktree lets it finish, then removes it.
+    making = asyncio.ensure_future(asyncio.to_thread(checkout.make))
     try:
+        run.workdir = await asyncio.shield(making)
+        run.checkout = checkout
         yield
     finally:
-        finishing = asyncio.ensure_future(
-            asyncio.to_thread(_change_then_remove, checkout, run.redactor.text)
-        )
+        finishing = asyncio.ensure_future(_finish(making, checkout, run.redactor.text))
         try:
             run.repo_change = await asyncio.shield(finishing)
         except asyncio.CancelledError:
-            # Cancelled again while the diff is taken: the thread still removes the worktree.
+            # Cancelled again while the diff is taken: the worktree is still removed.
             logger.warning("run %s: cancelled while its diff was taken", run.session_id)
 
 
+async def _finish(
+    making: asyncio.Future[Path], checkout: Checkout, redact: Any
+) -> RepoChange | None:
+    """The change of a worktree that was made (None for one that was not), then its removal."""
+    await asyncio.wait({making})
+    made = not making.cancelled() and making.exception() is None
+    return await asyncio.to_thread(_change_then_remove, checkout, redact if made else None)
+
+
 def _change_then_remove(checkout: Checkout, redact: Any) -> RepoChange | None:
+    """``redact`` None: the worktree was never made whole; only what is left is removed."""
     try:
-        return checkout.change(redact)
+        return checkout.change(redact) if redact is not None else None
     except ConfigError as exc:
         logger.warning("could not take the diff of %s: %s", checkout.path, exc)
         return None
