@@ -355,16 +355,16 @@ def test_spawn_magic_repo_shows_the_diff_and_its_apply_button_applies(
         f"%%spawn --butler coder --roster {tmp_path / 'roster'} --replay {scenario} "
         f"--repo {repo} --out r\nswitch analysis.py to parquet",
         f"print(open({str(repo / 'analysis.py')!r}).read().count('read_parquet'))",
-        "import ipywidgets\n"
-        "buttons = [w for w in list(ipywidgets.Widget._active_widgets.values())\n"
+        "import ipywidgets\nfrom ipywidgets.widgets.widget import _instances\n"
+        "buttons = [w for w in list(_instances.values())\n"
         "           if isinstance(w, ipywidgets.Button) and w.description == 'Apply']\n"
         "(apply,) = buttons\n"
         "apply.click()\n"
-        "status = [w for w in ipywidgets.Widget._active_widgets.values()\n"
+        "status = [w for w in _instances.values()\n"
         "          if isinstance(w, ipywidgets.HTML) and 'Applied' in w.value]\n"
         "print(apply.disabled, len(status), status[0].value if status else '')\n"
         f"print(open({str(repo / 'analysis.py')!r}).read().count('read_parquet'))",
-        "apply.click()\nprint([w.value for w in ipywidgets.Widget._active_widgets.values()\n"
+        "apply.click()\nprint([w.value for w in _instances.values()\n"
         "       if isinstance(w, ipywidgets.HTML) and 'Not applied' in w.value])",
     ]
     outputs = run_notebook(cells, cwd=tmp_path, timeout=240)
@@ -376,7 +376,8 @@ def test_spawn_magic_repo_shows_the_diff_and_its_apply_button_applies(
     assert any("Changes to" in part and "not applied yet" in part for part in html)
     widgets = [out.data for out in spawn if "application/vnd.jupyter.widget-view+json" in out.get(
         "data", {})]  # fmt: skip
-    assert len(widgets) == 2, "the run view, then the Apply/Discard box"
+    assert len(widgets) == 1, "the run view; the Apply/Discard box gave way to its outcome"
+    assert "Applied: analysis.py, convert.py" in html[-1], "the box's display, updated"
     assert text_of(before).strip() == "0", "the repository is unchanged until Apply"
     printed = text_of(clicked).split("\n")
     assert printed[0].startswith("True 1 ") and "Applied: analysis.py, convert.py" in printed[0]

@@ -6,8 +6,9 @@ ones red, an output a saved notebook keeps, and under it an ipywidgets ``HBox``:
 calls :meth:`SpawnerResult.apply <spawnkit.result.SpawnerResult.apply>` and says which files it
 changed, or git's refusal (the repository moved on, or the change is already there);
 **Discard** drops the change (the worktree is gone already: nothing else is left to undo).
-Once applied or discarded both buttons are disabled; a refused apply leaves Apply enabled
-so it can be tried again after the conflict is resolved. The change stays in the session
+Once applied or discarded, the buttons are replaced by a line saying so (plain HTML, which a
+saved notebook keeps); a refused apply leaves Apply enabled, to try again once the conflict
+is resolved. The change stays in the session
 record either way (``spawnkit apply SESSION_ID`` from a terminal).
 """
 
@@ -78,6 +79,7 @@ class RepoActions:
         self.apply_button.on_click(self.apply)
         self.discard_button.on_click(self.discard)
         self.box = widgets.HBox([self.apply_button, self.discard_button, self.status])
+        self.display: Any = None  # the display handle of the box, once shown
 
     def apply(self, _button: Any = None) -> None:
         if self.apply_button.disabled:  # applied or discarded already
@@ -101,6 +103,12 @@ class RepoActions:
 
     def _say(self, text: str, colour: str) -> None:
         self.status.value = f'<span style="color:{colour}">{html.escape(text)}</span>'
+        if self.apply_button.disabled and self.display is not None:
+            # Decided: the buttons give way to the outcome as plain HTML, which a saved
+            # notebook shows without the widget's state.
+            from IPython.display import HTML
+
+            self.display.update(HTML(f"<div>{self.status.value}</div>"))  # type: ignore[no-untyped-call]
 
 
 def show_change(result: SpawnerResult) -> RepoActions | None:
@@ -114,7 +122,7 @@ def show_change(result: SpawnerResult) -> RepoActions | None:
         return None
     display(HTML(diff_html(result.repo.diff)))  # type: ignore[no-untyped-call]
     actions = RepoActions(result)
-    display(actions.box)  # type: ignore[no-untyped-call]
+    actions.display = display(actions.box, display_id=True)  # type: ignore[no-untyped-call]
     return actions
 
 
