@@ -83,8 +83,8 @@ class Recorder:
             # The live tool-call writes first: the result's write rewrites the calls.
             if collector.live_calls is not None:
                 await collector.live_calls.flush()
-            if result.repo is not None:  # repo=: the diff, kept for `spawnkit apply`
-                sandbox, given = run.setup or ("none", {})
+            if result.repo is not None and run.setup is not None:  # repo=: `spawnkit apply`
+                sandbox, given = run.setup
                 given = {**given, "repo": result.repo.to_dict()}
                 store = self.settings.store
                 await in_thread(lambda: store.record_setup(
