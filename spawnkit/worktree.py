@@ -219,7 +219,10 @@ class Checkout:
             if not name or name.endswith("/"):  # a nested repository: not ours to copy
                 continue
             source, target = self.repo / name, self.path / name
-            info = source.lstat()
+            try:
+                info = source.lstat()
+            except OSError:  # gone since git listed it
+                continue
             if stat.S_ISREG(info.st_mode) and info.st_size > UNTRACKED_LIMIT_BYTES:
                 left_out.append(name)
                 continue
