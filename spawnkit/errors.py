@@ -51,10 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .result import SpawnerResult
+from typing import Any
 
 
 class SpawnkitError(Exception):
@@ -228,7 +225,9 @@ class ProtocolError(RuntimeFailure):
 class SpawnError(SpawnkitError):
     """Raised for a failed run where the caller wants an exception, not a result."""
 
-    def __init__(self, result: SpawnerResult) -> None:
+    # ``result`` is the run's SpawnerResult: not imported here (not even for type checking),
+    # as spawnkit.result raises these errors (SpawnerResult.apply) and layers draw no loop.
+    def __init__(self, result: Any) -> None:
         self.result = result
         super().__init__(result.error or "the run failed")
 

@@ -11,6 +11,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, Literal
 
+from .errors import SpawnkitError
+from .worktree import RepoChange
+
 # A tool's output is kept up to this many characters in results and records;
 # the full text stays in the runtime's own transcript.
 TOOL_OUTPUT_LIMIT = 16_384
@@ -292,10 +295,32 @@ class SpawnerResult:
     network_denied: int = 0
     # Each answer to a [butler.permissions] ask question, in order (spawnkit.permissions).
     permissions: tuple[PermissionAnswer, ...] = ()
+    # A run given repo=: what it changed in its worktree of the repository (see .diff).
+    repo: RepoChange | None = None
+
+    @property
+    def diff(self) -> str:
+        """The run's changes to its ``repo=`` repository as a git diff (binary-safe), against
+        the state it started from (``HEAD`` plus the uncommitted changes); "" without one."""
+        return self.repo.diff if self.repo is not None else ""
+
+    def apply(self) -> list[str]:
+        """Put the run's changes (:attr:`diff`) into its repository; the paths touched.
+
+        Refused with :class:`~spawnkit.worktree.DiffDoesNotApply` naming the files, and
+        nothing changed, when the repository moved on where the run changed it or already
+        has the change (a second apply).
+        """
+        if self.repo is None:
+            raise SpawnkitError(
+                f"session {self.session_id} was not given a repository (repo=): nothing to apply"
+            )
+        return self.repo.apply()
 
     def to_dict(self) -> dict[str, Any]:
         # Not asdict(self): it would deep-copy every tool call only to replace them.
         data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["repo"] = self.repo.to_dict() if self.repo is not None else None
         data["tool_calls"] = [call.to_dict() for call in self.tool_calls]
         data["usage"] = asdict(self.usage)
         data["budget"] = asdict(self.budget) if self.budget is not None else None

@@ -30,6 +30,7 @@ class Command(NamedTuple):
 # In the order `spawnkit --help` lists them.
 COMMANDS = {
     "run": Command(runs.add_run, runs.cmd_run),
+    "apply": Command(runs.add_apply, runs.cmd_apply),
     "scheduler": Command(cluster.add_scheduler, cluster.cmd_scheduler),
     "worker": Command(cluster.add_worker, cluster.cmd_worker),
     "sessions": Command(history.add_sessions, history.cmd_sessions),

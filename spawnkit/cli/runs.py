@@ -1,5 +1,6 @@
 """``spawnkit run`` and ``spawnkit demo``: one prompt on a butler, its tool calls streamed
-to the terminal as they happen, and the result (or its JSON) at the end.
+to the terminal as they happen, and the result (or its JSON) at the end; ``spawnkit apply``:
+the changes of a ``run --repo``, kept in its record, put into its repository.
 
 ``serve`` starts runs too and shares the tracer provider made here.
 """
@@ -63,7 +64,23 @@ def add_run(commands: Commands) -> None:
         "--on", metavar="SCHEDULER",
         help="run on a worker of this Dask cluster (tls://host:8786) instead of here",
     )  # fmt: skip
+    run.add_argument(
+        "--repo", type=Path, metavar="PATH",
+        help="edit a git worktree of this repository (HEAD plus its uncommitted changes); "
+        "the repository is unchanged until `spawnkit apply SESSION_ID`",
+    )  # fmt: skip
     run.add_argument("prompt", help=PROMPT_HELP)
+
+
+def add_apply(commands: Commands) -> None:
+    apply = commands.add_parser(
+        "apply", help="put the changes a `spawnkit run --repo` run made into its repository"
+    )
+    apply.add_argument("session_id", help="the run's session (a prefix is enough)")
+    apply.add_argument(
+        "--print", action="store_true", dest="print_diff",
+        help="print the diff instead (for `git apply` or a review), change nothing",
+    )  # fmt: skip
 
 
 def add_demo(commands: Commands) -> None:
@@ -142,6 +159,7 @@ async def _run_once(
     store: SessionStore,
     on: str | None = None,
     ask_terminal: bool = False,
+    repo: Path | None = None,
 ) -> SpawnerResult:
     from .approving import terminal_approver
     from .console import EventPrinter
@@ -154,6 +172,7 @@ async def _run_once(
             prompt, context=context, max_turns=max_turns, on_event=printer,
             # [butler.permissions] ask: y/N on a terminal; elsewhere nobody answers.
             approver=terminal_approver() if ask_terminal else None,
+            repo=repo,
         )  # fmt: skip
 
 
@@ -174,6 +193,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     limits = Limits(
         max_cost_usd=args.max_cost_usd, max_tokens=args.max_tokens, timeout_s=args.timeout_s
     ).validate()
+    if args.repo is not None:
+        from ..worktree import RepoStart
+
+        RepoStart.of(args.repo)  # one line before anything starts: not a git repository
     butler = find_and_load_roster(args.roster)[args.butler].with_limits(limits)
     if args.runtime:
         butler = butler.with_runtime(args.runtime)
@@ -182,13 +205,64 @@ def cmd_run(args: argparse.Namespace) -> int:
         _run_once(
             butler, prompt, context=context, max_turns=args.max_turns,
             replay=args.replay, external_mcp=args.external_mcp, json_output=args.json,
-            store=store, on=args.on, ask_terminal=True,
+            store=store, on=args.on, ask_terminal=True, repo=args.repo,
         )
     )  # fmt: skip
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False, default=str))
+    if result.repo is not None:
+        _report_change(result, sys.stderr if args.json else sys.stdout)
     _report_journal(store)
     return EXIT_OK if result.success else EXIT_FAILED
+
+
+def _report_change(result: SpawnerResult, out: Any) -> None:
+    """What the run changed in its repository (git's diff stat), and how to apply it."""
+    change = result.repo
+    assert change is not None
+    if not change.diff.strip():
+        print(f"\nThe run changed nothing in {change.repo}.", file=out)
+        return
+    print(f"\nChanges to {change.repo} (not applied yet):\n{change.stat().rstrip()}", file=out)
+    print(
+        f"Apply them: spawnkit apply {result.session_id}    "
+        f"(see the diff: spawnkit apply {result.session_id} --print)",
+        file=out,
+        flush=True,
+    )
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    """Apply a ``--repo`` run's diff, kept in its record, to the repository it ran on."""
+    from ..errors import SpawnkitError
+    from ..store import SessionStore
+    from ..worktree import RepoChange
+
+    store = SessionStore()
+    try:
+        matches = store.sessions_with_prefix(args.session_id, limit=2)
+    finally:
+        store.close()
+    if len(matches) != 1:
+        what = "no session" if not matches else "several sessions"
+        raise SpawnkitError(f"{what} match {args.session_id!r}")
+    record = matches[0]
+    kept = (record.given or {}).get("repo")
+    if not isinstance(kept, dict) or "diff" not in kept:
+        raise SpawnkitError(
+            f"session {record.id} has no repository diff (it was not run with --repo"
+            + (", or has not finished)" if record.completed_at is None else ")")
+        )
+    change = RepoChange.from_dict(kept)
+    if args.print_diff:
+        sys.stdout.write(change.diff)
+        return EXIT_OK
+    touched = change.apply()
+    if not touched:
+        print(f"session {record.id} changed nothing in {change.repo}")
+        return EXIT_OK
+    print(f"Applied to {change.repo}: {', '.join(touched)}")
+    return EXIT_OK
 
 
 def _report_journal(store: SessionStore) -> None:

@@ -5,7 +5,8 @@
 changed as a diff (``git diff --binary`` against that commit, new files included), and
 removes the worktree. The repository itself is untouched: its working tree, index and
 branches never change, and its ``.git/worktrees`` entries are pruned afterwards. The user
-then applies the diff they choose with :func:`apply_diff`.
+then applies the diff they choose with :func:`apply_diff` (in :mod:`spawnkit.worktree`, with
+the git plumbing ``Spawner.trigger(repo=...)`` shares).
 
 Uncommitted changes of the repository are not in the worktrees (they start at ``HEAD``);
 :func:`base_commit` says which commit that is, and whether the repository was dirty.
@@ -15,18 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError, SpawnkitError
+from ..errors import ConfigError
+from ..worktree import DIFF_OPTIONS, DiffDoesNotApply, apply_diff
+from ..worktree import git as _git
 
-GIT_TIMEOUT_S = 120.0
-
-
-class DiffDoesNotApply(SpawnkitError):
-    """``git apply --check`` refused a diff: the repository moved on, or it was applied."""
+__all__ = ["Base", "DiffDoesNotApply", "Worktrees", "apply_diff", "base_commit"]
 
 
 @dataclass(frozen=True)
@@ -36,23 +34,6 @@ class Base:
     repo: Path
     commit: str
     dirty: bool
-
-
-def _git(repo: Path, *args: str, input: bytes | None = None) -> bytes:
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(repo), *args],
-            input=input,
-            capture_output=True,
-            timeout=GIT_TIMEOUT_S,
-            check=False,
-        )
-    except FileNotFoundError as exc:
-        raise ConfigError("git is not installed (it makes the worktrees of repo=)") from exc
-    if done.returncode != 0:
-        message = done.stderr.decode(errors="replace").strip().splitlines()
-        raise ConfigError(f"git {' '.join(args[:2])} in {repo}: {message[-1] if message else ''}")
-    return done.stdout
 
 
 def base_commit(repo: str | Path) -> Base:
@@ -75,28 +56,37 @@ class Worktrees:
     def __init__(self, base: Base) -> None:
         self.base = base
         self.root = Path(tempfile.mkdtemp(prefix="spawnkit-worktrees-"))
-        self._made: set[Path] = set()
+        # Each worktree's git folder, read when it is made: the agent can rewrite the
+        # worktree's .git file, and git must not follow it afterwards (spawnkit.worktree).
+        self._made: dict[Path, Path] = {}
 
     def add(self, name: str) -> Path:
         """A new worktree at the base commit, detached."""
         path = self.root / name
         _git(self.base.repo, "worktree", "add", "--detach", "--quiet", str(path), self.base.commit)
-        self._made.add(path)
+        git_dir = _git(path, "rev-parse", "--absolute-git-dir").decode().strip()
+        self._made[path] = Path(git_dir)
         return path
 
     def diff(self, path: Path) -> str:
         """What the run changed in ``path``: tracked edits, deletions and new files."""
         # Intent-to-add makes new files show in the diff without touching the index's
         # content; the worktree has its own index, so the repository's is untouched.
-        _git(path, "add", "--intent-to-add", "--all")
-        return _git(path, "diff", "--binary", self.base.commit).decode(errors="replace")
+        git_dir = self._made[path]
+        _git(path, "add", "--intent-to-add", "--all", git_dir=git_dir)
+        diff = _git(path, "diff", *DIFF_OPTIONS, self.base.commit, git_dir=git_dir)
+        return diff.decode(errors="replace")
 
     def remove(self, path: Path) -> None:
-        """Remove one worktree (never raises: a batch's rows matter more than its cleanup)."""
-        with contextlib.suppress(ConfigError):
-            _git(self.base.repo, "worktree", "remove", "--force", str(path))
+        """Remove one worktree (never raises: a batch's rows matter more than its cleanup).
+
+        Its folder is deleted, then pruned from the repository: ``git worktree remove``
+        would read the worktree's .git file, which the agent could have rewritten.
+        """
         shutil.rmtree(path, ignore_errors=True)
-        self._made.discard(path)
+        self._made.pop(path, None)
+        with contextlib.suppress(ConfigError):
+            _git(self.base.repo, "worktree", "prune")
 
     def close(self) -> None:
         for path in list(self._made):
@@ -110,22 +100,3 @@ class Worktrees:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def apply_diff(diff: str, repo: str | Path) -> list[str]:
-    """Apply a run's diff to ``repo``'s working tree; the paths it touched.
-
-    Checked first (``git apply --check``): a diff that does not apply changes nothing and
-    raises :class:`DiffDoesNotApply` with git's reason. An empty diff changes nothing.
-    """
-    path = Path(repo).expanduser().resolve()
-    if not diff.strip():
-        return []
-    data = diff.encode() if diff.endswith("\n") else (diff + "\n").encode()
-    try:
-        _git(path, "apply", "--check", "--binary", input=data)
-    except ConfigError as exc:
-        raise DiffDoesNotApply(f"the diff does not apply to {path}: {exc}") from exc
-    _git(path, "apply", "--binary", input=data)
-    stat = _git(path, "apply", "--numstat", "--binary", input=data).decode()
-    return [line.split("\t", 2)[2] for line in stat.splitlines() if line.count("\t") >= 2]

@@ -29,7 +29,8 @@ extension loading. :func:`sweep`
    each through a pidfd opened *before* its start time is checked again, so a pid reused
    between the scan and the kill is never signalled; removes the workspace, only if it is
    a real folder of this user directly inside this home's ``workspaces`` folder (symlinks
-   resolved); and marks the record ``crashed`` with what it did. (A CLI's output file,
+   resolved), and the folder of a ``repo=`` run's worktree (``worktrees/<session id>``); and
+   marks the record ``crashed`` with what it did. (A CLI's output file,
    where its stdout is not a pipe, has no name: it went with the last process that had it
    open.)
 
@@ -58,6 +59,7 @@ from typing import Literal, Protocol
 
 from ..errors import HomeNotWritable
 from ..home import home_path, spawnkit_home
+from ..worktree import WORKTREES_DIR
 from .workspace import PREFIX as WORKSPACE_PREFIX
 from .workspace import WORKSPACES_DIR
 
@@ -71,6 +73,7 @@ HOME_VAR = "SPAWNKIT_RUN_HOME"
 KEY_FILE = "sweep.key"
 # butler_<name>_<32 hex digits of a uuid4> (spawnkit.containment.workspace.workspace_path).
 _WORKSPACE_NAME = re.compile(re.escape(WORKSPACE_PREFIX) + r".+_[0-9a-f]{32}")
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]+")
 # How long the sweep waits for the processes it killed to be gone.
 KILL_WAIT_S = 5.0
 _PROC = Path("/proc")
@@ -422,6 +425,28 @@ def _own_workspace(path: Path, root: Path) -> Path | None:
     return target
 
 
+def remove_worktree_folder(session_id: str, root: Path | None = None) -> bool:
+    """Remove the folder of a ``repo=`` run's worktree and objects, if there is one.
+
+    Its path is this home's, named by the session id (not read from the record), and it
+    is removed only as a real folder of this user. The repository's ``.git/worktrees``
+    entry of it is left for git to prune (the next ``repo=`` run of that repository does,
+    and ``git worktree prune``): running git on a path a record names is not the sweep's.
+    """
+    if not _PLAIN_NAME.fullmatch(session_id) or session_id in (".", ".."):
+        return False
+    target = (root if root is not None else home_path() / WORKTREES_DIR) / session_id
+    try:
+        info = os.lstat(target)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        logger.warning("sweep: %s does not look like a run's worktree folder; left alone", target)
+        return False
+    shutil.rmtree(target, ignore_errors=True)
+    return not os.path.lexists(target)
+
+
 # -- the sweep ---------------------------------------------------------------------------------
 
 
@@ -442,6 +467,8 @@ def sweep(store: SweptStore) -> list[SweptRun]:
             survivors = tuple(pid for pid, start in found if _live_start(pid) == start)
             removed = remove_workspace(run.workspace) if run.workspace is not None else None
             reason = _reason(run, len(killed), survivors, removed)
+            if remove_worktree_folder(run.session_id):
+                reason += ", its repository worktree removed"
         else:
             killed, survivors, removed = [], (), False
             reason = _unproven_reason(run)

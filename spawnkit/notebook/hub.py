@@ -222,6 +222,7 @@ class Hub:
         extensions: Sequence[ToolExtension] = (),
         limits: Limits | None = None,
         approver: Approver | None = None,
+        repo: str | Path | None = None,
     ) -> RunHandle:
         """Start a run on the background loop; returns at once.
 
@@ -241,7 +242,7 @@ class Hub:
             service = await self._service(target, extensions)
             return await service.trigger(
                 prompt, context=context, max_turns=max_turns, on_event=fan_out, limits=limits,
-                approver=approver,
+                approver=approver, repo=repo,
             )  # fmt: skip
 
         handle.job = self.loop.submit(run())

@@ -88,6 +88,7 @@ class SpawnMagics(Magics):
     @argument("--interpolate", action="store_true", help="expand {var} and $var in the prompt")
     @argument("--allow-failure", action="store_true", help="return a failed result, not raise")
     @argument("--kernel-tools", action="store_true", help="let the agent read kernel variables")
+    @argument("--repo", help="edit a git worktree of this repository; Apply puts the diff back")
     @cell_magic
     def spawn(self, line: str, cell: str) -> SpawnerResult | RunHandle:
         """Run the cell as a prompt on an agent CLI; the value is the SpawnerResult."""
@@ -118,6 +119,7 @@ class SpawnMagics(Magics):
                     timeout_s=args.timeout_s,
                 ),
                 on=args.on,
+                repo=args.repo,
             )
         except (ConfigError, InvalidArgument) as exc:
             raise UsageError(str(exc)) from None

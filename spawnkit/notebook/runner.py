@@ -115,6 +115,7 @@ def spawn(
     default_runtime: str = "claude-code",
     limits: Limits | None = None,
     on: str | None = None,
+    repo: str | Path | None = None,
 ) -> SpawnerResult | RunHandle:
     """Run ``prompt``; the SpawnerResult, or with ``background`` a RunHandle at once.
 
@@ -122,6 +123,9 @@ def spawn(
     variables it returns (see :mod:`spawnkit.notebook.kernel_tools`). ``limits`` are laid
     over the butler's ``[butler.limits]`` for this run. ``on`` runs it on a worker of a
     Dask cluster (:func:`on_cluster`), streaming its events here as a local run's.
+    ``repo`` has the agent edit a git worktree of that repository (see
+    :meth:`Spawner.trigger <spawnkit.run.Spawner.trigger>`); when the run ends the cell shows
+    its diff with Apply and Discard (:mod:`spawnkit.notebook.repo_actions`).
     """
     if not prompt.strip():
         raise ConfigError("the prompt is empty")
@@ -144,6 +148,7 @@ def spawn(
         limits=limits.validate() if limits is not None else None,
         # The view's approval card answers [butler.permissions] ask; without one, nobody.
         approver=view.approve if view is not None else None,
+        repo=repo,
     )  # fmt: skip
     board = None
     try:
@@ -166,7 +171,19 @@ def spawn(
             board.update(view)
     if view is not None or text is not None:
         shown.mark_shown(result)
+    if result.repo is not None and mode != "none":
+        show_repo_change(result, widgets=mode == "widget")
     return result
+
+
+def show_repo_change(result: SpawnerResult, *, widgets: bool) -> None:
+    """Under a ``repo=`` run: its diff with Apply and Discard, or in a terminal its stat."""
+    from .repo_actions import print_change, show_change
+
+    if widgets:
+        show_change(result)
+    else:
+        print_change(result)
 
 
 def _show(view: RunView | None) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..budgets.budget import RunBudget
 from ..containment.relay import Relay
@@ -16,6 +17,7 @@ from ..containment.sources import Source
 from ..redaction import Redactor
 from ..runtimes.base import RuntimeAdapter
 from ..telemetry.runlog import RunLog
+from ..worktree import Checkout, RepoChange, RepoStart
 from .approval import RunApprover
 from .collector import Collector
 from .request import RunKind
@@ -55,6 +57,12 @@ class AcceptedRun:
     # Who the runtime asks about a tool of [butler.permissions] ask (spawnkit.run.approval);
     # None until the run is made (the spawner makes one for every run).
     approver: RunApprover | None = None
+    # repo=: the repository, its worktree while the run goes on, the change it left
+    # (spawnkit.run.checkout), and the setup recorded of the run (its sandbox, its given).
+    repo: RepoStart | None = None
+    checkout: Checkout | None = None
+    repo_change: RepoChange | None = None
+    setup: tuple[str, dict[str, Any]] | None = None
 
     @property
     def redactor(self) -> Redactor:

@@ -17,6 +17,7 @@ import contextlib
 import logging
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 from opentelemetry import trace
 
@@ -40,6 +41,7 @@ from ..runtimes.base import McpServerSpec, RunSpec
 from ..telemetry.otlp import CliTelemetry, OtlpReceiver
 from ..telemetry.spans import RunSpan
 from .accepted import CANCEL_GRACE_S, AcceptedRun
+from .checkout import repo_given
 from .request import SOURCE_KINDS, compose_prompt
 from .settings import RunSettings
 
@@ -318,23 +320,23 @@ class Assembly:
             interactive=run.kind == "chat", doors=doors or (),
         )  # fmt: skip
         config_file = worker.build_config_file(workspace, server)
+        given: dict[str, Any] = {
+            "config_files": [
+                name for name in files_in(workspace) if not name.startswith(f"{DOORS_DIR}/")
+            ],
+            "network": network_given(doors, run.egress_port),
+            "mcp_servers": [server.name] if server is not None else [],
+            "tools": list(tools),
+            **({"ask": list(ask)} if ask else {}),
+            "home": "the run's workspace",
+            **({"dispatch": self.settings.origin} if self.settings.origin else {}),
+            **({"sources": [str(path) for path in linked]} if asking else {}),
+            **({"repo": repo_given(run.checkout)} if run.checkout is not None else {}),
+        }  # fmt: skip
+        run.setup = (plan.kind, given)
         await asyncio.to_thread(
-            self.settings.store.record_setup,
-            run.session_id,
-            sandbox=plan.kind,
-            given={
-                "config_files": [
-                    name for name in files_in(workspace) if not name.startswith(f"{DOORS_DIR}/")
-                ],
-                "network": network_given(doors, run.egress_port),
-                "mcp_servers": [server.name] if server is not None else [],
-                "tools": list(tools),
-                **({"ask": list(ask)} if ask else {}),
-                "home": "the run's workspace",
-                **({"dispatch": self.settings.origin} if self.settings.origin else {}),
-                **({"sources": [str(path) for path in linked]} if asking else {}),
-            },
-        )  # fmt: skip
+            self.settings.store.record_setup, run.session_id, sandbox=plan.kind, given=given
+        )
         return RunSpec(
             session_id=run.session_id,
             butler=butler.name,

@@ -83,6 +83,13 @@ class Recorder:
             # The live tool-call writes first: the result's write rewrites the calls.
             if collector.live_calls is not None:
                 await collector.live_calls.flush()
+            if result.repo is not None and run.setup is not None:  # repo=: `spawnkit apply`
+                sandbox, given = run.setup
+                given = {**given, "repo": result.repo.to_dict()}
+                store = self.settings.store
+                await in_thread(lambda: store.record_setup(
+                    run.session_id, sandbox=sandbox, given=given
+                ))  # fmt: skip
             await in_thread(self.settings.store.complete_session, run.session_id, result)
 
         try:

@@ -63,11 +63,13 @@ from ..runtimes.base import RuntimeAdapter
 from ..store import SessionStore
 from ..telemetry.otlp_export import OtlpTarget, tracer_provider_from_env
 from ..telemetry.runlog import DEFAULT_CAP_BYTES, RunLog
+from ..worktree import RepoStart
 from .accepted import CANCEL_GRACE_S, AcceptedRun
 from .admission import Admissions, Place
 from .approval import RunApprover
 from .assembly import Assembly
 from .attempts import Attempts
+from .checkout import checked_out, checked_repo
 from .collector import Collector, LiveToolCalls
 from .dispatch import Cluster
 from .dispatched import dispatch
@@ -247,6 +249,7 @@ class Spawner:
         workdir: Path | None = None,
         queued_by: tuple[str, int] | None = None,
         approver: Approver | None = None,
+        repo: str | Path | None = None,
     ) -> SpawnerResult:
         """Run ``prompt`` on this butler's runtime and return its result.
 
@@ -278,6 +281,17 @@ class Spawner:
         butler's ``workdir`` or the workspace), writable in the sandbox: ``spawnkit.map``
         gives each run of a batch over a repository its own git worktree this way.
 
+        ``repo`` runs the agent in a git worktree of that repository, made when the run
+        starts, in its sandbox: the user's files do not change during the run. It starts
+        from ``HEAD`` plus the repository's uncommitted changes (tracked edits, staged or
+        not, applied from ``git diff HEAD --binary``; untracked files that are not ignored,
+        copied), and the result's :attr:`~spawnkit.result.SpawnerResult.diff` is taken
+        against that starting state, so :meth:`~spawnkit.result.SpawnerResult.apply` puts
+        back exactly the agent's changes, beside the user's own. The worktree is removed when
+        the run ends, whatever ends it; the record keeps the repository, base commit and diff
+        (``spawnkit apply SESSION_ID``). A path that is no git repository with a commit
+        raises :class:`~spawnkit.errors.ConfigError` (see :mod:`spawnkit.worktree`).
+
         Raises for triggers that are refused or wrong before they are accepted
         (bad arguments, closed spawner, full queue, missing CLI, variable or API key);
         once accepted, failures come back as ``success=False`` results.
@@ -302,6 +316,7 @@ class Spawner:
         validate_request(prompt if kind != "chat" else "(chat)", max_turns, context)
         if not self._admissions.accepting:
             raise SpawnerClosedError(f"butler {self.butler.name!r} is not accepting triggers")
+        start = checked_repo(repo, kind=kind, workdir=workdir, on_cluster=self.cluster is not None)
         if self.cluster is not None:
             return await dispatch(
                 self, self.cluster, self._admissions, self._listeners, prompt, trigger_source,
@@ -338,7 +353,7 @@ class Spawner:
             prompt, context, trigger_source, run_limits, budget, redactor, on_event=on_event,
             parent_session_id=parent_session_id, resume=resume, session_id=session_id,
             role=role, kind=kind, sources=sources, workdir=workdir, queued_by=queued_by,
-            approver=approver,
+            approver=approver, repo=start,
         ))  # fmt: skip
 
     def _check_runnable(self, kind: RunKind) -> None:
@@ -396,6 +411,7 @@ class Spawner:
         workdir: Path | None,
         queued_by: tuple[str, int] | None,
         approver: Approver | None,
+        repo: RepoStart | None = None,
     ) -> AcceptedRun:
         """The accepted trigger, with its worker, collector and budget."""
         session_id = session_id if session_id is not None else str(uuid.uuid4())
@@ -423,6 +439,7 @@ class Spawner:
             budget=budget,
             timeout_s=run_limits.timeout_s or self.butler.runtime.timeout_s,
             queued_by=queued_by,
+            repo=repo,
         )
         run.collector.budget = budget
         run.collector.live_calls = LiveToolCalls(self.store, session_id)
@@ -535,7 +552,8 @@ class Spawner:
                 cluster = await admissions.shared_slot()
                 started_at, started_clock = now_utc(), time.monotonic()
                 attempts = self._attempts
-                result = await attempts.daily_budget_spent(run) or await attempts.run(run)
+                async with checked_out(run):  # repo=: the run's worktree, while it runs
+                    result = await attempts.daily_budget_spent(run) or await attempts.run(run)
         except asyncio.CancelledError:
             result = self._recorder.unfinished(
                 collector, "cancelled", "the run was cancelled", "cancelled"
@@ -547,6 +565,8 @@ class Spawner:
                 admissions.runs.pop(run.session_id, None)
                 raise
             result = self._recorder.unfinished(collector, "failed", str(exc), "store")
+        except ConfigError as exc:  # the worktree of repo= could not be made
+            result = self._recorder.unfinished(collector, "failed", str(exc), "config")
         except Exception as exc:  # a bug of ours: record it rather than lose the session
             logger.exception(
                 "run %s of butler %s failed inside spawnkit", run.session_id, butler.name
@@ -565,7 +585,7 @@ class Spawner:
             result = replace(result, duration_ms=int((time.monotonic() - started_clock) * 1000))
         result = replace(
             result, session_id=run.session_id, butler=butler.name, runtime=butler.runtime.type,
-            network_denied=collector.denied,
+            network_denied=collector.denied, repo=run.repo_change,
         )  # fmt: skip
         try:
             await self._recorder.close(run, result)

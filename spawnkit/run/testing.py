@@ -39,6 +39,7 @@ class Invocation:
     role: str | None = None
     limits: Limits | None = None
     workdir: Path | None = None
+    repo: str | Path | None = None  # recorded only: a mock run edits no worktree
 
 
 class MockSpawner:
@@ -79,6 +80,7 @@ class MockSpawner:
         workdir: Path | None = None,
         queued_by: tuple[str, int] | None = None,  # a dispatched run's (see Spawner)
         approver: Approver | None = None,  # asked by no mock run
+        repo: str | Path | None = None,
     ) -> SpawnerResult:
         validate_trigger_source(trigger_source)
         self.invocations.append(
@@ -93,6 +95,7 @@ class MockSpawner:
                 role,
                 limits,
                 workdir,
+                repo,
             )
         )
         for substring, result in self.responses.items():
