@@ -364,7 +364,9 @@ class Spawner:
         agent = self.butler.agents.get(role) if role else None
         budget = admit(
             run_limits,
-            (agent.model if agent is not None and agent.model else None) or self.model,
+            (agent.model if agent is not None and agent.model else None)
+            or self.model
+            or self.adapter.default_model(self.base_url),
             runtime=self.butler.runtime.type,
             api_key=any(
                 name in secrets
