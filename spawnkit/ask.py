@@ -663,7 +663,8 @@ async def _spawn(
         )  # fmt: skip
     else:
         result = await spawner.trigger(
-            prompt, trigger_source="external", on_event=on_event, session_id=session_id,
+            prompt, trigger_source="chat" if kind == "chat" else "external",
+            on_event=on_event, session_id=session_id,
             kind=kind, sources=sources,
         )  # fmt: skip
     return result, sessions, name, limit

@@ -222,8 +222,11 @@ class Hub:
         extensions: Sequence[ToolExtension] = (),
         limits: Limits | None = None,
         approver: Approver | None = None,
+        source: str = "notebook",
     ) -> RunHandle:
         """Start a run on the background loop; returns at once.
+
+        ``source`` is the record's ``trigger_source``: where the run came from.
 
         ``approver`` answers the run's ``[butler.permissions] ask`` questions (a run
         view's :meth:`~spawnkit.notebook.view.RunView.approve`); None: they are denied.
@@ -240,8 +243,8 @@ class Hub:
         async def run() -> SpawnerResult:
             service = await self._service(target, extensions)
             return await service.trigger(
-                prompt, context=context, max_turns=max_turns, on_event=fan_out, limits=limits,
-                approver=approver,
+                prompt, source, context=context, max_turns=max_turns, on_event=fan_out,
+                limits=limits, approver=approver,
             )  # fmt: skip
 
         handle.job = self.loop.submit(run())
