@@ -17,8 +17,10 @@ import pytest
 
 from spawnkit import history
 from spawnkit.budgets.budget import list_price
+from spawnkit.config.limits import Limits
 from spawnkit.events import Finished, RunEvent, ToolCallFinished, UsageUpdate
 from spawnkit.notebook.hub import with_runtime
+from spawnkit.notebook.session_table import session_row
 from spawnkit.notebook.view_state import ViewState
 from spawnkit.replay import Scenario
 from spawnkit.serve.service import ButlerService
@@ -140,3 +142,19 @@ def test_a_replay_run_is_priced_alike_in_run_sessions_and_history(
         (full_id,) = [i for i in frame.index if i.startswith(session)]
         assert f"${frame.loc[full_id, 'cost_usd']:.4f}" == cost, runtime
         assert frame.loc[full_id, "runtime"] == runtime
+
+
+@pytest.mark.parametrize("runtime", ["codex", "gemini"])
+async def test_a_dollar_budget_is_accepted_for_the_model_the_run_will_name(
+    make_butler, store, runtime
+) -> None:
+    """No model in butler.toml: the run names Codex's replay slug or Gemini's default, and
+    prices its tokens at it; the pre-check accepts the same price (it refused before)."""
+    async with _service(make_butler(), runtime, store, THREE_TURNS) as svc:
+        result = await svc.trigger("do the steps", limits=Limits(max_cost_usd=5))
+    assert result.success, result.error
+    assert result.budget is not None and result.budget.priced_model == MODELS[runtime]
+    assert result.budget.cost_usd == result.cost_usd == list_price(MODELS[runtime], result.usage)
+    record = store.get_session(result.session_id or "")
+    assert record is not None
+    assert session_row(record)["cost"] == f"${result.cost_usd:.4f}", "the dashboard's row"
