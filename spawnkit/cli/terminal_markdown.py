@@ -3,25 +3,37 @@
 ``spawnkit run`` on a terminal shows an answer the way Claude Code's terminal does, not as
 raw ``**`` and `````. The text is parsed with mistune (as the notebook's
 :mod:`spawnkit.notebook.markdown` is) into its syntax tree, and each node is written with
-the run's :class:`~spawnkit.cli.console.Style`; a style that is off (output piped, or
-``NO_COLOR``) leaves the text exactly as the model wrote it. Raw HTML is shown as text.
+the run's :class:`~spawnkit.cli.console.Style` (any :class:`Styler`); a style that is off
+(output piped, or ``NO_COLOR``) leaves the text exactly as the model wrote it. Raw HTML is
+shown as text.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import mistune
-
-from .console import Style
 
 _PARSE = mistune.create_markdown(renderer=None, plugins=["table", "strikethrough"])
 BULLETS = ("•", "◦", "▪")
 Node = dict[str, Any]
 
 
-def terminal_markdown(text: str, style: Style) -> str:
+class Styler(Protocol):
+    """What the renderer asks of a style (``spawnkit.cli.console.Style`` is one)."""
+
+    @property
+    def enabled(self) -> bool: ...
+    def bold(self, text: str) -> str: ...
+    def dim(self, text: str) -> str: ...
+    def cyan(self, text: str) -> str: ...
+    def italic(self, text: str) -> str: ...
+    def underline(self, text: str) -> str: ...
+    def strike(self, text: str) -> str: ...
+
+
+def terminal_markdown(text: str, style: Styler) -> str:
     """``text`` (Markdown) for a terminal; as it is when ``style`` is off."""
     if not style.enabled:
         return text.strip()
@@ -29,11 +41,11 @@ def terminal_markdown(text: str, style: Style) -> str:
     return "\n\n".join(block for block in blocks if block.strip()).rstrip()
 
 
-def _blocks(nodes: list[Node], style: Style) -> list[str]:
+def _blocks(nodes: list[Node], style: Styler) -> list[str]:
     return [_block(node, style) for node in nodes if node.get("type") != "blank_line"]
 
 
-def _block(node: Node, style: Style) -> str:
+def _block(node: Node, style: Styler) -> str:
     kind = node.get("type")
     children = node.get("children") or []
     if kind == "heading":
@@ -59,7 +71,7 @@ def _block(node: Node, style: Style) -> str:
     return str(node.get("raw", ""))
 
 
-def _list(node: Node, style: Style) -> str:
+def _list(node: Node, style: Styler) -> str:
     attrs = node.get("attrs", {})
     depth = int(attrs.get("depth", 0))
     ordered = bool(attrs.get("ordered"))
@@ -75,7 +87,7 @@ def _list(node: Node, style: Style) -> str:
     return "\n".join(lines)
 
 
-def _table(node: Node, style: Style) -> str:
+def _table(node: Node, style: Styler) -> str:
     rows: list[list[str]] = []
     for part in node.get("children") or []:
         cells_of: list[Node] = part.get("children") or []
@@ -87,7 +99,7 @@ def _table(node: Node, style: Style) -> str:
     return "\n".join(style.dim(" │ ").join(row) for row in rows)
 
 
-def _inline(nodes: list[Node], style: Style) -> str:
+def _inline(nodes: list[Node], style: Styler) -> str:
     wrap: dict[str, Callable[[str], str]] = {
         "strong": style.bold,
         "emphasis": style.italic,
