@@ -138,7 +138,7 @@ def test_a_replay_run_is_priced_alike_in_run_sessions_and_history(
     for runtime, shown in printed.items():
         cost, session = shown.split()
         row = next(line for line in listing.splitlines() if session in line)
-        assert cost in row, (runtime, row)
+        assert cost in row and f" {runtime} " in row, (runtime, row)
         (full_id,) = [i for i in frame.index if i.startswith(session)]
         assert f"${frame.loc[full_id, 'cost_usd']:.4f}" == cost, runtime
         assert frame.loc[full_id, "runtime"] == runtime

@@ -315,6 +315,7 @@ def render_sessions_table(records: list[SessionRecord]) -> str:
     header = (
         "started (UTC)",
         "butler",
+        "runtime",
         *(("kind",) if kinds else ()),
         "status",
         "source",
@@ -330,6 +331,7 @@ def render_sessions_table(records: list[SessionRecord]) -> str:
             (
                 r.created_at.strftime("%Y-%m-%d %H:%M:%S"),
                 r.butler,
+                r.runtime,
                 *((_kind(r),) if kinds else ()),
                 r.status,
                 r.trigger_source,
