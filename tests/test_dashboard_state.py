@@ -110,3 +110,28 @@ def test_notebook_and_map_runs_say_where_they_came_from(roster: Path, store: Ses
 def test_source_labels() -> None:
     assert source_label("schedule:daily-weigh-in") == "schedule daily-weigh-in"
     assert source_label("trigger") == "trigger" and source_label("chat") == "chat"
+
+
+def test_the_chat_widgets_turns_say_chat(tmp_path: Path, store: SessionStore) -> None:
+    from spawnkit.containment.sources import SourceRegistry
+    from spawnkit.notebook.asking import ChatWidget
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("water the fern\n")
+    SourceRegistry().add("notes", notes)
+    scenario = tmp_path / "chat.toml"
+    scenario.write_text('[[turn]]\ntext = "First."\n[[turn]]\ntext = "Second."\n')
+    hub = Hub(store)
+    chat = ChatWidget("notes", runtime="claude-code", replay=scenario, hub=hub)
+    try:
+        for text in ("what is on my list?", "and then?"):
+            job = chat.send(text)
+            assert job is not None
+            job.future.result(timeout=120)
+    finally:
+        chat.close()
+        hub.close()
+    records = store.list_sessions()
+    assert len(records) == 2 and {r.trigger_source for r in records} == {"chat"}
+    assert {session_row(r)["source"] for r in records} == {"chat"}
