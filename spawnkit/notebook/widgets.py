@@ -5,9 +5,11 @@
 in use, queue depth, its last runs with a mark per state, and, when its CLI's telemetry
 is on, model request latency and time per tool over its last 20 runs), a prompt box with a
 Trigger button, the runs in flight (each labelled with its state, butler,
-prompt, session id and queue position, with its live view and a Cancel
-button), the runs that just finished here, and a table of recent sessions; a
-click on a session shows its transcript. Marks and durations are the run
+prompt, session id and queue position, with its live view and, while it runs, a
+Cancel button), the runs that just finished here, and a table of recent sessions
+(with each run's runtime and where it came from: notebook, dashboard, map, chat, a
+schedule, the MCP trigger tool); a click on a session shows its transcript. The
+prompt box empties once a run was taken. Marks and durations are the run
 view's, so every place says the same. Clicks only submit work to spawnkit's
 background loop and return, so the dashboard stays responsive while runs
 stream; the refresh also runs there. On a SQLite store it refreshes every second; on a
