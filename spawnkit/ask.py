@@ -635,9 +635,11 @@ async def _spawn(
     store: SessionStore | None,
     session_id: str | None = None,
     tracer_provider: TracerProvider | None = None,
+    trigger_source: str | None = None,
 ) -> tuple[SpawnerResult, SessionStore, str, float]:
     """One ask or chat run of the ask butler: (its result, the store, the runtime's name,
-    its time limit). ``resume`` is the record id of the run it continues."""
+    its time limit). ``resume`` is the record id of the run it continues (whose source a
+    continuation keeps unless ``trigger_source`` is given)."""
     cfg = config if config is not None else load_config()
     name, runtime_cfg, agent = _runtime(runtime, cfg)
     given = {**(agent.env if agent is not None and runtime_cfg.type != "command" else {}),
@@ -659,12 +661,12 @@ async def _spawn(
     if resume is not None:
         result = await spawner.resume(
             resume, prompt, on_event=on_event, new_session_id=session_id, sources=sources,
-            kind=kind,
+            kind=kind, trigger_source=trigger_source,
         )  # fmt: skip
     else:
         result = await spawner.trigger(
-            prompt, trigger_source="external", on_event=on_event, session_id=session_id,
-            kind=kind, sources=sources,
+            prompt, trigger_source=trigger_source or ("chat" if kind == "chat" else "external"),
+            on_event=on_event, session_id=session_id, kind=kind, sources=sources,
         )  # fmt: skip
     return result, sessions, name, limit
 
@@ -683,11 +685,12 @@ async def _run_ask(
     store: SessionStore | None,
     session_id: str | None = None,
     tracer_provider: TracerProvider | None = None,
+    trigger_source: str | None = None,
 ) -> AskResult:
     result, sessions, name, limit = await _spawn(
         sources, prompt, kind="ask", runtime=runtime, resume=resume, base_url=base_url,
         env=env, timeout_s=timeout_s, on_event=on_event, config=config, store=store,
-        session_id=session_id, tracer_provider=tracer_provider,
+        session_id=session_id, tracer_provider=tracer_provider, trigger_source=trigger_source,
     )  # fmt: skip
     record = await asyncio.to_thread(sessions.get_session, result.session_id or "")
     workdir = (
@@ -743,19 +746,22 @@ async def ask_turn(
     registry: SourceRegistry | None = None,
     store: SessionStore | None = None,
     tracer_provider: TracerProvider | None = None,
+    trigger_source: str | None = None,
 ) -> AskResult:
     """Run one turn of a conversation about ``sources``: ``prompt`` as it is, no template.
 
     ``resume`` is the :attr:`AskResult.record_id` of the turn before: the runtime picks
     the conversation up from its own transcript (:meth:`Spawner.resume`), in a fresh
     workspace with the same sources. ``session_id`` chooses the new record's id.
+    ``trigger_source`` says where the turn came from (the chat widget's say ``chat``);
+    a later turn keeps its first turn's.
     """
     resolved = resolve_sources(sources, registry)
     _check_paths(resolved)
     return await _run_ask(
         resolved, prompt, runtime=runtime, resume=resume, base_url=base_url, env=env,
         timeout_s=timeout_s, on_event=on_event, config=config, store=store,
-        session_id=session_id, tracer_provider=tracer_provider,
+        session_id=session_id, tracer_provider=tracer_provider, trigger_source=trigger_source,
     )  # fmt: skip
 
 

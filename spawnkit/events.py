@@ -70,6 +70,8 @@ class UsageUpdate:
 
     ``turns`` counts model turns begun so far; ``model`` is the model actually
     answering, once the runtime has said (it may differ from the configured one).
+    ``at_end``: the runtime reports usage only when the run ends and nothing meters its
+    model calls, so zeros until then mean "not known yet", not "none".
     """
 
     session_id: str
@@ -77,6 +79,7 @@ class UsageUpdate:
     cost_usd: float | None
     turns: int | None
     model: str | None = None
+    at_end: bool = False
 
 
 @dataclass(frozen=True)

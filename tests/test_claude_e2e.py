@@ -259,7 +259,7 @@ text = "never reached"
     async with service(make_butler(), store, script) as svc:
         result = await svc.trigger("loop", max_turns=1)
     assert not result.success and result.error_kind == "max_turns"
-    assert "max_turns limit (1)" in (result.error or "")
+    assert "stopped at max_turns = 1. To allow more: --max-turns N" in (result.error or "")
     assert len(result.tool_calls) >= 1
 
 

@@ -11,6 +11,10 @@ all, and refuses it (:class:`~spawnkit.errors.BudgetRefused`) with the reason wh
 - a model priced from another of its family (``claude-opus-5`` as the newest opus) is
   priced and flagged (``cost_estimated``).
 
+The model is the one the run will name: the butler's, else the runtime's own default where
+spawnkit knows it (Gemini's, or Codex's replay slug). :func:`list_price` prices a finished
+run the same way, so a run whose budget was accepted is also priced in its record.
+
 :class:`RunBudget` is then fed every usage total of the run (from the runtime's live usage
 events, or from the run's :mod:`~spawnkit.budgets.metering` relay) and says when a limit is
 reached, once; the spawner stops the run there. :meth:`RunBudget.report` is what the
@@ -61,6 +65,21 @@ class LimitHit:
             f"stopped at {self.reached:,.0f} tokens: the run reached "
             f"{self.name} = {self.limit:,.0f}"
         )
+
+
+# How Claude Code's and Gemini's stops begin: nothing said beyond the limit itself.
+_SAID_BY_EVERY_RUNTIME = "reached the max_turns limit"
+
+
+def max_turns_message(detail: str | None, limit: int, config_file: object = None) -> str:
+    """A ``max_turns`` stop: the limit, what the runtime added, and how to raise it."""
+    said = (detail or "").rstrip(". ")
+    why = "" if not said or said.startswith(_SAID_BY_EVERY_RUNTIME) else f" ({said})"
+    where = f" in {config_file}" if config_file else " in the butler's butler.toml"
+    return (
+        f"stopped at max_turns = {limit}{why}. To allow more: --max-turns N on "
+        f"`spawnkit run` or `%%spawn`, or max_turns = N under [butler.runtime]{where}"
+    )
 
 
 @dataclass
@@ -190,6 +209,21 @@ def admit(limits: Limits, model: str | None, *, runtime: str, api_key: bool) -> 
     if estimated:
         budget.note = f"{model} is not in the pricing table: priced as a model of its family"
     return budget
+
+
+def list_price(model: str | None, usage: Usage) -> float | None:
+    """What ``usage`` costs at ``model``'s list price, estimated from its family as
+    :func:`admit` does; None for a model with no price."""
+    if not model:
+        return None
+    price, _ = _pricing().resolve(model)
+    if price is None:
+        return None
+    cost = price.cost(
+        usage.input_tokens, usage.output_tokens, usage.cache_write_tokens, 0,
+        usage.cache_read_tokens,
+    )  # fmt: skip
+    return round(float(cost), 6)
 
 
 def day_start(now: datetime | None = None) -> datetime:

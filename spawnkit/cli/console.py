@@ -30,6 +30,7 @@ from ..events import (
     Timing,
     ToolCallFinished,
     ToolCallStarted,
+    UsageUpdate,
 )
 from ..result import SpawnerResult, ToolCall, tool_count
 from ..store import SessionRecord
@@ -38,6 +39,12 @@ from ..telemetry.timings import timing_line
 PREVIEW_CHARS = 160
 # Hosts a hint names at most (a run refused more names them all in its events).
 HINT_HOSTS = 8
+
+
+# The SGR code that ends each style: bold and dim share one, colours another.
+_RESETS = {
+    "1": "22", "2": "22", "3": "23", "4": "24", "9": "29", "31": "39", "32": "39", "36": "39",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,8 @@ class Style:
         return cls(stream.isatty() and not os.environ.get("NO_COLOR"))
 
     def _wrap(self, code: str, text: str) -> str:
-        return f"\033[{code}m{text}\033[0m" if self.enabled else text
+        # Each style ends with its own reset, so one inside another (code in bold) keeps it.
+        return f"\033[{code}m{text}\033[{_RESETS[code]}m" if self.enabled else text
 
     def dim(self, text: str) -> str:
         return self._wrap("2", text)
@@ -67,6 +75,15 @@ class Style:
 
     def cyan(self, text: str) -> str:
         return self._wrap("36", text)
+
+    def italic(self, text: str) -> str:
+        return self._wrap("3", text)
+
+    def underline(self, text: str) -> str:
+        return self._wrap("4", text)
+
+    def strike(self, text: str) -> str:
+        return self._wrap("9", text)
 
 
 def one_line(text: str, limit: int = PREVIEW_CHARS) -> str:
@@ -208,8 +225,7 @@ def render_event(event: RunEvent, style: Style = Style()) -> str | None:
     if isinstance(event, Queued):
         return style.dim(f"… queued for {event.butler} (position {event.position})")
     if isinstance(event, Started):
-        model = f" · {event.model}" if event.model else ""
-        return style.dim(f"▶ {event.butler} · {event.runtime}{model} · session {event.session_id}")
+        return render_started(event, None, style)
     if isinstance(event, ToolCallStarted):
         return render_tool_call_started(event.call, style)
     if isinstance(event, ToolCallFinished):
@@ -218,7 +234,7 @@ def render_event(event: RunEvent, style: Style = Style()) -> str | None:
             [render_tool_call_finished(event.call, style), *render_diffs(event.call, style)]
         )
     if isinstance(event, AssistantText):
-        return "\n".join(f"  {line}" for line in event.text.strip().splitlines())
+        return render_answer(event.text, style)
     if isinstance(event, NetworkDenied):
         return render_network_denied(event, style)
     if isinstance(event, PermissionDecided):
@@ -226,6 +242,20 @@ def render_event(event: RunEvent, style: Style = Style()) -> str | None:
     if isinstance(event, Finished):
         return render_summary(event.result, style)
     return None
+
+
+def render_answer(text: str, style: Style = Style()) -> str:
+    """Assistant text, indented: its Markdown rendered on a terminal, as written elsewhere."""
+    from .terminal_markdown import terminal_markdown  # mistune, only once there is text
+
+    return "\n".join(f"  {line}" for line in terminal_markdown(text, style).splitlines())
+
+
+def render_started(event: Started, model: str | None, style: Style = Style()) -> str:
+    """``▶ butler · runtime · model · session ID``: the run's header."""
+    named = model or event.model
+    shown = f" · {named}" if named else ""
+    return style.dim(f"▶ {event.butler} · {event.runtime}{shown} · session {event.session_id}")
 
 
 def render_permission_decided(event: PermissionDecided, style: Style = Style()) -> str:
@@ -241,7 +271,8 @@ class EventPrinter:
 
     Timings (CLI telemetry on) are not printed one by one: the last one of a run is
     printed as one line just before its summary. A run that had connections refused ends
-    with one hint line after its summary.
+    with one hint line after its summary. A header with no model waits for the runtime to
+    name it (its first event, usually), and goes out with the run's first other line.
     """
 
     def __init__(self, stream: TextIO | None = None) -> None:
@@ -249,10 +280,23 @@ class EventPrinter:
         self.style = Style.for_stream(self.stream)
         self._timings: dict[str, Timing] = {}
         self._refusals: dict[str, NetworkRefusals] = {}
+        self._headers: dict[str, Started] = {}
+
+    def _header(self, session_id: str, model: str | None = None) -> None:
+        started = self._headers.pop(session_id, None)
+        if started is not None:
+            print(render_started(started, model, self.style), file=self.stream, flush=True)
 
     def __call__(self, event: RunEvent) -> None:
         if isinstance(event, Timing):
             self._timings[event.session_id] = event
+            return
+        if isinstance(event, Started) and not event.model:
+            self._headers[event.session_id] = event
+            return
+        if isinstance(event, UsageUpdate):
+            if event.model:
+                self._header(event.session_id, event.model)
             return
         if isinstance(event, NetworkDenied):
             self._refusals.setdefault(event.session_id, NetworkRefusals()).add(event)
@@ -266,6 +310,7 @@ class EventPrinter:
             hint = refusals.hint() if refusals is not None else None
         text = render_event(event, self.style)
         if text is not None:
+            self._header(event.session_id)
             print(text, file=self.stream, flush=True)
         if hint is not None:
             print(self.style.red(hint), file=self.stream, flush=True)
@@ -284,6 +329,7 @@ def render_sessions_table(records: list[SessionRecord]) -> str:
     header = (
         "started (UTC)",
         "butler",
+        "runtime",
         *(("kind",) if kinds else ()),
         "status",
         "source",
@@ -299,6 +345,7 @@ def render_sessions_table(records: list[SessionRecord]) -> str:
             (
                 r.created_at.strftime("%Y-%m-%d %H:%M:%S"),
                 r.butler,
+                r.runtime,
                 *((_kind(r),) if kinds else ()),
                 r.status,
                 r.trigger_source,

@@ -327,7 +327,7 @@ class Batch:
                 row = BatchRow(item, skipped=SKIPPED_STOPPED)
                 return
             result = await self.runners[item.runtime].trigger(
-                item.prompt, "external",
+                item.prompt, "map",
                 on_event=observe, session_id=flight.session_id, workdir=workdir,
             )  # fmt: skip
             if result.cost_usd is None:

@@ -134,7 +134,7 @@ class ChatWidget(w.VBox):  # type: ignore[misc]
                 result = await ask_turn(
                     self.sources, prompt, runtime=self.runtime, resume=resume,
                     base_url=self._url, env=agent_env(self.replay is not None), on_event=view,
-                    store=self.hub.store,
+                    store=self.hub.store, trigger_source="chat",
                 )  # fmt: skip
             except AskError as exc:
                 answer.value = f'<span style="color:#c62828">{html.escape(str(exc))}</span>'

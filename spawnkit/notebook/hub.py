@@ -223,8 +223,11 @@ class Hub:
         limits: Limits | None = None,
         approver: Approver | None = None,
         repo: str | Path | None = None,
+        source: str = "notebook",
     ) -> RunHandle:
         """Start a run on the background loop; returns at once.
+
+        ``source`` is the record's ``trigger_source``: where the run came from.
 
         ``approver`` answers the run's ``[butler.permissions] ask`` questions (a run
         view's :meth:`~spawnkit.notebook.view.RunView.approve`); None: they are denied.
@@ -241,8 +244,8 @@ class Hub:
         async def run() -> SpawnerResult:
             service = await self._service(target, extensions)
             return await service.trigger(
-                prompt, context=context, max_turns=max_turns, on_event=fan_out, limits=limits,
-                approver=approver, repo=repo,
+                prompt, source, context=context, max_turns=max_turns, on_event=fan_out,
+                limits=limits, approver=approver, repo=repo,
             )  # fmt: skip
 
         handle.job = self.loop.submit(run())

@@ -62,7 +62,10 @@ class PromptBox(anywidget.AnyWidget):
         if not isinstance(text, str) or self.disabled:
             return  # refused: the text stays in the field
         if self.clear_on_submit:
-            # The browser empties the field if it still shows this text (typing may have
-            # gone on); a refused or lost submit leaves it there.
-            self.send({"event": "accepted", "text": text})
+            self.accept(text)
         self.submit(text)
+
+    def accept(self, text: str) -> None:
+        """Say the kernel took ``text``: the browser empties the field if it still shows it
+        (typing may have gone on). A refused or lost submit leaves the text there."""
+        self.send({"event": "accepted", "text": text})

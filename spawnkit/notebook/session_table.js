@@ -6,7 +6,8 @@ function render({ model, el }) {
   table.className = "sk-sessions";
   el.append(table);
   const columns = [
-    ["started", "started"], ["butler", "butler"], ["status", "status"], ["source", "source"],
+    ["started", "started"], ["butler", "butler"], ["runtime", "runtime"], ["status", "status"],
+    ["source", "source"],
     ["tools", "tools"], ["duration", "time"], ["cost", "cost"], ["prompt", "prompt"],
   ];
 

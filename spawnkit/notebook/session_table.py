@@ -20,6 +20,14 @@ _HERE = Path(__file__).parent
 PROMPT_CHARS = 80
 
 
+def source_label(trigger_source: str) -> str:
+    """Where a run came from, in a word or two: ``schedule:daily`` reads ``schedule daily``;
+    the others (notebook, dashboard, map, chat, trigger, external) as they are stored."""
+    if trigger_source.startswith("schedule:"):
+        return "schedule " + trigger_source.split(":", 1)[1]
+    return trigger_source
+
+
 def session_row(record: SessionRecord) -> dict[str, Any]:
     failed = sum(1 for call in record.tool_calls if call.status == "error")
     tools = str(len(record.tool_calls)) + (f" ({failed} failed)" if failed else "")
@@ -27,9 +35,10 @@ def session_row(record: SessionRecord) -> dict[str, Any]:
         "id": record.id,
         "started": record.created_at.astimezone().strftime("%H:%M:%S"),
         "butler": record.butler,
+        "runtime": record.runtime,
         "status": record.status,
         "mark": MARKS.get(record.status, "?"),
-        "source": record.trigger_source,
+        "source": source_label(record.trigger_source),
         "tools": tools,
         "duration": format_duration(record.duration_ms),
         "cost": f"${record.cost_usd:.4f}" if record.cost_usd is not None else "",

@@ -84,8 +84,9 @@ def _pricing() -> PricingTable:
 
 
 def estimate_cost(model: str | None, usage: Usage) -> float | None:
-    """What ``usage`` costs at ``model``'s list price, or None for an unpriced model."""
-    price = _pricing().lookup(model)
+    """What ``usage`` costs at ``model``'s list price (estimated from its family, as a
+    run's record is priced), or None for an unpriced model."""
+    price, _ = _pricing().resolve(model)
     if price is None:
         return None
     cost = price.cost(
@@ -285,6 +286,8 @@ class Status:
     max_turns: int | None = None
     usage: Usage = field(default_factory=Usage)
     usage_known: bool = False
+    # The runtime tells its usage only at the end, and no relay meters it.
+    usage_at_end: bool = False
     cost_usd: float | None = None  # reported by the runtime
     error: str | None = None
     error_kind: str | None = None
@@ -347,19 +350,22 @@ class Status:
         """The header's figures, formatted once here for the browser and the terminal."""
         parts = []
         if self.turns is not None and self.max_turns is not None:
-            parts.append(f"turn {self.turns}/{self.max_turns}")
+            parts.append(f"turn {min(self.turns, self.max_turns)}/{self.max_turns}")
         elif self.turns is not None:
             parts.append(f"{self.turns} turn{'s' if self.turns != 1 else ''}")
         elif self.max_turns is not None and self.live:
             parts.append(f"max {self.max_turns} turns")
         parts.append(tool_count(self.tool_calls, self.failed_tools))
         u = self.usage
-        if self.usage_known or not self.live:
+        pending = self.live and self.usage_at_end and u == Usage()
+        if pending:
+            parts.append("tokens at the end")
+        elif self.usage_known or not self.live:
             parts.append(f"{u.input_tokens:,} in / {u.output_tokens:,} out tokens")
             if u.cache_read_tokens or u.cache_write_tokens:
                 parts.append(f"cache {u.cache_read_tokens:,} read / {u.cache_write_tokens:,} write")
         cost, estimated = self.cost()
-        if cost is not None:
+        if cost is not None and not pending:
             parts.append(f"{'≈' if estimated and self.live else ''}${cost:.4f}")
         if self.refusals.count:
             parts.append(blocked_count(self.refusals.count))
@@ -460,7 +466,10 @@ class ViewState:
         elif isinstance(event, ToolCallStarted | ToolCallFinished):
             self._tool(event.call)
         elif isinstance(event, UsageUpdate):
-            status.usage, status.usage_known = event.usage, True
+            # An update that only names the model (zero tokens, no turn) shows no zeros.
+            counted = event.usage != Usage() or event.turns is not None
+            status.usage, status.usage_known = event.usage, status.usage_known or counted
+            status.usage_at_end = status.usage_at_end or event.at_end
             status.cost_usd = event.cost_usd if event.cost_usd is not None else status.cost_usd
             status.turns = event.turns if event.turns is not None else status.turns
             status.model = event.model or status.model

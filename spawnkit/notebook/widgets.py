@@ -5,9 +5,11 @@
 in use, queue depth, its last runs with a mark per state, and, when its CLI's telemetry
 is on, model request latency and time per tool over its last 20 runs), a prompt box with a
 Trigger button, the runs in flight (each labelled with its state, butler,
-prompt, session id and queue position, with its live view and a Cancel
-button), the runs that just finished here, and a table of recent sessions; a
-click on a session shows its transcript. Marks and durations are the run
+prompt, session id and queue position, with its live view and, while it runs, a
+Cancel button), the runs that just finished here, and a table of recent sessions
+(with each run's runtime and where it came from: notebook, dashboard, map, chat, a
+schedule, the MCP trigger tool); a click on a session shows its transcript. The
+prompt box empties once a run was taken. Marks and durations are the run
 view's, so every place says the same. Clicks only submit work to spawnkit's
 background loop and return, so the dashboard stays responsive while runs
 stream; the refresh also runs there. On a SQLite store it refreshes every second; on a
@@ -70,6 +72,13 @@ MARK_COLOURS = {
     "queued": "var(--jp-ui-font-color2, #5f5f5f)",
 }
 BORDER = "1px solid var(--jp-border-color2, #e0e0e0)"
+
+
+def dashboard_title(roster: Roster) -> str:
+    """The dashboard's heading: its butlers by name (the roster's folder is its tooltip)."""
+    names = ", ".join(html.escape(b.name) for b in roster)
+    where = html.escape(str(roster.directory), quote=True)
+    return f'<h3 title="roster: {where}">spawnkit · {names}</h3>'
 
 
 def _port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> bool:
@@ -153,8 +162,15 @@ def timing_html(frame: pd.DataFrame, runs: int = TIMING_RUNS) -> str:
 class _RunRow:
     handle: RunHandle
     box: w.VBox
+    header: w.HBox
     label: w.HTML
     cancel: w.Button
+
+    def drop_cancel(self) -> None:
+        """A finished run has nothing to cancel: its row keeps the label only."""
+        if self.cancel in self.header.children:
+            self.cancel.disabled = True
+            self.header.children = (self.label,)
 
 
 class _Card:
@@ -266,7 +282,7 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
         self._scenarios()
         super().__init__(
             [
-                w.HTML(f"<h3>spawnkit · {html.escape(str(self.roster.directory))}</h3>"),
+                w.HTML(dashboard_title(self.roster)),
                 w.HBox(
                     [card.box for card in self.cards.values()], layout={"flex_flow": "row wrap"}
                 ),
@@ -312,10 +328,12 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
         view = RunView(schedule=self._schedule)
         handle = self.hub.start(
             Target(butler, replay=replay), text, listeners=[view], view=view,
-            approver=view.approve,
+            approver=view.approve, source="dashboard",
         )  # fmt: skip
         self._add_row(handle, view)
         self.message.value = ""
+        # Taken: the field empties (unless typing went on), so a second click cannot rerun it.
+        self.prompt.accept(prompt if prompt is not None else self.prompt.value)
         # Its record's end may be heard before the run is done here: refresh once more then.
         handle.job.future.add_done_callback(lambda _: self._poke())
         return handle
@@ -329,7 +347,8 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
     def _add_row(self, handle: RunHandle, view: RunView) -> None:
         cancel = w.Button(description="Cancel", icon="stop", button_style="danger")
         label = w.HTML(run_label(handle))
-        row = _RunRow(handle, w.VBox([w.HBox([label, cancel]), view]), label, cancel)
+        header = w.HBox([label, cancel])
+        row = _RunRow(handle, w.VBox([header, view]), header, label, cancel)
         row.box.add_class("sk-run-row")
 
         def on_cancel(_: Any) -> None:
@@ -465,8 +484,8 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
             label = run_label(row.handle)
             if row.label.value != label:
                 row.label.value = label
-            if row.handle.done() and not row.cancel.disabled:
-                row.cancel.disabled = True
+            if row.handle.done():
+                row.drop_cancel()
         # Finished runs leave "In flight" for "Just finished" (the last few are kept).
         live = [row for row in self._rows if not row.handle.done()]
         done = [row for row in self._rows if row.handle.done()][-KEEP_FINISHED:]

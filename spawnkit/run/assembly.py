@@ -37,6 +37,7 @@ from ..containment.sources import sources_list
 from ..containment.sweep import HOME_VAR, run_home
 from ..containment.workspace import files_in, link_sources, mcp_url, source_paths
 from ..errors import ConfigError, StoreError
+from ..result import Usage
 from ..runtimes.base import McpServerSpec, RunSpec
 from ..telemetry.otlp import CliTelemetry, OtlpReceiver
 from ..telemetry.spans import RunSpan
@@ -77,11 +78,14 @@ class Assembly:
         base_url, else the CLI's default API when the run has a model key (a subscription
         login without one goes its own way). The relay swaps the real keys in for the
         placeholders the CLI gets (:meth:`prepare`), and meters a CLI that reports usage
-        only at its end (Codex, Gemini) when the run has a token or dollar limit.
+        only at its end (Codex, Gemini): for its live figures and its token or dollar limits.
         """
         worker = run.worker
         run.relay = None  # an earlier attempt's, closed
-        metered = not worker.live_usage and run.budget.limits.needs_usage
+        # A limit needs usage as it comes; so do the live figures of a CLI that tells it
+        # only at the end. Only a limit routes a login-less run to the default API.
+        needs_meter = not worker.live_usage and run.budget.limits.needs_usage
+        metered = needs_meter or worker.usage_at_end
         upstream = self.settings.base_url
         if upstream is None and worker.model_via_base_url():
             resolve = run_values(
@@ -91,10 +95,12 @@ class Assembly:
                 worker.other_vendor_keys,
             )
             keyed = await asyncio.to_thread(lambda: any(map(resolve, MODEL_CREDENTIALS)))
-            if keyed or (metered and run.budget.price is not None):
+            if keyed or (needs_meter and run.budget.price is not None):
                 upstream = worker.default_api_url
         if upstream is None or not worker.model_via_base_url():
-            if metered:
+            if worker.usage_at_end:
+                run.collector.usage_at_end()
+            if needs_meter:
                 logger.warning(
                     "run %s: %s reports usage only at its end, and no model API is known to "
                     "meter; its limits are checked on what it reports", run.session_id,
@@ -105,7 +111,10 @@ class Assembly:
         if metered:
             from ..budgets.metering import Meter
 
-            meter = Meter(run.collector.metered_usage)
+            def counted(usage: Usage) -> None:
+                run.collector.metered_usage(usage, meter.calls if meter is not None else None)
+
+            meter = Meter(counted)
             run.collector.metered = True
         # In a network sandbox the relay serves on a door of its own: no TCP port at all,
         # and no bridge between the sandbox's forwarder and the relay.

@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
-from ..budgets.budget import LimitHit, RunBudget, day_start
+from ..budgets.budget import LimitHit, RunBudget, day_start, max_turns_message
 from ..config.retry import RETRYABLE_KINDS, retry_after_hint
 from ..containment.sweep import reap
 from ..containment.workspace import run_workspace
@@ -199,6 +199,11 @@ class Attempts:
                     outcome = await self._invoke(run, spec)
             status = "success" if outcome.success else "failed"
             error, error_kind = outcome.error, outcome.error_kind
+            if error_kind == "max_turns":
+                error = max_turns_message(error, run.max_turns, butler.config_file)
+                # A CLI counts the turn it refused to start; the counter ends at the limit.
+                turns = outcome.num_turns or collector.model_calls or run.max_turns
+                outcome.num_turns = min(turns, run.max_turns)
             if not outcome.success and run.relay is not None and run.relay.unreachable:
                 # The CLI's own message hides the address: the relay's names it.
                 error = f"{run.relay.unreachable[-1]} ({ModelUnavailable.remedy})"

@@ -99,6 +99,8 @@ class Collector:
         # The run's limits; fed by usage events, or by its relay's meter when it has one.
         self.budget: RunBudget | None = None
         self.metered = False
+        # Model calls the relay's meter has seen (None: the run is not metered).
+        self.model_calls: int | None = None
         self.on_limit: Callable[[LimitHit], None] | None = None
         self.live_calls: LiveToolCalls | None = None
         # Connections the run's egress proxy refused, and the butler.toml that decides.
@@ -164,10 +166,15 @@ class Collector:
         self.texts, self.text_chars = [], 0
         self.usage, self.cost_usd = Usage(), None
 
-    def metered_usage(self, usage: Usage) -> None:
-        """The run's total after a model call, as its relay measured it."""
-        self.emit(UsageUpdate(self.session_id, usage, None, None))
+    def metered_usage(self, usage: Usage, calls: int | None = None) -> None:
+        """The run's total after a model call (the ``calls``-th), as its relay measured it."""
+        self.model_calls = calls
+        self.emit(UsageUpdate(self.session_id, usage, None, calls))
         self._observe(usage)
+
+    def usage_at_end(self) -> None:
+        """Say that the run's usage is known only when it ends (no meter on its model calls)."""
+        self.emit(UsageUpdate(self.session_id, Usage(), None, None, at_end=True))
 
     def _observe(self, usage: Usage) -> None:
         hit = self.budget.observe(usage) if self.budget is not None else None

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..budgets.budget import list_price
 from ..errors import StoreError
 from ..redaction import Redactor
 from ..result import RunStatus, SpawnerResult
@@ -150,7 +151,8 @@ class Recorder:
             cost_usd=outcome.cost_usd,
             trace_id=trace_id,
             model=outcome.model or self.settings.model,
-            num_turns=outcome.num_turns,
+            # A CLI that does not count model calls (Codex): its relay's meter did.
+            num_turns=outcome.num_turns if outcome.num_turns is not None else collector.model_calls,
             exit_code=outcome.exit_code,
             permissions=tuple(collector.permissions),
         )
@@ -159,8 +161,12 @@ class Recorder:
 
     @staticmethod
     def with_budget(run: AcceptedRun, result: SpawnerResult) -> SpawnerResult:
-        """The result with the run's budget report, when it had limits that needed one."""
+        """The result priced (the list price of its model when the runtime reported no
+        cost), with the run's budget report when it had limits that needed one."""
         budget = run.budget
+        if result.cost_usd is None:
+            # Codex and Gemini report no cost: the list price of the model they named.
+            result = replace(result, cost_usd=list_price(result.model, result.usage))
         if not budget.limits.needs_usage and budget.hit is None:
             return result
         cost = result.cost_usd

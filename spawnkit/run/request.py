@@ -16,7 +16,11 @@ from ..containment.sources import Source
 from ..errors import InvalidArgument, InvalidTriggerSource
 from ..telemetry.runlog import check_session_id
 
-TRIGGER_SOURCES = ("tick", "external", "trigger", "route")
+# Where a run came from: the MCP trigger tool ("trigger"), the notebook's %%spawn and
+# spawn() ("notebook"), the dashboard, spawnkit.map, a chat; "external" is any other caller
+# (spawnkit run, the Python API). A schedule's runs are "schedule:<task-name>".
+FRONTEND_SOURCES = ("notebook", "dashboard", "map", "chat")
+TRIGGER_SOURCES = ("tick", "external", "trigger", "route", *FRONTEND_SOURCES)
 # What a run is: a butler's trigger, a question about sources, or an interactive session
 # about them on the user's terminal (spawnkit.ask).
 RunKind = Literal["run", "ask", "chat"]

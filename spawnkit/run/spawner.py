@@ -76,6 +76,7 @@ from .dispatched import dispatch
 from .memory import MemoryProvider, StoreMemory
 from .recording import Recorder, now_utc
 from .request import (
+    FRONTEND_SOURCES,
     SOURCE_KINDS,
     RunKind,
     checked_run_arguments,
@@ -379,7 +380,9 @@ class Spawner:
         agent = self.butler.agents.get(role) if role else None
         budget = admit(
             run_limits,
-            (agent.model if agent is not None and agent.model else None) or self.model,
+            (agent.model if agent is not None and agent.model else None)
+            or self.model
+            or self.adapter.default_model(self.base_url),
             runtime=self.butler.runtime.type,
             api_key=any(
                 name in secrets
@@ -494,8 +497,12 @@ class Spawner:
         new_session_id: str | None = None,
         sources: Sequence[Source] = (),
         kind: RunKind | None = None,
+        trigger_source: str | None = None,
     ) -> SpawnerResult:
         """Continue a finished session on the runtime that ran it, as a new linked session.
+
+        It comes from the frontend its parent came from (a chat's next turn is ``chat``
+        too), else from ``external``, unless ``trigger_source`` says otherwise.
 
         The new session's ``parent_session_id`` is ``session_id``; the runtime
         picks up the conversation from its own transcript. An ask or a chat goes on as an
@@ -518,6 +525,8 @@ class Spawner:
             raise SpawnkitError(f"the {self.butler.runtime.type} runtime cannot resume sessions")
         return await self.trigger(
             prompt,
+            trigger_source
+            or (record.trigger_source if record.trigger_source in FRONTEND_SOURCES else "external"),
             context=context,
             max_turns=max_turns,
             on_event=on_event,

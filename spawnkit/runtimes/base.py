@@ -246,6 +246,9 @@ class RuntimeAdapter(ABC):
     # Whether the CLI reports token usage after every model call (else only at the end,
     # and a run with a token or dollar limit is metered through a relay).
     live_usage: ClassVar[bool] = False
+    # Whether the CLI reports usage once, at its end: its runs are then always metered
+    # through a relay when one can carry its model calls, for live figures.
+    usage_at_end: ClassVar[bool] = False
     # The model API the CLI calls when no base_url is set (what a relay forwards to).
     default_api_url: ClassVar[str | None] = None
     # How the CLI prints its version, and what else it needs in its environment to do
@@ -257,6 +260,11 @@ class RuntimeAdapter(ABC):
 
     def __init__(self, config: RuntimeConfig | None = None) -> None:
         self.config = config or RuntimeConfig(type=self.type)
+
+    def default_model(self, base_url: str | None) -> str | None:
+        """The model a run names when its butler names none (None: the CLI's own choice,
+        known only once it says). A budget is priced at it before the run starts."""
+        return None
 
     def create_worker(self) -> RuntimeAdapter:
         """A fresh adapter for one trigger, sharing configuration but no run state."""

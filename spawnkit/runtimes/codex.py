@@ -26,6 +26,11 @@ Sessions: Codex keeps rollouts under ``CODEX_HOME/sessions``; spawnkit keeps the
 ``codex exec resume``.
 
 Codex has no turn limit: spawnkit enforces ``max_turns`` by counting tool calls.
+
+Figures: Codex's JSON events name no model and report usage once, at ``turn.completed``
+(Codex's "turn" is the whole prompt, not a model call). The model is the one spawnkit
+writes into ``config.toml``; tokens and model turns during the run come from the run's
+relay, which meters each model call (:mod:`spawnkit.budgets.metering`).
 """
 
 from __future__ import annotations
@@ -50,8 +55,10 @@ from .streaming import LineParser, StreamingCliAdapter, stderr_summary
 
 # Codex refuses a longer prompt ("Input exceeds the maximum length of 1048576 characters").
 MAX_PROMPT_CHARS = 1_048_576
-# An unknown model slug: Codex then offers MCP tools directly, not behind tool_search.
-REPLAY_MODEL = "replay-model"
+# A slug Codex does not know: it then offers MCP tools directly, not behind tool_search.
+# Its name ends in a priced model's, so a replay run is priced (as gpt-5, an estimate)
+# like a replay run of Claude Code or Gemini.
+REPLAY_MODEL = "replay-gpt-5"
 PROVIDER = "spawnkit"
 
 
@@ -139,14 +146,15 @@ def _mcp_result_text(result: Any) -> str:
 class CodexParser(LineParser):
     """Codex ``exec --json`` events -> spawnkit events."""
 
-    def __init__(self, session_id: str, server: str) -> None:
+    def __init__(self, session_id: str, server: str, model: str | None = None) -> None:
         super().__init__(session_id, server)
+        # The model the run's config names (Codex's events never say).
+        self.model = model
         self.calls: dict[str, ToolCall] = {}
         self.messages: list[str] = []
         self.usage = Usage()
         self.failure: str | None = None
         self.errors: list[str] = []
-        self.turns = 0
         self.completed = False  # turn.completed: Codex's own word that the run ended well
 
     def handle(self, data: dict[str, Any]) -> list[RunEvent]:
@@ -154,12 +162,13 @@ class CodexParser(LineParser):
         sid = self.session_id
         if kind == "thread.started":
             self.runtime_session_id = data.get("thread_id") or self.runtime_session_id
-        elif kind == "turn.started":
-            self.turns += 1
+            if self.model:
+                return [UsageUpdate(sid, self.usage, None, None, self.model)]
         elif kind == "turn.completed":
             self.completed = True
             self.usage = self.usage + _usage(data.get("usage") or {})
-            return [UsageUpdate(sid, self.usage, None, self.turns)]
+            # No turn count: one Codex turn holds every model call of the prompt.
+            return [UsageUpdate(sid, self.usage, None, None, self.model)]
         elif kind == "turn.failed":
             self.failure = str((data.get("error") or {}).get("message") or "the turn failed")
         elif kind == "error":
@@ -236,7 +245,9 @@ class CodexParser(LineParser):
             output=truncate(output, OUTPUT_LIMIT),
             runtime_session_id=self.runtime_session_id,
             usage=self.usage,
-            num_turns=self.turns or None,
+            # Codex's turns are prompts, not model calls: the relay's meter counts those.
+            num_turns=None,
+            model=self.model,
         )
         if self.failure is None and exit_code == 0:
             if self.completed:
@@ -303,6 +314,7 @@ class CodexAdapter(StreamingCliAdapter):
     login_files: ClassVar[tuple[str, ...]] = (".codex/auth.json",)
     system_prompt_filename: ClassVar[str] = "CLAUDE.md"
     transcripts_dir: ClassVar[str | None] = ".codex/sessions"
+    usage_at_end: ClassVar[bool] = True
 
     def capabilities(self) -> dict[str, Any]:
         return {
@@ -338,7 +350,7 @@ class CodexAdapter(StreamingCliAdapter):
             }  # fmt: skip
         if spec.sandbox.kind == "bwrap":
             config["sandbox_mode"] = "danger-full-access"
-        model = spec.model or (REPLAY_MODEL if spec.base_url and not spec.default_api else None)
+        model = run_model(spec)
         if model:
             config["model"] = model
         if spec.base_url:
@@ -412,5 +424,15 @@ class CodexAdapter(StreamingCliAdapter):
             return False
         return copy_file(found, home / ".codex" / "sessions" / found.relative_to(kept))
 
+    def default_model(self, base_url: str | None) -> str | None:
+        return REPLAY_MODEL if base_url else None
+
     def parser(self, spec: RunSpec) -> LineParser:
-        return CodexParser(spec.session_id, spec.mcp_server.name if spec.mcp_server else "")
+        server = spec.mcp_server.name if spec.mcp_server else ""
+        return CodexParser(spec.session_id, server, run_model(spec))
+
+
+def run_model(spec: RunSpec) -> str | None:
+    """The model a run's config names: the butler's, the replay slug for a model server
+    of the butler's own, or None (Codex's default for its own API, which it never names)."""
+    return spec.model or (REPLAY_MODEL if spec.base_url and not spec.default_api else None)

@@ -14,6 +14,10 @@ to ``$SPAWNKIT_HOME/runtimes/gemini/tmp`` so chats can be resumed
 
 The child gets ``GEMINI_API_KEY``/``GOOGLE_API_KEY`` and never the other
 vendors' keys. ``max_turns`` is the CLI's own ``model.maxSessionTurns``.
+
+Figures: ``init`` names the model; usage comes once, in the final ``result``. Tokens and
+model turns during the run come from the run's relay, which meters each model call
+(:mod:`spawnkit.budgets.metering`).
 """
 
 from __future__ import annotations
@@ -115,6 +119,8 @@ class GeminiParser(LineParser):
         if kind == "init":
             self.runtime_session_id = data.get("session_id") or self.runtime_session_id
             self.model = data.get("model") or self.model
+            if self.model:
+                return [UsageUpdate(sid, self.usage, None, None, self.model)]
         elif kind == "message" and data.get("role") == "assistant":
             content = str(data.get("content") or "")
             if not content:
@@ -148,7 +154,7 @@ class GeminiParser(LineParser):
         elif kind == "result":
             self.result = data
             self.usage = _usage(data.get("stats") or {})
-            return [*self._close_block(), UsageUpdate(sid, self.usage, None, None)]
+            return [*self._close_block(), UsageUpdate(sid, self.usage, None, None, self.model)]
         return []
 
     def _close_block(self) -> list[RunEvent]:
@@ -276,6 +282,7 @@ class GeminiAdapter(StreamingCliAdapter):
     login_command: ClassVar[str | None] = "gemini"
     login_files: ClassVar[tuple[str, ...]] = (".gemini/oauth_creds.json",)
     transcripts_dir: ClassVar[str | None] = ".gemini/tmp"
+    usage_at_end: ClassVar[bool] = True
     # Without it, `gemini --version` relaunches itself first and takes twice as long.
     version_env: ClassVar[Mapping[str, str]] = MappingProxyType({"GEMINI_CLI_NO_RELAUNCH": "true"})
 
@@ -387,6 +394,9 @@ class GeminiAdapter(StreamingCliAdapter):
                 "prompt_too_large",
             )
         return prompt
+
+    def default_model(self, base_url: str | None) -> str | None:
+        return DEFAULT_MODEL
 
     def parser(self, spec: RunSpec) -> LineParser:
         return GeminiParser(spec.session_id, spec.mcp_server.name if spec.mcp_server else "")
