@@ -232,9 +232,8 @@ def test_the_terminal_colours_a_diff_only_on_a_terminal() -> None:
         "      /w/notes.txt +1 -1", "       a", "      -beta", "      +BETA", "       c",
     ]  # fmt: skip
     coloured = render_diffs(edit_call(), Style(enabled=True))
-    assert (
-        coloured[2] == "      \033[31m-beta\033[0m" and coloured[3] == "      \033[32m+BETA\033[0m"
-    )
+    assert coloured[2] == "      \033[31m-beta\033[39m"
+    assert coloured[3] == "      \033[32m+BETA\033[39m"
     piped = io.StringIO()
     EventPrinter(piped)(ToolCallFinished("s", edit_call()))
     assert "      -beta\n      +BETA\n" in piped.getvalue() and "\033[" not in piped.getvalue()

@@ -39,6 +39,7 @@ import json
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -51,6 +52,7 @@ from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
 from ..telemetry.otlp import CliTelemetry
 from ..transcripts import copy_file
 from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure, write_private
+from .codex_rollout import RolloutChanges
 from .streaming import LineParser, StreamingCliAdapter, stderr_summary
 
 # Codex refuses a longer prompt ("Input exceeds the maximum length of 1048576 characters").
@@ -146,10 +148,17 @@ def _mcp_result_text(result: Any) -> str:
 class CodexParser(LineParser):
     """Codex ``exec --json`` events -> spawnkit events."""
 
-    def __init__(self, session_id: str, server: str, model: str | None = None) -> None:
+    def __init__(
+        self, session_id: str, server: str, model: str | None = None,
+        codex_home: Path | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(session_id, server)
         # The model the run's config names (Codex's events never say).
         self.model = model
+        # Where the lines of its file changes are (exec --json gives paths only).
+        self.rollout = RolloutChanges(codex_home) if codex_home is not None else None
+        self.file_changes: list[str] = []  # the file_change items, in order
+        self.unread: set[str] = set()  # those whose lines the rollout did not have yet
         self.calls: dict[str, ToolCall] = {}
         self.messages: list[str] = []
         self.usage = Usage()
@@ -162,6 +171,8 @@ class CodexParser(LineParser):
         sid = self.session_id
         if kind == "thread.started":
             self.runtime_session_id = data.get("thread_id") or self.runtime_session_id
+            if self.rollout is not None and self.runtime_session_id:
+                self.rollout.thread_started(self.runtime_session_id)
             if self.model:
                 return [UsageUpdate(sid, self.usage, None, None, self.model)]
         elif kind == "turn.completed":
@@ -204,8 +215,36 @@ class CodexParser(LineParser):
         if done:
             output, failed = self._result(item)
             finished = call.finish(output, failed, _now())
+            if item_type == "file_change":
+                finished = self._with_lines(finished)
             self.calls[item_id] = finished
             events.append(ToolCallFinished(sid, finished))
+        return events
+
+    def _with_lines(self, call: ToolCall) -> ToolCall:
+        """A file change with its lines, read from the rollout (see .codex_rollout)."""
+        if call.id not in self.file_changes:
+            self.file_changes.append(call.id)
+        changes = call.input.get("changes")
+        if self.rollout is None or not isinstance(changes, list):
+            return call
+        paths = {str(c.get("path")) for c in changes if isinstance(c, dict)}
+        found = self.rollout.change(self.file_changes.index(call.id), paths)
+        if found is None:
+            self.unread.add(call.id)
+            return call
+        self.unread.discard(call.id)
+        return replace(call, input={**call.input, "changes": found})
+
+    def ended(self) -> list[RunEvent]:
+        """The file changes whose lines were not in the rollout as they ended, again
+        with them (the CLI has exited: its rollout is whole)."""
+        events: list[RunEvent] = []
+        for call_id in sorted(self.unread, key=self.file_changes.index):
+            call = self._with_lines(self.calls[call_id])
+            if call_id not in self.unread:
+                self.calls[call_id] = call
+                events.append(ToolCallFinished(self.session_id, call))
         return events
 
     def _start(self, item_id: str, item: dict[str, Any]) -> ToolCall:
@@ -429,7 +468,7 @@ class CodexAdapter(StreamingCliAdapter):
 
     def parser(self, spec: RunSpec) -> LineParser:
         server = spec.mcp_server.name if spec.mcp_server else ""
-        return CodexParser(spec.session_id, server, run_model(spec))
+        return CodexParser(spec.session_id, server, run_model(spec), spec.config_file.parent)
 
 
 def run_model(spec: RunSpec) -> str | None:

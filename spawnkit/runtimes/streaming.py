@@ -108,6 +108,10 @@ class LineParser(ABC):
     def handle(self, data: dict[str, Any]) -> list[RunEvent]:
         """Events for one decoded JSON object."""
 
+    def ended(self) -> list[RunEvent]:
+        """Events once the CLI has exited, from what only its files say (default: none)."""
+        return []
+
     @abstractmethod
     def outcome(self, exit_code: int, stderr: Sequence[str]) -> RunOutcome:
         """The run's outcome once the CLI has exited."""
@@ -201,6 +205,8 @@ class StreamingCliAdapter(RuntimeAdapter):
             raise RuntimeNotFoundError(self.type, self.binary_name, self.install_hint) from exc
         except OSError as exc:
             raise RuntimeFailure(f"cannot start {self.binary_name}: {exc}", "crash") from exc
+        for event in parser.ended():
+            emit(event)
         outcome = parser.outcome(code, list(stderr))
         outcome.exit_code = None if limited else code
         if parser.mcp_failure is not None and spec.mcp_server is not None and not limited:
