@@ -316,7 +316,7 @@ def cell_output(page: Any, index: int) -> Any:
 def item_kinds(page: Any, scope: str = ".jp-OutputArea .spawnkit-run") -> list[str]:
     return list(
         page.eval_on_selector_all(
-            f"{scope} .sk-transcript > .sk-item",
+            f"{scope} .sk-transcript .sk-item",
             "items => items.map(i => i.classList.contains('sk-tool') ? 'tool' : 'text')",
         )
     )

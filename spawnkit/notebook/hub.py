@@ -246,6 +246,8 @@ class Hub:
 
         handle.job = self.loop.submit(run())
         self.runs.append(handle)
+        if view is not None and hasattr(view, "stopper"):  # its Stop button cancels this run
+            view.stopper = lambda: handle.cancel(wait=False)
         return handle
 
     def _move_queue(self, target: Target) -> None:

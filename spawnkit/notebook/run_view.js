@@ -27,6 +27,28 @@ function button(label, cls, title) {
   return b;
 }
 
+// Stop: cancels this run only. While a cell blocks on the run ("foreground") the kernel
+// reads no widget message, so the button interrupts the kernel, whose executing cell is
+// this run's wait; otherwise the kernel gets a "stop" message. Shown while the run is live.
+function stopButton(model) {
+  const stop = button("Stop", "sk-stop", "stop this run (recorded as cancelled)");
+  stop.hidden = true;
+  stop.addEventListener("click", async () => {
+    stop.disabled = true;
+    stop.textContent = "Stopping…";
+    const kernel = model.widget_manager && model.widget_manager.kernel;
+    if (model.get("foreground") && kernel && kernel.interrupt) {
+      await kernel.interrupt();
+    } else {
+      model.send({ kind: "stop" });
+    }
+  });
+  const show = (live) => {
+    stop.hidden = !live;
+  };
+  return { stop, show };
+}
+
 function render({ model, el }) {
   el.classList.add("spawnkit-run");
   const head = node("div", "sk-head");
@@ -36,7 +58,8 @@ function render({ model, el }) {
   const waiting = node("span", "sk-waiting");
   const figures = node("span", "sk-figures");
   const elapsed = node("span", "sk-elapsed");
-  head.append(mark, state, who, waiting, figures, elapsed);
+  const stopper = stopButton(model);
+  head.append(mark, state, who, waiting, figures, elapsed, stopper.stop);
   const timing = node("div", "sk-timing");
 
   const toolbar = node("div", "sk-toolbar");
@@ -83,6 +106,7 @@ function render({ model, el }) {
     error.textContent = header.error || "";
     foot.textContent = header.session_id ? `session ${header.session_id}` : "";
     el.dataset.failedTools = header.failed_tools;
+    stopper.show(header.live);
   }
 
   function setHeader(h) {
@@ -270,6 +294,10 @@ function render({ model, el }) {
     el.classList.toggle("sk-failures-only", filter.checked);
   });
   setFollowing(true);
+  // A view drawn before it is in the page (the display replaced, a notebook reopened) has
+  // no height yet and cannot scroll: it scrolls to the end once it is laid out.
+  const laidOut = new ResizeObserver(() => scrollToEnd());
+  laidOut.observe(transcript);
 
   // -- messages -----------------------------------------------------------------------
 
@@ -310,6 +338,7 @@ function render({ model, el }) {
   const timer = setInterval(() => header && header.clock && showHeader(), 250);
   return () => {
     clearInterval(timer);
+    laidOut.disconnect();
     model.off("change:snapshot", onSnapshot);
     model.off("msg:custom", onMessage);
   };

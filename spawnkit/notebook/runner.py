@@ -194,13 +194,15 @@ def wait_job(job: Job[T]) -> T:
 def wait(handle: RunHandle, text: TerminalView | None = None) -> SpawnerResult:
     """Block until the run ends; an interrupt stops the run and raises RunCancelled.
 
-    While the cell blocks here the kernel reads no widget message, so the approval card's
+    While the cell blocks here the kernel reads no widget message. The view's Stop button
+    therefore interrupts the kernel (``view.foreground``), which lands here. The approval card's
     buttons cannot answer a ``[butler.permissions] ask`` question: it is put in the cell's
     input box instead (``input()``, the kernel's stdin channel), and the card says so.
     """
     view = handle.view if isinstance(handle.view, RunView) else None
     if view is not None:
         view.answer_below()
+        view.foreground = True  # its Stop button now interrupts the kernel: this wait
     try:
         while True:
             try:
@@ -215,6 +217,8 @@ def wait(handle: RunHandle, text: TerminalView | None = None) -> SpawnerResult:
         remember(error)
         raise error from interrupt
     finally:
+        if view is not None:
+            view.foreground = False
         if text is not None:
             text.drain(final=True)
 

@@ -1,0 +1,111 @@
+"""Conversations in real Jupyter kernels: Stop on a run's view, ``%%spawn --continue`` and
+``--resume``, and the chat widget's turns, on the real Claude Code CLI against the replay
+model.
+
+A view's Stop button sends the kernel a widget message (a ``comm_msg``); here the test
+sends the same message on the kernel's shell channel, as the browser does.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_client.manager import KernelManager
+
+from spawnkit.store import SessionStore
+
+from .conftest import REPO, processes_with_env, workspaces_of
+from .test_notebook_kernel import errors_of, run_notebook, scenario, text_of  # noqa: F401
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+WIDGET = "application/vnd.jupyter.widget-view+json"
+SLOW = '[[turn]]\ndelay_ms = 120000\ntext = "too late"\n'
+QUICK = '[[turn]]\ntext = "quick: {{ prompt }}"\n'
+
+
+class Kernel:
+    """A kernel of this test: run code, read its display outputs, message its widgets."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.manager = KernelManager(kernel_name="python3")
+        self.manager.start_kernel(cwd=str(cwd))
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=120)
+
+    def run(self, code: str, timeout: float = 120) -> dict[str, Any]:
+        """Execute ``code``; its reply, with ``outputs``: the iopub messages it caused."""
+        msg_id = self.client.execute(code)
+        outputs: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            assert time.monotonic() < deadline, f"no reply to {code!r}"
+            msg = self.client.get_iopub_msg(timeout=timeout)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+            outputs.append(msg)
+        while True:
+            reply = self.client.get_shell_msg(timeout=timeout)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return {**reply["content"], "outputs": outputs}
+
+    def printed(self, code: str) -> str:
+        reply = self.run(code)
+        assert reply["status"] == "ok", reply
+        return "".join(
+            m["content"]["text"] for m in reply["outputs"] if m["msg_type"] == "stream"
+        ).strip()
+
+    def send_widget(self, model_id: str, content: dict[str, Any]) -> None:
+        """What a widget's ``model.send(content)`` sends from the browser."""
+        data = {"method": "custom", "content": content}
+        msg = self.client.session.msg("comm_msg", {"comm_id": model_id, "data": data})
+        self.client.shell_channel.send(msg)
+
+    def close(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
+
+
+def widget_id(reply: dict[str, Any]) -> str:
+    (shown,) = [
+        m["content"]["data"][WIDGET]["model_id"]
+        for m in reply["outputs"]
+        if m["msg_type"] == "display_data" and WIDGET in m["content"]["data"]
+    ]
+    return str(shown)
+
+
+def wait_until(kernel: Kernel, expression: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while kernel.printed(f"print({expression})") != "True":
+        assert time.monotonic() < deadline, f"never true: {expression}"
+        time.sleep(0.2)
+
+
+def test_stop_on_one_of_two_background_runs_cancels_that_run_only(tmp_path: Path) -> None:
+    slow, quick = scenario(tmp_path, "slow", SLOW), scenario(tmp_path, "quick", QUICK)
+    kernel = Kernel(REPO)
+    try:
+        assert kernel.run("%load_ext spawnkit")["status"] == "ok"
+        stopped = kernel.run(
+            f"%%spawn --butler general --replay {slow} --background --out a\nwait for me"
+        )
+        kernel.run(f"%%spawn --butler general --replay {quick} --background --out b\ngo on")
+        wait_until(kernel, "a.status == 'running' and b.done()")
+        kernel.send_widget(widget_id(stopped), {"kind": "stop"})
+        wait_until(kernel, "a.done()")
+        assert kernel.printed("print(a.result().status, b.result().status)") == "cancelled success"
+        assert kernel.printed("print(b.result().output)") == "quick: go on"
+    finally:
+        kernel.close()
+    records = {r.status: r for r in SessionStore().list_sessions()}
+    assert sorted(records) == ["cancelled", "success"], "one record each, one cancelled"
+    assert processes_with_env("SPAWNKIT_SESSION_ID", records["cancelled"].id) == []
+    assert workspaces_of("general") == [], "nothing left behind"
