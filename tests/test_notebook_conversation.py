@@ -18,7 +18,7 @@ from jupyter_client.manager import KernelManager
 from spawnkit.store import SessionStore
 
 from .conftest import REPO, processes_with_env, workspaces_of
-from .test_notebook_kernel import errors_of, run_notebook, scenario, text_of  # noqa: F401
+from .test_notebook_kernel import errors_of, run_notebook, scenario, text_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -109,3 +109,67 @@ def test_stop_on_one_of_two_background_runs_cancels_that_run_only(tmp_path: Path
     assert sorted(records) == ["cancelled", "success"], "one record each, one cancelled"
     assert processes_with_env("SPAWNKIT_SESSION_ID", records["cancelled"].id) == []
     assert workspaces_of("general") == [], "nothing left behind"
+
+
+CONVERSATION = """
+[[turn]]
+text = "First answer to: {{ prompt }}"
+[[turn]]
+text = "Second answer, the same conversation: {{ prompt }}"
+[[turn]]
+text = "Third answer, the same conversation: {{ prompt }}"
+"""
+STOPPED_AT_MAX_TURNS = """
+[[turn]]
+shell = "echo one"
+[[turn]]
+text = "Going on after the stop: {{ prompt }}"
+"""
+
+
+def test_continue_and_resume_go_on_with_the_conversation(tmp_path: Path) -> None:
+    talk = scenario(tmp_path, "talk", CONVERSATION)
+    capped = scenario(tmp_path, "capped", STOPPED_AT_MAX_TURNS)
+    spawn = "%%spawn --butler general"
+    outputs = run_notebook(
+        [
+            "%load_ext spawnkit",
+            f"{spawn} --continue\nthere is nothing to continue",
+            f"{spawn} --replay {talk} --out a\nremember the number 42",
+            f"{spawn} --continue --out b\nwhat number was it?",
+            f"{spawn} --replay {talk} --resume {{b.session_id[:12]}} --out c\nand doubled?",
+            "from spawnkit.store import SessionStore\n"
+            "store = SessionStore()\n"
+            "print(b.output)\nprint(c.output)\n"
+            "print(store.get_session(b.session_id).parent_session_id == a.session_id,\n"
+            "      store.get_session(c.session_id).parent_session_id == b.session_id)",
+            f"{spawn} --replay {capped} --max-turns 1 --allow-failure --out m\nstart",
+            f"{spawn} --continue --out n\ngo on",
+            "print(m.error_kind, n.status, n.output)\n"
+            "print(store.get_session(n.session_id).parent_session_id == m.session_id)",
+            f"{spawn} --resume nonexistent\nhello",
+        ]
+    )
+    _, nothing, first, _, resumed, printed, _, _, after_stop, unknown = outputs
+    # IPython shows a magic's UsageError as one line on stderr (the cell still fails).
+    assert text_of(nothing).strip() == (
+        "UsageError: --continue: no earlier run of butler 'general' in this notebook; "
+        "run one first, or name a session with --resume SESSION_ID"
+    )
+    assert errors_of(first) == []
+    lines = text_of(printed).strip().splitlines()
+    # The replay plays a conversation's turns in order: a later turn means the agent had
+    # the earlier ones in its conversation.
+    assert lines[0].startswith("Second answer, the same conversation"), lines
+    assert lines[1].startswith("Third answer, the same conversation"), lines
+    assert lines[2] == "True True", "each run links to the one it continued"
+    (view,) = resumed
+    page = view.data["text/html"]
+    assert page.startswith('<details class="sk-earlier"><summary>Earlier in this conversation')
+    earlier, own = page.split("</details>", 1)
+    assert "remember the number 42" in earlier and "what number was it?" in earlier
+    assert "Second answer" in earlier and "Third answer" in own
+    stopped, linked = text_of(after_stop).strip().splitlines()
+    assert stopped.startswith("max_turns success Going on after the stop"), stopped
+    assert linked == "True"
+    assert text_of(unknown).startswith("UsageError: --resume: no session 'nonexistent' in ")

@@ -222,11 +222,14 @@ class Hub:
         extensions: Sequence[ToolExtension] = (),
         limits: Limits | None = None,
         approver: Approver | None = None,
+        resume: str | None = None,
     ) -> RunHandle:
         """Start a run on the background loop; returns at once.
 
         ``approver`` answers the run's ``[butler.permissions] ask`` questions (a run
         view's :meth:`~spawnkit.notebook.view.RunView.approve`); None: they are denied.
+        ``resume`` (a finished session of this butler and runtime) makes the run go on
+        with that conversation, as a new session linked to it.
         """
         handle = RunHandle(self, target, view, prompt)
         sinks = [handle.observe, *listeners]
@@ -239,6 +242,11 @@ class Hub:
 
         async def run() -> SpawnerResult:
             service = await self._service(target, extensions)
+            if resume is not None:
+                return await service.spawner.resume(
+                    resume, prompt, context, on_event=fan_out, max_turns=max_turns,
+                    limits=limits, approver=approver,
+                )  # fmt: skip
             return await service.trigger(
                 prompt, context=context, max_turns=max_turns, on_event=fan_out, limits=limits,
                 approver=approver,

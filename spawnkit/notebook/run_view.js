@@ -49,6 +49,18 @@ function stopButton(model) {
   return { stop, show };
 }
 
+// The turns this run continues (%%spawn --continue/--resume): fixed HTML the kernel wrote,
+// collapsed above the run's own.
+function earlierTurns(model) {
+  const box = node("div", "sk-earlier-turns");
+  const show = () => {
+    box.innerHTML = model.get("earlier") || "";
+  };
+  show();
+  model.on("change:earlier", show);
+  return box;
+}
+
 function render({ model, el }) {
   el.classList.add("spawnkit-run");
   const head = node("div", "sk-head");
@@ -77,7 +89,7 @@ function render({ model, el }) {
   const hint = node("div", "sk-hint");
   const error = node("div", "sk-error");
   const foot = node("div", "sk-foot");
-  el.append(head, timing, toolbar, hiddenNote, transcript, hint, error, foot);
+  el.append(earlierTurns(model), head, timing, toolbar, hiddenNote, transcript, hint, error, foot);
 
   const byId = new Map();
   const waiters = new Map();

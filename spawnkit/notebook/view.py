@@ -62,6 +62,8 @@ class RunView(anywidget.AnyWidget):
     _esm = _HERE / "run_view.js"
     _css = _HERE / "run_view.css"
     snapshot = traitlets.Dict().tag(sync=True)
+    # The turns this run continues (HTML, collapsed), shown above its own.
+    earlier = traitlets.Unicode("").tag(sync=True)
     # True while a cell blocks on this run: its Stop button interrupts the kernel.
     foreground = traitlets.Bool(False).tag(sync=True)
 
@@ -209,7 +211,7 @@ class RunView(anywidget.AnyWidget):
             # The static transcript alone: JupyterLab prefers a widget view to any HTML and,
             # reopening a notebook saved without widget state (its default), shows "Error
             # displaying widget: model not found" in its place.
-            return {"text/plain": self.text(), "text/html": self.static_html()}, {}
+            return {"text/plain": self.text(), "text/html": self.earlier + self.static_html()}, {}
         bundle = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
