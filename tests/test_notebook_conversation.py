@@ -173,3 +173,56 @@ def test_continue_and_resume_go_on_with_the_conversation(tmp_path: Path) -> None
     assert stopped.startswith("max_turns success Going on after the stop"), stopped
     assert linked == "True"
     assert text_of(unknown).startswith("UsageError: --resume: no session 'nonexistent' in ")
+
+
+CHAT = """
+[[script]]
+match = "slow please"
+  [[script.turn]]
+  delay_ms = 120000
+  text = "too late"
+[[script]]
+  [[script.turn]]
+  shell = "cat ./notes/todo.txt"
+  [[script.turn]]
+  text = "**Your todo:** {{ last_tool_result }}"
+"""
+
+
+def test_chat_shows_each_answer_once_takes_one_turn_at_a_time_and_stops(tmp_path: Path) -> None:
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("buy milk")
+    script = scenario(tmp_path, "chat", CHAT)
+    kernel = Kernel(tmp_path)
+    try:
+        kernel.printed(
+            "from spawnkit.containment.sources import SourceRegistry\n"
+            f"_ = SourceRegistry().add('notes', '{tmp_path / 'notes'}')\n"
+            "from spawnkit.notebook import chat\n"
+            f"c = chat('notes', replay='{script}')\n"
+            "slow = c.send('slow please')"
+        )
+        wait_until(kernel, "c.transcript.children[1].state.status.state == 'running'")
+        assert kernel.printed("print(c.send('too soon') is None, c.entry.disabled)") == (
+            "True True"
+        ), "no second message while a turn runs"
+        stop = kernel.printed("print(c.stop_button.model_id)")
+        kernel.send_widget(stop, {"event": "click"})  # what the browser sends for a click
+        wait_until(kernel, "slow.done() and not c.entry.disabled")
+        assert kernel.printed("print(slow.future.cancelled(), c.transcript.children[2].value)") == (
+            "True <i>stopped: this turn is left out of the conversation</i>"
+        )
+        assert kernel.printed(
+            "answer = await c.send('what is on my todo?')\n"
+            "you, view, below = c.transcript.children[3:]\n"
+            "print(answer.answer)\n"
+            "print(repr(below.value))"
+        ).splitlines() == ["**Your todo:** buy milk", "''"], "nothing under the view"
+        page = kernel.printed("print(view.static_html())")
+        assert "<strong>Your todo:</strong> buy milk" in page, "the answer rendered, in the view"
+        assert "**Your todo" not in page
+    finally:
+        kernel.close()
+    records = sorted(SessionStore().list_sessions(), key=lambda r: r.status)
+    assert [(r.kind, r.status) for r in records] == [("ask", "cancelled"), ("ask", "success")]
+    assert processes_with_env("SPAWNKIT_SESSION_ID", records[0].id) == []
