@@ -76,11 +76,16 @@ def ask_cell(
                 env=agent_env(replay is not None), on_event=view, store=hub.store,
             )  # fmt: skip
 
-    if view is not None:
-        from IPython.display import display
+    if view is None:
+        return wait_job(hub.loop.submit(run()))
+    from IPython.display import display
 
-        display(view)  # type: ignore[no-untyped-call]
-    return wait_job(hub.loop.submit(run()))
+    display(view)  # type: ignore[no-untyped-call]
+    view.foreground = True  # the cell waits: the view's Stop interrupts the kernel
+    try:
+        return wait_job(hub.loop.submit(run()))
+    finally:
+        view.foreground = False
 
 
 class ChatWidget(w.VBox):  # type: ignore[misc]
@@ -139,6 +144,7 @@ class ChatWidget(w.VBox):  # type: ignore[misc]
         self.entry.disabled = True
         self.stop_button.layout.display = None
         view = RunView(schedule=self.hub.schedule)
+        view.stopper = self.stop  # the view's own Stop button stops the turn too
         # Only a failure is said here: the view's transcript shows the answer, rendered.
         answer = w.HTML()
         self.transcript.children = (

@@ -37,10 +37,13 @@ function stopButton(model) {
     stop.disabled = true;
     stop.textContent = "Stopping…";
     const kernel = model.widget_manager && model.widget_manager.kernel;
-    if (model.get("foreground") && kernel && kernel.interrupt) {
+    if (!model.get("foreground")) {
+      model.send({ kind: "stop" });
+    } else if (kernel && kernel.interrupt) {
       await kernel.interrupt();
     } else {
-      model.send({ kind: "stop" });
+      // A frontend that lends widgets no kernel (the message would wait for the cell).
+      stop.textContent = "Use the kernel's Interrupt";
     }
   });
   const show = (live) => {
