@@ -49,8 +49,9 @@ shell = "echo checked"
 [[turn]]
 text = "**The answer:** 42"
 """
-SLOW = """
+SLOW = f"""
 [[turn]]
+text = '''{PLAN}'''
 shell = "echo started"
 [[turn]]
 delay_ms = 120000
@@ -65,6 +66,12 @@ AT_ANSWER = """e => {
   return {overflows: box.scrollHeight > box.clientHeight + 20,
           startHidden: first.top < shown.top - 20,
           answerShown: answer.bottom <= shown.bottom + 1 && answer.bottom > shown.top};
+}"""
+# A live view following its run: scrolled to the newest row.
+LIVE_AT_END = """e => {
+  const box = e.querySelector('.sk-transcript');
+  return {overflows: box.scrollHeight > box.clientHeight + 20,
+          atEnd: box.scrollTop + box.clientHeight >= box.scrollHeight - 2};
 }"""
 
 
@@ -81,6 +88,7 @@ def lab_as_installed(tmp_path: Path) -> Iterator[tuple[int, Path]]:
         ["%load_ext spawnkit",
          f"{spawn} --replay long.toml\nplan it",
          f"{spawn} --replay slow.toml --background --out bg\nwait in the background",
+         "bg",  # the same live view once more, drawn whole at once
          f"{spawn} --replay slow.toml\nwait for me"],
     )  # fmt: skip
     env = jupyter_env(tmp_path / "jupyter")
@@ -119,18 +127,29 @@ def test_stop_buttons_the_answer_in_view_and_a_reopened_notebook(
     page = open_notebook(browser, port, "stops.ipynb")
     run_all(page)
 
+    # Views drawn before they are in the page (the second display of the background run,
+    # all its rows at once) follow the run: they open at the newest row.
+    stop_button(page, 4)
+    for cell in (2, 3):
+        live = cell_output(page, cell).locator(".spawnkit-run")
+        live.locator(".sk-tool[data-status='ok']").wait_for(timeout=60_000)
+        assert live.evaluate(LIVE_AT_END) == {"overflows": True, "atEnd": True}, cell
+
     # The run a cell waits on: its Stop interrupts the kernel, the cell says so in one line.
     # (Before the background run's: while a cell runs, the kernel reads no widget message.)
-    stop_button(page, 3).click()
+    stop_button(page, 4).click()
     stderr = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
-    cell_output(page, 3).locator(stderr).wait_for(timeout=60_000)
-    text = cell_output(page, 3).inner_text()
+    cell_output(page, 4).locator(stderr).wait_for(timeout=60_000)
+    text = cell_output(page, 4).inner_text()
     assert text.count("RunCancelled: the run was stopped and recorded as cancelled") == 1, text
     assert "Traceback" not in text and "KeyboardInterrupt" not in text
 
-    # A background run: the kernel is idle, its Stop sends the view's message.
+    # A background run: the kernel is idle, its Stop sends the view's message; both of its
+    # displays end as its static transcript.
     stop_button(page, 2).click()
-    cell_output(page, 2).locator(".sk-head[data-state='cancelled']").wait_for(timeout=60_000)
+    for cell in (2, 3):
+        static = cell_output(page, cell).locator(".spawnkit-run.sk-static")
+        static.locator(".sk-head[data-state='cancelled']").wait_for(timeout=60_000)
 
     # The finished run: its display is the static transcript, opened at the answer.
     ended = cell_output(page, 1).locator(".spawnkit-run.sk-static")
@@ -140,7 +159,7 @@ def test_stop_buttons_the_answer_in_view_and_a_reopened_notebook(
         "startHidden": True,
         "answerShown": True,
     }
-    assert cell_output(page, 3).locator(".sk-head").get_attribute("data-state") == "cancelled"
+    assert cell_output(page, 4).locator(".sk-head").get_attribute("data-state") == "cancelled"
     page.screenshot(path=str(ARTIFACTS / "lab-stopped-by-button.png"))
     records = SessionStore().list_sessions()
     assert sorted(r.status for r in records) == ["cancelled", "cancelled", "success"]
@@ -155,13 +174,13 @@ def test_stop_buttons_the_answer_in_view_and_a_reopened_notebook(
     saved = nbformat.read(work / "stops.ipynb", as_version=4)
     widget = "application/vnd.jupyter.widget-view+json"
     assert [widget in o.data for c in saved.cells[1:] for o in c.outputs if "data" in o] == [
-        False, False, False,
+        False, False, False, False,
     ], "each ended run saved as its transcript, with no widget view to miss"  # fmt: skip
 
     page = open_notebook(browser, port, "stops.ipynb")
     runs = page.locator(".jp-OutputArea .spawnkit-run.sk-static")
-    runs.nth(2).wait_for(timeout=60_000)
-    assert runs.count() == 3
+    runs.nth(3).wait_for(timeout=60_000)
+    assert runs.count() == 4
     notebook = page.locator(".jp-Notebook").inner_text()
     assert "Error displaying widget" not in notebook and "Loading widget" not in notebook
     assert runs.first.evaluate(AT_ANSWER) == {

@@ -309,10 +309,6 @@ function render({ model, el }) {
     el.classList.toggle("sk-failures-only", filter.checked);
   });
   setFollowing(true);
-  // A view drawn before it is in the page (the display replaced, a notebook reopened) has
-  // no height yet and cannot scroll: it scrolls to the end once it is laid out.
-  const laidOut = new ResizeObserver(() => scrollToEnd());
-  laidOut.observe(transcript);
 
   // -- messages -----------------------------------------------------------------------
 
@@ -353,7 +349,6 @@ function render({ model, el }) {
   const timer = setInterval(() => header && header.clock && showHeader(), 250);
   return () => {
     clearInterval(timer);
-    laidOut.disconnect();
     model.off("change:snapshot", onSnapshot);
     model.off("msg:custom", onMessage);
   };
