@@ -210,7 +210,8 @@ def test_ask_and_chat_in_a_kernel(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     _, _, asked, printed, widget, first, second, closed, unknown = outputs
-    assert WIDGET in asked[0].data, "the live view"
+    assert WIDGET not in asked[0].data, "the ended view is its static transcript"
+    assert "Your todo: buy milk" in asked[0].data["text/html"]
     assert asked[-1].data["text/markdown"].strip() == "Your todo: buy milk"
     assert text_of(printed).strip() == "Your todo: buy milk False", "the workdir is gone"
     assert WIDGET in widget[-1].data

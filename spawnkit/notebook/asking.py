@@ -80,12 +80,14 @@ def ask_cell(
         return wait_job(hub.loop.submit(run()))
     from IPython.display import display
 
-    display(view)  # type: ignore[no-untyped-call]
+    board = display(view, display_id=True)  # type: ignore[no-untyped-call]
     view.foreground = True  # the cell waits: the view's Stop interrupts the kernel
     try:
         return wait_job(hub.loop.submit(run()))
     finally:
         view.foreground = False
+        if board is not None:
+            board.update(view)  # ended: its static transcript, which a saved notebook keeps
 
 
 class ChatWidget(w.VBox):  # type: ignore[misc]

@@ -14,11 +14,11 @@ import html
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from ..result import SpawnerResult
 from ..store import SessionRecord, SessionStore
 from .hub import Hub
 from .static_view import static_html
 from .view_state import ViewState
+from .widgets import record_result
 
 # Earlier turns shown above a continued run (the oldest beyond are named, not shown).
 EARLIER_SHOWN = 5
@@ -76,21 +76,6 @@ def earlier(store: SessionStore, record: SessionRecord) -> Earlier:
         chain.append(found)
     more = len(chain) == EARLIER_SHOWN and bool(chain[-1].parent_session_id)
     return Earlier(record, tuple(reversed(chain)), more)
-
-
-def record_result(record: SessionRecord) -> SpawnerResult:
-    """A session record as the result it was (for its transcript)."""
-    return SpawnerResult(
-        output=record.output or "", tool_calls=record.tool_calls, success=bool(record.success),
-        error=record.error, session_id=record.id, duration_ms=record.duration_ms or 0,
-        usage=record.usage, cost_usd=record.cost_usd, butler=record.butler,
-        runtime=record.runtime, model=record.model, error_kind=record.error_kind,
-        status=record.status if record.status in _ENDS else "failed",  # type: ignore[arg-type]
-        num_turns=record.num_turns,
-    )  # fmt: skip
-
-
-_ENDS = ("success", "failed", "cancelled", "crashed", "timeout", "budget")
 
 
 def earlier_html(before: Earlier) -> str:
