@@ -48,6 +48,8 @@ text = '''{PLAN}'''
 shell = "echo checked"
 [[turn]]
 text = "**The answer:** 42"
+[[turn]]
+text = "Going on with the plan: {{{{ prompt }}}}"
 """
 SLOW = f"""
 [[turn]]
@@ -87,6 +89,7 @@ def lab_as_installed(tmp_path: Path) -> Iterator[tuple[int, Path]]:
         work / "stops.ipynb",
         ["%load_ext spawnkit",
          f"{spawn} --replay long.toml\nplan it",
+         f"{spawn} --continue\nand then?",
          f"{spawn} --replay slow.toml --background --out bg\nwait in the background",
          "bg",  # the same live view once more, drawn whole at once
          f"{spawn} --replay slow.toml\nwait for me"],
@@ -129,25 +132,27 @@ def test_stop_buttons_the_answer_in_view_and_a_reopened_notebook(
 
     # Views drawn before they are in the page (the second display of the background run,
     # all its rows at once) follow the run: they open at the newest row.
-    stop_button(page, 4)
-    for cell in (2, 3):
+    stop_button(page, 5)
+    for cell in (3, 4):
         live = cell_output(page, cell).locator(".spawnkit-run")
         live.locator(".sk-tool[data-status='ok']").wait_for(timeout=60_000)
         assert live.evaluate(LIVE_AT_END) == {"overflows": True, "atEnd": True}, cell
+    cell_output(page, 5).scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "lab-stop-button.png"))
 
     # The run a cell waits on: its Stop interrupts the kernel, the cell says so in one line.
     # (Before the background run's: while a cell runs, the kernel reads no widget message.)
-    stop_button(page, 4).click()
+    stop_button(page, 5).click()
     stderr = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
-    cell_output(page, 4).locator(stderr).wait_for(timeout=60_000)
-    text = cell_output(page, 4).inner_text()
+    cell_output(page, 5).locator(stderr).wait_for(timeout=60_000)
+    text = cell_output(page, 5).inner_text()
     assert text.count("RunCancelled: the run was stopped and recorded as cancelled") == 1, text
     assert "Traceback" not in text and "KeyboardInterrupt" not in text
 
     # A background run: the kernel is idle, its Stop sends the view's message; both of its
     # displays end as its static transcript.
-    stop_button(page, 2).click()
-    for cell in (2, 3):
+    stop_button(page, 3).click()
+    for cell in (3, 4):
         static = cell_output(page, cell).locator(".spawnkit-run.sk-static")
         static.locator(".sk-head[data-state='cancelled']").wait_for(timeout=60_000)
 
@@ -159,10 +164,24 @@ def test_stop_buttons_the_answer_in_view_and_a_reopened_notebook(
         "startHidden": True,
         "answerShown": True,
     }
-    assert cell_output(page, 4).locator(".sk-head").get_attribute("data-state") == "cancelled"
+    assert cell_output(page, 5).locator(".sk-head").get_attribute("data-state") == "cancelled"
     page.screenshot(path=str(ARTIFACTS / "lab-stopped-by-button.png"))
+
+    # The continued run: the earlier turn collapsed above its own, open on a click.
+    continued = cell_output(page, 2)
+    earlier = continued.locator("details.sk-earlier")
+    assert earlier.locator("> summary").inner_text() == "Earlier in this conversation · 1 run"
+    assert not earlier.locator(".sk-earlier-prompt").is_visible()
+    earlier.locator("> summary").click()
+    assert earlier.locator(".sk-earlier-prompt").inner_text() == "you: plan it"
+    assert earlier.locator(".sk-text strong").last.inner_text() == "The answer:"
+    own = continued.locator(".spawnkit-run.sk-static").last
+    # The replay's third turn: the agent had the first two in its conversation.
+    assert own.locator(".sk-text").last.inner_text().startswith("Going on with the plan: ")
+    earlier.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "lab-continued.png"))
     records = SessionStore().list_sessions()
-    assert sorted(r.status for r in records) == ["cancelled", "cancelled", "success"]
+    assert sorted(r.status for r in records) == ["cancelled", "cancelled", "success", "success"]
     for record in records:
         assert processes_with_env("SPAWNKIT_SESSION_ID", record.id) == [], "no CLI left behind"
 
@@ -174,13 +193,13 @@ def test_stop_buttons_the_answer_in_view_and_a_reopened_notebook(
     saved = nbformat.read(work / "stops.ipynb", as_version=4)
     widget = "application/vnd.jupyter.widget-view+json"
     assert [widget in o.data for c in saved.cells[1:] for o in c.outputs if "data" in o] == [
-        False, False, False, False,
+        False, False, False, False, False,
     ], "each ended run saved as its transcript, with no widget view to miss"  # fmt: skip
 
     page = open_notebook(browser, port, "stops.ipynb")
     runs = page.locator(".jp-OutputArea .spawnkit-run.sk-static")
-    runs.nth(3).wait_for(timeout=60_000)
-    assert runs.count() == 4
+    runs.nth(5).wait_for(timeout=60_000)
+    assert runs.count() == 6, "five runs, and the earlier turn inside the continued one"
     notebook = page.locator(".jp-Notebook").inner_text()
     assert "Error displaying widget" not in notebook and "Loading widget" not in notebook
     assert runs.first.evaluate(AT_ANSWER) == {
