@@ -112,13 +112,16 @@ OVERLOAD = '[[turn]]\nerror = { status = 529, type = "overloaded_error", message
 
 
 def long_scenario(calls: int = 20) -> str:
-    """``calls`` shell turns with outputs of 40 to 135 lines; every seventh fails."""
+    """``calls`` shell turns with outputs of 40 to 135 lines; every seventh fails; then a
+    long wait for the model, during which the view is navigated: an ended run's display
+    is its static transcript, without the toolbar, and a cell waiting on a run reads no
+    widget message ("Show all"), so the notebook runs it in the background."""
     turns = []
     for i in range(calls):
         lines = 40 + (i * 5) % 96  # 40 to 135
         fail = "; exit 3" if i % 7 == 5 else ""
         turns.append(f"[[turn]]\nshell = \"seq -f 'line %g of the report' 1 {lines}{fail}\"\n")
-    turns.append('[[turn]]\ntext = "All steps ran."\n')
+    turns.append('[[turn]]\ndelay_ms = 300000\ntext = "All steps ran."\n')
     return "\n".join(turns)
 
 
@@ -176,7 +179,7 @@ def workdir(tmp_path: Path) -> Path:
         "overload.ipynb": ["%load_ext spawnkit", f"{spawn} --replay overload.toml\nthis fails"],
         "long.ipynb": ["%load_ext spawnkit",
                        f"%%spawn --butler general --roster {roster} --replay long.toml "
-                       "--max-turns 30\nrun the report"],
+                       "--max-turns 30 --background\nrun the report"],
         "dashboard.ipynb": [
             "from spawnkit.notebook.widgets import ButlerDashboard\n"
             f"ButlerDashboard({str(roster)!r})"
@@ -316,7 +319,7 @@ def cell_output(page: Any, index: int) -> Any:
 def item_kinds(page: Any, scope: str = ".jp-OutputArea .spawnkit-run") -> list[str]:
     return list(
         page.eval_on_selector_all(
-            f"{scope} .sk-transcript > .sk-item",
+            f"{scope} .sk-transcript .sk-item",
             "items => items.map(i => i.classList.contains('sk-tool') ? 'tool' : 'text')",
         )
     )
@@ -482,8 +485,12 @@ def test_a_long_run_is_navigable(lab: int, browser: Any) -> None:
     height, visible, top = transcript.evaluate(geometry)
     assert visible < height, "bounded height, scrolling inside"
     assert top + visible >= height - 40, "following the newest row"
-    wait_state(page, "success", timeout=300_000)
     view = page.locator(".jp-OutputArea .spawnkit-run").first
+    page.wait_for_function(
+        "() => document.querySelectorAll('.spawnkit-run .sk-tool[data-status]:not("
+        "[data-status=running])').length === 20", timeout=300_000,
+    )  # fmt: skip
+    view.locator(".sk-waiting", has_text="waiting on the model").wait_for(timeout=60_000)
     rows = view.locator(".sk-tool")
     assert rows.count() == 20
     assert "20 tool calls (3 failed)" in view.locator(".sk-figures").inner_text()
@@ -521,6 +528,8 @@ def test_a_long_run_is_navigable(lab: int, browser: Any) -> None:
         "() => document.querySelector('.spawnkit-run .sk-follow').textContent === 'Follow'"
     )
     page.screenshot(path=str(ARTIFACTS / "lab-long-run.png"))
+    view.locator(".sk-stop").click()
+    wait_state(page, "cancelled", timeout=60_000)
     page.close()
 
 

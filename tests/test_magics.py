@@ -125,6 +125,8 @@ def test_help_lists_the_options(ip: Any) -> None:
         ("--context undefined_name_xyz", "hi", "--context 'undefined_name_xyz' failed: NameError"),
         ("", "   \n", "needs a prompt"),
         ("--no-such-flag", "hi", "unrecognized arguments"),
+        ("--continue --resume abc", "hi", "--continue goes on with the last run, --resume"),
+        ("--butler nope --continue", "hi", "--continue: no earlier run of butler 'nope'"),
     ],
 )
 def test_bad_arguments_are_usage_errors(ip: Any, line: str, cell: str, message: str) -> None:

@@ -5,12 +5,16 @@ runs of the spawner (``kind="ask"``) shown in the same live view as ``%%spawn``:
 view gets the run's own events, from ``Started`` to ``Finished``. The chat widget
 continues its conversation turn by turn (:meth:`Spawner.resume`, each turn a session
 of its own linked to the one before); its replay server, if any, stops when the widget
-is closed or the kernel exits.
+is closed or the kernel exits. Each turn shows once: its run view, whose transcript renders
+the answer's Markdown. A message is taken only when the turn before is over (the entry is
+disabled meanwhile, and :meth:`ChatWidget.send` refuses it); the Stop button, shown while a
+turn runs, cancels it as an interrupt would (the kernel is idle, so a widget message is read).
 """
 
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import html
 from collections.abc import AsyncIterator, Iterable
@@ -72,11 +76,18 @@ def ask_cell(
                 env=agent_env(replay is not None), on_event=view, store=hub.store,
             )  # fmt: skip
 
-    if view is not None:
-        from IPython.display import display
+    if view is None:
+        return wait_job(hub.loop.submit(run()))
+    from IPython.display import display
 
-        display(view)  # type: ignore[no-untyped-call]
-    return wait_job(hub.loop.submit(run()))
+    board = display(view, display_id=True)  # type: ignore[no-untyped-call]
+    view.foreground = True  # the cell waits: the view's Stop interrupts the kernel
+    try:
+        return wait_job(hub.loop.submit(run()))
+    finally:
+        view.foreground = False
+        if board is not None:
+            board.update(view)  # ended: its static transcript, which a saved notebook keeps
 
 
 class ChatWidget(w.VBox):  # type: ignore[misc]
@@ -105,17 +116,38 @@ class ChatWidget(w.VBox):  # type: ignore[misc]
             multiline=False, clear_on_submit=True,
         )  # fmt: skip
         self.entry.on_submit(self.send)
+        self.stop_button = w.Button(
+            description="Stop", tooltip="stop this turn (recorded as cancelled)",
+            layout=w.Layout(display="none", width="auto"),
+        )  # fmt: skip
+        self.stop_button.on_click(lambda _: self.stop())
         self.status = w.HTML()
-        super().__init__([self.transcript, self.entry, self.status])
+        self._turn: Job[AskResult] | None = None
+        super().__init__([self.transcript, w.HBox([self.entry, self.stop_button]), self.status])
         atexit.register(self.close)
+
+    @property
+    def busy(self) -> bool:
+        """A turn is running: no message is taken until it is over (or stopped)."""
+        return self._turn is not None and not self._turn.done()
+
+    def stop(self) -> bool:
+        """Stop the running turn (the Stop button); False if none runs."""
+        if not self.busy or self._turn is None:
+            return False
+        self._turn.cancel()
+        return True
 
     def send(self, text: str) -> Job[AskResult] | None:
         """Send one message; returns the running turn (awaitable with ``await job``)."""
         text = text.strip()
-        if not text or self.closed:
+        if not text or self.closed or self.busy:
             return None
         self.entry.disabled = True
+        self.stop_button.layout.display = None
         view = RunView(schedule=self.hub.schedule)
+        view.stopper = self.stop  # the view's own Stop button stops the turn too
+        # Only a failure is said here: the view's transcript shows the answer, rendered.
         answer = w.HTML()
         self.transcript.children = (
             *self.transcript.children,
@@ -139,13 +171,18 @@ class ChatWidget(w.VBox):  # type: ignore[misc]
             except AskError as exc:
                 answer.value = f'<span style="color:#c62828">{html.escape(str(exc))}</span>'
                 raise
-            finally:
-                self.entry.disabled = False
-            self.turns.append(result)
-            answer.value = f'<div style="white-space:pre-wrap">{html.escape(result.answer)}</div>'
+            self.turns.append(result)  # before the entry opens: the next turn resumes this
             return result
 
-        return self.hub.loop.submit(turn())
+        def over(future: concurrent.futures.Future[AskResult]) -> None:
+            if future.cancelled():
+                answer.value = "<i>stopped: this turn is left out of the conversation</i>"
+            self.stop_button.layout.display = "none"
+            self.entry.disabled = self.closed
+
+        self._turn = self.hub.loop.submit(turn())
+        self._turn.future.add_done_callback(over)
+        return self._turn
 
     def close(self) -> None:
         """End the conversation: stop its replay server; no later message is sent."""

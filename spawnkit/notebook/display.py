@@ -84,7 +84,7 @@ def _display(value: SpawnerResult | RunHandle) -> None:
         return
     if isinstance(value, RunHandle):
         if kernel and isinstance(value.view, RunView):
-            display(value.view)  # type: ignore[no-untyped-call]
+            _show_again(value.view)
         else:
             print(repr(value))
         return
@@ -98,3 +98,15 @@ def _display(value: SpawnerResult | RunHandle) -> None:
         display(bundle, raw=True)  # type: ignore[no-untyped-call]
     else:
         print(static_text(state))
+
+
+def _show_again(view: RunView) -> None:
+    """Display a run's view once more; a live one turns static when the run ends, as the
+    first display does, so a saved notebook holds no widget view to miss."""
+    from IPython.display import display
+
+    board = display(view, display_id=True)  # type: ignore[no-untyped-call]
+    if board is not None:
+        view.on_finish.append(lambda finished: board.update(finished))
+        if view.finished:  # it may have ended while the callback was being added
+            board.update(view)

@@ -224,6 +224,7 @@ class Hub:
         approver: Approver | None = None,
         repo: str | Path | None = None,
         source: str = "notebook",
+        resume: str | None = None,
     ) -> RunHandle:
         """Start a run on the background loop; returns at once.
 
@@ -231,6 +232,8 @@ class Hub:
 
         ``approver`` answers the run's ``[butler.permissions] ask`` questions (a run
         view's :meth:`~spawnkit.notebook.view.RunView.approve`); None: they are denied.
+        ``resume`` (a finished session of this butler and runtime) makes the run go on
+        with that conversation, as a new session linked to it.
         """
         handle = RunHandle(self, target, view, prompt)
         sinks = [handle.observe, *listeners]
@@ -243,6 +246,11 @@ class Hub:
 
         async def run() -> SpawnerResult:
             service = await self._service(target, extensions)
+            if resume is not None:
+                return await service.spawner.resume(
+                    resume, prompt, context, on_event=fan_out, max_turns=max_turns,
+                    limits=limits, approver=approver, trigger_source=source,
+                )  # fmt: skip
             return await service.trigger(
                 prompt, source, context=context, max_turns=max_turns, on_event=fan_out,
                 limits=limits, approver=approver, repo=repo,
@@ -250,6 +258,8 @@ class Hub:
 
         handle.job = self.loop.submit(run())
         self.runs.append(handle)
+        if view is not None and hasattr(view, "stopper"):  # its Stop button cancels this run
+            view.stopper = lambda: handle.cancel(wait=False)
         return handle
 
     def _move_queue(self, target: Target) -> None:

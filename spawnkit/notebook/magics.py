@@ -87,6 +87,13 @@ class SpawnMagics(Magics):
     @argument("--context", help="a Python expression whose value is put before the prompt")
     @argument("--interpolate", action="store_true", help="expand {var} and $var in the prompt")
     @argument("--allow-failure", action="store_true", help="return a failed result, not raise")
+    @argument(
+        "--continue",
+        dest="continue_last",
+        action="store_true",
+        help="go on with this notebook's last run of the butler (same runtime)",
+    )
+    @argument("--resume", metavar="SESSION_ID", help="go on with this session (same runtime)")
     @argument("--kernel-tools", action="store_true", help="let the agent read kernel variables")
     @argument("--repo", help="edit a git worktree of this repository; Apply puts the diff back")
     @cell_magic
@@ -120,6 +127,8 @@ class SpawnMagics(Magics):
                 ),
                 on=args.on,
                 repo=args.repo,
+                continue_last=args.continue_last,
+                resume=args.resume,
             )
         except (ConfigError, InvalidArgument) as exc:
             raise UsageError(str(exc)) from None

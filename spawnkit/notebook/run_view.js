@@ -67,6 +67,43 @@ function fillDiffs(d, r) {
   d.querySelector(".sk-input").hidden = diffs.length > 0;
 }
 
+// Stop: cancels this run only. While a cell blocks on the run ("foreground") the kernel
+// reads no widget message, so the button interrupts the kernel, whose executing cell is
+// this run's wait; otherwise the kernel gets a "stop" message. Shown while the run is live.
+function stopButton(model) {
+  const stop = button("Stop", "sk-stop", "stop this run (recorded as cancelled)");
+  stop.hidden = true;
+  stop.addEventListener("click", async () => {
+    stop.disabled = true;
+    stop.textContent = "Stopping…";
+    const kernel = model.widget_manager && model.widget_manager.kernel;
+    if (!model.get("foreground")) {
+      model.send({ kind: "stop" });
+    } else if (kernel && kernel.interrupt) {
+      await kernel.interrupt();
+    } else {
+      // A frontend that lends widgets no kernel (the message would wait for the cell).
+      stop.textContent = "Use the kernel's Interrupt";
+    }
+  });
+  const show = (live) => {
+    stop.hidden = !live;
+  };
+  return { stop, show };
+}
+
+// The turns this run continues (%%spawn --continue/--resume): fixed HTML the kernel wrote,
+// collapsed above the run's own.
+function earlierTurns(model) {
+  const box = node("div", "sk-earlier-turns");
+  const show = () => {
+    box.innerHTML = model.get("earlier") || "";
+  };
+  show();
+  model.on("change:earlier", show);
+  return box;
+}
+
 function render({ model, el }) {
   el.classList.add("spawnkit-run");
   const head = node("div", "sk-head");
@@ -76,7 +113,8 @@ function render({ model, el }) {
   const waiting = node("span", "sk-waiting");
   const figures = node("span", "sk-figures");
   const elapsed = node("span", "sk-elapsed");
-  head.append(mark, state, who, waiting, figures, elapsed);
+  const stopper = stopButton(model);
+  head.append(mark, state, who, waiting, figures, elapsed, stopper.stop);
   const timing = node("div", "sk-timing");
 
   const toolbar = node("div", "sk-toolbar");
@@ -94,7 +132,7 @@ function render({ model, el }) {
   const hint = node("div", "sk-hint");
   const error = node("div", "sk-error");
   const foot = node("div", "sk-foot");
-  el.append(head, timing, toolbar, hiddenNote, transcript, hint, error, foot);
+  el.append(earlierTurns(model), head, timing, toolbar, hiddenNote, transcript, hint, error, foot);
 
   const byId = new Map();
   const waiters = new Map();
@@ -123,6 +161,7 @@ function render({ model, el }) {
     error.textContent = header.error || "";
     foot.textContent = header.session_id ? `session ${header.session_id}` : "";
     el.dataset.failedTools = header.failed_tools;
+    stopper.show(header.live);
   }
 
   function setHeader(h) {

@@ -34,7 +34,9 @@ from ..errors import ConfigError
 from ..result import SpawnerResult
 from ..run.dispatch import environment_cluster
 from ..runtimes import canonical_runtime
+from . import conversation
 from . import display as shown
+from .conversation import NOTEBOOK_BUTLER as NOTEBOOK
 from .failures import RunCancelled, remember
 from .hub import Hub, RunHandle, Target, default_hub
 from .kernel_tools import kernel_tools
@@ -72,7 +74,7 @@ def resolve_target(
         if runtime:
             config = config.with_runtime(runtime)
     else:
-        config = adhoc_butler(runtime or default_runtime, Path.cwd(), name="notebook")
+        config = adhoc_butler(runtime or default_runtime, Path.cwd(), name=NOTEBOOK)
     scenario = Path(replay).expanduser().resolve() if replay else None
     if scenario is not None and not scenario.is_file():
         raise ConfigError(f"replay: no scenario file at {scenario}")
@@ -116,6 +118,8 @@ def spawn(
     limits: Limits | None = None,
     on: str | None = None,
     repo: str | Path | None = None,
+    resume: str | None = None,
+    continue_last: bool = False,
 ) -> SpawnerResult | RunHandle:
     """Run ``prompt``; the SpawnerResult, or with ``background`` a RunHandle at once.
 
@@ -126,19 +130,45 @@ def spawn(
     ``repo`` has the agent edit a git worktree of that repository (see
     :meth:`Spawner.trigger <spawnkit.run.Spawner.trigger>`); when the run ends the cell shows
     its diff with Apply and Discard (:mod:`spawnkit.notebook.repo_actions`).
+    ``continue_last`` goes on with this notebook's last run of the butler, ``resume``
+    with the session it names (an id or a unique prefix), on the runtime that ran it
+    (see :mod:`~spawnkit.notebook.conversation`); the view shows the earlier turns above.
     """
     if not prompt.strip():
         raise ConfigError("the prompt is empty")
     if max_turns is not None and max_turns < 1:
         raise ConfigError("max_turns must be at least 1")
+    hub = hub or default_hub()
+    before = None
+    if continue_last or resume is not None:
+        if continue_last and resume is not None:
+            raise ConfigError("--continue goes on with the last run, --resume with one named")
+        if repo is not None:
+            raise ConfigError("--repo starts a new run on a fresh worktree; it cannot go on")
+        key = resume if resume is not None else conversation.last_run(hub, butler or NOTEBOOK)
+        record = conversation.resumable(hub.store, key)
+        if butler is None and record.butler != NOTEBOOK:
+            butler = record.butler
+        if runtime is not None and canonical_runtime(runtime) != record.runtime:
+            raise ConfigError(f"session {record.id} ran on {record.runtime}: it goes on there")
+        runtime = record.runtime
+        if continue_last:  # the same scenario and model as the run it continues
+            replay, model = _as_before(hub, record.id, replay, model)
+        before = conversation.earlier(hub.store, record)
     target = resolve_target(
         runtime=runtime, butler=butler, roster=roster, replay=replay, model=model,
         kernel_tools_enabled=namespace is not None, default_runtime=default_runtime,
     )  # fmt: skip
+    if before is not None and target.butler.name != before.record.butler:
+        raise ConfigError(
+            f"session {before.record.id} ran on butler {before.record.butler!r}, "
+            f"not {target.butler.name!r}"
+        )
     target = on_cluster(target, on)
-    hub = hub or default_hub()
     mode = render if render != "auto" else ("widget" if in_kernel() else "text")
     view = RunView(schedule=hub.schedule) if mode == "widget" else None
+    if view is not None and before is not None:
+        view.earlier = conversation.earlier_html(before)
     text = TerminalView() if mode == "text" and not background else None
     listeners = [sink for sink in (view, text) if sink is not None]
     extensions = [kernel_tools(namespace)] if namespace is not None else []
@@ -149,6 +179,7 @@ def spawn(
         # The view's approval card answers [butler.permissions] ask; without one, nobody.
         approver=view.approve if view is not None else None,
         repo=repo,
+        resume=before.record.id if before is not None else None,
     )  # fmt: skip
     board = None
     try:
@@ -186,6 +217,16 @@ def show_repo_change(result: SpawnerResult, *, widgets: bool) -> None:
         print_change(result)
 
 
+def _as_before(
+    hub: Hub, session_id: str, replay: str | Path | None, model: str | None
+) -> tuple[str | Path | None, str | None]:
+    """The scenario and model of this notebook's run ``session_id``, where not given."""
+    for handle in hub.runs:
+        if handle.session_id == session_id:
+            return replay or handle.target.replay, model or handle.target.model
+    return replay, model
+
+
 def _show(view: RunView | None) -> Any:
     """Display the live view; the display handle lets the end of the run replace it."""
     if view is None:
@@ -211,13 +252,15 @@ def wait_job(job: Job[T]) -> T:
 def wait(handle: RunHandle, text: TerminalView | None = None) -> SpawnerResult:
     """Block until the run ends; an interrupt stops the run and raises RunCancelled.
 
-    While the cell blocks here the kernel reads no widget message, so the approval card's
+    While the cell blocks here the kernel reads no widget message. The view's Stop button
+    therefore interrupts the kernel (``view.foreground``), which lands here. The approval card's
     buttons cannot answer a ``[butler.permissions] ask`` question: it is put in the cell's
     input box instead (``input()``, the kernel's stdin channel), and the card says so.
     """
     view = handle.view if isinstance(handle.view, RunView) else None
     if view is not None:
         view.answer_below()
+        view.foreground = True  # its Stop button now interrupts the kernel: this wait
     try:
         while True:
             try:
@@ -232,6 +275,8 @@ def wait(handle: RunHandle, text: TerminalView | None = None) -> SpawnerResult:
         remember(error)
         raise error from interrupt
     finally:
+        if view is not None:
+            view.foreground = False
         if text is not None:
             text.drain(final=True)
 

@@ -96,13 +96,19 @@ def diff_html(diff: dict[str, Any]) -> str:
 def static_html(state: ViewState) -> str:
     """The whole view as one HTML string with its stylesheet."""
     header = state.status.as_dict()
-    parts = [f'<div class="spawnkit-run sk-static"><style>{_CSS}</style>']
+    tools = ' data-tools="1"' if state.status.tool_calls else ""
+    parts = [
+        f'<div class="spawnkit-run sk-static" data-failed-tools="{state.status.failed_tools}"'
+        f"{tools}><style>{_CSS}</style>"
+    ]
     parts.append(header_html(header, format_duration(state.status.elapsed_ms())))
     if header["timing"]:
         parts.append(f'<div class="sk-timing">{_e(header["timing"])}</div>')
     if state.dropped:
         parts.append(f'<div class="sk-hidden">… {state.dropped} earlier items not shown</div>')
-    parts.append('<div class="sk-transcript">')
+    # One inner block in a column-reverse box: the box opens scrolled to its end, where
+    # the answer is (a saved view runs no script that could scroll it).
+    parts.append('<div class="sk-transcript"><div class="sk-items">')
     for item in state.transcript():
         if item["kind"] == "text":
             parts.append(f'<div class="sk-item sk-text jp-RenderedHTMLCommon">{item["html"]}</div>')
@@ -115,7 +121,7 @@ def static_html(state: ViewState) -> str:
             )
         else:
             parts.append(tool_html(item))
-    parts.append("</div>")
+    parts.append("</div></div>")
     if header["hint"]:
         parts.append(f'<div class="sk-hint">{_e(header["hint"])}</div>')
     if header["error"]:

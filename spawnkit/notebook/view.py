@@ -14,12 +14,20 @@ shows as a card with Allow and Deny; the button's ``permission`` message answers
 approver waits on the run's loop; the answer comes on the kernel's thread and is handed
 over with ``call_soon_threadsafe``.
 
+Its Stop button cancels this run only, on the path Ctrl-C and ``%spawn_cancel`` take
+(a ``cancelled`` record, nothing left behind). While a cell blocks on the run
+(``foreground``), the kernel reads no widget message, so the button interrupts the
+kernel instead, whose one executing cell is this run's wait (see
+:func:`spawnkit.notebook.runner.wait`); otherwise (a background run, the dashboard,
+``map``) it sends a ``stop`` message that :attr:`RunView.stopper` answers.
+
 Next to the widget, the display carries ``text/html`` and ``text/plain`` for
 frontends without the widget (a notebook reopened without its kernel, a
 notebook rendered on a website). Until the run ends they say so in fixed
-words; once it has ended, :meth:`RunView.bundle` holds the static transcript,
-and the frontend replaces the display with it (``update_display``), so a saved
-notebook keeps the run as it ended.
+words; once it has ended, the display is the static transcript alone (no widget
+view, whose model a reopened notebook would not find), and the frontend replaces the
+live display with it (``update_display``), so a saved notebook keeps the run as it
+ended.
 """
 
 from __future__ import annotations
@@ -54,6 +62,10 @@ class RunView(anywidget.AnyWidget):
     _esm = _HERE / "run_view.js"
     _css = _HERE / "run_view.css"
     snapshot = traitlets.Dict().tag(sync=True)
+    # The turns this run continues (HTML, collapsed), shown above its own.
+    earlier = traitlets.Unicode("").tag(sync=True)
+    # True while a cell blocks on this run: its Stop button interrupts the kernel.
+    foreground = traitlets.Bool(False).tag(sync=True)
 
     # What the display holds for viewers without a widget manager while the run
     # goes on. Fixed text on purpose: the view is displayed before the run's
@@ -72,6 +84,8 @@ class RunView(anywidget.AnyWidget):
         # Questions waiting for the browser's answer: call id -> (the run's loop, its future).
         self._questions: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[bool]]] = {}
         self._put_below: set[str] = set()  # questions already put in the cell's input box
+        # Cancels the run (from the kernel's thread): the Stop button's message calls it.
+        self.stopper: Callable[[], object] | None = None
         self.snapshot = self.state.snapshot()
         self.on_msg(self._on_frontend_message)
 
@@ -169,11 +183,20 @@ class RunView(anywidget.AnyWidget):
             return
         if content.get("kind") == "permission" and isinstance(content.get("allowed"), bool):
             self.answer(str(content.get("id")), content["allowed"])
+        elif content.get("kind") == "stop":
+            self.stop()
         elif content.get("kind") == "full_output":
             call_id = str(content.get("id"))
             with self._lock:
                 text = self.state.full_output(call_id)
             self.send({"kind": "full_output", "id": call_id, "text": text})
+
+    def stop(self) -> bool:
+        """Cancel the run this view shows (the Stop button); False if it cannot be."""
+        if self.stopper is None or self.finished:
+            return False
+        self.stopper()
+        return True
 
     def text(self) -> str:
         with self._lock:
@@ -184,13 +207,15 @@ class RunView(anywidget.AnyWidget):
             return static_html(self.state)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        if self.finished:
+            # The static transcript alone: JupyterLab prefers a widget view to any HTML and,
+            # reopening a notebook saved without widget state (its default), shows "Error
+            # displaying widget: model not found" in its place.
+            return {"text/plain": self.text(), "text/html": self.earlier + self.static_html()}, {}
         bundle = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
         data, metadata = bundle
-        if self.finished:
-            data["text/plain"], data["text/html"] = self.text(), self.static_html()
-        else:
-            data["text/plain"] = self.FALLBACK_TEXT
-            data["text/html"] = f"<p><i>{html.escape(self.FALLBACK_TEXT)}</i></p>"
+        data["text/plain"] = self.FALLBACK_TEXT
+        data["text/html"] = f"<p><i>{html.escape(self.FALLBACK_TEXT)}</i></p>"
         return data, metadata

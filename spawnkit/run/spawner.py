@@ -498,6 +498,8 @@ class Spawner:
         sources: Sequence[Source] = (),
         kind: RunKind | None = None,
         trigger_source: str | None = None,
+        limits: Limits | None = None,
+        approver: Approver | None = None,
     ) -> SpawnerResult:
         """Continue a finished session on the runtime that ran it, as a new linked session.
 
@@ -535,6 +537,8 @@ class Spawner:
             session_id=new_session_id,
             kind=kind or ("ask" if record.kind in SOURCE_KINDS else "run"),
             sources=sources,
+            limits=limits,
+            approver=approver,
         )
 
     async def _run(
