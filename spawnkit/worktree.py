@@ -341,8 +341,8 @@ def apply_diff(diff: str, repo: str | Path) -> list[str]:
     files = diff_files(diff)
     if _applies(path, data, "--reverse"):
         raise DiffDoesNotApply(
-            f"the diff is already applied to {path}: {', '.join(files)} already have its "
-            "changes; nothing was changed"
+            f"the diff is already applied to {path} ({', '.join(files)} already "
+            f"{'has' if len(files) == 1 else 'have'} its changes); nothing was changed"
         )
     try:
         git(path, "apply", "--check", *APPLY_OPTIONS, input=data)

@@ -289,6 +289,17 @@ def test_spawnkit_run_repo_prints_the_stat_and_spawnkit_apply_applies_once(
     assert again.returncode == 2
     assert again.stderr.count("\n") == 1 and "already applied" in again.stderr
     assert "Traceback" not in again.stderr
+    # --last names the same run: the newest that changed a repository.
+    last = spawnkit_cli("apply", "--last", "--print", cwd=tmp_path)
+    assert last.returncode == 0 and last.stdout == shown.stdout
+    both = spawnkit_cli("apply", session_id, "--last", cwd=tmp_path)
+    assert both.returncode == 2 and "not both" in both.stderr
+
+
+def test_spawnkit_apply_last_without_a_repo_run_is_one_line(tmp_path: Path) -> None:
+    done = spawnkit_cli("apply", "--last", cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "changed a repository" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_spawnkit_run_repo_on_a_plain_folder_is_one_line(

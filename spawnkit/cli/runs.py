@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..config.roster import ButlerConfig
     from ..result import SpawnerResult
     from ..serve.service import ButlerService
-    from ..store import SessionStore
+    from ..store import SessionRecord, SessionStore
 
 DEMO_BUTLER = "health"
 DEMO_SCENARIO = "scenarios/demo.toml"
@@ -76,7 +76,10 @@ def add_apply(commands: Commands) -> None:
     apply = commands.add_parser(
         "apply", help="put the changes a `spawnkit run --repo` run made into its repository"
     )
-    apply.add_argument("session_id", help="the run's session (a prefix is enough)")
+    apply.add_argument("session_id", nargs="?", help="the run's session (a prefix is enough)")
+    apply.add_argument(
+        "--last", action="store_true", help="the latest run made with --repo, whichever it was"
+    )
     apply.add_argument(
         "--print", action="store_true", dest="print_diff",
         help="print the diff instead (for `git apply` or a review), change nothing",
@@ -238,17 +241,27 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from ..store import SessionStore
     from ..worktree import RepoChange
 
+    if (args.session_id is None) == (not args.last):
+        raise SpawnkitError("name the run's session, or give --last (not both)")
     store = SessionStore()
     try:
-        matches = store.sessions_with_prefix(args.session_id, limit=2)
+        if args.last:
+            matches = [r for r in store.list_sessions(limit=LAST_LOOKED_AT) if _repo_change(r)]
+            if not matches:
+                raise SpawnkitError(
+                    f"none of the last {LAST_LOOKED_AT} runs in {store.location} changed a "
+                    "repository (`spawnkit run --repo PATH`)"
+                )
+        else:
+            matches = store.sessions_with_prefix(args.session_id, limit=2)
     finally:
         store.close()
-    if len(matches) != 1:
+    if len(matches) != 1 and not args.last:
         what = "no session" if not matches else "several sessions"
         raise SpawnkitError(f"{what} match {args.session_id!r}")
     record = matches[0]
-    kept = (record.given or {}).get("repo")
-    if not isinstance(kept, dict) or "diff" not in kept:
+    kept = _repo_change(record)
+    if kept is None:
         raise SpawnkitError(
             f"session {record.id} has no repository diff (it was not run with --repo"
             + (", or has not finished)" if record.completed_at is None else ")")
@@ -263,6 +276,16 @@ def cmd_apply(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"Applied to {change.repo}: {', '.join(touched)}")
     return EXIT_OK
+
+
+# How many of the newest runs `spawnkit apply --last` looks through.
+LAST_LOOKED_AT = 200
+
+
+def _repo_change(record: SessionRecord) -> dict[str, Any] | None:
+    """The repository change a finished ``--repo`` run kept in its record, if any."""
+    kept = (record.given or {}).get("repo")
+    return kept if isinstance(kept, dict) and "diff" in kept else None
 
 
 def _report_journal(store: SessionStore) -> None:
