@@ -215,3 +215,18 @@ def test_relay_benchmark_runs(tmp_path: Path) -> None:
         if name != "direct":
             assert way["relay_cpu_s_per_mb"] >= 0
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+def test_load_ext_benchmark_runs(tmp_path: Path) -> None:
+    out = tmp_path / "load_ext.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "load_ext.py"), "--rounds", "1",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    sides = json.loads(out.read_text())["sides"]
+    assert set(sides) == {"baseline", "load_ext", "run machinery"}
+    assert sides["baseline"]["modules"] == 0 and sides["baseline"]["process_ratio"] == 1.0
+    assert 0 < sides["load_ext"]["modules"] < sides["run machinery"]["modules"]
+    assert sides["load_ext"]["cpu_s"] > 0

@@ -10,19 +10,40 @@ previous handlers back. No event-loop patching, no warning filters, no network.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..signals import on_stop_signals
 from ..store import SessionStore
-from .asking import chat
-from .hub import close_default_hub
-from .runner import spawn
+
+if TYPE_CHECKING:
+    from .asking import chat
+    from .runner import spawn
 
 __all__ = ["chat", "load", "spawn", "unload"]
 
+# `spawn` and `chat` are imported when first used (PEP 562): `%load_ext spawnkit` loads
+# neither the views nor the MCP server stack a run needs.
+_LAZY = {"chat": ".asking", "spawn": ".runner"}
+
 _MAGICS: dict[int, Any] = {}
 _RESTORE_SIGNALS: dict[int, Callable[[], None]] = {}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name], __name__), name)
+
+
+def _close_hub() -> None:
+    """Stop this kernel's runs, if any was started (else there is no hub to close)."""
+    hub = sys.modules.get(f"{__name__}.hub")
+    if hub is not None:
+        hub.close_default_hub()
 
 
 def load(ipython: Any) -> None:
@@ -33,7 +54,7 @@ def load(ipython: Any) -> None:
     ipython.register_magics(magics)  # Magics() already joined ipython.configurables
     _MAGICS[id(ipython)] = magics
     SessionStore().close()  # opening the store is the start-up sweep
-    restore = on_stop_signals(close_default_hub)
+    restore = on_stop_signals(_close_hub)
     if restore is not None:
         _RESTORE_SIGNALS[id(ipython)] = restore
 

@@ -8,23 +8,25 @@ background loop through the kernel's :class:`~spawnkit.notebook.hub.Hub`.
 
 from __future__ import annotations
 
+import sys
 from argparse import ArgumentTypeError
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Enum, Integer, Unicode
 
-from ..ask import AskResult
-from ..cluster.batch import CONFIGURATION_REFUSALS
 from ..config.limits import Limits, positive_number
 from ..errors import ConfigError, InvalidArgument
 from ..result import SpawnerResult
-from .asking import ask_cell
-from .failures import RunCancelled, RunFailed, debug_report, remember
-from .hub import Hub, RunHandle, close_default_hub, default_hub
-from .runner import spawn
+
+if TYPE_CHECKING:
+    from ..ask import AskResult
+    from .hub import Hub, RunHandle
+
+# The magics import what runs need (the hub, the views, the MCP server stack) when a magic
+# is first used: `%load_ext spawnkit` only registers them (tests/test_notebook_startup.py).
 
 STATUS_COLUMNS = [
     "butler", "running", "slots", "queued", "max_queued", "accepting", "wait_p50_s",
@@ -60,10 +62,14 @@ class SpawnMagics(Magics):
 
     @property
     def hub(self) -> Hub:
+        from .hub import default_hub
+
         return default_hub()
 
     def close(self) -> None:
-        close_default_hub()
+        hub = sys.modules.get(f"{__package__}.hub")
+        if hub is not None:  # else no run was started: no hub to close
+            hub.close_default_hub()
 
     # -- %%spawn ---------------------------------------------------------------------
 
@@ -99,6 +105,9 @@ class SpawnMagics(Magics):
     @cell_magic
     def spawn(self, line: str, cell: str) -> SpawnerResult | RunHandle:
         """Run the cell as a prompt on an agent CLI; the value is the SpawnerResult."""
+        from .failures import RunCancelled, RunFailed, remember
+        from .runner import spawn
+
         args = parse_argstring(self.spawn, line)
         prompt = self.ip.var_expand(cell, depth=1) if args.interpolate else cell
         if not prompt.strip():
@@ -155,6 +164,8 @@ class SpawnMagics(Magics):
     @cell_magic
     def ask(self, line: str, cell: str) -> AskResult:
         """Ask the cell's question about the sources; the value renders the answer as Markdown."""
+        from .asking import ask_cell
+
         args = parse_argstring(self.ask, line)
         question = self.ip.var_expand(cell, depth=1) if args.interpolate else cell
         if not question.strip():
@@ -188,6 +199,7 @@ class SpawnMagics(Magics):
         """Run the cell, a prompt template with ``{column}`` fields (``{prompt}`` for a list's
         items), once per row of DATA; the value is ``spawnkit.map``'s DataFrame (one row per
         input row and runtime)."""
+        from ..cluster.batch import CONFIGURATION_REFUSALS
         from .batch import map as map_prompts
 
         args = parse_argstring(self.spawn_map, line)
@@ -248,6 +260,8 @@ class SpawnMagics(Magics):
     @line_magic
     def spawn_debug(self, line: str) -> None:
         """The last failed or stopped run in full: error, logs, CLI stderr, Python traceback."""
+        from .failures import debug_report
+
         print(debug_report(self.hub.store))
 
     @magic_arguments()
