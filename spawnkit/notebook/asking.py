@@ -29,6 +29,7 @@ from ..containment.sources import Source
 from ..replay import ReplayServer, Scenario
 from ..serve.service import REPLAY_API_KEY, REPLAY_KEYS
 from ..store import SessionStore
+from . import display as shown
 from .hub import Hub, default_hub
 from .loop import Job
 from .prompt_box import PromptBox
@@ -83,11 +84,13 @@ def ask_cell(
     board = display(view, display_id=True)  # type: ignore[no-untyped-call]
     view.foreground = True  # the cell waits: the view's Stop interrupts the kernel
     try:
-        return wait_job(hub.loop.submit(run()))
+        result = wait_job(hub.loop.submit(run()))
     finally:
         view.foreground = False
         if board is not None:
             board.update(view)  # ended: its static transcript, which a saved notebook keeps
+    shown.mark_shown(result)  # the view shows the answer: its Out[n] stays silent
+    return result
 
 
 class ChatWidget(w.VBox):  # type: ignore[misc]

@@ -2,7 +2,8 @@
 
 A run started from a cell is shown by its live view (or its terminal lines);
 its value, the :class:`~spawnkit.result.SpawnerResult` (or the background
-:class:`~spawnkit.notebook.hub.RunHandle`), is still the cell's ``Out[n]`` for
+:class:`~spawnkit.notebook.hub.RunHandle`, or an ``%%ask``'s
+:class:`~spawnkit.ask.AskResult`), is still the cell's ``Out[n]`` for
 code, but is not displayed a second time under it. IPython has no per-value
 switch for that, so the first run installs a display formatter for these two
 types (never at ``%load_ext``): a value shown live by the cell now executing is
@@ -15,6 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ..ask import AskResult
 from ..result import SpawnerResult
 from .hub import RunHandle
 from .static_view import static_html, static_text
@@ -40,6 +42,7 @@ def install(shell: Any) -> None:
     formatter = shell.display_formatter.ipython_display_formatter
     formatter.for_type(SpawnerResult, _display)
     formatter.for_type(RunHandle, _display)
+    formatter.for_type(AskResult, _display_answer)
     _installed.add(id(shell))
 
 
@@ -98,6 +101,20 @@ def _display(value: SpawnerResult | RunHandle) -> None:
         display(bundle, raw=True)  # type: ignore[no-untyped-call]
     else:
         print(static_text(state))
+
+
+def _display_answer(value: AskResult) -> None:
+    """An ask's answer: silent under the ``%%ask`` cell whose view showed it, else its
+    Markdown (in a terminal, its text)."""
+    from IPython.display import display
+
+    if _was_shown(value):
+        return
+    if _in_kernel(_shell()):
+        bundle = {"text/markdown": value.answer, "text/plain": value.answer}
+        display(bundle, raw=True)  # type: ignore[no-untyped-call]
+    else:
+        print(value.answer)
 
 
 def _show_again(view: RunView) -> None:
