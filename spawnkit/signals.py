@@ -127,3 +127,24 @@ def _forward(signum: int, frame: FrameType | None, previous: _Handler) -> None:
         previous(signum, frame)
     elif previous != signal.SIG_IGN:
         os.kill(os.getpid(), signum)  # the default action, now restored: the process ends
+
+
+async def finish_in_thread(cleanup: Callable[..., object], *args: Any) -> None:
+    """Run ``cleanup(*args)`` in a thread, off the event loop, and return when it is done,
+    even through cancellations (raised once it is done): a cancelled run unwinds only
+    after what must not outlive it is gone. A loop whose executor is shut down (closing)
+    runs it here."""
+    try:
+        work = asyncio.get_running_loop().run_in_executor(None, cleanup, *args)
+    except RuntimeError:
+        cleanup(*args)
+        return
+    cancelled = False
+    while not work.done():
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            cancelled = True
+    work.result()
+    if cancelled:
+        raise asyncio.CancelledError

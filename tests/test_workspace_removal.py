@@ -83,3 +83,22 @@ async def test_a_cancel_during_removal_still_waits_for_it(
     assert not path.exists()
     # The caller cancelled before it had the result: one record, cancelled.
     assert [r.status for r in store.list_sessions()] == ["cancelled"]
+
+
+async def test_an_unsandboxed_runs_leftovers_are_looked_for_off_the_loop(
+    make_butler: RosterFactory, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan of every process on the host (outside a sandbox) runs in a thread."""
+    from spawnkit.run import attempts
+
+    scanned: list[tuple[str, bool]] = []
+    real = attempts.reap
+
+    def reap(session_id: str, workspace: Path | None) -> list[int]:
+        scanned.append((session_id, threading.current_thread() is threading.main_thread()))
+        return real(session_id, workspace)
+
+    monkeypatch.setattr(attempts, "reap", reap)
+    result = await Spawner(make_butler("echo", extra=ECHO), store=store).trigger("hi")
+    assert result.success, result.error
+    assert scanned == [(result.session_id, False)]

@@ -17,7 +17,6 @@ directory (:func:`link_sources`), so the agent sees its sources and reaches no M
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -31,6 +30,7 @@ from urllib.parse import quote
 
 from ..config.butler_config import ButlerConfig
 from ..home import spawnkit_home
+from ..signals import finish_in_thread
 from .sources import Source
 
 logger = logging.getLogger(__name__)
@@ -67,12 +67,7 @@ async def run_workspace(butler: ButlerConfig, root: Path | None = None) -> Async
             (path / "skills").symlink_to(skills, target_is_directory=True)
         yield path
     finally:
-        try:
-            removal = asyncio.get_running_loop().run_in_executor(None, remove, path)
-        except RuntimeError:  # the loop's executor is shut down (the loop is closing)
-            remove(path)
-        else:
-            await _until_done(removal)
+        await finish_in_thread(remove, path)
 
 
 def remove(path: Path) -> None:
@@ -80,19 +75,6 @@ def remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
     if path.exists():
         logger.warning("could not remove the run workspace %s", path)
-
-
-async def _until_done(work: asyncio.Future[None]) -> None:
-    """Wait for ``work`` to finish, even through cancellations (raised after it)."""
-    cancelled = False
-    while not work.done():
-        try:
-            await asyncio.shield(work)
-        except asyncio.CancelledError:
-            cancelled = True
-    work.result()
-    if cancelled:
-        raise asyncio.CancelledError
 
 
 def files_in(workspace: Path) -> list[str]:

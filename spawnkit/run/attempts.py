@@ -34,6 +34,7 @@ from ..errors import (
 from ..events import Started
 from ..result import Attempt, AttemptOutcome, RunStatus, SpawnerResult, tool_count
 from ..runtimes.base import RunOutcome, RunSpec
+from ..signals import finish_in_thread
 from ..telemetry.spans import RunSpan, run_span
 from .accepted import CANCEL_GRACE_S, AcceptedRun
 from .assembly import Assembly
@@ -238,7 +239,7 @@ class Attempts:
                 collector, "cancelled", "the run was cancelled", "cancelled"
             )
             span.finish(replace(cancelled, duration_ms=ms_since(clock)))
-            reap(run.session_id, workspace)
+            await finish_in_thread(reap, run.session_id, workspace)
             raise
         finally:
             await asyncio.shield(
@@ -255,11 +256,11 @@ class Attempts:
         span.finish(result)
         # Whatever carries the run's marker now is a leftover: tools a stopped CLI left
         # running, or children the agent backgrounded into sessions of their own (Claude
-        # Code and Gemini do that to every tool). Outside a sandbox only this finds them;
-        # in one, the end of its pid namespace has killed them all (and the scan of
-        # every process on the host would cost the loop milliseconds a run).
+        # Code and Gemini do that to every tool). Outside a sandbox only this finds them,
+        # by a scan of every process on the host (in a thread: it grows with their
+        # number); in one, the end of its pid namespace has killed them all.
         if not contained:
-            reap(run.session_id, workspace)
+            await finish_in_thread(reap, run.session_id, workspace)
         return result
 
     async def _invoke(self, run: AcceptedRun, spec: RunSpec) -> RunOutcome:
