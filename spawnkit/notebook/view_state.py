@@ -13,13 +13,13 @@ the static snapshot read the same state.
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..budgets.budget import list_price
 from ..cli.console import (
     NetworkRefusals,
     blocked_count,
@@ -28,7 +28,6 @@ from ..cli.console import (
     one_line,
     tool_label,
 )
-from ..config.pricing import PricingTable, default_pricing
 from ..edits import FileDiff, diff_lines, file_diffs
 from ..events import (
     AssistantText,
@@ -78,22 +77,10 @@ MARKS = {
 LIVE_STATES = frozenset({"starting", "queued", "running"})
 
 
-@functools.cache
-def _pricing() -> PricingTable:
-    return default_pricing()
-
-
 def estimate_cost(model: str | None, usage: Usage) -> float | None:
     """What ``usage`` costs at ``model``'s list price (estimated from its family, as a
     run's record is priced), or None for an unpriced model."""
-    price, _ = _pricing().resolve(model)
-    if price is None:
-        return None
-    cost = price.cost(
-        usage.input_tokens, usage.output_tokens, usage.cache_write_tokens, 0,
-        usage.cache_read_tokens,
-    )  # fmt: skip
-    return float(cost)
+    return list_price(model, usage)
 
 
 def format_duration(ms: float | None) -> str:
