@@ -29,7 +29,7 @@ from spawnkit.notebook.hub import with_runtime
 from spawnkit.replay import ReplayServer, Scenario
 from spawnkit.runtimes.base import RunSpec
 from spawnkit.runtimes.claude_code import ClaudeCodeAdapter
-from spawnkit.runtimes.codex import CodexAdapter
+from spawnkit.runtimes.codex import REPLAY_MODEL, CodexAdapter
 from spawnkit.serve.service import ButlerService
 
 from .conftest import REPO, processes_with_env, workspaces_of
@@ -254,7 +254,7 @@ async def test_a_run_without_base_url_reaches_the_clis_default_api_through_its_r
 def test_a_relay_to_the_default_api_keeps_the_clis_own_defaults(tmp_path: Path) -> None:
     relayed = "http://127.0.0.1:1/" + "s" * 43
     codex = CodexAdapter()
-    for default_api, model, retries in ((True, None, None), (False, "replay-model", 0)):
+    for default_api, model, retries in ((True, None, None), (False, REPLAY_MODEL, 0)):
         spec = RunSpec(
             session_id="s", butler="b", prompt="p", system_prompt="", workspace=tmp_path,
             cwd=tmp_path, mcp_server=None, config_file=codex.build_config_file(tmp_path, None),
