@@ -104,3 +104,25 @@ def test_the_live_view_shows_each_edit_as_an_open_diff(page: Any) -> None:
     page.locator(".sk-transcript").evaluate("e => { e.scrollTop = 0; }")
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     page.locator("#view").screenshot(path=str(SCREENSHOT))
+
+
+def test_a_saved_views_failures_only_box_works_without_a_script(page: Any) -> None:
+    """The ended view is static HTML: its "failures only" is a checkbox and a stylesheet."""
+    from spawnkit.notebook.static_view import static_html
+
+    state = ViewState()
+    calls = [("ok-1", False), ("bad-1", True), ("ok-2", False)]
+    for call_id, failed in calls:
+        call = ToolCall.start(call_id, "Bash", {"command": call_id}, NOW)
+        state.apply(ToolCallFinished("s", call.finish("out", failed, NOW)))
+    page.set_content(f"<html><body>{static_html(state)}</body></html>")
+    rows = page.locator(".sk-static .sk-tool")
+    assert [rows.nth(i).is_visible() for i in range(3)] == [True, True, True]
+    page.locator(".sk-static label.sk-filter").click()
+    assert page.locator(".sk-only-failed").is_checked()
+    assert [rows.nth(i).is_visible() for i in range(3)] == [False, True, False]
+    page.locator(".sk-static label.sk-filter").click()
+    assert [rows.nth(i).is_visible() for i in range(3)] == [True, True, True]
+    quiet = ViewState()
+    quiet.apply(finished("ok", "Bash", {"command": "ls"}, "x"))
+    assert 'class="sk-only-failed"' not in static_html(quiet), "no box without a failure"

@@ -11,6 +11,7 @@ ended. Every value is escaped except the assistant's text, which is HTML that
 from __future__ import annotations
 
 import html
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,14 @@ def static_html(state: ViewState) -> str:
         parts.append(f'<div class="sk-timing">{_e(header["timing"])}</div>')
     if state.dropped:
         parts.append(f'<div class="sk-hidden">… {state.dropped} earlier items not shown</div>')
+    if state.status.failed_tools:
+        # "failures only" without a script (a saved view runs none): a checkbox beside
+        # the transcript, whose checked state hides the rest through the stylesheet.
+        box = f"sk-only-failed-{uuid.uuid4().hex[:12]}"
+        parts.append(
+            f'<div class="sk-toolbar"><input type="checkbox" class="sk-only-failed" id="{box}">'
+            f'<label class="sk-filter" for="{box}"> failures only</label></div>'
+        )
     # One inner block in a column-reverse box: the box opens scrolled to its end, where
     # the answer is (a saved view runs no script that could scroll it).
     parts.append('<div class="sk-transcript"><div class="sk-items">')
