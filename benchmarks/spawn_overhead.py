@@ -4,7 +4,8 @@ For each runtime, both sides run the same CLI binary against the same replay
 model server and the same butler MCP server (each on its own thread), and the
 scenario makes one real MCP tool call.
 
-* bare: the CLI as a plain subprocess, output read to the end. For Claude Code
+* bare: the CLI as a plain subprocess in a fresh folder (its home and working folder, as
+  a run's workspace is), output read to the end. For Claude Code
   that is ``claude -p PROMPT --output-format stream-json --verbose`` with the
   same system prompt, tools and MCP configuration; for Codex and Gemini it is
   exactly the command, configuration files and environment the adapter builds.
@@ -86,7 +87,9 @@ def claude_bare(
 ) -> Callable[[], None]:
     """The bare Claude Code command, with the settings spawnkit gives it, each run in a
     fresh home seeded with the CLI's first-start record as spawnkit seeds its runs' homes
-    (a home shared across runs would skip first-start work spawnkit's runs do not skip)."""
+    (a home shared across runs would skip first-start work spawnkit's runs do not skip),
+    which is also its working folder, as a run's workspace is (a folder inside a git
+    checkout would have Claude Code read the repository's state first)."""
     binary = get_adapter("claude-code")(butler.runtime).find_binary()
     system_prompt = compose_system_prompt(
         butler, read_prompt_file(butler.system_prompt_file, butler.roster_dir)
@@ -118,7 +121,7 @@ def claude_bare(
             tmp.mkdir(mode=0o700)
             done = subprocess.run(
                 command, env={**env, "HOME": str(home), "TMPDIR": str(tmp)},
-                cwd=butler.directory, capture_output=True, text=True, timeout=120,
+                cwd=home, capture_output=True, text=True, timeout=120,
                 stdin=subprocess.DEVNULL,
             )  # fmt: skip
         finally:
@@ -149,7 +152,7 @@ def adapter_bare(
             )
             spec = RunSpec(
                 session_id="bench", butler=butler.name, prompt=PROMPT,
-                system_prompt=system_prompt, workspace=workspace, cwd=butler.directory,
+                system_prompt=system_prompt, workspace=workspace, cwd=workspace,
                 mcp_server=server, config_file=adapter.build_config_file(workspace, server),
                 env=env, max_turns=20, tools=butler.runtime.tools, base_url=replay_url,
             )  # fmt: skip
