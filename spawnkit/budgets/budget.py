@@ -216,7 +216,7 @@ def list_price(model: str | None, usage: Usage) -> float | None:
     :func:`admit` does; None for a model with no price."""
     if not model:
         return None
-    price, _ = _pricing().resolve(model)
+    price = _list_price(model)
     if price is None:
         return None
     cost = price.cost(
@@ -224,6 +224,12 @@ def list_price(model: str | None, usage: Usage) -> float | None:
         usage.cache_read_tokens,
     )  # fmt: skip
     return round(float(cost), 6)
+
+
+@functools.lru_cache(maxsize=64)
+def _list_price(model: str) -> ModelPrice | None:
+    """A model's price, resolved once (a batch prices every usage event of its runs)."""
+    return _pricing().resolve(model)[0]
 
 
 def day_start(now: datetime | None = None) -> datetime:

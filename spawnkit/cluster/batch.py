@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Hashable, Sequence
@@ -35,10 +34,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..config.pricing import ModelPrice, PricingTable, default_pricing
+from ..budgets.budget import list_price
 from ..errors import ConfigError, MissingApiKeyError, RuntimeNotFoundError, SpawnkitError
 from ..events import EventSink, RunEvent, Started, UsageUpdate
-from ..result import SpawnerResult, Usage
+from ..result import SpawnerResult
 from .worktrees import Worktrees
 
 if TYPE_CHECKING:
@@ -311,7 +310,7 @@ class Batch:
             if isinstance(event, UsageUpdate):
                 cost = event.cost_usd
                 if cost is None:
-                    cost = priced(event.model, event.usage)
+                    cost = list_price(event.model, event.usage)
                 if cost is not None:
                     flight.cost_usd = cost
                     self._report()
@@ -331,7 +330,7 @@ class Batch:
                 on_event=observe, session_id=flight.session_id, workdir=workdir,
             )  # fmt: skip
             if result.cost_usd is None:
-                result = replace(result, cost_usd=priced(result.model, result.usage))
+                result = replace(result, cost_usd=list_price(result.model, result.usage))
             row = BatchRow(item, result=result)
             if self.host_of is not None and result.session_id:
                 with contextlib.suppress(Exception):
@@ -387,31 +386,6 @@ def refusal_summary(rows: Sequence[BatchRow]) -> str | None:
 
 class BatchRefused(ConfigError):
     """Every run of a batch was refused, for more than one reason of configuration."""
-
-
-def priced(model: str | None, usage: Usage) -> float | None:
-    """What ``usage`` of ``model`` costs by spawnkit's price table (None: no price known).
-
-    Codex and Gemini report no cost; a batch prices their runs itself, as the budget of a
-    single run does (an unknown model id is priced as its family's).
-    """
-    price = _price_of(model)
-    if price is None:
-        return None
-    u = usage
-    cost = price.cost(u.input_tokens, u.output_tokens, u.cache_write_tokens, 0, u.cache_read_tokens)
-    return float(cost)
-
-
-@functools.lru_cache(maxsize=64)
-def _price_of(model: str | None) -> ModelPrice | None:
-    """The model's price, the table read once (usage events come many times a run)."""
-    return _table().resolve(model)[0]
-
-
-@functools.lru_cache(maxsize=1)
-def _table() -> PricingTable:
-    return default_pricing()
 
 
 def _cancelled(session_id: str) -> SpawnerResult:
