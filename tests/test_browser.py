@@ -243,6 +243,16 @@ def start(command: list[str], cwd: Path, env: dict[str, str], port: int) -> subp
     return proc
 
 
+def start_lab(root: Path, env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
+    """JupyterLab serving ``root`` on ``port``, no token (the test's browser is its user)."""
+    return start(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
+         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1",
+         "--allow-root", f"--ServerApp.root_dir={root}"],
+        root, env, port,
+    )  # fmt: skip
+
+
 def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     try:
@@ -254,12 +264,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 @pytest.fixture
 def lab(workdir: Path, tmp_path: Path) -> Iterator[int]:
     port = free_port()
-    proc = start(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
-         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1",
-         "--allow-root", f"--ServerApp.root_dir={workdir}"],
-        workdir, jupyter_env(tmp_path / "jupyter"), port,
-    )  # fmt: skip
+    proc = start_lab(workdir, jupyter_env(tmp_path / "jupyter"), port)
     try:
         yield port
     finally:

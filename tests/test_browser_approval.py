@@ -5,7 +5,6 @@ Allow that lets the tool write its file. Screenshots go to ``test-artifacts/``.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from .test_browser import (
     jupyter_env,
     open_notebook,
     run_all,
-    start,
+    start_lab,
     stop,
     wait_state,
     write_notebook,
@@ -56,12 +55,7 @@ def lab_with_asking_butler(tmp_path: Path) -> Iterator[tuple[int, Path]]:
          f"%%spawn --butler health --roster {roster} --replay {scenario}\nwrite the note"],
     )  # fmt: skip
     port = free_port()
-    proc = start(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
-         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1",
-         "--allow-root", f"--ServerApp.root_dir={work}"],
-        work, jupyter_env(tmp_path / "jupyter"), port,
-    )  # fmt: skip
+    proc = start_lab(work, jupyter_env(tmp_path / "jupyter"), port)
     try:
         yield port, out
     finally:

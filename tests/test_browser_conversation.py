@@ -8,7 +8,6 @@ Screenshots go to ``test-artifacts/``.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from .test_browser import (
     open_notebook,
     run_all,
     shut_down_kernels,
-    start,
+    start_lab,
     stop,
     write_notebook,
 )
@@ -98,12 +97,7 @@ def lab_as_installed(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     saved_state = Path(env["JUPYTERLAB_SETTINGS_DIR"]) / "@jupyter-widgets" / "jupyterlab-manager"
     (saved_state / "plugin.jupyterlab-settings").unlink()  # back to saveState: false
     port = free_port()
-    proc = start(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
-         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1",
-         "--allow-root", f"--ServerApp.root_dir={work}"],
-        work, env, port,
-    )  # fmt: skip
+    proc = start_lab(work, env, port)
     try:
         yield port, work
     finally:

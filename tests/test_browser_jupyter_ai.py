@@ -9,7 +9,6 @@ cancels the run, and every run is in the store. Screenshots go to ``test-artifac
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ from .test_browser import (
     browser,  # noqa: F401 - a fixture
     free_port,
     jupyter_env,
-    start,
+    start_lab,
     stop,
 )
 
@@ -82,12 +81,7 @@ def lab(tmp_path: Path) -> Iterator[int]:
     env = jupyter_env(tmp_path / "jupyter")
     env.update(SPAWNKIT_ROSTER=str(roster), SPAWNKIT_PERSONA_REPLAY="chat")
     port = free_port()
-    proc = start(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
-         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1",
-         "--allow-root", f"--ServerApp.root_dir={work}"],
-        work, env, port,
-    )  # fmt: skip
+    proc = start_lab(work, env, port)
     try:
         yield port
     finally:

@@ -4,7 +4,6 @@ file changes only when the button is pressed. The screenshot goes to test-artifa
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from .test_browser import (
     jupyter_env,
     open_notebook,
     run_all,
-    start,
+    start_lab,
     stop,
     write_notebook,
 )
@@ -59,12 +58,7 @@ def lab_with_repo(tmp_path: Path) -> Iterator[tuple[int, Path]]:
          "switch analysis.py to parquet"],
     )  # fmt: skip
     port = free_port()
-    proc = start(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
-         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1",
-         "--allow-root", f"--ServerApp.root_dir={work}"],
-        work, jupyter_env(tmp_path / "jupyter"), port,
-    )  # fmt: skip
+    proc = start_lab(work, jupyter_env(tmp_path / "jupyter"), port)
     try:
         yield port, repo
     finally:
