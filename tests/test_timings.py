@@ -22,6 +22,7 @@ import pytest
 
 from spawnkit import history
 from spawnkit.cli.console import EventPrinter
+from spawnkit.errors import HistoryError
 from spawnkit.events import Finished, Started, Timing
 from spawnkit.notebook.terminal import TerminalView
 from spawnkit.result import SpawnerResult
@@ -242,3 +243,20 @@ def test_the_terminal_views_print_the_last_timing_before_the_summary() -> None:
         assert lines[at] == f"⏱ {timing_line(timings[-1])}"  # the last, with every figure
         assert lines[at + 1].startswith("✓ success") and at + 2 == len(lines)
     assert view.state.status.timing == timing_line(timings[-1])
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda path: history.waterfall("any", path),
+        lambda path: history.timings(store=path),
+        lambda path: history.spans(path),
+        lambda path: history.cli_events(path),
+    ],
+    ids=["waterfall", "timings", "spans", "cli_events"],
+)
+def test_a_path_with_no_store_is_an_error_and_no_store_is_made(tmp_path: Path, read: Any) -> None:
+    mistyped = tmp_path / "sesions.db"
+    with pytest.raises(HistoryError, match=r"no session store at .*sesions\.db"):
+        read(mistyped)
+    assert list(tmp_path.iterdir()) == []

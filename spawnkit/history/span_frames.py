@@ -20,7 +20,9 @@ from typing import Any
 
 import pandas as pd
 
+from ..errors import HistoryError
 from ..store import SessionStore
+from ..store.backend import is_postgres_url
 from .renamed import with_old_names
 
 SPAN_COLUMNS = [
@@ -84,13 +86,24 @@ def _event_status(attributes: Mapping[str, Any]) -> str | None:
     return str(status) if status is not None else None
 
 
+def existing_store(store: str | Path | None) -> SessionStore:
+    """The store at ``store`` (a path or URL; None: the default one), opened for reading.
+
+    A path where no store is is an error, not a new empty store: a mistyped path would
+    otherwise leave a file behind and read as a history with no runs in it.
+    """
+    if store is not None and not is_postgres_url(str(store)) and not Path(store).exists():
+        raise HistoryError(f"no session store at {store}")
+    return SessionStore(store)
+
+
 def _read(
     store: SessionStore | str | Path | None, read: Callable[[SessionStore], list[dict[str, Any]]]
 ) -> list[dict[str, Any]]:
     """``read`` of the given store, or of one opened (by path or URL) and closed here."""
     if isinstance(store, SessionStore):
         return read(store)
-    with SessionStore(store) as opened:
+    with existing_store(store) as opened:
         return read(opened)
 
 

@@ -21,6 +21,7 @@ import pandas as pd
 from ..store import SessionRecord, SessionStore
 from ..telemetry.timings import classify, span_kind
 from .renamed import new_key, with_old_names
+from .span_frames import existing_store
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -115,7 +116,7 @@ def timings(
     if isinstance(store, SessionStore):
         rows = _timing_rows(store, _sessions(store, session_id, butler, runs), every)
     else:
-        with SessionStore(store) as opened:
+        with existing_store(store) as opened:
             rows = _timing_rows(opened, _sessions(opened, session_id, butler, runs), every)
     frame = pd.DataFrame(rows, columns=TIMING_COLUMNS)
     frame["timestamp"] = pd.to_datetime(frame["timestamp"].astype("int64"), unit="ns", utc=True)
@@ -206,7 +207,7 @@ def waterfall(
     if isinstance(store, SessionStore):
         record, stored = store.get_session(session_id), store.cli_spans(session_id)
     else:
-        with SessionStore(store) as opened:
+        with existing_store(store) as opened:
             record, stored = opened.get_session(session_id), opened.cli_spans(session_id)
     parents: dict[str, str | None] = {s["span_id"]: s["parent_span_id"] for s in stored}
 
