@@ -9,6 +9,10 @@ server (each on its own thread), and the scenario makes one real MCP tool call.
   ``session/new`` with the butler's MCP server, ``session/prompt``, every permission
   allowed. Its files and environment are exactly the ones the acp runtime's preset
   writes for a run (settings, config, system prompt), in a fresh folder each round.
+  Where the agent writes a transcript the session resumes from (claude-code-acp), the
+  direct client, as spawnkit does, kills it only once the transcript holds the turn:
+  killed at once, the last line is lost and the session does not resume whole.
+* direct, killed at once (only for such agents): the same without that wait, the floor.
 * spawnkit: ``Spawner.trigger(PROMPT)`` of a butler with ``[butler.runtime] type = "acp"``:
   admission, record, workspace, sandbox and its network namespace, relay, isolated
   environment, the ACP client, events, cleanup.
@@ -49,6 +53,8 @@ from spawnkit.containment.mcp_access import AccessTable
 from spawnkit.replay import ReplayServer, Scenario
 from spawnkit.run import Spawner
 from spawnkit.runtimes import get_adapter
+from spawnkit.runtimes.acp.client import transcript_written
+from spawnkit.runtimes.acp.presets import AcpPreset
 from spawnkit.runtimes.base import McpServerSpec, RunSpec
 from spawnkit.serve.butler_server import ButlerServer
 from spawnkit.store import SessionStore
@@ -72,6 +78,7 @@ class DirectClient:
 
     def __init__(self) -> None:
         self.text: list[str] = []
+        self.answer: list[str] = []  # the text since the last tool call
 
     async def request_permission(
         self, options: list[Any], session_id: str, tool_call: Any, **kwargs: Any
@@ -82,15 +89,27 @@ class DirectClient:
         )
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
-        if getattr(update, "session_update", None) == "agent_message_chunk":
+        kind = getattr(update, "session_update", None)
+        if kind == "agent_message_chunk":
             self.text.append(getattr(update.content, "text", ""))
+            self.answer.append(self.text[-1])
+        elif kind == "tool_call":
+            self.answer.clear()
 
 
 def direct_side(
-    agent: str, butler: Any, replay_url: str, mcp_port: int, work: Path, secret: str
+    agent: str,
+    butler: Any,
+    replay_url: str,
+    mcp_port: int,
+    work: Path,
+    secret: str,
+    keep_transcript: bool = True,
 ) -> tuple[Callable[[], Any], list[str | None]]:
     """One direct ACP prompt per call (the preset's files and env, the SDK's client), and
-    the versions the agent gave in ``initialize``."""
+    the versions the agent gave in ``initialize``. ``keep_transcript``: before the agent
+    is killed, wait (as spawnkit does) until its transcript holds the turn, where it
+    writes one."""
     adapter = get_adapter("acp")(butler.runtime)
     preset = adapter.agent()
     binary = str(adapter.find_binary().resolve())
@@ -137,6 +156,10 @@ def direct_side(
                 )
                 text = PROMPT if not preset.system_in_prompt else f"{system_prompt}\n\n{PROMPT}"
                 await conn.prompt(session_id=session.session_id, prompt=[acp.text_block(text)])
+                written = preset.transcript(spec, session.session_id)
+                if keep_transcript and written is not None:
+                    answer = "".join(client.answer)
+                    await transcript_written(written, lambda line: preset.turn_logged(line, answer))
                 await conn.close()
             finally:
                 proc.stdin.close()
@@ -159,7 +182,7 @@ def measure(agent: str, rounds: int, work: Path) -> dict[str, Any]:
     replay = ReplayServer(Scenario.from_dict(tomllib.loads(SCENARIO), source="benchmark"))
     access = AccessTable()
     secret = asyncio.run(access.grant("bench"))
-    cpu: dict[str, list[tuple[float, float]]] = {"bare": [], "spawnkit": []}
+    cpu: dict[str, list[tuple[float, float]]] = {"bare": [], "spawnkit": [], "killed": []}
     with (
         serve_in_thread(replay.app) as replay_address,
         serve_in_thread(ButlerServer(butler, store, access=access).app()) as mcp_address,
@@ -173,6 +196,15 @@ def measure(agent: str, rounds: int, work: Path) -> dict[str, Any]:
         direct, versions = direct_side(
             agent, butler, replay_address.url, mcp_address.port, work, secret
         )
+        # The floor: the direct client that kills the agent as soon as the prompt returns
+        # (only where the agent writes a transcript to wait for).
+        writes_transcript = type(get_adapter("acp")(butler.runtime).agent()).transcript
+        killed_at_once = None
+        if writes_transcript is not AcpPreset.transcript:
+            killed_at_once, _ = direct_side(
+                agent, butler, replay_address.url, mcp_address.port, work, secret,
+                keep_transcript=False,
+            )  # fmt: skip
 
         async def through_spawnkit() -> None:
             result = await spawner.trigger(PROMPT)
@@ -195,12 +227,26 @@ def measure(agent: str, rounds: int, work: Path) -> dict[str, Any]:
 
         timed(direct)  # warm-up: first starts
         timed(through_spawnkit)
-        direct_s, spawnkit_s = [], []
+        direct_s, spawnkit_s, killed_s = [], [], []
         for _ in range(rounds):
             direct_s.append(timed(direct, "bare"))
             spawnkit_s.append(timed(through_spawnkit, "spawnkit"))
+            if killed_at_once is not None:
+                killed_s.append(timed(killed_at_once, "killed"))
         runner.close()
+    if not killed_s:
+        del cpu["killed"]
     figures = cpu_figures(cpu)
+    floor: dict[str, Any] = {}
+    if killed_s:
+        floor = {
+            "killed_at_once_median_s": round(statistics.median(killed_s), 4),
+            "ratio_to_killed_at_once": round(
+                statistics.median(spawnkit_s) / statistics.median(killed_s), 3
+            ),
+            "killed_at_once_child_cpu_s": figures["killed_child_cpu_s"],
+            "killed_at_once_s": [round(x, 4) for x in killed_s],
+        }
     return {
         "agent_version": versions[-1],  # as the agent named itself in initialize
         "rounds": rounds,
@@ -214,6 +260,7 @@ def measure(agent: str, rounds: int, work: Path) -> dict[str, Any]:
         "spawnkit_own_cpu_s": figures["spawnkit_own_cpu_s"],
         "direct_s": [round(x, 4) for x in direct_s],
         "spawnkit_s": [round(x, 4) for x in spawnkit_s],
+        **floor,
         "load_avg": os.getloadavg()[0],
     }
 
@@ -241,7 +288,13 @@ def main() -> None:
             f"{args.rounds} rounds (target <= 1.05; load {result['load_avg']:.1f}); CPU per "
             f"run in the agent's processes {result['direct_child_cpu_s']} vs "
             f"{result['spawnkit_child_cpu_s']} s, in ours {result['direct_own_cpu_s']} vs "
-            f"{result['spawnkit_own_cpu_s']} s",
+            f"{result['spawnkit_own_cpu_s']} s"
+            + (
+                f"; against the agent killed as soon as it answers (its transcript's last line "
+                f"lost) {result['ratio_to_killed_at_once']:.3f}"
+                if "ratio_to_killed_at_once" in result
+                else ""
+            ),
             flush=True,
         )
     accounting.close()
