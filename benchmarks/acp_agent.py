@@ -88,13 +88,13 @@ async def via_acp(env: dict[str, str]) -> float:
 def timed(run: Any) -> tuple[float, float, Any]:
     """Wall seconds; CPU seconds of spawnkit's processes (everything in our cgroup but this
     process, which is the ACP client on one side; NaN without a cgroup); the result."""
-    cpu_before, own_before, start = accounting.usage_s(), os.times(), time.perf_counter()
+    cpu_before, own_before, start = accounting.usage_s(), time.process_time(), time.perf_counter()
     value = run()
     wall = time.perf_counter() - start
-    cpu_after, own_after = accounting.usage_s(), os.times()
+    cpu_after, own_after = accounting.usage_s(), time.process_time()
     cpu = float("nan")
     if cpu_before is not None and cpu_after is not None:
-        own = own_after.user + own_after.system - own_before.user - own_before.system
+        own = own_after - own_before
         cpu = cpu_after - cpu_before - own
     return wall, cpu, value
 

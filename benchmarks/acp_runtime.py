@@ -214,11 +214,11 @@ def measure(agent: str, rounds: int, work: Path) -> dict[str, Any]:
         runner = asyncio.Runner()
 
         def timed(run: Callable[[], Any], side: str | None = None) -> float:
-            total, before, start = accounting.usage_s(), os.times(), time.perf_counter()
+            total, before, start = accounting.usage_s(), time.process_time(), time.perf_counter()
             runner.run(run())
-            wall, after = time.perf_counter() - start, os.times()
+            wall, after = time.perf_counter() - start, time.process_time()
             if side:
-                own = after.user + after.system - before.user - before.system
+                own = after - before
                 children = float("nan")
                 if total is not None:
                     children = (accounting.usage_s() or 0.0) - total - own

@@ -230,11 +230,13 @@ def measure(runtime: str, rounds: int, work: Path, cli_telemetry: bool = False) 
             cpu["telemetry"] = []
 
         def timed(run: Callable[[], Any], side: str | None = None) -> float:
-            total, before, start = accounting.usage_s(), os.times(), time.perf_counter()
+            # process_time, not os.times(): that one counts in clock ticks of 10 ms, coarser
+            # than the differences measured here.
+            total, before, start = accounting.usage_s(), time.process_time(), time.perf_counter()
             run()
-            wall, after = time.perf_counter() - start, os.times()
+            wall, after = time.perf_counter() - start, time.process_time()
             if side:
-                own = after.user + after.system - before.user - before.system
+                own = after - before
                 if total is not None:  # everything in our cgroup minus this process
                     children = (accounting.usage_s() or 0.0) - total - own
                 else:
