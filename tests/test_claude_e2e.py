@@ -576,8 +576,13 @@ async def test_runtime_output_is_logged_per_session(make_butler, store) -> None:
     record = store.get_session(result.session_id or "")
     assert record is not None and record.log_dir is not None
     stdout = (record.log_dir / "stdout.log").read_text().splitlines()
-    kinds = [json.loads(line)["type"] for line in stdout]
-    assert kinds[0] == "SystemMessage" and kinds[-1] == "ResultMessage"
+    lines = [json.loads(line) for line in stdout]
+    kinds = [(line["type"], line.get("subtype")) for line in lines]
+    # The CLI's own messages, in its order: its start, the turns, its result.
+    assert kinds.index(("system", "init")) < kinds.index(("result", "success"))
+    assert [kind for kind, _ in kinds].count("assistant") == 2
+    # Neither the token deltas nor the SDK's control protocol.
+    assert not {kind for kind, _ in kinds} & {"stream_event", "control_response"}
     text = (record.log_dir / "stdout.log").read_text()
     assert '"name": "Bash"' in text and '"tool_use_id"' in text
 

@@ -74,6 +74,7 @@ from ..events import (
 from ..permissions import NO_APPROVER, PermissionRequest
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
 from ..telemetry.otlp import CliTelemetry
+from ..telemetry.runlog import RunLog
 from ..transcripts import copy_file
 from .base import (
     MCP_UNAVAILABLE,
@@ -201,15 +202,6 @@ def tool_result_text(content: str | list[dict[str, Any]] | None) -> str:
     return "\n".join(parts)
 
 
-def message_json(message: Message) -> str:
-    """One SDK message as a JSON line for the session's stdout log."""
-    return json.dumps(
-        {"type": type(message).__name__, **dataclasses.asdict(message)},
-        ensure_ascii=False,
-        default=str,
-    )
-
-
 def usage_from_api(raw: dict[str, Any] | None) -> Usage:
     raw = raw or {}
     return Usage(
@@ -294,8 +286,6 @@ class _RunState:
 
     def handle(self, message: Message) -> None:
         sid = self.spec.session_id
-        if self.spec.log is not None and not isinstance(message, StreamEvent):
-            self.spec.log.stdout(message_json(message))
         if isinstance(message, StreamEvent):
             event = message.event
             kind = event.get("type")
@@ -507,6 +497,12 @@ def sdk_options(options: ClaudeAgentOptions) -> ClaudeAgentOptions:
     return replace(options, allowed_tools=[])
 
 
+# What the stdout log leaves out: the token deltas (the messages that follow hold the
+# same text) and the SDK's control protocol with the CLI.
+_UNLOGGED = frozenset({"stream_event", "control_request", "control_response",
+                       "control_cancel_request"})  # fmt: skip
+
+
 class _Transport(SubprocessCLITransport):
     """The SDK's own transport, which also keeps the CLI's exit code when it closes.
 
@@ -516,6 +512,16 @@ class _Transport(SubprocessCLITransport):
     """
 
     exit_code: int | None = None
+    log: RunLog | None = None
+
+    async def read_messages(self) -> AsyncIterator[dict[str, Any]]:
+        """The CLI's messages as the SDK reads them, each also a line of the run's stdout
+        log but the token deltas and the SDK's own protocol (as the CLI wrote it, not as
+        the SDK's types re-encode it: that cost a millisecond a message)."""
+        async for data in super().read_messages():
+            if self.log is not None and data.get("type") not in _UNLOGGED:
+                self.log.stdout(json.dumps(data, ensure_ascii=False))
+            yield data
 
     async def close(self) -> None:
         process = self._process  # the SDK keeps no public handle on it
@@ -780,6 +786,7 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         # Our own transport, so that a CLI that died before reading its prompt
         # still tells its exit code.
         transport = _Transport(prompt=prompt, options=cli_options(options))
+        transport.log = state.spec.log
         messages: AsyncIterator[Message] = query(
             prompt=prompt, options=sdk_options(options), transport=transport
         )

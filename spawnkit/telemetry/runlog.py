@@ -4,8 +4,8 @@
 produces them (so a hung or killed run still leaves its trace), each up to a
 size cap after which one marker line says how much was dropped. For Codex and
 Gemini the stdout log holds the CLI's raw JSON lines; for Claude Code, which
-spawnkit reads through the SDK, it holds each message as the SDK parsed it,
-one JSON object per line. Every line passes the run's
+spawnkit reads through the SDK, each JSON message the CLI sent, as the SDK read
+it, one per line (the token deltas left out). Every line passes the run's
 :class:`~spawnkit.redaction.Redactor` before it is written (and before the cap
 is counted), so the injected secrets never reach the disk.
 """
