@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import gen_transcripts  # noqa: E402
 
 from spawnkit import history  # noqa: E402
+from spawnkit.history.workers import SERVER as parse_server  # noqa: E402
 from spawnkit.store import SessionStore  # noqa: E402
 
 WORK = ROOT / "benchmarks" / ".work"
@@ -373,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
             make_store(store_path, args.store_sessions, args.calls_per_session)
         store = measure_store(store_path, args.rounds)
     finally:
+        # The parse server (and so its workers) lives in the cgroup until stopped; a cgroup
+        # with a process left in it cannot be removed.
+        parse_server.stop()
         counter.close()
         shutil.rmtree(homes, ignore_errors=True)
 
