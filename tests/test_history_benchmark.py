@@ -37,6 +37,15 @@ def test_history_benchmark_runs(tmp_path: Path) -> None:
     assert report["cold_vs_ccusage_ratio"] == pytest.approx(
         statistics.median(samples["cold"]) / statistics.median(samples["ccusage"]), abs=0.002
     )
+    # CPU counted for both sides where a cgroup could be made (None where it could not).
+    cpu = report["cold_vs_ccusage_cpu_ratio"]
+    if cpu is not None:
+        assert report["cold_cpu_median_s"] > 0 and report["ccusage_cpu_median_s"] > 0
+        assert cpu == pytest.approx(
+            statistics.median(samples["cold_cpu"]) / statistics.median(samples["ccusage_cpu"]),
+            abs=0.002,
+        )
+        assert "CPU ratio" in done.stdout
     check = report["correctness"]
     assert check["day_mismatches"] == [] and check["session_differences_equal_that_gap"]
     assert "ratio" in done.stdout
