@@ -80,12 +80,20 @@ class RunGroup:
     def ever_ran(self) -> bool:
         """Whether any process ever ran inside (a CLI that could not join leaves it at 0)."""
         try:
-            text = (self.path / self.usage_file).read_text()
+            fd = os.open(self.path / self.usage_file, os.O_RDONLY)
+            try:
+                text = os.read(fd, 256)
+            finally:
+                os.close(fd)
         except OSError:
             return False
         first = text.split()
         value = first[1] if self.usage_file == "cpu.stat" and len(first) > 1 else first[0]
         return value.isdigit() and int(value) > 0
+
+    def left_nothing(self) -> bool:
+        """Whether it ran and is empty: then :meth:`reap` is one ``rmdir``, nothing to wait."""
+        return self.ever_ran() and not self.pids()
 
     def reap(self, wait: float = KILL_WAIT_S) -> list[int]:
         """Kill every process left in the cgroup, remove it; the pids that were there."""

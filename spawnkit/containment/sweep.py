@@ -41,6 +41,7 @@ store, which sweeps whenever it is opened.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -192,8 +193,17 @@ def _create_key(path: Path) -> None:
 
 
 def run_home() -> str:
-    """What :data:`HOME_VAR` says in the environment of this home's runs: its real path."""
-    return os.path.realpath(home_path())
+    """What :data:`HOME_VAR` says in the environment of this home's runs: its real path.
+
+    Resolved once per home path (every run asks): a home that is a symlink turned to
+    another folder while this process runs keeps the real path it had.
+    """
+    return _real_path(os.fspath(home_path()))
+
+
+@functools.lru_cache(maxsize=16)
+def _real_path(path: str) -> str:
+    return os.path.realpath(path)
 
 
 # -- process facts (Linux /proc) -----------------------------------------------------------
