@@ -72,22 +72,13 @@ class RunGroup:
         return (_SH, "-c", _JOIN, str(self.path / _PROCS))
 
     def pids(self) -> list[int]:
-        try:
-            return [int(line) for line in (self.path / _PROCS).read_text().split()]
-        except FileNotFoundError:
-            return []
+        return [int(pid) for pid in _read(self.path / _PROCS).split()]
 
     def ever_ran(self) -> bool:
         """Whether any process ever ran inside (a CLI that could not join leaves it at 0)."""
-        try:
-            fd = os.open(self.path / self.usage_file, os.O_RDONLY)
-            try:
-                text = os.read(fd, 256)
-            finally:
-                os.close(fd)
-        except OSError:
+        first = _read(self.path / self.usage_file).split()[:2]
+        if not first:
             return False
-        first = text.split()
         value = first[1] if self.usage_file == "cpu.stat" and len(first) > 1 else first[0]
         return value.isdigit() and int(value) > 0
 
@@ -114,6 +105,24 @@ class RunGroup:
                 _kill_all(self)  # a process forked while we killed: again
                 time.sleep(0.005)
         return found
+
+
+def _read(path: Path) -> bytes:
+    """A cgroup file's contents (b"" once the cgroup is gone): plain reads, for they are
+    made twice a run."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return b""
+    chunks: list[bytes] = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 def _kill_all(group: RunGroup) -> None:
