@@ -30,7 +30,9 @@ extension loading. :func:`sweep`
    between the scan and the kill is never signalled; removes the workspace, only if it is
    a real folder of this user directly inside this home's ``workspaces`` folder (symlinks
    resolved), and the folder of a ``repo=`` run's worktree (``worktrees/<session id>``); and
-   marks the record ``crashed`` with what it did. (A CLI's output file,
+   marks the record ``crashed`` with what it did. An unsandboxed run's cgroup
+   (:mod:`spawnkit.containment.run_group`), when one is left beside this process's own, is
+   emptied and removed as well. (A CLI's output file,
    where its stdout is not a pipe, has no name: it went with the last process that had it
    open.)
 
