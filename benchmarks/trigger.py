@@ -12,25 +12,30 @@ parsing, the end-of-run reap, cleanup). Sides, alternating round by round after 
 The figure is the CPU of this process (``RUSAGE_SELF``: every thread of it, not its
 children, which ``RUSAGE_CHILDREN`` counts apart) per run, median over rounds, for one run
 at a time and for 100 triggered at once (with their wall time). ``*_own_cpu_ms`` minus the
-bare side's is what spawnkit adds. Usage::
+bare side's is what spawnkit adds. ``--host-processes N`` keeps N more idle processes on
+the host while it measures: the end-of-run reap of an unsandboxed run once scanned every
+process, so its cost grew with their number. Usage::
 
     .venv/bin/python benchmarks/trigger.py [--rounds 7] [--batch 20] [--concurrent 100]
+        [--host-processes 0] [--no-sandbox]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -156,12 +161,26 @@ def sandbox_works() -> bool:
     return True
 
 
+@contextlib.contextmanager
+def idle_processes(count: int) -> Iterator[None]:
+    """``count`` sleeping processes on the host for as long as the block runs."""
+    sleepers = [subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+        for sleeper in sleepers:
+            sleeper.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--batch", type=int, default=20, help="runs per round, one at a time")
     parser.add_argument("--concurrent", type=int, default=100, help="runs triggered at once")
     parser.add_argument("--no-sandbox", action="store_true", help="skip the sandboxed side")
+    parser.add_argument("--host-processes", type=int, default=0, help="idle processes to add")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     # Each unsandboxed run warns that it has no sandbox: known, and not what is measured.
@@ -171,11 +190,14 @@ def main() -> None:
         os.environ["SPAWNKIT_HOME"] = str(home / "home")
         sandboxed = not args.no_sandbox and sandbox_works()
         spawners = make_spawners(home, args.concurrent, sandboxed)
-        sides = asyncio.run(measure(args.rounds, args.batch, args.concurrent, spawners))
+        with idle_processes(args.host_processes):
+            host_processes = sum(1 for entry in Path("/proc").iterdir() if entry.name.isdigit())
+            sides = asyncio.run(measure(args.rounds, args.batch, args.concurrent, spawners))
     result = {
         "benchmark": "trigger", "python": sys.version.split()[0], "cpus": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()], "rounds": args.rounds,
-        "batch": args.batch, "concurrent": args.concurrent, "sides": sides,
+        "batch": args.batch, "concurrent": args.concurrent, "host_processes": host_processes,
+        "sides": sides,
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
