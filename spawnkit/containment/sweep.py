@@ -30,7 +30,9 @@ extension loading. :func:`sweep`
    between the scan and the kill is never signalled; removes the workspace, only if it is
    a real folder of this user directly inside this home's ``workspaces`` folder (symlinks
    resolved), and the folder of a ``repo=`` run's worktree (``worktrees/<session id>``); and
-   marks the record ``crashed`` with what it did. (A CLI's output file,
+   marks the record ``crashed`` with what it did. An unsandboxed run's cgroup
+   (:mod:`spawnkit.containment.run_group`), when one is left beside this process's own, is
+   emptied and removed as well. (A CLI's output file,
    where its stdout is not a pipe, has no name: it went with the last process that had it
    open.)
 
@@ -41,6 +43,7 @@ store, which sweeps whenever it is opened.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -60,6 +63,7 @@ from typing import Literal, Protocol
 from ..errors import HomeNotWritable
 from ..home import home_path, spawnkit_home
 from ..worktree import WORKTREES_DIR
+from .run_group import RunGroup, leftover_group
 from .workspace import PREFIX as WORKSPACE_PREFIX
 from .workspace import WORKSPACES_DIR
 
@@ -191,8 +195,17 @@ def _create_key(path: Path) -> None:
 
 
 def run_home() -> str:
-    """What :data:`HOME_VAR` says in the environment of this home's runs: its real path."""
-    return os.path.realpath(home_path())
+    """What :data:`HOME_VAR` says in the environment of this home's runs: its real path.
+
+    Resolved once per home path (every run asks): a home that is a symlink turned to
+    another folder while this process runs keeps the real path it had.
+    """
+    return _real_path(os.fspath(home_path()))
+
+
+@functools.lru_cache(maxsize=16)
+def _real_path(path: str) -> str:
+    return os.path.realpath(path)
 
 
 # -- process facts (Linux /proc) -----------------------------------------------------------
@@ -292,12 +305,19 @@ def run_processes(runs: Sequence[OpenRun]) -> dict[str, list[tuple[int, str]]]:
     return found
 
 
-def reap(session_id: str, workspace: Path | None) -> list[int]:
+def reap(session_id: str, workspace: Path | None, group: RunGroup | None = None) -> list[int]:
     """Kill what is left of a run that is ending in this process; the pids killed.
 
     A CLI that is stopped can leave its tools behind: Gemini runs them in sessions of
-    their own, which terminating the CLI's process group does not reach.
+    their own, which terminating the CLI's process group does not reach. A run with a
+    cgroup of its own (:mod:`spawnkit.containment.run_group`) is reaped through it, looking
+    at no other process; one without (none could be made, or its CLI could not join it)
+    by a scan of this user's processes for its marker.
     """
+    if group is not None:
+        if group.ever_ran():
+            return group.reap()
+        group.reap()  # its CLI never joined it: removed, and the scan below looks
     found = run_processes([OpenRun(session_id, os.getpid(), None, workspace)])
     return kill_processes(found[session_id])
 
@@ -464,6 +484,8 @@ def sweep(store: SweptStore) -> list[SweptRun]:
         if verdicts[run.session_id] == "ours":
             found = processes[run.session_id]
             killed = kill_processes(found)
+            if (group := leftover_group(run.session_id)) is not None:
+                killed += [pid for pid in group.reap() if pid not in killed]
             survivors = tuple(pid for pid, start in found if _live_start(pid) == start)
             removed = remove_workspace(run.workspace) if run.workspace is not None else None
             reason = _reason(run, len(killed), survivors, removed)

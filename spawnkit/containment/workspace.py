@@ -29,7 +29,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..config.butler_config import ButlerConfig
-from ..home import spawnkit_home
+from ..home import home_path, spawnkit_home
 from ..signals import finish_in_thread
 from .sources import Source
 
@@ -51,6 +51,22 @@ def workspace_path(butler: str, root: Path | None = None) -> Path:
     return base / f"{PREFIX}{butler}_{uuid.uuid4().hex}"
 
 
+def _make_workspace(butler: str, root: Path | None) -> Path:
+    """A new workspace folder; the home and its workspaces folder are made only when missing
+    (one ``mkdir`` a run, not three)."""
+    path = (root if root is not None else home_path() / WORKSPACES_DIR) / (
+        f"{PREFIX}{butler}_{uuid.uuid4().hex}"
+    )
+    try:
+        path.mkdir(mode=0o700, parents=False, exist_ok=False)
+    except FileNotFoundError:
+        if root is not None:
+            raise
+        path = workspace_path(butler)
+        path.mkdir(mode=0o700, parents=False, exist_ok=False)
+    return path
+
+
 @asynccontextmanager
 async def run_workspace(butler: ButlerConfig, root: Path | None = None) -> AsyncIterator[Path]:
     """Create a private directory for one run and remove it however the block ends.
@@ -59,8 +75,7 @@ async def run_workspace(butler: ButlerConfig, root: Path | None = None) -> Async
     on a busy disk, which would stall every other run on the event loop), and the block
     ends only when it is done: a cancellation meanwhile is held until then.
     """
-    path = workspace_path(butler.name, root)
-    path.mkdir(mode=0o700, parents=False, exist_ok=False)
+    path = _make_workspace(butler.name, root)
     try:
         skills = butler.directory / "skills"
         if skills.is_dir() and butler.workdir is None:

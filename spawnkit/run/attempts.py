@@ -21,6 +21,9 @@ from typing import Any, cast
 
 from ..budgets.budget import LimitHit, RunBudget, day_start, max_turns_message
 from ..config.retry import RETRYABLE_KINDS, retry_after_hint
+from ..containment import run_group
+from ..containment.run_group import RunGroup
+from ..containment.sandbox import SandboxPlan
 from ..containment.sweep import reap
 from ..containment.workspace import run_workspace
 from ..errors import (
@@ -33,7 +36,7 @@ from ..errors import (
 )
 from ..events import Started
 from ..result import Attempt, AttemptOutcome, RunStatus, SpawnerResult, tool_count
-from ..runtimes.base import RunOutcome, RunSpec
+from ..runtimes.base import RunOutcome, RunSpec, RuntimeAdapter
 from ..signals import finish_in_thread
 from ..telemetry.spans import RunSpan, run_span
 from .accepted import CANCEL_GRACE_S, AcceptedRun
@@ -192,10 +195,15 @@ class Attempts:
         error_kind: str | None = None
         exit_code: int | None = None
         contained = False  # in a pid namespace: whatever the run started is gone with it
+        group: RunGroup | None = None  # else, where one can be made: a cgroup of its own
         try:
             async with contextlib.AsyncExitStack() as parts:
                 spec = await self.assembly.assemble(run, workspace, span, parts)
                 contained = spec.sandbox.kind == "bwrap"
+                if not contained:
+                    group = await _run_group(run.session_id)
+                    if group is not None:
+                        spec = replace(spec, sandbox=grouped(spec.sandbox, group))
                 async with asyncio.timeout(run.timeout_s):
                     outcome = await self._invoke(run, spec)
             status = "success" if outcome.success else "failed"
@@ -239,12 +247,14 @@ class Attempts:
                 collector, "cancelled", "the run was cancelled", "cancelled"
             )
             span.finish(replace(cancelled, duration_ms=ms_since(clock)))
-            await finish_in_thread(reap, run.session_id, workspace)
+            if not contained:
+                await _reap(run.session_id, workspace, group)
             raise
         finally:
-            await asyncio.shield(
-                in_thread(self.recorder.keep_transcripts, worker, workspace, run.redactor)
-            )
+            if keeps_transcripts(worker):
+                await asyncio.shield(
+                    in_thread(self.recorder.keep_transcripts, worker, workspace, run.redactor)
+                )
         if outcome is not None and not outcome.success:
             worker.reset()
         result = self.recorder.result(
@@ -254,13 +264,13 @@ class Attempts:
             result = replace(result, exit_code=exit_code)
         result = self.recorder.with_budget(run, result)
         span.finish(result)
-        # Whatever carries the run's marker now is a leftover: tools a stopped CLI left
+        # Whatever is left in the run's cgroup now is a leftover: tools a stopped CLI left
         # running, or children the agent backgrounded into sessions of their own (Claude
-        # Code and Gemini do that to every tool). Outside a sandbox only this finds them,
-        # by a scan of every process on the host (in a thread: it grows with their
-        # number); in one, the end of its pid namespace has killed them all.
+        # Code and Gemini do that to every tool). Outside a sandbox only this finds them
+        # (in a thread: killing waits for them to go; where no cgroup could be made, a scan
+        # of this user's processes); in one, the end of its pid namespace has killed them.
         if not contained:
-            await finish_in_thread(reap, run.session_id, workspace)
+            await _reap(run.session_id, workspace, group)
         return result
 
     async def _invoke(self, run: AcceptedRun, spec: RunSpec) -> RunOutcome:
@@ -295,6 +305,34 @@ class Attempts:
             raise LimitReached(reached.result())
         run.budget.hit = None  # reached on its last turn: the run ended by itself
         return invoke.result()
+
+
+async def _run_group(session_id: str) -> RunGroup | None:
+    """The unsandboxed run's cgroup (:mod:`spawnkit.containment.run_group`); the first of
+    this process probes where one can be made, in a thread (it starts a process)."""
+    if run_group.decided():
+        return run_group.open_run_group(session_id)
+    return await asyncio.to_thread(run_group.open_run_group, session_id)
+
+
+async def _reap(session_id: str, workspace: Path, group: RunGroup | None) -> None:
+    """Kill what the unsandboxed run left, off the loop; a cgroup left empty (the common
+    case) is only removed, here: one ``rmdir`` costs less than a thread."""
+    if group is not None and group.left_nothing():
+        group.reap()
+        return
+    await finish_in_thread(reap, session_id, workspace, group)
+
+
+def keeps_transcripts(worker: RuntimeAdapter) -> bool:
+    """Whether the worker may have transcripts to keep (else no thread is started for it)."""
+    plain = type(worker).keep_transcripts is RuntimeAdapter.keep_transcripts
+    return not plain or worker.transcripts_dir is not None
+
+
+def grouped(plan: SandboxPlan, group: RunGroup) -> SandboxPlan:
+    """``plan`` with its CLI joining ``group`` first."""
+    return replace(plan, argv=(*group.argv, *plan.argv))
 
 
 class LimitReached(Exception):
