@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -158,10 +158,10 @@ class Assembly:
         async def store() -> None:
             try:
                 await asyncio.to_thread(
-                    self.settings.store.record_cli_spans, [asdict(s) for s in receiver.finished()]
+                    self.settings.store.record_cli_spans, [s.row() for s in receiver.finished()]
                 )
                 await asyncio.to_thread(
-                    self.settings.store.record_cli_events, [asdict(e) for e in receiver.events]
+                    self.settings.store.record_cli_events, [e.row() for e in receiver.events]
                 )
             except StoreError:
                 logger.exception("could not store the CLI spans of run %s", run.session_id)
