@@ -152,6 +152,7 @@ class Assembly:
             ),
             forward=self.settings.otlp_target,
             on_timing=run.collector.emit,  # live: the views show each request and tool
+            signals=self.settings.cli_telemetry,
         )
         run.redactor.add_run_secret("SPAWNKIT_OTLP_SECRET", receiver.secret)
 

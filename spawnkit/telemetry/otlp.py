@@ -63,6 +63,7 @@ from typing import Any
 from google.protobuf.json_format import ParseDict, ParseError
 
 from .. import _asgi
+from ..config.cli_telemetry import CLI_SIGNALS, CliSignal
 from ..events import Timing
 from ..redaction import Redactor
 from .otlp_decode import (
@@ -119,6 +120,9 @@ class CliTelemetry:
     endpoint: str
     session_id: str
     secret: str = field(repr=False)
+    # The signals the CLI is asked to export ([butler.telemetry] cli); a CLI that cannot
+    # leave one out sends it anyway, and the receiver drops it unread.
+    signals: frozenset[CliSignal] = CLI_SIGNALS
 
     @property
     def traces_url(self) -> str:
@@ -145,7 +149,8 @@ class OtlpReceiver:
     the run has no recording span (then nothing is re-parented). ``prompt`` is kept
     out of every stored attribute, like the run's secrets (``redactor``). ``on_timing``
     gets a :class:`~spawnkit.events.Timing` for each model request and tool call a log
-    event reports (:mod:`spawnkit.telemetry.timings`), as the event arrives.
+    event reports (:mod:`spawnkit.telemetry.timings`), as the event arrives. Only
+    ``signals`` are kept; requests of the others are answered and dropped unread.
     """
 
     def __init__(
@@ -157,8 +162,11 @@ class OtlpReceiver:
         run_trace: tuple[str, str] | None = None,
         forward: OtlpTarget | None = None,
         on_timing: Callable[[Timing], None] | None = None,
+        signals: frozenset[CliSignal] = CLI_SIGNALS,
     ) -> None:
         self.session_id = session_id
+        self.signals = signals
+        self.unwanted = 0  # requests of a signal not asked for, dropped unread
         self.on_timing = on_timing
         self.timings = RunTimings(session_id)
         self.forward = forward
@@ -412,6 +420,10 @@ class OtlpReceiver:
             await self._too_large(send)
             return
         content_type = headers.get("content-type", "application/x-protobuf")
+        if signal not in self.signals:  # a CLI that cannot leave it out (Gemini's metrics)
+            self.unwanted += 1
+            await _respond(send, 200, b"{}" if "json" in content_type else b"", content_type)
+            return
         encoding = headers.get("content-encoding", "").strip().lower()
         async with self._turn:  # FIFO: requests are kept in the order they were read
             try:
@@ -454,7 +466,7 @@ class OtlpReceiver:
                 forwarder = Forwarder(self.forward, f"run {self.session_id}")
                 self.forwarder = await stack.enter_async_context(forwarder.running())
             async with _asgi.serve(self, "127.0.0.1", 0) as address:
-                yield CliTelemetry(address.url, self.session_id, self.secret)
+                yield CliTelemetry(address.url, self.session_id, self.secret, self.signals)
         if self.dropped:
             logger.warning("run %s: %d CLI spans, events or points over the limit were not kept",
                            self.session_id, self.dropped)  # fmt: skip
