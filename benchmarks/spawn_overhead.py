@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import dataclasses
 import json
@@ -365,6 +366,8 @@ class CpuAccounting:
 
 
 accounting = CpuAccounting()
+# Its cgroup goes when the process ends, however it ends (a failed run raises SystemExit).
+atexit.register(accounting.close)
 
 
 def cpu_figures(cpu: dict[str, list[tuple[float, float]]]) -> dict[str, float | None]:
@@ -450,6 +453,7 @@ def main() -> None:
     out = args.out or (TELEMETRY_RESULTS if args.cli_telemetry else RESULTS)
 
     work = Path(tempfile.mkdtemp(prefix="spawnkit-bench-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
     os.environ["HOME"] = str(work / "home")
     os.environ["SPAWNKIT_HOME"] = str(work / "spawnkit")
     (work / "home").mkdir()
