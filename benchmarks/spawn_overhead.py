@@ -30,16 +30,21 @@ machine hits all alike; the figure is the ratio of the medians. With
 CLI's own telemetry on (``Spawner(cli_telemetry=True)``: the run's OTLP receiver,
 the CLI exporting spans, logs and metrics, all stored), reported as the extra
 seconds per run over spawnkit without it (written to
-``results/spawn_overhead_cli_telemetry.json``). Usage::
+``results/spawn_overhead_cli_telemetry.json``), and its extra CPU per run, in the CLI's
+processes and in this process, as a share of a run's CPU without it (medians of each
+round's difference, with their spread). ``--cli-telemetry logs`` (any choice
+``Spawner(cli_telemetry=...)`` takes) measures that choice instead of everything;
+``--telemetry-only`` runs only the two sides it compares. Usage::
 
     .venv/bin/python benchmarks/spawn_overhead.py [--rounds 8] [--runtimes claude-code,codex]
-        [--cli-telemetry]
+        [--cli-telemetry [CHOICE]] [--telemetry-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import dataclasses
 import json
@@ -172,7 +177,13 @@ def adapter_bare(
     return run
 
 
-def measure(runtime: str, rounds: int, work: Path, cli_telemetry: bool = False) -> dict[str, Any]:
+def measure(
+    runtime: str,
+    rounds: int,
+    work: Path,
+    cli_telemetry: bool | str = False,
+    telemetry_only: bool = False,
+) -> dict[str, Any]:
     base = load_roster(ROOT / "roster")["health"]
     butler = dataclasses.replace(base, runtime=dataclasses.replace(base.runtime, type=runtime))
     store = SessionStore(work / f"{runtime}.db")
@@ -207,7 +218,7 @@ def measure(runtime: str, rounds: int, work: Path, cli_telemetry: bool = False) 
         )  # fmt: skip
         traced = Spawner(
             butler, store=store, base_url=replay_address.url, mcp_port=mcp_address.port,
-            mcp_access=access, cli_telemetry=True,
+            mcp_access=access, cli_telemetry=cli_telemetry or True,
         )  # fmt: skip
         if runtime == "claude-code":
             bare = claude_bare(butler, replay_address.url, mcp_address.port, work, secret)
@@ -218,20 +229,21 @@ def measure(runtime: str, rounds: int, work: Path, cli_telemetry: bool = False) 
             result = await chosen.trigger(PROMPT)
             if not result.success or "measurements/weight" not in result.output:
                 raise SystemExit(f"spawnkit {runtime} failed: {result.error} {result.output[:300]}")
-            if chosen is traced and not store.cli_spans(result.session_id):
-                raise SystemExit(f"spawnkit {runtime}: CLI telemetry on, and no span stored")
+            if chosen is traced and not (
+                store.cli_spans(result.session_id) or store.cli_events(result.session_id)
+            ):
+                raise SystemExit(f"spawnkit {runtime}: CLI telemetry on, and nothing stored")
 
         runner = asyncio.Runner()
 
-        cpu: dict[str, list[tuple[float, float]]] = {
-            "bare": [], "spawnkit": [], "host_network": [], "unsandboxed": [],
-        }  # fmt: skip
+        cpu: dict[str, list[tuple[float, float]]] = {"spawnkit": []}
+        if not telemetry_only:
+            cpu.update({"bare": [], "host_network": [], "unsandboxed": []})
         if cli_telemetry:
             cpu["telemetry"] = []
 
         def timed(run: Callable[[], Any], side: str | None = None) -> float:
-            # process_time, not os.times(): that one counts in clock ticks of 10 ms, coarser
-            # than the differences measured here.
+            # This process's CPU to the microsecond (os.times counts 10 ms ticks).
             total, before, start = accounting.usage_s(), time.process_time(), time.perf_counter()
             run()
             wall, after = time.perf_counter() - start, time.process_time()
@@ -256,18 +268,23 @@ def measure(runtime: str, rounds: int, work: Path, cli_telemetry: bool = False) 
         def without_sandbox() -> None:
             runner.run(through_spawnkit(unsandboxed))
 
-        timed(bare)  # warm-up: the CLI's files in the page cache
+        others = not telemetry_only  # the bare CLI, and spawnkit without its sandboxes
+        if others:
+            timed(bare)  # warm-up: the CLI's files in the page cache
         timed(via_spawnkit)
-        timed(on_host_network)
-        timed(without_sandbox)
+        if others:
+            timed(on_host_network)
+            timed(without_sandbox)
         if cli_telemetry:
             timed(with_telemetry)
         bare_s, spawnkit_s, host_s, open_s, telemetry_s = [], [], [], [], []
         for _ in range(rounds):
-            bare_s.append(timed(bare, "bare"))
+            if others:
+                bare_s.append(timed(bare, "bare"))
             spawnkit_s.append(timed(via_spawnkit, "spawnkit"))
-            host_s.append(timed(on_host_network, "host_network"))
-            open_s.append(timed(without_sandbox, "unsandboxed"))
+            if others:
+                host_s.append(timed(on_host_network, "host_network"))
+                open_s.append(timed(without_sandbox, "unsandboxed"))
             if cli_telemetry:
                 telemetry_s.append(timed(with_telemetry, "telemetry"))
         runner.close()
@@ -276,13 +293,19 @@ def measure(runtime: str, rounds: int, work: Path, cli_telemetry: bool = False) 
     if cli_telemetry:
         median = statistics.median(telemetry_s)
         telemetry = {
+            "cli_telemetry": cli_telemetry,
             "cli_telemetry_median_s": round(median, 4),
             "cli_telemetry_extra_s": round(median - statistics.median(spawnkit_s), 4),
             "cli_telemetry_s": [round(x, 4) for x in telemetry_s],
+            **telemetry_cpu(cpu["spawnkit"], cpu["telemetry"]),
         }
+    version = {"cli_version": asyncio.run(adapter.binary_version()), "rounds": rounds}
+    if telemetry_only:
+        return {**version, "spawnkit_median_s": round(statistics.median(spawnkit_s), 4),
+                "spawnkit_s": [round(x, 4) for x in spawnkit_s], **cpu_figures(cpu),
+                **telemetry}  # fmt: skip
     return {
-        "cli_version": asyncio.run(adapter.binary_version()),
-        "rounds": rounds,
+        **version,
         "bare_median_s": round(statistics.median(bare_s), 4),
         "spawnkit_median_s": round(statistics.median(spawnkit_s), 4),
         "ratio": round(statistics.median(spawnkit_s) / statistics.median(bare_s), 3),
@@ -343,6 +366,8 @@ class CpuAccounting:
 
 
 accounting = CpuAccounting()
+# Its cgroup goes when the process ends, however it ends (a failed run raises SystemExit).
+atexit.register(accounting.close)
 
 
 def cpu_figures(cpu: dict[str, list[tuple[float, float]]]) -> dict[str, float | None]:
@@ -355,6 +380,8 @@ def cpu_figures(cpu: dict[str, list[tuple[float, float]]]) -> dict[str, float | 
             round(statistics.median(children), 4) if len(children) == len(samples) else None
         )
         figures[f"{side}_own_cpu_s"] = round(statistics.median(o for _, o in samples), 4)
+    if "bare" not in cpu:  # --telemetry-only
+        return figures
     bare, ours = figures["bare_child_cpu_s"], figures["spawnkit_child_cpu_s"]
     figures["child_cpu_ratio"] = round(ours / bare, 3) if bare and ours is not None else None
     # Everything a run costs the machine: the CLI's processes and this process, each side.
@@ -371,19 +398,62 @@ def cpu_figures(cpu: dict[str, list[tuple[float, float]]]) -> dict[str, float | 
     return figures
 
 
+def telemetry_cpu(off: list[tuple[float, float]], on: list[tuple[float, float]]) -> dict[str, Any]:
+    """What the CLI's telemetry adds to a run's CPU: each round's difference (on minus off,
+    in the CLI's processes and in this process), their medians and spread, and the median
+    total difference as a share of the median run's CPU without it. None where no cgroup."""
+    pairs = list(zip(off, on, strict=True))
+    child = [b[0] - a[0] for a, b in pairs]
+    own = [b[1] - a[1] for a, b in pairs]
+    figures: dict[str, Any] = {
+        "cli_telemetry_extra_own_cpu_s": round(statistics.median(own), 4),
+        "cli_telemetry_extra_own_cpu_spread_s": [round(min(own), 4), round(max(own), 4)],
+    }
+    if any(math.isnan(c) for c, _ in off + on):
+        return {**figures, "cli_telemetry_extra_child_cpu_s": None, "cli_telemetry_cpu_share": None}
+    total = [c + o for c, o in zip(child, own, strict=True)]
+    run_cpu = statistics.median(c + o for c, o in off)
+    return {
+        **figures,
+        "cli_telemetry_extra_child_cpu_s": round(statistics.median(child), 4),
+        "cli_telemetry_extra_child_cpu_spread_s": [round(min(child), 4), round(max(child), 4)],
+        "cli_telemetry_extra_cpu_s": round(statistics.median(total), 4),
+        "cli_telemetry_cpu_share": round(statistics.median(total) / run_cpu, 3),
+    }
+
+
+def print_telemetry(runtime: str, result: dict[str, Any]) -> None:
+    print(
+        f"{runtime}: with CLI telemetry on ({result['cli_telemetry']}), median "
+        f"{result['cli_telemetry_median_s']:.3f} s: {result['cli_telemetry_extra_s']:+.3f} s per "
+        f"run; CPU per run {result.get('cli_telemetry_extra_child_cpu_s')} s more in the CLI's "
+        f"processes, {result['cli_telemetry_extra_own_cpu_s']} s in ours: "
+        f"+{result.get('cli_telemetry_cpu_share')} of a run's CPU (target <= 0.10)",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--runtimes", default="claude-code,codex,gemini")
     parser.add_argument("--out", type=Path, default=None, help="where to write the JSON")
     parser.add_argument(
-        "--cli-telemetry", action="store_true",
-        help="also time runs with the CLI's own telemetry on (the extra seconds per run)",
+        "--cli-telemetry", nargs="?", const=True, default=False, metavar="CHOICE",
+        help="also time runs with the CLI's own telemetry on (the extra seconds and CPU per "
+        'run); CHOICE as Spawner(cli_telemetry=...) takes it ("logs", "logs+metrics")',
+    )  # fmt: skip
+    parser.add_argument(
+        "--telemetry-only", action="store_true",
+        help="with --cli-telemetry: only spawnkit with and without it (no bare CLI)",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.telemetry_only and not args.cli_telemetry:
+        parser.error("--telemetry-only needs --cli-telemetry")
     out = args.out or (TELEMETRY_RESULTS if args.cli_telemetry else RESULTS)
 
     work = Path(tempfile.mkdtemp(prefix="spawnkit-bench-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
     os.environ["HOME"] = str(work / "home")
     os.environ["SPAWNKIT_HOME"] = str(work / "spawnkit")
     (work / "home").mkdir()
@@ -392,8 +462,11 @@ def main() -> None:
         "runtimes": {},
     }  # fmt: skip
     for runtime in args.runtimes.split(","):
-        result = measure(runtime, args.rounds, work, args.cli_telemetry)
+        result = measure(runtime, args.rounds, work, args.cli_telemetry, args.telemetry_only)
         report["runtimes"][runtime] = result
+        if args.telemetry_only:
+            print_telemetry(runtime, result)
+            continue
         print(
             f"{runtime}: bare CLI median {result['bare_median_s']:.3f} s, spawnkit median "
             f"{result['spawnkit_median_s']:.3f} s, ratio {result['ratio']:.3f} over "
@@ -408,11 +481,7 @@ def main() -> None:
             flush=True,
         )
         if args.cli_telemetry:
-            print(
-                f"{runtime}: with CLI telemetry on, median {result['cli_telemetry_median_s']:.3f}"
-                f" s: {result['cli_telemetry_extra_s']:+.3f} s per run",
-                flush=True,
-            )
+            print_telemetry(runtime, result)
     accounting.close()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

@@ -55,7 +55,7 @@ def test_spawn_overhead_times_cli_telemetry_when_asked(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "spawn_overhead.py"), "--rounds", "1",
-         "--runtimes", "claude-code", "--cli-telemetry", "--out", str(out)],
+         "--runtimes", "claude-code", "--cli-telemetry", "--telemetry-only", "--out", str(out)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -65,6 +65,15 @@ def test_spawn_overhead_times_cli_telemetry_when_asked(tmp_path: Path) -> None:
         report["cli_telemetry_median_s"] - report["spawnkit_median_s"], abs=0.002
     )
     assert "with CLI telemetry on" in done.stdout
+    assert "bare_median_s" not in report  # --telemetry-only: the two sides it compares
+    # Its extra CPU per run, in ours and (with a cgroup) in the CLI's, and the share.
+    assert report["cli_telemetry_extra_own_cpu_s"] == pytest.approx(
+        report["telemetry_own_cpu_s"] - report["spawnkit_own_cpu_s"], abs=0.002
+    )  # one round: the median difference is the difference of the medians
+    if report["spawnkit_child_cpu_s"] is not None:
+        extra = report["cli_telemetry_extra_cpu_s"]
+        run = report["spawnkit_child_cpu_s"] + report["spawnkit_own_cpu_s"]
+        assert report["cli_telemetry_cpu_share"] == pytest.approx(extra / run, abs=0.002)
 
 
 def test_render_benchmark_runs(tmp_path: Path) -> None:

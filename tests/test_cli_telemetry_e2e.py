@@ -225,3 +225,26 @@ async def test_everything_is_forwarded_to_the_users_collector(
     assert CANARY not in everything
     assert "zebra-quokka" not in everything
     assert "process.command_args" not in everything
+
+
+async def test_logs_only_keeps_the_timings_and_no_spans_or_metrics(
+    make_butler, runtime: str, isolated_home: Path
+) -> None:
+    """``[butler.telemetry] cli = "logs"``: the CLI exports its log events alone (Gemini,
+    which cannot leave its metrics out, has them dropped unread); the timings a user reads
+    are all there, the spans and metric points are not."""
+    butler = make_butler(extra='[butler.telemetry]\ncli = "logs"\n').with_runtime(runtime)
+    store = SessionStore()
+    scenario = Scenario.from_dict(
+        tomllib.loads(SCRIPT.replace("$CANARY_TOKEN", "hi")), source="<logs>"
+    )
+    async with ButlerService(butler, store=store, replay=scenario) as svc:
+        result = await svc.trigger(PROMPT)
+    assert result.success, result.error
+    assert store.cli_spans(result.session_id) == []
+    events = store.cli_events(result.session_id)
+    assert events and {e["kind"] for e in events} == {"log"}
+    timings = history.timings(store=store, session_id=result.session_id)
+    assert timings["kind"].tolist().count("model") == 3, set(e["name"] for e in events)
+    tool = {"claude-code": "Bash", "codex": "exec_command", "gemini": "run_shell_command"}[runtime]
+    assert tool in set(timings["name"])

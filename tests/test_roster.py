@@ -586,11 +586,14 @@ def test_agent_role_errors(tmp_path: Path, table: str, key: str, error: str) -> 
     assert message.startswith(f"{path}: [{key}]: {error}"), message
 
 
-def test_telemetry_cli_is_a_bool(tmp_path: Path) -> None:
+def test_telemetry_cli_is_a_bool_or_signals(tmp_path: Path) -> None:
     path, message = load_error(
         tmp_path, MINIMAL.format(name="health", port=8201) + '[butler.telemetry]\ncli = "yes"\n'
     )
-    assert message == f"{path}: [butler.telemetry.cli]: must be true or false"
+    assert message == (
+        f'{path}: [butler.telemetry.cli]: must be true, false, "all", or signals joined by "+" '
+        'from "traces", "logs", "metrics"'
+    )
 
 
 async def test_a_prompt_that_is_not_utf8_is_refused_when_loaded_and_when_run(

@@ -298,8 +298,9 @@ class ButlerConfig:
     # [butler.retry]: rate-limited runs started again, and the spacing of run starts.
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # [butler.telemetry] cli: the agent CLI exports its own spans to the run's
-    # receiver (spawnkit.telemetry.otlp), joined to the run's trace.
-    cli_telemetry: bool = False
+    # receiver (spawnkit.telemetry.otlp), joined to the run's trace. True, or the
+    # signals it exports (spawnkit.config.cli_telemetry).
+    cli_telemetry: bool | str = False
     # [butler.permissions]: tools allowed only when a person says yes, call by call.
     permissions: PermissionsConfig = field(default_factory=PermissionsConfig)
 

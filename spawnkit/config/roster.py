@@ -62,6 +62,8 @@ from .butler_config import (
     placeholders,
     read_utf8,
 )
+from .cli_telemetry import CHOICE_HELP as CLI_TELEMETRY_HELP
+from .cli_telemetry import cli_signals
 from .limits import Limits
 from .retry import RetryPolicy
 from .runtime_names import canonical_runtime
@@ -282,8 +284,10 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
     telemetry = b.table("telemetry")
     telemetry.check_keys({"cli"})
     cli_telemetry = telemetry.data.get("cli", False)
-    if not isinstance(cli_telemetry, bool):
-        raise telemetry.error("cli", "must be true or false")
+    try:
+        cli_signals(cli_telemetry)
+    except ConfigError:
+        raise telemetry.error("cli", f"must be {CLI_TELEMETRY_HELP}") from None
     runtime = replace(
         runtime,
         max_turns=limits.max_turns or runtime.max_turns,

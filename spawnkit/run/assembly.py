@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -152,16 +152,17 @@ class Assembly:
             ),
             forward=self.settings.otlp_target,
             on_timing=run.collector.emit,  # live: the views show each request and tool
+            signals=self.settings.cli_telemetry,
         )
         run.redactor.add_run_secret("SPAWNKIT_OTLP_SECRET", receiver.secret)
 
         async def store() -> None:
             try:
                 await asyncio.to_thread(
-                    self.settings.store.record_cli_spans, [asdict(s) for s in receiver.finished()]
+                    self.settings.store.record_cli_spans, [s.row() for s in receiver.finished()]
                 )
                 await asyncio.to_thread(
-                    self.settings.store.record_cli_events, [asdict(e) for e in receiver.events]
+                    self.settings.store.record_cli_events, [e.row() for e in receiver.events]
                 )
             except StoreError:
                 logger.exception("could not store the CLI spans of run %s", run.session_id)

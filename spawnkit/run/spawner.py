@@ -46,6 +46,7 @@ from opentelemetry.trace import TracerProvider
 from ..budgets.budget import RunBudget, admit, day_start
 from ..budgets.pacing import Pacer
 from ..config.butler_config import cannot_ask
+from ..config.cli_telemetry import CliTelemetryChoice, cli_signals
 from ..config.limits import Limits
 from ..config.retry import RetryPolicy
 from ..config.roster import ButlerConfig
@@ -120,7 +121,7 @@ class Spawner:
         mcp_access: McpAccess | None = None,
         limits: Limits | None = None,
         retry: RetryPolicy | None = None,
-        cli_telemetry: bool | None = None,
+        cli_telemetry: CliTelemetryChoice | None = None,
         cluster: Cluster | None = None,
         origin: dict[str, str] | None = None,
     ) -> None:
@@ -144,8 +145,10 @@ class Spawner:
             memory = StoreMemory.from_module_config(self.store, butler.modules["memory"])
         self.memory = memory
         # The CLI's own spans, to a receiver per run (spawnkit.telemetry.otlp); None:
-        # [butler.telemetry].
-        self.cli_telemetry = butler.cli_telemetry if cli_telemetry is None else cli_telemetry
+        # [butler.telemetry]. True, or the signals it exports ("logs", "logs+metrics").
+        self.cli_telemetry = cli_signals(
+            butler.cli_telemetry if cli_telemetry is None else cli_telemetry
+        )
         # The user's own collector (OTEL_EXPORTER_OTLP_*): the receivers forward to it.
         self.otlp_target = OtlpTarget.from_env()
         if tracer_provider is None and isinstance(

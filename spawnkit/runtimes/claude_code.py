@@ -117,13 +117,18 @@ def telemetry_env(telemetry: CliTelemetry) -> dict[str, str]:
     Its spans join the run's trace through ``TRACEPARENT`` (set by the spawner);
     prompts stay out (``OTEL_LOG_USER_PROMPTS`` off). Log events go out every second
     (``OTEL_LOGS_EXPORT_INTERVAL``, 5 s by default) so the run's timings show while it runs.
+    A signal not chosen (``telemetry.signals``) has exporter ``none``; without spans the
+    beta stays off.
     """
-    return {
+
+    def exporter(signal: str) -> str:
+        return "otlp" if signal in telemetry.signals else "none"
+
+    env = {
         "CLAUDE_CODE_ENABLE_TELEMETRY": "1",
-        "CLAUDE_CODE_ENHANCED_TELEMETRY_BETA": "1",
-        "OTEL_TRACES_EXPORTER": "otlp",
-        "OTEL_METRICS_EXPORTER": "otlp",
-        "OTEL_LOGS_EXPORTER": "otlp",
+        "OTEL_TRACES_EXPORTER": exporter("traces"),
+        "OTEL_METRICS_EXPORTER": exporter("metrics"),
+        "OTEL_LOGS_EXPORTER": exporter("logs"),
         "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
         "OTEL_EXPORTER_OTLP_ENDPOINT": telemetry.endpoint,
         "OTEL_EXPORTER_OTLP_HEADERS": ",".join(f"{k}={v}" for k, v in telemetry.headers.items()),
@@ -131,6 +136,9 @@ def telemetry_env(telemetry: CliTelemetry) -> dict[str, str]:
         "OTEL_LOG_USER_PROMPTS": "0",
         "OTEL_LOGS_EXPORT_INTERVAL": "1000",
     }
+    if "traces" in telemetry.signals:
+        env["CLAUDE_CODE_ENHANCED_TELEMETRY_BETA"] = "1"
+    return env
 
 
 def _bundled_cli() -> Path | None:

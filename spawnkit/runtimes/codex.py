@@ -114,9 +114,12 @@ def provider_config(base_url: str, *, retries: bool = False) -> dict[str, Any]:
 
 
 def otel_config(telemetry: CliTelemetry) -> dict[str, Any]:
-    """Codex's ``[otel]``: traces, log events and metrics to the run's receiver, no prompts."""
+    """Codex's ``[otel]``: traces, log events and metrics to the run's receiver, no prompts;
+    a signal not chosen (``telemetry.signals``) goes nowhere (``"none"``)."""
 
-    def to(signal: str) -> dict[str, Any]:
+    def to(signal: str) -> dict[str, Any] | str:
+        if signal not in telemetry.signals:
+            return "none"
         return {
             "otlp-http": {
                 "endpoint": telemetry.url(signal),

@@ -211,14 +211,16 @@ def telemetry_env(telemetry: CliTelemetry) -> dict[str, str]:
 
     Gemini ignores ``TRACEPARENT``: its spans carry the run's session id as a resource
     attribute, and the receiver moves them into the run's trace. It costs about 0.5 s
-    per run, now and then about 3 s (the flush at exit).
+    per run, now and then about 3 s (the flush at exit). Of the signals, only its spans
+    can be left out (``telemetry.signals``); log events and metrics it always sends, and
+    the receiver drops those not chosen.
     """
     return {
         "GEMINI_TELEMETRY_ENABLED": "true",
         "GEMINI_TELEMETRY_TARGET": "local",
         "GEMINI_TELEMETRY_OTLP_ENDPOINT": telemetry.endpoint,
         "GEMINI_TELEMETRY_OTLP_PROTOCOL": "http",
-        "GEMINI_TELEMETRY_TRACES_ENABLED": "true",
+        "GEMINI_TELEMETRY_TRACES_ENABLED": str("traces" in telemetry.signals).lower(),
         "GEMINI_TELEMETRY_LOG_PROMPTS": "false",
         "OTEL_EXPORTER_OTLP_HEADERS": ",".join(f"{k}={v}" for k, v in telemetry.headers.items()),
         "OTEL_RESOURCE_ATTRIBUTES": telemetry.resource_attributes,

@@ -23,8 +23,13 @@ and a redactor of the run's prompt; attributes that hold a command line (Gemini'
 the run's ``spawnkit.session_id`` resource attribute are moved into the run's trace,
 their roots under the run's span (``spawnkit.reparented`` says so).
 
+Only the signals the run chose are kept (``cli = "logs"``, :mod:`spawnkit.config.cli_telemetry`);
+a request of another is answered and dropped unread. A protobuf request is read straight
+from its message, and each distinct string or number is redacted once per request (a
+Codex run's 340 KB and 770 spans and events: about 30 ms of CPU).
+
 The agent can read the receiver's secret (it is in its CLI's environment or config), so
-a request may be hostile. Decoding and redacting a request costs about a third of a
+a request may be hostile. Decoding and redacting a request can cost up to a third of a
 second per megabyte of CPU, which on the event loop would stall every run of the
 process: it is done in a worker thread, one request of a run at a time (so what a run
 keeps stays in the order its requests arrived), with at most :data:`MAX_IN_FLIGHT`
@@ -63,6 +68,7 @@ from typing import Any
 from google.protobuf.json_format import ParseDict, ParseError
 
 from .. import _asgi
+from ..config.cli_telemetry import CLI_SIGNALS, CliSignal
 from ..events import Timing
 from ..redaction import Redactor
 from .otlp_decode import (
@@ -72,13 +78,13 @@ from .otlp_decode import (
     CliEvent,
     CliSpan,
     Decoded,
+    Pair,
     attributes_of,
     decompress,
     hex_id,
-    logs_of,
-    metrics_of,
-    parse,
-    spans_of,
+    items_of,
+    read,
+    tree_of,
 )
 from .otlp_export import Forwarder, OtlpTarget
 from .timings import RunTimings, classify
@@ -119,6 +125,9 @@ class CliTelemetry:
     endpoint: str
     session_id: str
     secret: str = field(repr=False)
+    # The signals the CLI is asked to export ([butler.telemetry] cli); a CLI that cannot
+    # leave one out sends it anyway, and the receiver drops it unread.
+    signals: frozenset[CliSignal] = CLI_SIGNALS
 
     @property
     def traces_url(self) -> str:
@@ -145,7 +154,8 @@ class OtlpReceiver:
     the run has no recording span (then nothing is re-parented). ``prompt`` is kept
     out of every stored attribute, like the run's secrets (``redactor``). ``on_timing``
     gets a :class:`~spawnkit.events.Timing` for each model request and tool call a log
-    event reports (:mod:`spawnkit.telemetry.timings`), as the event arrives.
+    event reports (:mod:`spawnkit.telemetry.timings`), as the event arrives. Only
+    ``signals`` are kept; requests of the others are answered and dropped unread.
     """
 
     def __init__(
@@ -157,8 +167,11 @@ class OtlpReceiver:
         run_trace: tuple[str, str] | None = None,
         forward: OtlpTarget | None = None,
         on_timing: Callable[[Timing], None] | None = None,
+        signals: frozenset[CliSignal] = CLI_SIGNALS,
     ) -> None:
         self.session_id = session_id
+        self.signals = signals
+        self.unwanted = 0  # requests of a signal not asked for, dropped unread
         self.on_timing = on_timing
         self.timings = RunTimings(session_id)
         self.forward = forward
@@ -182,13 +195,6 @@ class OtlpReceiver:
         return self._in_flight
 
     # -- what is kept ------------------------------------------------------------
-
-    def _clean(self, attributes: Mapping[str, Any]) -> dict[str, Any]:
-        return {
-            key: self._prompt.data(self.redactor.data(value))
-            for key, value in attributes.items()
-            if key not in COMMAND_LINE_ATTRIBUTES
-        }
 
     def _scrub(self, node: Any) -> Any:
         """An OTLP tree with every string redacted and command-line attributes dropped."""
@@ -240,9 +246,7 @@ class OtlpReceiver:
         self, signal: str, data: dict[str, Any], from_base64: bool
     ) -> tuple[str, bytes, str] | None:
         """The request for the user's collector, ``(signal, body, content type)``: redacted
-        and rejoined like the stored spans, in the encoding it came in; None without one."""
-        if self.forward is None or signal not in self.forward.urls:
-            return None
+        and rejoined like the stored spans, in the encoding it came in."""
         tree = self._scrub(data)
         if signal == "traces":
             self._rejoin(tree, from_base64)
@@ -255,13 +259,12 @@ class OtlpReceiver:
             return None
         return signal, body, "application/x-protobuf"
 
-    def _spans(
-        self, pairs: Iterable[tuple[dict[str, Any], dict[str, Any]]], room: int
-    ) -> tuple[list[CliSpan], int]:
+    def _spans(self, pairs: Iterable[Pair], room: int) -> tuple[list[CliSpan], int]:
         """The decoded spans of one request as kept (redacted, rejoined), at most ``room``
         of them; and how many were over."""
         kept: list[CliSpan] = []
         over = 0
+        clean = _Cleaner(self.redactor, self._prompt)
         for resource, span in pairs:
             if len(kept) >= room:
                 over += 1
@@ -276,10 +279,8 @@ class OtlpReceiver:
                 # hang under the run's span.
                 trace_id, reparented = self.run_trace[0], True
                 parent = parent or self.run_trace[1]
-            attributes = self._clean(span["attributes"])
-            attributes.update(
-                {f"resource.{key}": value for key, value in self._clean(resource).items()}
-            )
+            attributes = clean.attributes(span["attributes"])
+            attributes.update(clean.resource(resource))
             if reparented:
                 attributes["spawnkit.original_trace_id"] = span["trace_id"]
             kept.append(
@@ -288,7 +289,7 @@ class OtlpReceiver:
                     trace_id=trace_id,
                     span_id=span["span_id"],
                     parent_span_id=parent,
-                    name=self._prompt.text(self.redactor.text(span["name"])),
+                    name=clean.text(span["name"]),
                     service=resource.get("service.name"),
                     start_ns=span["start_ns"],
                     end_ns=span["end_ns"],
@@ -299,26 +300,23 @@ class OtlpReceiver:
             )
         return kept, over
 
-    def _events(
-        self, pairs: Iterable[tuple[dict[str, Any], dict[str, Any]]], room: int
-    ) -> tuple[list[CliEvent], int]:
+    def _events(self, pairs: Iterable[Pair], room: int) -> tuple[list[CliEvent], int]:
         """The decoded log events or metric points of one request as kept (redacted), at
         most ``room`` of them; and how many were over."""
         kept: list[CliEvent] = []
         over = 0
+        clean = _Cleaner(self.redactor, self._prompt)
         for resource, event in pairs:
             if len(kept) >= room:
                 over += 1
                 continue
-            attributes = self._clean(event["attributes"])
-            attributes.update(
-                {f"resource.{key}": value for key, value in self._clean(resource).items()}
-            )
+            attributes = clean.attributes(event["attributes"])
+            attributes.update(clean.resource(resource))
             kept.append(
                 CliEvent(
                     session_id=self.session_id,
                     kind=event["kind"],
-                    name=self._prompt.text(self.redactor.text(event["name"])),
+                    name=clean.text(event["name"]),
                     service=resource.get("service.name"),
                     time_ns=event["time_ns"],
                     trace_id=event["trace_id"],
@@ -336,15 +334,18 @@ class OtlpReceiver:
         patterns whole), and how much room is left, which only :meth:`_keep` changes, after.
         Raises ``OverflowError`` (inflated past the limit) or ``ValueError`` and the like.
         """
-        data, from_base64 = parse(decompress(body, encoding), content_type, signal)
+        request = read(decompress(body, encoding), content_type, signal)
+        pairs = items_of(signal, request)
         if signal == "traces":
-            spans, over = self._spans(spans_of(data, from_base64), MAX_SPANS - len(self.spans))
+            spans, over = self._spans(pairs, MAX_SPANS - len(self.spans))
             events: list[CliEvent] = []
         else:
-            pairs = (logs_of if signal == "logs" else metrics_of)(data, from_base64)
             events, over = self._events(pairs, MAX_EVENTS - len(self.events))
             spans = []
-        return Decoded(spans, events, over, self._forwarded(signal, data, from_base64))
+        forward = None
+        if self.forward is not None and signal in self.forward.urls:
+            forward = self._forwarded(signal, *tree_of(request))
+        return Decoded(spans, events, over, forward)
 
     def _keep(self, decoded: Decoded) -> None:
         """On the event loop: keep one decoded request, tell the listeners, forward it."""
@@ -424,6 +425,10 @@ class OtlpReceiver:
             await self._too_large(send)
             return
         content_type = headers.get("content-type", "application/x-protobuf")
+        if signal not in self.signals:  # a CLI that cannot leave it out (Gemini's metrics)
+            self.unwanted += 1
+            await _respond(send, 200, b"{}" if "json" in content_type else b"", content_type)
+            return
         encoding = headers.get("content-encoding", "").strip().lower()
         async with self._turn:  # FIFO: requests are kept in the order they were read
             try:
@@ -466,10 +471,62 @@ class OtlpReceiver:
                 forwarder = Forwarder(self.forward, f"run {self.session_id}")
                 self.forwarder = await stack.enter_async_context(forwarder.running())
             async with _asgi.serve(self, "127.0.0.1", 0) as address:
-                yield CliTelemetry(address.url, self.session_id, self.secret)
+                yield CliTelemetry(address.url, self.session_id, self.secret, self.signals)
         if self.dropped:
             logger.warning("run %s: %d CLI spans, events or points over the limit were not kept",
                            self.session_id, self.dropped)  # fmt: skip
+
+
+class _Cleaner:
+    """Redaction for the spans or events of one request, each distinct value once.
+
+    Every span of a request repeats its resource's attributes, and most attribute values
+    recur (span kinds, tool names, versions): each string is redacted once, each resource's
+    attributes are cleaned once (the decoders hand the same dict to all of its spans).
+    What a value becomes is exactly what redacting it each time gave.
+    """
+
+    def __init__(self, redactor: Redactor, prompt: Redactor) -> None:
+        self._redactor, self._prompt = redactor, prompt
+        self._texts: dict[str, str] = {}
+        self._numbers: dict[tuple[type, float], Any] = {}
+        self._resources: dict[int, tuple[Mapping[str, Any], dict[str, Any]]] = {}
+
+    def text(self, text: str) -> str:
+        clean = self._texts.get(text)
+        if clean is None:
+            clean = self._texts[text] = self._prompt.text(self._redactor.text(text))
+        return clean
+
+    def value(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if not isinstance(value, int | float):  # lists and maps: their items are redacted
+            return self._prompt.data(self._redactor.data(value))
+        # A number may read as a secret too. Kept by type (True is not 1), and the value
+        # itself is returned when unchanged (-0.0 equals 0.0).
+        key = (type(value), value)
+        if key not in self._numbers:
+            clean = self._prompt.data(self._redactor.data(value))
+            self._numbers[key] = None if clean is value else clean
+        clean = self._numbers[key]
+        return value if clean is None else clean
+
+    def attributes(self, attributes: Mapping[str, Any]) -> dict[str, Any]:
+        """``attributes`` redacted, without those that hold a command line."""
+        return {
+            key: self.value(value)
+            for key, value in attributes.items()
+            if key not in COMMAND_LINE_ATTRIBUTES
+        }
+
+    def resource(self, resource: Mapping[str, Any]) -> dict[str, Any]:
+        """A resource's attributes, cleaned and named ``resource.*``: made once per resource."""
+        known = self._resources.get(id(resource))
+        if known is None or known[0] is not resource:
+            cleaned = {f"resource.{k}": v for k, v in self.attributes(resource).items()}
+            known = self._resources[id(resource)] = (resource, cleaned)
+        return known[1]
 
 
 async def _read_body(headers: Mapping[str, str], receive: Receive) -> bytes | None:
