@@ -34,6 +34,7 @@ import signal
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -252,7 +253,7 @@ async def _feed(pipe: asyncio.StreamWriter, data: bytes) -> None:
         logger.debug("the CLI closed its stdin before reading all of it: %s", exc)
 
 
-async def _pump_file(fd: int, exited: asyncio.Task[int], sink: LineSink, max_line: int) -> None:
+async def _pump_file(fd: int, exited: asyncio.Task[Any], sink: LineSink, max_line: int) -> None:
     """Hand over the lines a child writes to the file ``fd`` as they arrive, until it has
     exited. Read at offsets of our own (``pread``): the child's descriptor shares the file
     position of ``fd``, and its writes move it.
@@ -279,6 +280,10 @@ async def _pump_file(fd: int, exited: asyncio.Task[int], sink: LineSink, max_lin
 
 
 FILE_POLL_S = 0.02
+# How long the output may stay open once the CLI has exited. A process it started in a
+# session of its own (out of reach of its group's end) can hold the pipe open for hours:
+# the run would wait for it until its timeout. What the CLI wrote is in the pipe already.
+OUTPUT_AFTER_EXIT_S = 2.0
 
 
 async def run_lines(
@@ -340,9 +345,11 @@ async def _run_lines(
     )
     assert proc.stderr is not None
     exited = asyncio.create_task(proc.wait())
+    # Not proc.wait(), which on Python 3.11 waits for the pipes to close as well.
+    gone = asyncio.create_task(_exit_of(proc))
     try:
         if stdout_fd is not None:
-            stdout_pump = _pump_file(stdout_fd, exited, on_stdout, max_line)
+            stdout_pump = _pump_file(stdout_fd, gone, on_stdout, max_line)
         else:
             assert proc.stdout is not None
             stdout_pump = _pump(proc.stdout, on_stdout, max_line)
@@ -358,9 +365,12 @@ async def _run_lines(
             else None
         )
         try:
-            done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                task.result()  # a sink that raised stops the run here
+            if not await _read_to_end(pumps, gone, argv[0]):
+                # Our ends of the pipes the other process still holds: closed here, or
+                # they stay open until it ends.
+                transport = getattr(proc, "_transport", None)
+                if transport is not None:
+                    transport.close()
         finally:
             for task in pumps:
                 task.cancel()
@@ -370,9 +380,61 @@ async def _run_lines(
                 await asyncio.gather(feeder, return_exceptions=True)
         return await exited
     finally:
+        gone.cancel()
         await asyncio.shield(terminate_group(proc.pid))
         if not exited.done():
             await asyncio.shield(exited)
+
+
+async def _exit_of(proc: asyncio.subprocess.Process) -> None:
+    """Returns once ``proc`` has exited (a pidfd says so; else its exit code is polled)."""
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfds, or already exited and reaped
+        while proc.returncode is None:  # noqa: ASYNC110 (nothing else tells the exit)
+            await asyncio.sleep(FILE_POLL_S * 5)
+        return
+    ended: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        await ended
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+async def _read_to_end(
+    pumps: Sequence[asyncio.Task[None]], exited: asyncio.Task[None], name: str
+) -> bool:
+    """Until the output ends (True), or :data:`OUTPUT_AFTER_EXIT_S` after the CLI has
+    exited with its output still open (False); a sink that raised stops it there."""
+    loop = asyncio.get_running_loop()
+    pending: set[asyncio.Task[Any]] = set(pumps)
+    deadline: float | None = None
+    while pending:
+        waiting = pending if exited.done() else {*pending, exited}
+        timeout = None if deadline is None else max(0.0, deadline - loop.time())
+        done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if not done:
+            logger.warning(
+                "%s exited, and a process it started still holds its output open: "
+                "the rest of that output is not read (the run's end stops that process)",
+                Path(name).name,
+            )
+            return False
+        for task in done:
+            if task is exited:
+                deadline = loop.time() + OUTPUT_AFTER_EXIT_S
+            else:
+                pending.discard(task)
+                task.result()
+    return True
 
 
 class StdioChild:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -120,3 +121,22 @@ async def test_stdout_via_a_file_with_no_name(
     assert out == [str(n) for n in range(1, 20001)] + ["last", "tail"]
     assert seen and all(names == [] for names in seen)
     assert list(scratch.iterdir()) == []
+
+
+async def test_a_process_holding_the_output_open_does_not_hold_the_run(tmp_path: Path) -> None:
+    """A grandchild in a session of its own keeps the CLI's stdout open after the CLI has
+    exited: the run ends with the CLI's lines, not when that process ends (here: never)."""
+    pidfile = tmp_path / "holder.pid"
+    script = f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 600' & echo done; exit 4"
+    out: list[str] = []
+    try:
+        async with asyncio.timeout(60):  # a hang guard: on the old code it waited for ever
+            code = await run_lines(
+                ["bash", "-c", script], env={"PATH": os.environ["PATH"]}, cwd=tmp_path,
+                on_stdout=lambda line, _: out.append(line), on_stderr=lambda *_: None,
+            )  # fmt: skip
+        assert (code, out) == (4, ["done"])
+    finally:
+        if pidfile.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pidfile.read_text()), 9)
