@@ -76,20 +76,21 @@ def present(query: Query) -> bool:
 def load(query: Query, epoch: int, *, sessions: bool = True, calls: bool = True) -> Sealed | None:
     """The segments of ``epoch`` (None if there are none, or some of another epoch); only
     the tables asked for are read (the others are empty)."""
-    blobs = ", ".join([
-        "sessions" if sessions else "NULL", "calls" if calls else "NULL"
-    ])  # fmt: skip
-    rows = query(f"SELECT epoch, hi, open, {blobs} FROM history_segments ORDER BY hi", ())
-    if not rows or any(int(row[0]) != epoch for row in rows):
+    rows = query("SELECT id, epoch, hi, open FROM history_segments ORDER BY hi", ())
+    if not rows or any(int(row[1]) != epoch for row in rows):
         return None
     tables = []
-    for column, wanted, schema in ((3, sessions, SESSION_SCHEMA), (4, calls, CALL_SCHEMA)):
-        parts = [_decode(row[column]) for row in rows] if wanted else []
+    for column, wanted, schema in (
+        ("sessions", sessions, SESSION_SCHEMA), ("calls", calls, CALL_SCHEMA)
+    ):  # fmt: skip
+        # One blob at a time, by id: an ORDER BY over the blobs would sort copies of them.
+        sql = f"SELECT {column} FROM history_segments WHERE id = ?"
+        parts = [_decode(query(sql, (row[0],))[0][0]) for row in rows] if wanted else []
         if any(t.schema != schema for t in parts):
             return None  # sealed by another version of the columns
         tables.append(pa.concat_tables(parts) if parts else schema.empty_table())
     last = rows[-1]
-    return Sealed(tables[0], tables[1], epoch, int(last[1]), tuple(json.loads(last[2])))
+    return Sealed(tables[0], tables[1], epoch, int(last[2]), tuple(json.loads(last[3])))
 
 
 def _decode(blob: bytes) -> pa.Table:
@@ -204,7 +205,11 @@ def rebuild(db: Backend, epoch: int, sessions: pa.Table, calls: pa.Table,
             part = done.slice(start, chunk)
             last = n == len(starts) - 1
             top = hi if last else int(part[ROWID][-1].as_py())
-            ids = part["session_id"].combine_chunks()
-            mine = calls.filter(pc.is_in(calls["session_id"], value_set=ids))
-            _insert(tx, epoch, top, list(still) if last else [], MAX_LEVEL, part, mine)
+            mine = pc.is_in(calls["session_id"], value_set=part["session_id"].combine_chunks())
+            if last:  # and the calls of no session (its record deleted): they are rows too
+                known = pc.is_in(calls["session_id"], value_set=done["session_id"].combine_chunks())
+                mine = pc.or_(mine, pc.invert(known))
+            _insert(
+                tx, epoch, top, list(still) if last else [], MAX_LEVEL, part, calls.filter(mine)
+            )
     return True
