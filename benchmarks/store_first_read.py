@@ -15,7 +15,7 @@ PostgreSQL ones by ``store_postgres.make_server_store`` on a throw-away server. 
 go to ``benchmarks/results/store_first_read.json``. Usage::
 
     .venv/bin/python benchmarks/store_first_read.py [--sessions 1000000] [--calls 10]
-        [--rounds 3] [--backend sqlite|postgresql|both]
+        [--rounds 3] [--backend sqlite|postgresql|both] [--unsealed] [--spawnkit-from DIR]
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 WORK = ROOT / "benchmarks" / ".work"
 RESULTS = ROOT / "benchmarks" / "results" / "store_first_read.json"
+SPAWNKIT_FROM = ""
 
 # One read in a fresh process: wall, CPU (self + reaped children), peak RSS, frame bytes.
 _READ = """
@@ -61,6 +62,8 @@ print(json.dumps({"wall_s": wall, "cpu_s": me.ru_utime + me.ru_stime + kids.ru_u
 
 def read_once(target: str, kind: str, home: Path) -> dict[str, Any]:
     env = {**os.environ, "SPAWNKIT_HOME": str(home)}
+    if SPAWNKIT_FROM:  # another spawnkit's source (a "before" measurement)
+        env["PYTHONPATH"] = SPAWNKIT_FROM
     done = subprocess.run(
         [sys.executable, "-c", _READ, target, kind], env=env, capture_output=True, text=True,
         check=False, timeout=1800,
@@ -111,10 +114,10 @@ def summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def sqlite_store(sessions: int, calls: int, sealed: bool) -> Path:
+def sqlite_store(sessions: int, calls: int, sealed: bool, work: Path = WORK) -> Path:
     from history import make_store
 
-    path = WORK / f"store-first-read-{sessions}x{calls}{'' if sealed else '-old'}.db"
+    path = work / f"store-first-read-{sessions}x{calls}{'' if sealed else '-old'}.db"
     if not path.exists():
         tmp = path.with_name(path.name + ".tmp")
         tmp.unlink(missing_ok=True)
@@ -147,19 +150,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
     parser.add_argument("--unsealed", action="store_true", help="SQLite: an older store")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--work", type=Path, default=WORK, help="where stores are generated")
     parser.add_argument("--seal", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--spawnkit-from",
+        default="",
+        help="read with the spawnkit package "
+        "in this folder (e.g. an export of main: the 'before' figures)",
+    )
     args = parser.parse_args(argv)
+    global SPAWNKIT_FROM
+    SPAWNKIT_FROM = args.spawnkit_from
     if args.seal:
         seal_as_runs_would(args.seal)
         return 0
-    WORK.mkdir(exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpus": os.cpu_count(), "load_average_start": os.getloadavg(),
         "sessions": args.sessions, "calls_per_session": args.calls, "rounds": args.rounds,
     }  # fmt: skip
     if args.backend in ("sqlite", "both"):
-        path = sqlite_store(args.sessions, args.calls, not args.unsealed)
+        path = sqlite_store(args.sessions, args.calls, not args.unsealed, args.work)
         report["sqlite"] = measure(str(path), args.rounds)
     if args.backend in ("postgresql", "both"):
         from store_postgres import make_server_store
