@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -66,7 +67,7 @@ def read_once(target: str, kind: str, home: Path) -> dict[str, Any]:
         env["PYTHONPATH"] = SPAWNKIT_FROM
     done = subprocess.run(
         [sys.executable, "-c", _READ, target, kind], env=env, capture_output=True, text=True,
-        check=False, timeout=1800,
+        check=False, timeout=1800, cwd=home.parent,  # not the repo: PYTHONPATH decides
     )  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
@@ -137,6 +138,8 @@ def seal_as_runs_would(path: Path) -> None:
     from spawnkit.store import SessionStore
     from spawnkit.store.schema import SEAL_SESSIONS
 
+    with sqlite3.connect(path) as conn:  # a copy of a store a reader sealed: start over
+        conn.execute("DELETE FROM history_segments")
     with SessionStore(path) as store:
         while store.seal_history(force=True, limit=SEAL_SESSIONS):
             pass
