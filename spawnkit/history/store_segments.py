@@ -14,6 +14,7 @@ segments are written from that read (the one-time cost of an older store).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sqlite3
@@ -80,10 +81,12 @@ def read(path: Path, *, sessions: bool = True, calls: bool = True) -> History | 
 
 
 def _tail(hi: int, reopen: Sequence[int]) -> tuple[str, list[object]]:
-    where = " WHERE rowid > ?"
-    if reopen:
-        where += f" OR rowid IN ({', '.join('?' * len(reopen))})"
-    return where, [hi, *reopen]
+    if not reopen:
+        return " WHERE rowid > ?", [hi]
+    # The open ones as one JSON parameter: there may be more than SQLite takes parameters.
+    return " WHERE rowid > ? OR rowid IN (SELECT value FROM json_each(?))", [
+        hi, json.dumps(list(reopen))
+    ]  # fmt: skip
 
 
 def _calls_of(where: str) -> str:

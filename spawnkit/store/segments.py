@@ -140,10 +140,9 @@ def seal(db: Backend, *, force: bool = False, limit: int | None = None) -> bool:
 
 def _unsealed(hi: int, top: int, reopen: Sequence[int]) -> tuple[str, list[object]]:
     """The sessions a seal up to ``top`` covers: past ``hi``, and those open at the last."""
-    where = " WHERE ((rowid > ? AND rowid <= ?)"
-    if reopen:
-        where += f" OR rowid IN ({', '.join('?' * len(reopen))})"
-    return where + ")", [hi, top, *reopen]
+    # The open ones as one JSON parameter: there may be more than SQLite takes parameters.
+    where = " WHERE ((rowid > ? AND rowid <= ?) OR rowid IN (SELECT value FROM json_each(?)))"
+    return where, [hi, top, json.dumps(list(reopen))]
 
 
 def _read(tx: Transaction, fields: Sequence[Any], table: str, where: str,
