@@ -102,7 +102,9 @@ def _encode(table: pa.Table) -> bytes:
     # LZ4: a quarter of the bytes to step through SQLite's pages, decoded faster than that.
     options = pa.ipc.IpcWriteOptions(compression="lz4")
     with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
-        writer.write_table(table.unify_dictionaries(), max_chunksize=1 << 20)
+        # One batch per million rows: merged segments would otherwise keep every seal's
+        # batch, and a read decodes and converts a thousand small chunks a column.
+        writer.write_table(table.unify_dictionaries().combine_chunks(), max_chunksize=1 << 20)
     return sink.getvalue().to_pybytes()
 
 
