@@ -49,3 +49,22 @@ def test_history_benchmark_runs(tmp_path: Path) -> None:
     check = report["correctness"]
     assert check["day_mismatches"] == [] and check["session_differences_equal_that_gap"]
     assert "ratio" in done.stdout
+
+
+def test_store_first_read_benchmark_runs(tmp_path: Path) -> None:
+    """benchmarks/store_first_read.py: one small round on both backends, figures sane."""
+    out = tmp_path / "first.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "store_first_read.py"), "--sessions", "300",
+         "--calls", "3", "--rounds", "1", "--out", str(out), "--work", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    for backend in ("sqlite", "postgresql"):
+        for kind, rows in (("sessions", 300), ("tool_calls", 900)):
+            figures = report[backend][kind]
+            for side in ("first", "warm"):
+                assert figures[side]["rows"] == rows
+                assert figures[side]["cpu_s"] > 0 and figures[side]["rss_mb"] > 0
+            assert figures["first_vs_warm_cpu"] > 0

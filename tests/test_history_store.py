@@ -273,10 +273,21 @@ def test_the_columnar_cache_gives_the_frames_of_the_database(
         pd.testing.assert_frame_equal(got[1], direct[1])
 
 
+def as_before_segments(store: SessionStore) -> None:
+    """The store as a spawnkit before schema 16 left it: no columnar copy of its own, so
+    a reader keeps one in its home (``history-cache``)."""
+    conn = sqlite3.connect(store.path)
+    with conn:
+        conn.execute("DROP TABLE history_segments")
+    conn.close()
+
+
 def test_the_cache_serves_what_it_holds_and_reads_only_what_is_new(
     filled_file: SessionStore, isolated_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from spawnkit.history import store_frames
+
+    as_before_segments(filled_file)
 
     monkeypatch.setattr(store_frames, "REWRITE_ROWS", 1)
     filled_file.create_session("late", butler="general", runtime="codex", model="gpt-5",
@@ -314,6 +325,7 @@ def test_a_warm_read_takes_its_few_new_rows_without_the_child(
 
     monkeypatch.setattr(store_query, "CHILD_MIN_BYTES", 0)  # every store counts as large
     monkeypatch.setattr(store_frames, "SMALL_ROWS", small_rows)
+    as_before_segments(filled_file)
     history.sessions(filled_file, cache=True)
     history.tool_calls(filled_file, cache=True)
     children: list[str] = []

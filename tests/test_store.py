@@ -707,7 +707,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         old = store.get_session("old")
         create(store, "new", log_dir=tmp_path / "logs", role="researcher")
         new = store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(16,)]
     assert old is not None and old.log_dir is None and old.status == "queued"
     assert new is not None and new.log_dir == tmp_path / "logs" and new.role == "researcher"
 
@@ -751,7 +751,7 @@ def test_a_version_6_file_is_migrated(tmp_path: Path) -> None:
             trigger_source="external", kind="ask", sources=["notes", "repo"],
         )  # fmt: skip
         old, asked = store.get_session("old"), store.get_session("asked")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(16,)]
     assert old is not None and (old.kind, old.sources) == ("run", ())
     assert asked is not None and (asked.kind, asked.sources) == ("ask", ("notes", "repo"))
     assert asked.to_dict()["sources"] == ["notes", "repo"]
@@ -817,7 +817,7 @@ def test_a_version_7_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         store.complete_session("new", full_result())
         new, old = store.get_session("new"), store.get_session("old")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(16,)]
     assert new is not None and new.budget is not None and new.budget.tokens == 120
     assert old is not None and old.budget is None
 
@@ -1087,7 +1087,7 @@ def test_a_version_14_file_is_migrated_and_keeps_permission_answers(tmp_path: Pa
         store.complete_session("new", full_result())
         old, new = store.get_session("old"), store.get_session("new")
         listed = {r.id: len(r.permissions) for r in store.list_sessions()}
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(16,)]
     assert old is not None and old.permissions == () and old.status == "success"
     assert new is not None and new.permissions == full_result().permissions
     assert listed == {"old": 0, "new": 1}
@@ -1119,7 +1119,7 @@ def test_a_version_13_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         store.complete_session("new", replace(full_result(), network_denied=2))
         old, new = store.get_session("old"), store.get_session("new")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(16,)]
     assert old is not None and old.network_denied == 0 and old.status == "success"
     assert new is not None and new.network_denied == 2
 
@@ -1142,7 +1142,7 @@ def test_a_version_12_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         old, new = store.get_session("old"), store.get_session("new")
         seals = rows(store, "SELECT id, owner_seal IS NOT NULL FROM sessions ORDER BY id")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(16,)]
     assert seals == [("new", 1), ("old", 0)]
     assert old is not None and old.status == "crashed"
     assert (old.error or "").endswith(
@@ -1168,7 +1168,7 @@ def test_a_version_11_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         new, old = store.get_session("new"), store.get_session("old")
         assert store.expire_leases() == [], "a record without a lease never expires"
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(16,)]
     assert old is not None and old.lease_until is None and old.status == "queued"
     assert new is not None and new.lease_until is not None
     assert timedelta(seconds=29) < new.lease_until - new.created_at < timedelta(seconds=31)
@@ -1208,7 +1208,7 @@ def test_a_version_10_file_is_migrated(tmp_path: Path) -> None:
     with SessionStore(db) as store:
         assert store.record_cli_events([CLI_EVENT]) == 1
         assert store.cli_events("old") == [CLI_EVENT]
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(16,)]
 
 
 @sqlite_only
@@ -1225,7 +1225,7 @@ def test_a_version_9_file_is_migrated(tmp_path: Path) -> None:
     with SessionStore(db) as store:
         assert store.record_cli_spans([span]) == 1
         assert store.cli_spans("old") == [span]
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(16,)]
 
 
 def _as_schema_8(db: Path) -> None:
@@ -1248,7 +1248,7 @@ def test_a_version_8_file_is_migrated(tmp_path: Path) -> None:
         create(store, "new")
         store.complete_session("new", replace(full_result(), attempts=(limited, retried)))
         new, old = store.get_session("new"), store.get_session("old")
-    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(15,)]
+    assert rows(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(16,)]
     assert new is not None and new.attempts == (limited, retried)
     assert new.to_dict()["attempts"][1]["cooldown_s"] == 2.0
     assert new.to_dict()["attempts"][0]["started_at"] == T0.isoformat()

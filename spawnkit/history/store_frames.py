@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import date, datetime
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -32,11 +31,19 @@ import pyarrow.compute as pc
 from ..home import default_store_path, store_setting
 from ..store import SessionStore
 from ..store.backend import is_postgres_url
-from . import server_cache, server_query
+from ..store.columns import (
+    CALL_FIELDS,
+    CALL_SCHEMA,
+    SESSION_FIELDS,
+    SESSION_SCHEMA,
+    Field,
+    typed,
+)
+from . import server_cache, server_query, store_segments
 from .errors import HistoryError
 from .frames import COST_SOURCES
 from .pricing import PricingTable, default_pricing
-from .rows import UTC_TS, Column, timestamps
+from .rows import UTC_TS, Column
 from .store_cache import ROWID, Cached, StoreCache, StoreState, store_state
 from .store_query import CHILD_MIN_BYTES, SMALL_ROWS, count, query, store_bytes, table_columns
 
@@ -46,55 +53,17 @@ Source = Path | str | None
 
 TimeLike = datetime | date | str | None
 Names = str | Iterable[str] | None
-Kind = Literal["str", "cat", "time", "int", "float", "bool"]
 
 CACHE_MIN_BYTES = CHILD_MIN_BYTES
 """Stores from this size are read through the columnar cache (smaller ones are fast anyway)."""
 REWRITE_ROWS = 10_000
 """The cache is written again once this many rows (or 5%) are read past its watermark."""
 
-# (frame column, SQL expression, kind), in frame order.
-SESSION_FIELDS: tuple[tuple[str, str, Kind], ...] = (
-    ("session_id", "id", "str"), ("butler", "butler", "cat"), ("runtime", "runtime", "cat"),
-    ("model", "model", "cat"), ("role", "role", "cat"), ("kind", "kind", "cat"),
-    ("sources", "(SELECT group_concat(value, ',') FROM json_each(sessions.sources))", "str"),
-    ("status", "status", "cat"),
-    ("success", "success", "bool"), ("error_kind", "error_kind", "cat"), ("error", "error", "str"),
-    ("trigger_source", "trigger_source", "cat"), ("prompt", "prompt", "str"),
-    ("duration_ms", "duration_ms", "int"), ("input_tokens", "input_tokens", "int"),
-    ("output_tokens", "output_tokens", "int"), ("cache_write_tokens", "cache_write_tokens", "int"),
-    ("cache_read_tokens", "cache_read_tokens", "int"), ("cost_usd", "cost_usd", "float"),
-    ("num_turns", "num_turns", "int"), ("n_tool_calls", "num_tool_calls", "int"),
-    ("trace_id", "trace_id", "str"), ("runtime_session_id", "runtime_session_id", "str"),
-    ("parent_session_id", "parent_session_id", "str"), ("created_at", "created_at", "time"),
-    ("started_at", "started_at", "time"), ("ended_at", "completed_at", "time"),
-    ("log_dir", "log_dir", "str"),
-)  # fmt: skip
 # What a store written before a column existed holds in its place (read-only: no migration).
 _SESSION_DEFAULTS = {"role": "NULL", "kind": "'run'", "sources": "NULL"}
-CALL_FIELDS: tuple[tuple[str, str, Kind], ...] = (
-    ("session_id", "session_id", "str"), ("seq", "seq", "int"), ("call_id", "call_id", "str"),
-    ("name", "name", "cat"), ("server", "server", "cat"), ("tool", "tool", "cat"),
-    ("input", "input", "str"), ("status", "status", "cat"), ("started_at", "started_at", "time"),
-    ("finished_at", "finished_at", "time"), ("duration_ms", "duration_ms", "int"),
-)  # fmt: skip
 SESSION_COLUMNS = [name for name, _, _ in SESSION_FIELDS]
 _TOKENS = ["input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens"]
 _COST_INPUTS = ("model", "cost_usd", *_TOKENS)
-_ARROW: dict[Kind, pa.DataType] = {
-    "str": pa.string(), "cat": pa.dictionary(pa.int32(), pa.string()), "time": UTC_TS,
-    "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
-}  # fmt: skip
-
-
-def _schema(fields: Sequence[tuple[str, str, Kind]]) -> pa.Schema:
-    return pa.schema([pa.field(ROWID, pa.int64())] + [pa.field(n, _ARROW[k]) for n, _, k in fields])
-
-
-SESSION_SCHEMA = _schema(SESSION_FIELDS)
-CALL_SCHEMA = _schema(CALL_FIELDS)
-
-
 # On a server: expressions SQLite writes its own way, and the orders rowid gives on SQLite
 # (a server has no rowid; tool calls come in session id and call order there).
 _SERVER_SQL = {
@@ -189,28 +158,11 @@ class Filters:
         return keep
 
 
-def _typed(table: pa.Table, fields: Sequence[tuple[str, str, Kind]]) -> pa.Table:
-    """Query results typed column by column (the driver types an all-null column as int64)."""
-    columns = [table[ROWID].cast(pa.int64())]
-    for name, _, kind in fields:
-        column: Column = table[name]
-        if kind == "time" and pa.types.is_timestamp(column.type):
-            column = column.cast(UTC_TS)  # a server's timestamptz
-        elif kind == "time":
-            column = timestamps(column.cast(pa.string()))
-        elif kind == "cat":
-            column = pc.dictionary_encode(column.cast(pa.string()))
-            if isinstance(column, pa.ChunkedArray) and column.num_chunks == 0:
-                column = pa.array([], _ARROW["cat"])
-        elif kind == "bool":
-            column = pc.not_equal(column.cast(pa.int64()), pa.scalar(0))
-        else:
-            column = column.cast(_ARROW[kind])
-        columns.append(column)
-    return pa.Table.from_arrays(columns, schema=_schema(fields))
+def _typed(table: pa.Table, fields: Sequence[Field]) -> pa.Table:
+    return typed(table, fields)
 
 
-def _select(fields: Sequence[tuple[str, str, Kind]], server: bool = False) -> str:
+def _select(fields: Sequence[Field], server: bool = False) -> str:
     exprs = [
         f"{_SERVER_SQL.get(name, sql) if server else sql} AS {name}" for name, sql, _ in fields
     ]
@@ -228,7 +180,7 @@ def _sessions_from(path: Source) -> str:
     return f"(SELECT rowid AS rowid, *, {added} FROM sessions) AS sessions"
 
 
-def _read(path: Source, fields: Sequence[tuple[str, str, Kind]], table: str, where: str,
+def _read(path: Source, fields: Sequence[Field], table: str, where: str,
           params: Sequence[object], order: str, small: bool = False) -> pa.Table:  # fmt: skip
     if isinstance(path, str):
         sql = f"SELECT {_select(fields, True)} FROM {table}{where} ORDER BY {_SERVER_ORDER[order]}"
@@ -246,7 +198,7 @@ def _use_cache(path: Source, cache: bool | None) -> StoreState | None:
     return store_state(path)
 
 
-def _cached(path: Path, state: StoreState, kind: str, fields: Sequence[tuple[str, str, Kind]],
+def _cached(path: Path, state: StoreState, kind: str, fields: Sequence[Field],
             schema: pa.Schema, done: str | None) -> pa.Table:  # fmt: skip
     """Everything in ``kind``: the cached rows and the rows past the watermark, cache updated.
 
@@ -341,7 +293,11 @@ def _sessions_table(
         where, params = filters.sql()
         fields = [f for f in SESSION_FIELDS if names is None or f[0] in names]
         return _read(path, fields, "sessions", where, params, "created_at, rowid")
-    table = _cached(path, state, "sessions", SESSION_FIELDS, SESSION_SCHEMA, "ended_at")
+    sealed = store_segments.read(path, calls=False)
+    if sealed is not None:
+        table = sealed.sessions
+    else:
+        table = _cached(path, state, "sessions", SESSION_FIELDS, SESSION_SCHEMA, "ended_at")
     if filters:
         table = table.filter(filters.mask(table))
     created = table["created_at"].cast(pa.int64()).to_numpy()
@@ -455,7 +411,11 @@ def tool_calls(
         if where:
             where = f" WHERE session_id IN (SELECT id FROM {_sessions_from(path)}{where})"
         return _frame(_read(path, fields, "tool_calls", where, params, "rowid"), wanted)
-    table = _cached(path, state, "tool_calls", CALL_FIELDS, CALL_SCHEMA, None)
+    sealed = store_segments.read(path, sessions=False)
+    if sealed is not None:
+        table = sealed.calls
+    else:
+        table = _cached(path, state, "tool_calls", CALL_FIELDS, CALL_SCHEMA, None)
     if filters:
         chosen = _sessions_table(path, filters, cache)["session_id"]
         table = table.filter(pc.is_in(table["session_id"], value_set=chosen.combine_chunks()))

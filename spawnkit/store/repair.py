@@ -35,6 +35,9 @@ from .sqlite import check_store
 PROBE_WITHOUT_MAX = 100_000
 # Tables whose loss must be named on its own: they hold what a user cannot re-create.
 PRECIOUS_TABLES = ("credentials",)
+# Tables derived from the others (the columnar copy of the history, spawnkit.store.segments),
+# which name rows by rowid: not carried over, made again from the repaired rows.
+DERIVED_TABLES = ("history_segments",)
 
 
 @dataclass(frozen=True)
@@ -207,9 +210,14 @@ def repair_store(path: Path) -> RepairReport:
                 ).fetchone()
                 if known is None and create:
                     target.execute(create)  # a table this version does not know: keep it
+                if name in DERIVED_TABLES:
+                    rows = []  # rebuilt from the rows: they may have lost rows these hold
                 if known is not None or create:
                     _copy(target, name, rows)
                 salvaged.append(TableSalvage(name, len(rows), unreadable, reachable))
+            # Rowids are renumbered and rows may be lost: copies of the history kept by
+            # readers (spawnkit.history's per-home caches) must not trust the new file.
+            target.execute("UPDATE history_epoch SET epoch = epoch + 1")
             target.execute("COMMIT")
             target.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:

@@ -8,7 +8,7 @@ A PostgreSQL store keeps the same tables and columns under its own versions
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -167,6 +167,29 @@ CLI_EVENTS_SCHEMA = (
     "CREATE INDEX IF NOT EXISTS cli_events_by_session ON cli_events (session_id, time_ns)",
 )
 
+# Schema 16, for spawnkit.history: the store's own columnar copy of its completed history
+# (spawnkit/store/segments.py), and triggers that bump the epoch only for what that copy
+# holds: a tool call of a run still going is rewritten as it ends and replaced when the run
+# completes (before the record is closed, spawnkit/store/writes.py), which changes nothing
+# sealed. A completed session's calls changing, or the session itself, still bumps it.
+_CALL_OF_COMPLETED = (
+    "WHEN EXISTS (SELECT 1 FROM sessions WHERE id = OLD.session_id AND completed_at IS NOT NULL)"
+)
+SEAL_SESSIONS = 1000
+"""Sessions that come between two seals (the rows a reader still reads one by one)."""
+SEGMENTS_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS history_segments (
+        id INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, hi INTEGER NOT NULL,
+        open TEXT NOT NULL, level INTEGER NOT NULL, n_sessions INTEGER NOT NULL,
+        sessions BLOB NOT NULL, calls BLOB NOT NULL)""",
+    "DROP TRIGGER IF EXISTS history_epoch_call_update",
+    "DROP TRIGGER IF EXISTS history_epoch_call_delete",
+    f"""CREATE TRIGGER history_epoch_call_update AFTER UPDATE ON tool_calls
+        {_CALL_OF_COMPLETED} BEGIN UPDATE history_epoch SET epoch = epoch + 1; END""",
+    f"""CREATE TRIGGER history_epoch_call_delete AFTER DELETE ON tool_calls
+        {_CALL_OF_COMPLETED} BEGIN UPDATE history_epoch SET epoch = epoch + 1; END""",
+)
+
 # MIGRATIONS[v - 1] takes a store from schema v to v + 1.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("ALTER TABLE sessions ADD COLUMN log_dir TEXT",),
@@ -197,5 +220,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("ALTER TABLE sessions ADD COLUMN network_denied INTEGER",),
     # Each answer to a [butler.permissions] ask question (spawnkit.run.approval), as JSON.
     ("ALTER TABLE sessions ADD COLUMN permissions TEXT",),
+    SEGMENTS_SCHEMA,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION - 1

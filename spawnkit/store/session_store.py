@@ -41,6 +41,7 @@ from .backend import Admission, Backend, SlotClaim, is_postgres_url
 from .journal import StoreJournal
 from .ownership import HostRecords, RecordOwner
 from .records import SessionRecord, to_iso, utcnow
+from .schema import SEAL_SESSIONS
 from .sqlite import SqliteBackend
 from .writer import StoreWriter
 from .writes import (
@@ -73,6 +74,11 @@ def _translated(
             raise self._db.error(exc) from exc
 
     return wrapper
+
+
+# Rows since the last seal of the columnar copy (spawnkit.store.segments): two index look-ups.
+_SEAL_DUE = """SELECT (SELECT max(rowid) FROM sessions) AS top,
+    (SELECT coalesce(max(hi), 0) FROM history_segments) AS hi"""
 
 
 def open_backend(target: str | Path) -> Backend:
@@ -257,6 +263,32 @@ class SessionStore:
         self._live_calls.discard(session_id)
         payload = completion(session_id, result, completed_at or utcnow(), self.host, live)
         self._writes.write("complete", session_id, payload)
+        if self.path is not None and self._seal_due():
+            self.seal_history()
+
+    def _seal_due(self) -> bool:
+        """Whether enough sessions came since the store last sealed its columnar copy
+        (:mod:`spawnkit.store.segments`, imported only then: it brings pyarrow)."""
+        try:
+            row = self._db.query(_SEAL_DUE)[0]
+        except self._db.errors as exc:
+            logger.warning("could not check the store's columnar copy: %s", exc)
+            return False
+        return int(row["top"] or 0) - int(row["hi"]) >= SEAL_SESSIONS
+
+    def seal_history(self, *, force: bool = False, limit: int | None = None) -> bool:
+        """Add the sessions completed since the last seal to the SQLite store's columnar copy
+        of its history (what ``spawnkit.history`` reads); ``force``: however few. A failure
+        is logged: the copy is a cache, the rows stay the truth. Whether a segment was added."""
+        if self.path is None:
+            return False
+        from . import segments
+
+        try:
+            return segments.seal(self._db, force=force, limit=limit)
+        except self._db.errors as exc:
+            logger.warning("could not seal the store's columnar copy: %s", exc)
+            return False
 
     @_translated
     def record_tool_call(self, session_id: str, seq: int, call: ToolCall) -> bool:

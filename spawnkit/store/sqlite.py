@@ -33,6 +33,7 @@ from .schema import (
     MIGRATIONS,
     SCHEMA,
     SCHEMA_VERSION,
+    SEGMENTS_SCHEMA,
 )
 
 logger = logging.getLogger(__name__)
@@ -234,7 +235,8 @@ class SqliteBackend:
             if version == 0:
                 for statement in statements(SCHEMA):
                     conn.execute(statement)
-                for statement in (*HISTORY_SCHEMA, *CLI_SPANS_SCHEMA, *CLI_EVENTS_SCHEMA):
+                for statement in (*HISTORY_SCHEMA, *CLI_SPANS_SCHEMA, *CLI_EVENTS_SCHEMA,
+                                  *SEGMENTS_SCHEMA):  # fmt: skip
                     conn.execute(statement)
             else:
                 for step in MIGRATIONS[version - 1 :]:

@@ -49,6 +49,11 @@ _COMPLETE = """UPDATE sessions SET status = ?, success = ?, error = ?, error_kin
 
 
 _COMPLETE_PARAMS = _COMPLETE.count("?")
+# The calls a completion replaces: those of a record the completion will close (_COMPLETE's
+# own condition).
+_DELETE_CALLS_OF_COMPLETABLE = """DELETE FROM tool_calls WHERE session_id = ? AND EXISTS (
+    SELECT 1 FROM sessions WHERE id = ? AND (completed_at IS NULL
+        OR (status = 'crashed' AND num_tool_calls IS NULL AND owner_host = ?)))"""
 
 
 def _write_complete(tx: Transaction, payload: Any, replayed: bool) -> None:
@@ -64,10 +69,12 @@ def _write_complete(tx: Transaction, payload: Any, replayed: bool) -> None:
     if tx.writable_ctes:
         _write_complete_one_statement(tx, payload, replace)
         return
+    if replace:
+        # Before the record is closed: calls of a run still going are not in the store's
+        # columnar copy, so replacing them does not make it stale (spawnkit/store/segments.py).
+        session_id, host = payload["session"][-2:]
+        tx.execute(_DELETE_CALLS_OF_COMPLETABLE, (session_id, session_id, host))
     if tx.execute(_COMPLETE, payload["session"]):
-        session_id = payload["session"][-2]
-        if replace:
-            tx.execute("DELETE FROM tool_calls WHERE session_id = ?", (session_id,))
         _insert_rows(tx, _CALL_INSERT, payload["calls"])
 
 
