@@ -138,6 +138,66 @@ def claude_bare(
     return run
 
 
+def claude_sdk_bare(
+    butler: ButlerConfig, replay_url: str, mcp_port: int, work: Path, secret: str
+) -> Callable[[], None]:
+    """The same Claude Code run driven by ``claude_agent_sdk.query()`` as an application
+    would write it, without spawnkit: the settings of :func:`claude_bare` (and the token
+    deltas spawnkit asks for), in a fresh seeded home. The SDK runs the CLI in its streaming
+    mode (the prompt after an ``initialize`` exchange on stdin), which costs the CLI more
+    than ``-p``; spawnkit drives Claude Code through the SDK, so this is the floor it can
+    reach."""
+    from claude_agent_sdk import ClaudeAgentOptions, ResultMessage, query
+    from claude_agent_sdk.types import SystemPromptFile
+
+    binary = get_adapter("claude-code")(butler.runtime).find_binary()
+    system_file = work / "sdk-system-prompt.md"
+    system_file.write_text(
+        compose_system_prompt(
+            butler, read_prompt_file(butler.system_prompt_file, butler.roster_dir)
+        )
+    )
+    mcp_config = work / "sdk-mcp.json"
+    url = f"http://localhost:{mcp_port}/mcp?session_id=bench"
+    server = {"type": "http", "url": url, "headers": {"Authorization": f"Bearer {secret}"}}
+    mcp_config.write_text(json.dumps({"mcpServers": {butler.name: server}}))
+    tools = ["Bash", "Read", "Glob", "Grep"]
+    env = {
+        "PATH": os.environ["PATH"], "ANTHROPIC_API_KEY": KEY,
+        "ANTHROPIC_BASE_URL": replay_url, "ENABLE_TOOL_SEARCH": "false",
+        "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "CLAUDE_CODE_MAX_RETRIES": "1",
+    }  # fmt: skip
+
+    async def once(home: Path) -> str:
+        options = ClaudeAgentOptions(
+            cli_path=binary, cwd=home,
+            env={**env, "HOME": str(home), "TMPDIR": str(home / "tmp")},
+            system_prompt=SystemPromptFile(type="file", path=str(system_file)),
+            mcp_servers=str(mcp_config), strict_mcp_config=True, setting_sources=[],
+            tools=tools, allowed_tools=[*tools, f"mcp__{butler.name}"],
+            permission_mode="dontAsk", max_turns=20, include_partial_messages=True,
+        )  # fmt: skip
+        answer = ""
+        async for message in query(prompt=PROMPT, options=options):
+            if isinstance(message, ResultMessage):
+                answer = message.result or ""
+        return answer
+
+    def run() -> None:
+        home = Path(tempfile.mkdtemp(prefix="sdk-home-", dir=work))
+        try:
+            seed_home(home)
+            (home / "tmp").mkdir(mode=0o700)
+            answer = asyncio.run(once(home))
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+        if "measurements/weight" not in answer:
+            raise SystemExit(f"claude through the SDK failed: {answer[-500:]}")
+
+    return run
+
+
 def adapter_bare(
     runtime: str, butler: ButlerConfig, replay_url: str, mcp_port: int, work: Path, secret: str
 ) -> Callable[[], None]:
@@ -220,8 +280,10 @@ def measure(
             butler, store=store, base_url=replay_address.url, mcp_port=mcp_address.port,
             mcp_access=access, cli_telemetry=cli_telemetry or True,
         )  # fmt: skip
+        bare_sdk = None
         if runtime == "claude-code":
             bare = claude_bare(butler, replay_address.url, mcp_address.port, work, secret)
+            bare_sdk = claude_sdk_bare(butler, replay_address.url, mcp_address.port, work, secret)
         else:
             bare = adapter_bare(runtime, butler, replay_address.url, mcp_address.port, work, secret)
 
@@ -239,6 +301,8 @@ def measure(
         cpu: dict[str, list[tuple[float, float]]] = {"spawnkit": []}
         if not telemetry_only:
             cpu.update({"bare": [], "host_network": [], "unsandboxed": []})
+            if bare_sdk is not None:
+                cpu["bare_sdk"] = []
         if cli_telemetry:
             cpu["telemetry"] = []
 
@@ -271,16 +335,20 @@ def measure(
         others = not telemetry_only  # the bare CLI, and spawnkit without its sandboxes
         if others:
             timed(bare)  # warm-up: the CLI's files in the page cache
+            if bare_sdk is not None:
+                timed(bare_sdk)
         timed(via_spawnkit)
         if others:
             timed(on_host_network)
             timed(without_sandbox)
         if cli_telemetry:
             timed(with_telemetry)
-        bare_s, spawnkit_s, host_s, open_s, telemetry_s = [], [], [], [], []
+        bare_s, spawnkit_s, host_s, open_s, telemetry_s, sdk_s = [], [], [], [], [], []
         for _ in range(rounds):
             if others:
                 bare_s.append(timed(bare, "bare"))
+                if bare_sdk is not None:
+                    sdk_s.append(timed(bare_sdk, "bare_sdk"))
             spawnkit_s.append(timed(via_spawnkit, "spawnkit"))
             if others:
                 host_s.append(timed(on_host_network, "host_network"))
@@ -300,6 +368,13 @@ def measure(
             **telemetry_cpu(cpu["spawnkit"], cpu["telemetry"]),
         }
     version = {"cli_version": asyncio.run(adapter.binary_version()), "rounds": rounds}
+    sdk: dict[str, Any] = {}
+    if sdk_s:
+        sdk = {
+            "bare_sdk_median_s": round(statistics.median(sdk_s), 4),
+            "sdk_ratio": round(statistics.median(spawnkit_s) / statistics.median(sdk_s), 3),
+            "bare_sdk_s": [round(x, 4) for x in sdk_s],
+        }
     if telemetry_only:
         return {**version, "spawnkit_median_s": round(statistics.median(spawnkit_s), 4),
                 "spawnkit_s": [round(x, 4) for x in spawnkit_s], **cpu_figures(cpu),
@@ -318,6 +393,7 @@ def measure(
         "spawnkit_s": [round(x, 4) for x in spawnkit_s],
         "host_network_s": [round(x, 4) for x in host_s],
         "unsandboxed_s": [round(x, 4) for x in open_s],
+        **sdk,
         **telemetry,
     }
 
@@ -480,6 +556,16 @@ def main() -> None:
             f"{result['spawnkit_own_cpu_s']} s; all CPU x{result['spawnkit_total_cpu_ratio']}",
             flush=True,
         )
+        if "sdk_ratio" in result:
+            print(
+                f"{runtime}: against the CLI driven by claude_agent_sdk.query() without "
+                f"spawnkit, median {result['bare_sdk_median_s']:.3f} s: ratio "
+                f"{result['sdk_ratio']:.3f} (CPU per run in the CLI's processes "
+                f"{result['bare_sdk_child_cpu_s']} s, all CPU "
+                f"{result['bare_sdk_total_cpu_s']} s against spawnkit's "
+                f"{result['spawnkit_total_cpu_s']} s)",
+                flush=True,
+            )
         if args.cli_telemetry:
             print_telemetry(runtime, result)
     accounting.close()
