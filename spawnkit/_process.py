@@ -200,7 +200,8 @@ class LineFramer:
                 self._buffer.clear()
                 continue
             self._buffer += piece
-            lines.append(self._take())
+            # Over the bound with its end in this chunk: cut, and said to be.
+            lines.append(self._take(truncated=len(self._buffer) > self.max_line))
         rest = chunk[start:]
         if not self._skipping:
             self._buffer += rest

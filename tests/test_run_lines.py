@@ -33,6 +33,13 @@ def test_framer_bounds_a_line_without_newline() -> None:
     assert framer.flush() == ("tail", False)
 
 
+def test_framer_marks_a_long_line_whose_end_comes_with_the_chunk_that_overflows() -> None:
+    framer = LineFramer(max_line=10)
+    assert framer.feed(b"x" * 6) == []
+    assert framer.feed(b"x" * 20 + b"\nok\n") == [("x" * 10, True), ("ok", False)]
+    assert framer.feed(b"y" * 30 + b"\n") == [("y" * 10, True)]
+
+
 async def test_run_lines_streams_with_exact_env(tmp_path: Path) -> None:
     out: list[str] = []
     err: list[str] = []
