@@ -87,6 +87,31 @@ text = "Your weight log: {{ last_tool_result }}"
 KEY = "spawnkit-replay"
 
 
+CLAUDE_TOOLS = ["Bash", "Read", "Glob", "Grep"]
+
+
+def claude_settings(
+    butler: ButlerConfig, replay_url: str, mcp_port: int, work: Path, secret: str
+) -> tuple[str, Path, dict[str, str]]:
+    """What both bare Claude Code sides give the CLI, as spawnkit does: the system prompt,
+    an MCP config file naming the butler's server with the granted secret, and the
+    environment (the home and temp folder are each run's own)."""
+    system_prompt = compose_system_prompt(
+        butler, read_prompt_file(butler.system_prompt_file, butler.roster_dir)
+    )
+    mcp_config = work / "mcp.json"
+    url = f"http://localhost:{mcp_port}/mcp?session_id=bench"
+    server = {"type": "http", "url": url, "headers": {"Authorization": f"Bearer {secret}"}}
+    mcp_config.write_text(json.dumps({"mcpServers": {butler.name: server}}))
+    env = {
+        "PATH": os.environ["PATH"], "ANTHROPIC_API_KEY": KEY,
+        "ANTHROPIC_BASE_URL": replay_url, "ENABLE_TOOL_SEARCH": "false",
+        "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "CLAUDE_CODE_MAX_RETRIES": "1",
+    }  # fmt: skip
+    return system_prompt, mcp_config, env
+
+
 def claude_bare(
     butler: ButlerConfig, replay_url: str, mcp_port: int, work: Path, secret: str
 ) -> Callable[[], None]:
@@ -96,14 +121,8 @@ def claude_bare(
     which is also its working folder, as a run's workspace is (a folder inside a git
     checkout would have Claude Code read the repository's state first)."""
     binary = get_adapter("claude-code")(butler.runtime).find_binary()
-    system_prompt = compose_system_prompt(
-        butler, read_prompt_file(butler.system_prompt_file, butler.roster_dir)
-    )
-    mcp_config = work / "mcp.json"
-    url = f"http://localhost:{mcp_port}/mcp?session_id=bench"
-    server = {"type": "http", "url": url, "headers": {"Authorization": f"Bearer {secret}"}}
-    mcp_config.write_text(json.dumps({"mcpServers": {butler.name: server}}))
-    tools = ["Bash", "Read", "Glob", "Grep"]
+    system_prompt, mcp_config, env = claude_settings(butler, replay_url, mcp_port, work, secret)
+    tools = CLAUDE_TOOLS
     command = [
         str(binary), "-p", PROMPT, "--output-format", "stream-json", "--verbose",
         "--system-prompt", system_prompt, "--tools", ",".join(tools),
@@ -111,12 +130,6 @@ def claude_bare(
         "--max-turns", "20", "--mcp-config", str(mcp_config), "--strict-mcp-config",
         "--setting-sources=",
     ]  # fmt: skip
-    env = {
-        "PATH": os.environ["PATH"], "ANTHROPIC_API_KEY": KEY,
-        "ANTHROPIC_BASE_URL": replay_url, "ENABLE_TOOL_SEARCH": "false",
-        "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "CLAUDE_CODE_MAX_RETRIES": "1",
-    }  # fmt: skip
 
     def run() -> None:
         home = Path(tempfile.mkdtemp(prefix="bare-home-", dir=work))
@@ -151,23 +164,10 @@ def claude_sdk_bare(
     from claude_agent_sdk.types import SystemPromptFile
 
     binary = get_adapter("claude-code")(butler.runtime).find_binary()
+    system_prompt, mcp_config, env = claude_settings(butler, replay_url, mcp_port, work, secret)
     system_file = work / "sdk-system-prompt.md"
-    system_file.write_text(
-        compose_system_prompt(
-            butler, read_prompt_file(butler.system_prompt_file, butler.roster_dir)
-        )
-    )
-    mcp_config = work / "sdk-mcp.json"
-    url = f"http://localhost:{mcp_port}/mcp?session_id=bench"
-    server = {"type": "http", "url": url, "headers": {"Authorization": f"Bearer {secret}"}}
-    mcp_config.write_text(json.dumps({"mcpServers": {butler.name: server}}))
-    tools = ["Bash", "Read", "Glob", "Grep"]
-    env = {
-        "PATH": os.environ["PATH"], "ANTHROPIC_API_KEY": KEY,
-        "ANTHROPIC_BASE_URL": replay_url, "ENABLE_TOOL_SEARCH": "false",
-        "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "CLAUDE_CODE_MAX_RETRIES": "1",
-    }  # fmt: skip
+    system_file.write_text(system_prompt)
+    tools = CLAUDE_TOOLS
 
     async def once(home: Path) -> str:
         options = ClaudeAgentOptions(
