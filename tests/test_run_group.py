@@ -8,16 +8,19 @@ environment; where no cgroup can be made, the scan of this user's processes stil
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import textwrap
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from spawnkit.containment import run_group, sweep
+from spawnkit.result import SpawnerResult
 from spawnkit.run import Spawner
 from spawnkit.store import SessionStore
 
@@ -78,6 +81,24 @@ def gone_within(pid: int, seconds: float) -> bool:
     return not alive(pid)
 
 
+@contextlib.asynccontextmanager
+async def daemonised_run(
+    make_butler: RosterFactory, store: SessionStore, tmp_path: Path
+) -> AsyncIterator[tuple[SpawnerResult, int]]:
+    """A successful run whose CLI daemonised a grandchild: its result and the grandchild's
+    pid (killed here afterwards, should a test fail with it alive)."""
+    pidfile = tmp_path / "grandchild.pid"
+    spawner = Spawner(daemonising_butler(make_butler, tmp_path, pidfile), store=store)
+    result = await spawner.trigger("start a daemon")
+    assert result.success, result.error
+    pid = int(pidfile.read_text())
+    try:
+        yield result, pid
+    finally:
+        if alive(pid):
+            os.kill(pid, 9)
+
+
 @pytest.fixture
 def environ_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The pids whose /proc/<pid>/environ the sweep reads (the scan of the host)."""
@@ -99,21 +120,11 @@ async def test_a_daemonised_grandchild_is_killed_without_scanning_the_host(
     if run_group.open_run_group("probe-of-the-test") is None:
         pytest.skip("no cgroup can be made here (the fallback is tested below)")
     run_group.leftover_group("probe-of-the-test").reap()  # type: ignore[union-attr]
-    pidfile = tmp_path / "grandchild.pid"
-    spawner = Spawner(daemonising_butler(make_butler, tmp_path, pidfile), store=store)
-
-    result = await spawner.trigger("start a daemon")
-
-    assert result.success, result.error
-    pid = int(pidfile.read_text())
-    try:
+    async with daemonised_run(make_butler, store, tmp_path) as (result, pid):
         assert gone_within(pid, 10), "the daemonised grandchild outlived its run"
         assert environ_reads == [], "no other process's environment is read"
         assert run_group.leftover_group(result.session_id) is None, "the run's cgroup is gone"
         assert [r.status for r in store.list_sessions()] == ["success"]
-    finally:
-        if alive(pid):
-            os.kill(pid, 9)
 
 
 async def test_without_a_cgroup_the_scan_still_kills_it(
@@ -121,19 +132,9 @@ async def test_without_a_cgroup_the_scan_still_kills_it(
     environ_reads: list[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     monkeypatch.setattr(run_group, "_chosen", [None])  # decided: nowhere
-    pidfile = tmp_path / "grandchild.pid"
-    spawner = Spawner(daemonising_butler(make_butler, tmp_path, pidfile), store=store)
-
-    result = await spawner.trigger("start a daemon")
-
-    assert result.success, result.error
-    pid = int(pidfile.read_text())
-    try:
+    async with daemonised_run(make_butler, store, tmp_path) as (_, pid):
         assert gone_within(pid, 10), "the daemonised grandchild outlived its run"
         assert str(pid) in environ_reads, "found by the scan"
-    finally:
-        if alive(pid):
-            os.kill(pid, 9)
 
 
 def test_a_dead_owners_run_cgroup_is_emptied_and_removed_by_the_sweep() -> None:

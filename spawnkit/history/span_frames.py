@@ -20,10 +20,9 @@ from typing import Any
 
 import pandas as pd
 
-from ..errors import HistoryError
 from ..store import SessionStore
-from ..store.backend import is_postgres_url
 from .renamed import with_old_names
+from .store_frames import store_source
 
 SPAN_COLUMNS = [
     "session_id", "trace_id", "span_id", "name", "parent_span_id", "service", "started_at",
@@ -89,12 +88,10 @@ def _event_status(attributes: Mapping[str, Any]) -> str | None:
 def existing_store(store: str | Path | None) -> SessionStore:
     """The store at ``store`` (a path or URL; None: the default one), opened for reading.
 
-    A path where no store is is an error, not a new empty store: a mistyped path would
-    otherwise leave a file behind and read as a history with no runs in it.
+    A path where no store is is an error (:func:`store_source`), not a new empty store: a
+    mistyped path would otherwise leave a file behind and read as a history with no runs.
     """
-    if store is not None and not is_postgres_url(str(store)) and not Path(store).exists():
-        raise HistoryError(f"no session store at {store}")
-    return SessionStore(store)
+    return SessionStore(store if store is None else store_source(store))
 
 
 def _read(

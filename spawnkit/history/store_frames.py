@@ -78,7 +78,7 @@ _SERVER_SQL = {
 _SERVER_ORDER = {"created_at, rowid": server_cache.ORDER, "rowid": "session_id, seq"}
 
 
-def _path(store: StoreLike) -> Source:
+def store_source(store: StoreLike) -> Source:
     """The store's file (None when the default store was never created: no history yet),
     or the URL of a PostgreSQL store."""
     if isinstance(store, SessionStore):
@@ -342,7 +342,7 @@ def sessions(
         *SESSION_COLUMNS[cost:],
     ]
     wanted = _columns(columns, known)
-    path = _path(store)
+    path = store_source(store)
     filters = Filters(butler, runtime, status, since, until, success, kind)
     costs = "cost_usd" in wanted or "cost_source" in wanted
     fields = [c for c in SESSION_COLUMNS if c in wanted or (costs and c in _COST_INPUTS)]
@@ -402,7 +402,7 @@ def tool_calls(
     known = [name for name, _, _ in CALL_FIELDS] + (["output"] if output else [])
     wanted = _columns(columns, known)
     filters = Filters(butler, runtime, status, since, until, success, kind)
-    path = _path(store)
+    path = store_source(store)
     state = None if output else _use_cache(path, cache)
     if state is None or path is None or isinstance(path, str):
         where, params = filters.sql()

@@ -19,6 +19,7 @@ import logging
 import zlib
 from collections.abc import (
     Iterable,
+    Iterator,
     Mapping,
 )
 from dataclasses import dataclass
@@ -348,60 +349,66 @@ def _attributes(items: Iterable[Any]) -> dict[str, Any]:
     return {item.key: _any_value(item.value) for item in items}
 
 
+def _in_resources(
+    groups: Iterable[Any], scopes: str, items: str
+) -> Iterator[tuple[dict[str, Any], Any]]:
+    """Each item of each scope of ``groups`` (``resource_spans``, ``resource_logs``...),
+    with its resource's attributes: one dict per resource, shared by its items."""
+    for group in groups:
+        resource = _attributes(group.resource.attributes)
+        for scope in getattr(group, scopes):
+            for item in getattr(scope, items):
+                yield resource, item
+
+
 def _message_spans(request: Any) -> list[Pair]:
     found: list[Pair] = []
-    for resource_spans in request.resource_spans:
-        resource = _attributes(resource_spans.resource.attributes)
-        for scope_spans in resource_spans.scope_spans:
-            for span in scope_spans.spans:
-                code = span.status.code
-                found.append(
-                    (
-                        resource,
-                        {
-                            "trace_id": span.trace_id.hex(),
-                            "span_id": span.span_id.hex(),
-                            "parent_span_id": span.parent_span_id.hex() or None,
-                            "name": span.name,
-                            "start_ns": span.start_time_unix_nano,
-                            "end_ns": span.end_time_unix_nano,
-                            "status": _STATUS.get(code, str(code)),
-                            "attributes": _attributes(span.attributes),
-                        },
-                    )
-                )
+    for resource, span in _in_resources(request.resource_spans, "scope_spans", "spans"):
+        code = span.status.code
+        found.append(
+            (
+                resource,
+                {
+                    "trace_id": span.trace_id.hex(),
+                    "span_id": span.span_id.hex(),
+                    "parent_span_id": span.parent_span_id.hex() or None,
+                    "name": span.name,
+                    "start_ns": span.start_time_unix_nano,
+                    "end_ns": span.end_time_unix_nano,
+                    "status": _STATUS.get(code, str(code)),
+                    "attributes": _attributes(span.attributes),
+                },
+            )
+        )
     return found
 
 
 def _message_logs(request: Any) -> list[Pair]:
     found: list[Pair] = []
-    for resource_logs in request.resource_logs:
-        resource = _attributes(resource_logs.resource.attributes)
-        for scope_logs in resource_logs.scope_logs:
-            for record in scope_logs.log_records:
-                attributes = _attributes(record.attributes)
-                body = _any_value(record.body) if record.HasField("body") else None
-                # ``event_name`` is newer than the oldest opentelemetry-proto allowed.
-                event_name = getattr(record, "event_name", "")
-                name = attributes.get("event.name") or event_name or body or ""
-                if body not in (None, "", name):
-                    attributes["body"] = body
-                if record.severity_text:
-                    attributes.setdefault("severity", record.severity_text)
-                found.append(
-                    (
-                        resource,
-                        {
-                            "kind": "log",
-                            "name": str(name),
-                            "time_ns": record.time_unix_nano or record.observed_time_unix_nano,
-                            "trace_id": record.trace_id.hex() or None,
-                            "span_id": record.span_id.hex() or None,
-                            "value": None,
-                            "attributes": attributes,
-                        },
-                    )
-                )
+    for resource, record in _in_resources(request.resource_logs, "scope_logs", "log_records"):
+        attributes = _attributes(record.attributes)
+        body = _any_value(record.body) if record.HasField("body") else None
+        # ``event_name`` is newer than the oldest opentelemetry-proto allowed.
+        event_name = getattr(record, "event_name", "")
+        name = attributes.get("event.name") or event_name or body or ""
+        if body not in (None, "", name):
+            attributes["body"] = body
+        if record.severity_text:
+            attributes.setdefault("severity", record.severity_text)
+        found.append(
+            (
+                resource,
+                {
+                    "kind": "log",
+                    "name": str(name),
+                    "time_ns": record.time_unix_nano or record.observed_time_unix_nano,
+                    "trace_id": record.trace_id.hex() or None,
+                    "span_id": record.span_id.hex() or None,
+                    "value": None,
+                    "attributes": attributes,
+                },
+            )
+        )
     return found
 
 
@@ -414,36 +421,33 @@ def _message_point_value(point: Any, present: set[str]) -> float | None:
 
 def _message_metrics(request: Any) -> list[Pair]:
     found: list[Pair] = []
-    for resource_metrics in request.resource_metrics:
-        resource = _attributes(resource_metrics.resource.attributes)
-        for scope_metrics in resource_metrics.scope_metrics:
-            for metric in scope_metrics.metrics:
-                shape = metric.WhichOneof("data")
-                if shape is None:
-                    continue
-                for point in getattr(metric, shape).data_points:
-                    # The fields MessageToDict would write: set ones, and scalars off default.
-                    present = {field.name for field, _ in point.ListFields()}
-                    attributes = _attributes(point.attributes)
-                    attributes["metric.type"] = _SHAPE_NAMES[shape]
-                    if metric.unit:
-                        attributes["metric.unit"] = metric.unit
-                    if "count" in present:
-                        attributes["metric.count"] = point.count
-                    found.append(
-                        (
-                            resource,
-                            {
-                                "kind": "metric",
-                                "name": metric.name,
-                                "time_ns": point.time_unix_nano or point.start_time_unix_nano,
-                                "trace_id": None,
-                                "span_id": None,
-                                "value": _message_point_value(point, present),
-                                "attributes": attributes,
-                            },
-                        )
-                    )
+    for resource, metric in _in_resources(request.resource_metrics, "scope_metrics", "metrics"):
+        shape = metric.WhichOneof("data")
+        if shape is None:
+            continue
+        for point in getattr(metric, shape).data_points:
+            # The fields MessageToDict would write: set ones, and scalars off default.
+            present = {field.name for field, _ in point.ListFields()}
+            attributes = _attributes(point.attributes)
+            attributes["metric.type"] = _SHAPE_NAMES[shape]
+            if metric.unit:
+                attributes["metric.unit"] = metric.unit
+            if "count" in present:
+                attributes["metric.count"] = point.count
+            found.append(
+                (
+                    resource,
+                    {
+                        "kind": "metric",
+                        "name": metric.name,
+                        "time_ns": point.time_unix_nano or point.start_time_unix_nano,
+                        "trace_id": None,
+                        "span_id": None,
+                        "value": _message_point_value(point, present),
+                        "attributes": attributes,
+                    },
+                )
+            )
     return found
 
 
