@@ -194,16 +194,18 @@ class Attempts:
         error: str | None = None
         error_kind: str | None = None
         exit_code: int | None = None
-        contained = False  # in a pid namespace: whatever the run started is gone with it
-        group: RunGroup | None = None  # else, where one can be made: a cgroup of its own
+        # In a pid namespace whatever the run started dies with it, but after bwrap itself
+        # has gone; every run gets a cgroup of its own where one can be made, and its end
+        # waits until that cgroup is empty.
+        contained = False
+        group: RunGroup | None = None
         try:
             async with contextlib.AsyncExitStack() as parts:
                 spec = await self.assembly.assemble(run, workspace, span, parts)
                 contained = spec.sandbox.kind == "bwrap"
-                if not contained:
-                    group = await _run_group(run.session_id)
-                    if group is not None:
-                        spec = replace(spec, sandbox=grouped(spec.sandbox, group))
+                group = await _run_group(run.session_id)
+                if group is not None:
+                    spec = replace(spec, sandbox=grouped(spec.sandbox, group))
                 async with asyncio.timeout(run.timeout_s):
                     outcome = await self._invoke(run, spec)
             status = "success" if outcome.success else "failed"
@@ -247,8 +249,7 @@ class Attempts:
                 collector, "cancelled", "the run was cancelled", "cancelled"
             )
             span.finish(replace(cancelled, duration_ms=ms_since(clock)))
-            if not contained:
-                await _reap(run.session_id, workspace, group)
+            await _reap(run.session_id, workspace, group, contained)
             raise
         finally:
             if keeps_transcripts(worker):
@@ -265,12 +266,12 @@ class Attempts:
         result = self.recorder.with_budget(run, result)
         span.finish(result)
         # Whatever is left in the run's cgroup now is a leftover: tools a stopped CLI left
-        # running, or children the agent backgrounded into sessions of their own (Claude
-        # Code and Gemini do that to every tool). Outside a sandbox only this finds them
-        # (in a thread: killing waits for them to go; where no cgroup could be made, a scan
-        # of this user's processes); in one, the end of its pid namespace has killed them.
-        if not contained:
-            await _reap(run.session_id, workspace, group)
+        # running, children the agent backgrounded into sessions of their own (Claude Code
+        # and Gemini do that to every tool), or a sandbox whose pid namespace is still being
+        # torn down after bwrap exited. Killing them waits for them to go, in a thread;
+        # where no cgroup could be made an unsandboxed run is found by a scan of this
+        # user's processes, and a sandboxed one is left to its pid namespace.
+        await _reap(run.session_id, workspace, group, contained)
         return result
 
     async def _invoke(self, run: AcceptedRun, spec: RunSpec) -> RunOutcome:
@@ -308,16 +309,19 @@ class Attempts:
 
 
 async def _run_group(session_id: str) -> RunGroup | None:
-    """The unsandboxed run's cgroup (:mod:`spawnkit.containment.run_group`); the first of
+    """The run's cgroup (:mod:`spawnkit.containment.run_group`); the first of
     this process probes where one can be made, in a thread (it starts a process)."""
     if run_group.decided():
         return run_group.open_run_group(session_id)
     return await asyncio.to_thread(run_group.open_run_group, session_id)
 
 
-async def _reap(session_id: str, workspace: Path, group: RunGroup | None) -> None:
-    """Kill what the unsandboxed run left, off the loop; a cgroup left empty (the common
-    case) is only removed, here: one ``rmdir`` costs less than a thread."""
+async def _reap(session_id: str, workspace: Path, group: RunGroup | None, contained: bool) -> None:
+    """Kill what the run left, off the loop; a cgroup left empty (the common case) is only
+    removed, here: one ``rmdir`` costs less than a thread. A sandboxed run without a
+    cgroup has nothing to scan for: its pid namespace takes every process."""
+    if group is None and contained:
+        return
     if group is not None and group.left_nothing():
         group.reap()
         return
