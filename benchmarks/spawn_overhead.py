@@ -25,7 +25,10 @@ ratios, each side's CPU per run is counted (the CLI's processes through a cgroup
 this process), and their sum against the bare side's (``*_total_cpu_ratio``).
 
 Rounds alternate between the sides (after one warm-up each) so drift on a shared
-machine hits all alike; the figure is the ratio of the medians. With
+machine hits all alike, and each round starts one side later than the one before, so that
+no side always runs right after the same other one; the figure is the ratio of the
+medians. Use a multiple of the number of sides as ``--rounds`` for every side to run in
+every position equally often. With
 ``--cli-telemetry`` a further side alternates with them: the same trigger with the
 CLI's own telemetry on (``Spawner(cli_telemetry=True)``: the run's OTLP receiver,
 the CLI exporting spans, logs and metrics, all stored), reported as the extra
@@ -344,17 +347,24 @@ def measure(
         if cli_telemetry:
             timed(with_telemetry)
         bare_s, spawnkit_s, host_s, open_s, telemetry_s, sdk_s = [], [], [], [], [], []
-        for _ in range(rounds):
-            if others:
-                bare_s.append(timed(bare, "bare"))
-                if bare_sdk is not None:
-                    sdk_s.append(timed(bare_sdk, "bare_sdk"))
-            spawnkit_s.append(timed(via_spawnkit, "spawnkit"))
-            if others:
-                host_s.append(timed(on_host_network, "host_network"))
-                open_s.append(timed(without_sandbox, "unsandboxed"))
-            if cli_telemetry:
-                telemetry_s.append(timed(with_telemetry, "telemetry"))
+        sides: list[tuple[str, Callable[[], Any], list[float]]] = []
+        if others:
+            sides.append(("bare", bare, bare_s))
+            if bare_sdk is not None:
+                sides.append(("bare_sdk", bare_sdk, sdk_s))
+        sides.append(("spawnkit", via_spawnkit, spawnkit_s))
+        if others:
+            sides += [("host_network", on_host_network, host_s),
+                      ("unsandboxed", without_sandbox, open_s)]  # fmt: skip
+        if cli_telemetry:
+            sides.append(("telemetry", with_telemetry, telemetry_s))
+        for round_ in range(rounds):
+            # Each round starts one side later, so that every side runs in every position
+            # as often as the others: a run that follows another (its page cache, its
+            # leftovers, the machine's frequency) favours no side.
+            first = round_ % len(sides)
+            for side, run, walls in sides[first:] + sides[:first]:
+                walls.append(timed(run, side))
         runner.close()
     adapter = get_adapter(runtime)(butler.runtime)
     telemetry: dict[str, Any] = {}

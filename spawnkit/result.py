@@ -240,10 +240,12 @@ class Attempt:
     stagger_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["started_at"] = self.started_at.isoformat()
-        data["ended_at"] = self.ended_at.isoformat()
-        return data
+        # Field by field: dataclasses.asdict deep-copies, and every run records its attempts.
+        return {
+            "number": self.number, "started_at": self.started_at.isoformat(),
+            "ended_at": self.ended_at.isoformat(), "outcome": self.outcome,
+            "message": self.message, "cooldown_s": self.cooldown_s, "stagger_s": self.stagger_s,
+        }  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:

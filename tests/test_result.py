@@ -44,6 +44,9 @@ def test_a_result_has_the_shape_of_its_fields() -> None:
         "input_tokens": 10, "output_tokens": 20, "cache_read_tokens": 30, "cache_write_tokens": 40,
     }  # fmt: skip
     assert data["attempts"][0]["started_at"] == AT.isoformat()
+    for attempt in result.attempts:
+        assert attempt.to_dict() == _dataclass_shape(attempt)
+        assert Attempt.from_dict(attempt.to_dict()) == attempt
     assert SpawnerResult().to_dict()["budget"] is None
 
 

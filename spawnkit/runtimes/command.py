@@ -307,7 +307,7 @@ class CommandAdapter(StreamingCliAdapter):
     async def binary_version(self) -> str | None:
         return None  # an arbitrary CLI has no known way to print its version
 
-    def install_paths(self) -> list[Path]:
+    def find_install_paths(self) -> list[Path]:
         """The programs' folders (a node CLI's whole tree) and the files their argv name.
 
         Those of ``command`` and, when it has one, of ``chat_command``.

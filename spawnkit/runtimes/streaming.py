@@ -133,6 +133,7 @@ class StreamingCliAdapter(RuntimeAdapter):
     def __init__(self, config: Any = None) -> None:
         super().__init__(config)
         self._binary: Path | None = None
+        self._installed: list[Path] | None = None
 
     def capabilities(self) -> dict[str, Any]:
         if self.native_turn_limit:
@@ -145,6 +146,7 @@ class StreamingCliAdapter(RuntimeAdapter):
 
     def reset(self) -> None:
         self._binary = None
+        self._installed = None
 
     def find_binary(self) -> Path:
         if self._binary is None:
@@ -152,6 +154,12 @@ class StreamingCliAdapter(RuntimeAdapter):
         return self._binary
 
     def install_paths(self) -> list[Path]:
+        """Looked up once, like the binary (every sandboxed run binds them), until reset."""
+        if self._installed is None:
+            self._installed = self.find_install_paths()
+        return list(self._installed)
+
+    def find_install_paths(self) -> list[Path]:
         return node_install(self.find_binary())
 
     @abstractmethod
