@@ -299,10 +299,8 @@ class CommandAdapter(StreamingCliAdapter):
             raise RuntimeNotFoundError(self.type, program, self.install_hint)
         return Path(found)
 
-    def find_binary(self) -> Path:
-        if self._binary is None:
-            self._binary = self._find(self.command_config.argv[0])
-        return self._binary
+    def locate_binary(self) -> Path:
+        return self._find(self.command_config.argv[0])
 
     async def binary_version(self) -> str | None:
         return None  # an arbitrary CLI has no known way to print its version

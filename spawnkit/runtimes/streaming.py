@@ -18,6 +18,7 @@ import shutil
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -121,6 +122,15 @@ class _TurnLimit(Exception):
     """Raised inside the stdout callback when a run exceeds its max_turns."""
 
 
+@dataclass
+class _Lookups:
+    """What an adapter found on this machine, shared by the workers of its runs; a run
+    that fails resets it, so the next run looks again."""
+
+    binary: Path | None = None
+    installed: list[Path] | None = None
+
+
 class StreamingCliAdapter(RuntimeAdapter):
     """Base of adapters that run a JSON-lines CLI as a subprocess."""
 
@@ -132,8 +142,7 @@ class StreamingCliAdapter(RuntimeAdapter):
 
     def __init__(self, config: Any = None) -> None:
         super().__init__(config)
-        self._binary: Path | None = None
-        self._installed: list[Path] | None = None
+        self._lookups = _Lookups()
 
     def capabilities(self) -> dict[str, Any]:
         if self.native_turn_limit:
@@ -144,20 +153,31 @@ class StreamingCliAdapter(RuntimeAdapter):
             "max_turns_enforced_by": "spawnkit (tool calls are counted)",
         }
 
+    def create_worker(self) -> RuntimeAdapter:
+        worker = super().create_worker()
+        if isinstance(worker, StreamingCliAdapter):
+            worker._lookups = self._lookups  # found once for all of this adapter's runs
+        return worker
+
     def reset(self) -> None:
-        self._binary = None
-        self._installed = None
+        self._lookups.binary = None
+        self._lookups.installed = None
 
     def find_binary(self) -> Path:
-        if self._binary is None:
-            self._binary = find_cli(self.type, self.binary_name, self.binary_env, self.install_hint)
-        return self._binary
+        lookups = self._lookups
+        if lookups.binary is None:
+            lookups.binary = self.locate_binary()
+        return lookups.binary
+
+    def locate_binary(self) -> Path:
+        return find_cli(self.type, self.binary_name, self.binary_env, self.install_hint)
 
     def install_paths(self) -> list[Path]:
         """Looked up once, like the binary (every sandboxed run binds them), until reset."""
-        if self._installed is None:
-            self._installed = self.find_install_paths()
-        return list(self._installed)
+        lookups = self._lookups
+        if lookups.installed is None:
+            lookups.installed = self.find_install_paths()
+        return list(lookups.installed)
 
     def find_install_paths(self) -> list[Path]:
         return node_install(self.find_binary())
