@@ -109,8 +109,12 @@ class _Patterns:
         self.names = names  # form -> NAME
         self.forms = tuple(sorted(names, key=lambda form: (-len(form), form)))  # longest first
         self.longest = len(self.forms[0]) if self.forms else 0
-        # The distinct openings of the forms.
-        self.anchors = tuple(sorted({form[:_ANCHOR_CHARS] for form in self.forms}))
+        # The distinct openings of the forms, each with the forms that open with it.
+        by_anchor: dict[str, list[str]] = {}
+        for form in self.forms:
+            by_anchor.setdefault(form[:_ANCHOR_CHARS], []).append(form)
+        self.anchors = tuple(sorted(by_anchor))
+        self.by_anchor = {anchor: tuple(group) for anchor, group in by_anchor.items()}
 
     def __bool__(self) -> bool:
         return bool(self.forms)
@@ -136,9 +140,15 @@ class _Patterns:
         return tuple(form for form in self.forms if len(form) > _PREFIX_SET_MAX)
 
     def present(self, text: str) -> bool:
-        """Whether a form may occur in ``text``: a few short substring scans, far cheaper
-        than the regex, which runs only when one of them hits."""
-        return any(anchor in text for anchor in self.anchors)
+        """Whether a form occurs in ``text``: a few short substring scans, far cheaper than
+        the regex (which runs only when one hits); an opening that is there is confirmed by
+        its whole forms, so a text that merely shares a secret's first characters (a key
+        named after a word the text holds) does not pay for the regex."""
+        by_anchor = self.by_anchor
+        return any(
+            anchor in text and any(form in text for form in by_anchor[anchor])
+            for anchor in self.anchors
+        )
 
 
 _EMPTY = _Patterns({})

@@ -89,6 +89,16 @@ def test_short_values_are_not_secrets_and_longest_values_win() -> None:
     assert not empty and empty.text(TOKEN) == TOKEN and empty.text(None) is None
 
 
+def test_text_that_only_shares_a_secrets_opening_skips_the_regex() -> None:
+    """A key named after a word the texts hold (``spawnkit-...``, and every run's paths say
+    ``spawnkit``) must not send each text through the regex, nor change it."""
+    redactor = Redactor({"OPENAI_API_KEY": "spawnkit-replay-key"})
+    text = "/home/u/.spawnkit/workspaces/butler_x/run.json: spawnkit-replay"
+    assert redactor.text(text) == text
+    assert "regex" not in vars(redactor._patterns), "no regex was compiled for it"
+    assert redactor.text(f"{text} spawnkit-replay-key") == f"{text} [redacted:OPENAI_API_KEY]"
+
+
 def test_data_results_and_events_are_redacted_throughout() -> None:
     r = Redactor({"TOKEN": TOKEN, "PIN": "90817263"})
     assert r.data({TOKEN: [TOKEN, 90817263, 7, True, None, {"k": (TOKEN,)}]}) == {
