@@ -7,8 +7,10 @@ worker is a worker reading a named pipe nobody writes to: it blocks until killed
 from __future__ import annotations
 
 import json
+import multiprocessing.connection
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -229,3 +231,20 @@ def test_a_parse_server_killed_mid_load_is_a_clear_error(tmp_path: Path) -> None
     assert len(errors) == 1 and isinstance(errors[0], RuntimeError), errors
     assert "parse server ended while parsing" in str(errors[0])
     assert _gone(server), f"left behind: {_group(server)}"
+
+
+def test_a_server_gone_before_reading_its_job_is_the_same_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Killed with the job unread, the server's end of the socket is closed: sending gets a
+    broken pipe, receiving a reset. Either is the error a user can read, not an OSError."""
+    server = workers.ParseServer()
+    ours, theirs = socket.socketpair()
+    theirs.close()
+    conn = multiprocessing.connection.Connection(ours.detach())
+    monkeypatch.setattr(server, "_connect", lambda: conn)
+    try:
+        with pytest.raises(RuntimeError, match="parse server ended while parsing"):
+            server.run(("a job",), timeout=5)  # type: ignore[arg-type]
+    finally:
+        conn.close()

@@ -163,7 +163,9 @@ class ParseServer:
                 if not conn.poll(timeout):
                     raise TimeoutError(f"parsing transcripts took over {timeout:g} s")
                 status, error = conn.recv()
-            except EOFError as exc:  # the server died (killed, out of memory)
+            except (EOFError, ConnectionError) as exc:
+                # The server died (killed, out of memory): an end of file, or a reset when
+                # it died with the job still unread in its socket.
                 code = self._process.poll() if self._process else None
                 self.stop()
                 raise RuntimeError(
