@@ -68,12 +68,17 @@ def _make_workspace(butler: str, root: Path | None) -> Path:
 
 
 @asynccontextmanager
-async def run_workspace(butler: ButlerConfig, root: Path | None = None) -> AsyncIterator[Path]:
+async def run_workspace(
+    butler: ButlerConfig, root: Path | None = None, *, handed_to: list[Path] | None = None
+) -> AsyncIterator[Path]:
     """Create a private directory for one run and remove it however the block ends.
 
     The removal runs in a thread (a run's folder can take tens of milliseconds to delete
     on a busy disk, which would stall every other run on the event loop), and the block
-    ends only when it is done: a cancellation meanwhile is held until then.
+    ends only when it is done: a cancellation meanwhile is held until then. Given
+    ``handed_to``, the folder is put there instead, for an owner that removes it in a
+    thread it starts anyway (the spawner: with the run's record, see
+    :mod:`spawnkit.run.recording`) and must, however the run ends.
     """
     path = _make_workspace(butler.name, root)
     try:
@@ -82,7 +87,16 @@ async def run_workspace(butler: ButlerConfig, root: Path | None = None) -> Async
             (path / "skills").symlink_to(skills, target_is_directory=True)
         yield path
     finally:
-        await finish_in_thread(remove, path)
+        if handed_to is not None:
+            handed_to.append(path)
+        else:
+            await finish_in_thread(remove, path)
+
+
+def remove_all(paths: list[Path]) -> None:
+    """Remove the run folders ``paths`` (handed over by :func:`run_workspace`), emptying it."""
+    while paths:
+        remove(paths.pop())
 
 
 def remove(path: Path) -> None:

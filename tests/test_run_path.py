@@ -1,0 +1,86 @@
+"""What a run's path costs in store transactions and thread hops (what runs, never how fast).
+
+A no-op run makes one write when it is accepted, one when its CLI starts (its start and
+setup together) and one when it ends (with its workspace removed in the same thread); its
+record keeps everything the separate writes kept, and a run that ends before its CLI
+starts still records when it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from spawnkit.errors import ConfigError
+from spawnkit.run import Spawner
+from spawnkit.run.assembly import Assembly
+from spawnkit.store import SessionStore
+
+from .conftest import RosterFactory
+
+NOOP = """
+[butler.runtime]
+type = "command"
+command = ["/bin/true"]
+output = "text"
+[butler.sandbox]
+mode = "none"
+"""
+
+
+def _counted_writes(store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    ops: list[str] = []
+    real = store._writes.write
+
+    def write(op: str, session_id: str | None, payload: Any) -> None:
+        ops.append(op)
+        real(op, session_id, payload)
+
+    monkeypatch.setattr(store._writes, "write", write)
+    return ops
+
+
+async def test_a_run_starts_in_one_write_and_three_thread_hops(
+    make_butler: RosterFactory, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spawner = Spawner(make_butler("noop", extra=NOOP), store=store)
+    assert (await spawner.trigger("warm up")).success  # the cgroup probe, imports
+    ops = _counted_writes(store, monkeypatch)
+    loop = asyncio.get_running_loop()
+    hops: list[str] = []
+    real = loop.run_in_executor
+
+    def run_in_executor(executor: Any, fn: Callable[..., Any], *args: Any) -> Any:
+        hops.append(repr(fn))
+        return real(executor, fn, *args)
+
+    monkeypatch.setattr(loop, "run_in_executor", run_in_executor)
+    result = await spawner.trigger("nothing")
+    monkeypatch.undo()
+    assert result.success, result.error
+    assert ops == ["started_setup", "complete"]
+    # Record, start and setup with the CLI's environment, end with the workspace's removal.
+    assert len(hops) == 3, hops
+    record = store.get_session(result.session_id)
+    assert record is not None
+    assert record.status == "success" and record.started_at is not None
+    assert record.sandbox == "none" and record.given and record.given["home"]
+    assert record.workspace is not None and not record.workspace.exists()
+
+
+async def test_a_run_that_ends_before_its_cli_starts_still_records_its_start(
+    make_butler: RosterFactory, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def refused(*args: Any, **kwargs: Any) -> Any:
+        raise ConfigError("no door could be opened")
+
+    monkeypatch.setattr(Assembly, "prepare", refused)
+    result = await Spawner(make_butler("noop", extra=NOOP), store=store).trigger("hi")
+    assert not result.success and result.error_kind == "config"
+    (record,) = store.list_sessions()
+    assert record.status == "failed" and record.started_at is not None
+    assert record.workspace is not None and not record.workspace.exists()
+    assert record.sandbox is None  # its setup never came
