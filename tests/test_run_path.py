@@ -84,3 +84,17 @@ async def test_a_run_that_ends_before_its_cli_starts_still_records_its_start(
     assert record.status == "failed" and record.started_at is not None
     assert record.workspace is not None and not record.workspace.exists()
     assert record.sandbox is None  # its setup never came
+
+
+async def test_a_run_that_prints_nothing_makes_no_log_folder(
+    make_butler: RosterFactory, store: SessionStore
+) -> None:
+    quiet = Spawner(make_butler("noop", extra=NOOP), store=store)
+    chatty = Spawner(make_butler("echo", extra=NOOP.replace("/bin/true", "/bin/echo")), store=store)
+    silent, spoke = await quiet.trigger("hi"), await chatty.trigger("hi")
+    assert silent.success and spoke.success, (silent.error, spoke.error)
+    records = {r.id: r for r in store.list_sessions()}
+    silent_dir = records[silent.session_id].log_dir
+    spoke_dir = records[spoke.session_id].log_dir
+    assert silent_dir is not None and not silent_dir.exists()
+    assert spoke_dir is not None and (spoke_dir / "stdout.log").read_text() == "\n"
