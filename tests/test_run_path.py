@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -98,3 +101,25 @@ async def test_a_run_that_prints_nothing_makes_no_log_folder(
     spoke_dir = records[spoke.session_id].log_dir
     assert silent_dir is not None and not silent_dir.exists()
     assert spoke_dir is not None and (spoke_dir / "stdout.log").read_text() == "\n"
+
+
+def test_a_start_with_its_setup_records_what_the_two_writes_did(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    given = {"tools": ["Bash"], "home": "the run's workspace", "note": "é"}
+    for sid in ("apart", "together"):
+        store.create_session(
+            sid, butler="b", runtime="command", model=None, prompt="p", context=None,
+            trigger_source="external",
+        )  # fmt: skip
+    workspace = tmp_path / "butler_b_1"
+    store.mark_started("apart", started_at=at, trace_id="t" * 32, workspace=workspace)
+    store.record_setup("apart", sandbox="bwrap", given=given)
+    store.mark_started(
+        "together", started_at=at, trace_id="t" * 32, workspace=workspace, setup=("bwrap", given)
+    )
+    apart, together = store.get_session("apart"), store.get_session("together")
+    assert apart is not None and together is not None
+    same = {"created_at": apart.created_at, "lease_until": apart.lease_until}  # made apart
+    assert replace(together, id="apart", **same) == apart
