@@ -158,8 +158,9 @@ class Attempts:
             kind=run.kind,
         ) as span:
             async with run_workspace(
-                butler, self.settings.workspace_root, handed_to=run.workspaces
-            ) as workspace:
+                butler, self.settings.workspace_root, handed_to=run.workspaces,
+                session_id=run.session_id,
+            ) as workspace:  # fmt: skip
                 result = await self._in_workspace(run, started_at, span, workspace, clock)
         if result.success and self.settings.memory is not None:
             try:
