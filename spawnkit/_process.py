@@ -31,10 +31,11 @@ import re
 import shlex
 import shutil
 import signal
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 logger = logging.getLogger(__name__)
 
@@ -335,19 +336,10 @@ async def _run_lines(
     max_line: int,
     stdout_fd: int | None,
 ) -> int:
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=stdout_fd if stdout_fd is not None else asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=dict(env),
-        cwd=cwd,
-        start_new_session=True,
-    )
-    assert proc.stderr is not None
+    proc = await _start(argv, env=env, cwd=cwd, stdin=stdin is not None, stdout_fd=stdout_fd)
     exited = asyncio.create_task(proc.wait())
     # Not proc.wait(), which on Python 3.11 waits for the pipes to close as well.
-    gone = asyncio.create_task(_exit_of(proc))
+    gone = asyncio.create_task(proc.gone())
     try:
         if stdout_fd is not None:
             stdout_pump = _pump_file(stdout_fd, gone, on_stdout, max_line)
@@ -369,9 +361,7 @@ async def _run_lines(
             if not await _read_to_end(pumps, gone, argv[0]):
                 # Our ends of the pipes the other process still holds: closed here, or
                 # they stay open until it ends.
-                transport = getattr(proc, "_transport", None)
-                if transport is not None:
-                    transport.close()
+                proc.close_pipes()
         finally:
             for task in pumps:
                 task.cancel()
@@ -385,6 +375,149 @@ async def _run_lines(
         await asyncio.shield(terminate_group(proc.pid))
         if not exited.done():
             await asyncio.shield(exited)
+        proc.close_pipes()
+
+
+class _Child:
+    """A CLI started by :func:`_start`: its pipes on the event loop, its exit seen through
+    a pidfd. Python 3.11's asyncio subprocesses start a thread per child to wait for it
+    (its default child watcher), a third of what starting a child costs this process;
+    where pidfds are missing this wraps such a subprocess instead."""
+
+    def __init__(
+        self,
+        pid: int,
+        stdout: asyncio.StreamReader | None,
+        stderr: asyncio.StreamReader,
+        stdin: asyncio.StreamWriter | None,
+    ) -> None:
+        self.pid = pid
+        self.stdout = stdout
+        self.stderr = stderr
+        self.stdin = stdin
+        self.transports: list[asyncio.BaseTransport] = []
+
+    async def gone(self) -> None:
+        """Returns once the child has exited (its pipes may still be open)."""
+        raise NotImplementedError
+
+    async def wait(self) -> int:
+        """The child's exit code, once it has exited."""
+        raise NotImplementedError
+
+    def close_pipes(self) -> None:
+        for transport in self.transports:
+            transport.close()
+
+
+class _PidfdChild(_Child):
+    def __init__(self, popen: subprocess.Popen[bytes], pidfd: int, **pipes: Any) -> None:
+        super().__init__(popen.pid, **pipes)
+        self._popen = popen
+        loop = asyncio.get_running_loop()
+        self._ended: asyncio.Future[None] = loop.create_future()
+        self._pidfd = pidfd
+        loop.add_reader(pidfd, self._exited)
+
+    def _exited(self) -> None:
+        asyncio.get_running_loop().remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        if not self._ended.done():
+            self._ended.set_result(None)
+
+    async def gone(self) -> None:
+        await asyncio.shield(self._ended)
+
+    async def wait(self) -> int:
+        await asyncio.shield(self._ended)
+        return self._popen.wait()  # a zombie by now: reaped at once
+
+
+class _AsyncioChild(_Child):
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stderr is not None
+        super().__init__(proc.pid, proc.stdout, proc.stderr, proc.stdin)
+        self._proc = proc
+        transport = getattr(proc, "_transport", None)
+        self.transports = [transport] if transport is not None else []
+
+    async def gone(self) -> None:
+        await _exit_of(self._proc)
+
+    async def wait(self) -> int:
+        return await self._proc.wait()
+
+
+# Whether children can be waited for through pidfds here (Linux 5.3+); emptied if not.
+_pidfds = [True] if hasattr(os, "pidfd_open") else []
+
+
+async def _start(
+    argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, stdin: bool, stdout_fd: int | None
+) -> _Child:
+    """Start ``argv`` in a session of its own, its stderr (and stdout, unless it goes to
+    ``stdout_fd``) piped to us, its stdin piped (``stdin``) or empty."""
+    if not _pidfds:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdout=stdout_fd if stdout_fd is not None else asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=dict(env), cwd=cwd, start_new_session=True,
+        )  # fmt: skip
+        return _AsyncioChild(proc)
+    # As in asyncio's own subprocess start: the fork and exec happen here, on the loop.
+    popen = subprocess.Popen(  # noqa: ASYNC220
+        list(argv), stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=stdout_fd if stdout_fd is not None else subprocess.PIPE,
+        stderr=subprocess.PIPE, env=dict(env), cwd=cwd, start_new_session=True,
+    )  # fmt: skip
+    try:
+        pidfd = os.pidfd_open(popen.pid)
+    except OSError:
+        popen.kill()  # cannot be waited for here (no pidfds in this kernel): not run
+        popen.wait()
+        for pipe in (popen.stdin, popen.stdout, popen.stderr):
+            if pipe is not None:
+                pipe.close()
+        _pidfds.clear()  # not again: the asyncio path from now on
+        return await _start(argv, env=env, cwd=cwd, stdin=stdin, stdout_fd=stdout_fd)
+    transports: list[asyncio.BaseTransport] = []
+    try:
+        stdout = None if popen.stdout is None else await _reading(popen.stdout, transports)
+        assert popen.stderr is not None
+        stderr = await _reading(popen.stderr, transports)
+        writer = None if popen.stdin is None else await _writing(popen.stdin, transports)
+    except BaseException:
+        for transport in transports:
+            transport.close()
+        os.close(pidfd)
+        popen.kill()
+        popen.wait()
+        raise
+    child = _PidfdChild(popen, pidfd, stdout=stdout, stderr=stderr, stdin=writer)
+    child.transports = transports
+    return child
+
+
+async def _reading(
+    pipe: IO[bytes], transports: list[asyncio.BaseTransport]
+) -> asyncio.StreamReader:
+    """A reader of the child's end ``pipe`` on the event loop (its transport kept)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=READ_CHUNK, loop=loop)
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    transports.append(transport)
+    return reader
+
+
+async def _writing(
+    pipe: IO[bytes], transports: list[asyncio.BaseTransport]
+) -> asyncio.StreamWriter:
+    """A writer to the child's stdin ``pipe`` on the event loop (its transport kept)."""
+    loop = asyncio.get_running_loop()
+    protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop))
+    transport, _ = await loop.connect_write_pipe(lambda: protocol, pipe)
+    transports.append(transport)
+    return asyncio.StreamWriter(transport, protocol, None, loop)
 
 
 async def _exit_of(proc: asyncio.subprocess.Process) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,28 @@ async def test_run_lines_feeds_stdin(tmp_path: Path) -> None:
         on_stdout=lambda line, _: out.append(line), on_stderr=lambda *_: None,
     )  # fmt: skip
     assert (code, out) == (0, ["a", "b"])
+
+
+async def test_run_lines_starts_no_thread_to_wait_for_its_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python 3.11's asyncio waits for each child in a thread of its own; a pidfd on the
+    event loop tells the exit here, and the exit code and output are the same."""
+    started: list[str] = []
+    real = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        real(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    out: list[str] = []
+    code = await run_lines(
+        ["sh", "-c", "echo out; exit 7"], env={"PATH": os.environ["PATH"]}, cwd=tmp_path,
+        on_stdout=lambda line, _: out.append(line), on_stderr=lambda *_: None,
+    )  # fmt: skip
+    assert (code, out) == (7, ["out"])
+    assert started == []
 
 
 async def test_cancelling_kills_the_whole_group(tmp_path: Path) -> None:

@@ -445,3 +445,33 @@ def test_a_process_of_another_user_is_never_signalled(tmp_path: Path, isolated_h
         finally:
             other.kill()
             other.wait()
+
+
+# An owner that dies while its run is being assembled: the workspace is made, the record
+# does not name it yet (the start is written with the setup, just before the CLI starts).
+DIES_ASSEMBLING = """
+import os, sys
+from spawnkit.containment.workspace import _make_workspace
+from spawnkit.store import SessionStore
+
+store = SessionStore(sys.argv[1])
+store.create_session(sys.argv[2], butler="b", runtime="command", model=None, prompt="p",
+                     context=None, trigger_source="external")
+print(_make_workspace("b", None, sys.argv[2]), flush=True)
+os._exit(0)
+"""
+
+
+def test_a_workspace_the_record_never_named_is_swept_by_its_session_id(tmp_path: Path) -> None:
+    target = str(tmp_path / "sessions.db")
+    done = subprocess.run(
+        [sys.executable, "-c", DIES_ASSEMBLING, target, "assembling-1"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    workspace = Path(done.stdout.strip())
+    assert workspace.is_dir()
+    with SessionStore(target) as store:  # opening it sweeps
+        swept = store.get_session("assembling-1")
+    assert swept is not None and swept.status == "crashed"
+    assert str(swept.error).endswith("its unrecorded workspace removed")
+    assert not workspace.exists()

@@ -65,7 +65,7 @@ from ..home import home_path, spawnkit_home
 from ..worktree import WORKTREES_DIR
 from .run_group import RunGroup, leftover_group
 from .workspace import PREFIX as WORKSPACE_PREFIX
-from .workspace import WORKSPACES_DIR
+from .workspace import WORKSPACES_DIR, session_suffix
 
 logger = logging.getLogger(__name__)
 
@@ -417,6 +417,18 @@ def remove_workspace(path: Path, root: Path | None = None) -> bool | None:
     return True
 
 
+def remove_unnamed_workspace(session_id: str, root: Path | None = None) -> bool | None:
+    """Remove the workspace of a run whose owner died before its record named one (while
+    the run was being assembled), found by the name its session id gives it
+    (:func:`~spawnkit.containment.workspace.session_suffix`); None if there is none."""
+    if root is None:
+        root = home_path() / WORKSPACES_DIR
+    found = sorted(root.glob(f"{WORKSPACE_PREFIX}*_{session_suffix(session_id)}"))
+    if not found:
+        return None
+    return all([remove_workspace(path, root) for path in found])
+
+
 def _own_workspace(path: Path, root: Path) -> Path | None:
     """The real path of ``path`` if it is a workspace the sweep may remove, else None."""
     if not path.is_absolute():
@@ -487,7 +499,11 @@ def sweep(store: SweptStore) -> list[SweptRun]:
             if (group := leftover_group(run.session_id)) is not None:
                 killed += [pid for pid in group.reap() if pid not in killed]
             survivors = tuple(pid for pid, start in found if _live_start(pid) == start)
-            removed = remove_workspace(run.workspace) if run.workspace is not None else None
+            removed = (
+                remove_workspace(run.workspace)
+                if run.workspace is not None
+                else remove_unnamed_workspace(run.session_id)
+            )
             reason = _reason(run, len(killed), survivors, removed)
             if remove_worktree_folder(run.session_id):
                 reason += ", its repository worktree removed"
@@ -534,7 +550,9 @@ def _reason(run: OpenRun, killed: int, survivors: Sequence[int], removed: bool |
             else "no leftover processes"]  # fmt: skip
     if survivors:
         done.append(f"could not kill pid {', '.join(map(str, survivors))}")
-    if run.workspace is not None:
+    if run.workspace is None and removed:
+        done.append("its unrecorded workspace removed")
+    elif run.workspace is not None:
         if removed is None:
             done.append("workspace already gone")
         elif removed:

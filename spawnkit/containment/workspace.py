@@ -17,6 +17,7 @@ directory (:func:`link_sources`), so the agent sees its sources and reaches no M
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -51,38 +52,68 @@ def workspace_path(butler: str, root: Path | None = None) -> Path:
     return base / f"{PREFIX}{butler}_{uuid.uuid4().hex}"
 
 
-def _make_workspace(butler: str, root: Path | None) -> Path:
-    """A new workspace folder; the home and its workspaces folder are made only when missing
-    (one ``mkdir`` a run, not three)."""
-    path = (root if root is not None else home_path() / WORKSPACES_DIR) / (
-        f"{PREFIX}{butler}_{uuid.uuid4().hex}"
-    )
+def session_suffix(session_id: str) -> str:
+    """The end of the name of a run's first workspace, from its session id: the sweep finds
+    the folder of a run whose owner died before the record named it (32 hex digits, as a
+    uuid4's)."""
+    return hashlib.sha256(session_id.encode("utf-8")).hexdigest()[:32]
+
+
+def _make_workspace(butler: str, root: Path | None, session_id: str | None = None) -> Path:
+    """A new workspace folder, named after ``session_id`` where that name is free; the home
+    and its workspaces folder are made only when missing (one ``mkdir`` a run, not three)."""
+    base = root if root is not None else home_path() / WORKSPACES_DIR
+    suffix = session_suffix(session_id) if session_id is not None else uuid.uuid4().hex
+    path = base / f"{PREFIX}{butler}_{suffix}"
     try:
+        path.mkdir(mode=0o700, parents=False, exist_ok=False)
+    except FileExistsError:  # an earlier attempt's, not removed: a name of its own
+        path = base / f"{PREFIX}{butler}_{uuid.uuid4().hex}"
         path.mkdir(mode=0o700, parents=False, exist_ok=False)
     except FileNotFoundError:
         if root is not None:
             raise
-        path = workspace_path(butler)
+        path = workspaces_root() / path.name
         path.mkdir(mode=0o700, parents=False, exist_ok=False)
     return path
 
 
 @asynccontextmanager
-async def run_workspace(butler: ButlerConfig, root: Path | None = None) -> AsyncIterator[Path]:
+async def run_workspace(
+    butler: ButlerConfig,
+    root: Path | None = None,
+    *,
+    handed_to: list[Path] | None = None,
+    session_id: str | None = None,
+) -> AsyncIterator[Path]:
     """Create a private directory for one run and remove it however the block ends.
 
     The removal runs in a thread (a run's folder can take tens of milliseconds to delete
     on a busy disk, which would stall every other run on the event loop), and the block
-    ends only when it is done: a cancellation meanwhile is held until then.
+    ends only when it is done: a cancellation meanwhile is held until then. Given
+    ``handed_to``, the folder is put there instead, for an owner that removes it in a
+    thread it starts anyway (the spawner: with the run's record, see
+    :mod:`spawnkit.run.recording`) and must, however the run ends. Named after
+    ``session_id`` (:func:`session_suffix`), the folder of a run whose owner dies before
+    its record names it is still found by the sweep.
     """
-    path = _make_workspace(butler.name, root)
+    path = _make_workspace(butler.name, root, session_id)
     try:
         skills = butler.directory / "skills"
         if skills.is_dir() and butler.workdir is None:
             (path / "skills").symlink_to(skills, target_is_directory=True)
         yield path
     finally:
-        await finish_in_thread(remove, path)
+        if handed_to is not None:
+            handed_to.append(path)
+        else:
+            await finish_in_thread(remove, path)
+
+
+def remove_all(paths: list[Path]) -> None:
+    """Remove the run folders ``paths`` (handed over by :func:`run_workspace`), emptying it."""
+    while paths:
+        remove(paths.pop())
 
 
 def remove(path: Path) -> None:

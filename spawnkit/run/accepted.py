@@ -7,7 +7,8 @@ runtime worker, its collector and budget, and the parts open while it runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,16 @@ from .request import RunKind
 
 # How long a cancelled run may take to kill its CLI and record itself.
 CANCEL_GRACE_S = 30.0
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """An attempt's start, to be recorded with its setup in one transaction
+    (:meth:`~spawnkit.store.SessionStore.mark_started`) just before its CLI starts."""
+
+    started_at: datetime
+    trace_id: str | None
+    workspace: Path
 
 
 @dataclass
@@ -63,6 +74,11 @@ class AcceptedRun:
     checkout: Checkout | None = None
     repo_change: RepoChange | None = None
     setup: tuple[str, dict[str, Any]] | None = None
+    # The attempt's start while it is not recorded yet (see Attempts._in_workspace).
+    start: RunStart | None = None
+    # Its attempts' workspaces, removed when its record is closed (Recorder.close), in the
+    # same thread, or before it is started again.
+    workspaces: list[Path] = field(default_factory=list)
 
     @property
     def redactor(self) -> Redactor:

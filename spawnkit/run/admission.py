@@ -128,6 +128,8 @@ class Admissions:
         """One of the butler's ``max_concurrent_sessions`` slots across every host sharing
         the store (PostgreSQL), held until the run's record is closed; None on SQLite."""
         store = self.settings.store
+        if store.url is None:  # SQLite, one host's store: no thread to learn there is none
+            return None
         claim = await asyncio.to_thread(store.slot_claim, self.settings.butler.name, self.capacity)
         if claim is None:
             return None

@@ -41,7 +41,7 @@ from ..result import Usage
 from ..runtimes.base import McpServerSpec, RunSpec
 from ..telemetry.otlp import CliTelemetry, OtlpReceiver
 from ..telemetry.spans import RunSpan
-from .accepted import CANCEL_GRACE_S, AcceptedRun
+from .accepted import CANCEL_GRACE_S, AcceptedRun, RunStart
 from .checkout import repo_given
 from .request import SOURCE_KINDS, compose_prompt
 from .settings import RunSettings
@@ -273,36 +273,6 @@ class Assembly:
                 ),
                 secret=run.mcp_secret,
             )
-        identity = {
-            "SPAWNKIT_SESSION_ID": run.session_id,
-            "SPAWNKIT_BUTLER": butler.name,
-            "SPAWNKIT_ROLE": run.role or "butler",
-            "SPAWNKIT_WORKSPACE": str(workspace),
-            HOME_VAR: run_home(),  # which home's sweep may kill what is left of the run
-        }
-        traceparent = span.traceparent()
-        if traceparent:
-            identity["TRACEPARENT"] = traceparent
-        env = await asyncio.to_thread(
-            isolated_env, butler, self.settings.credentials, worker.passthrough_env, identity,
-            worker.other_vendor_keys,
-        )  # fmt: skip
-        if missing := missing_optional(butler, env):
-            logger.warning(
-                "run %s of butler %s goes on without %s (optional, not set; "
-                "`spawnkit credentials set NAME` sets one)",
-                run.session_id, butler.name, ", ".join(missing),
-            )  # fmt: skip
-        # What was really injected is what must be redacted (a value may have changed
-        # since the trigger was accepted).
-        names = secret_names(butler, worker.passthrough_env, worker.other_vendor_keys)
-        run.redactor.add({name: env[name] for name in names if name in env})
-        if run.relay is not None:
-            # The CLI gets placeholders; the real keys stay with its relay, which swaps them in.
-            env = run.relay.keys.hide(env)
-            run.redactor.add({name: env[name] for name in MODEL_CREDENTIALS if name in env})
-        if run.egress_port is not None:
-            env = {**env, **proxy_env(run.egress_port)}
         linked = source_paths(run.sources)
         if asking:
             cwd = await asyncio.to_thread(link_sources, workspace, run.sources)
@@ -344,9 +314,34 @@ class Assembly:
             **({"repo": repo_given(run.checkout)} if run.checkout is not None else {}),
         }  # fmt: skip
         run.setup = (plan.kind, given)
-        await asyncio.to_thread(
-            self.settings.store.record_setup, run.session_id, sandbox=plan.kind, given=given
-        )
+        identity = {
+            "SPAWNKIT_SESSION_ID": run.session_id,
+            "SPAWNKIT_BUTLER": butler.name,
+            "SPAWNKIT_ROLE": run.role or "butler",
+            "SPAWNKIT_WORKSPACE": str(workspace),
+            HOME_VAR: run_home(),  # which home's sweep may kill what is left of the run
+        }
+        traceparent = span.traceparent()
+        if traceparent:
+            identity["TRACEPARENT"] = traceparent
+        start, run.start = run.start, None  # recorded now, whatever becomes of this run
+        env = await asyncio.to_thread(self._record_setup, run, start, plan.kind, given, identity)
+        if missing := missing_optional(butler, env):
+            logger.warning(
+                "run %s of butler %s goes on without %s (optional, not set; "
+                "`spawnkit credentials set NAME` sets one)",
+                run.session_id, butler.name, ", ".join(missing),
+            )  # fmt: skip
+        # What was really injected is what must be redacted (a value may have changed
+        # since the trigger was accepted).
+        names = secret_names(butler, worker.passthrough_env, worker.other_vendor_keys)
+        run.redactor.add({name: env[name] for name in names if name in env})
+        if run.relay is not None:
+            # The CLI gets placeholders; the real keys stay with its relay, which swaps them in.
+            env = run.relay.keys.hide(env)
+            run.redactor.add({name: env[name] for name in MODEL_CREDENTIALS if name in env})
+        if run.egress_port is not None:
+            env = {**env, **proxy_env(run.egress_port)}
         return RunSpec(
             session_id=run.session_id,
             butler=butler.name,
@@ -374,6 +369,31 @@ class Assembly:
             ask=ask,
             approver=run.approver,
         )
+
+    def _record_setup(
+        self,
+        run: AcceptedRun,
+        start: RunStart | None,
+        sandbox_kind: str,
+        given: dict[str, Any],
+        identity: dict[str, str],
+    ) -> dict[str, str]:
+        """Record the run's setup (with its start, in one transaction, when that is not
+        recorded yet) and build its CLI's environment: one thread for both (it reads the
+        credentials), just before the CLI starts."""
+        store = self.settings.store
+        if start is None:
+            store.record_setup(run.session_id, sandbox=sandbox_kind, given=given)
+        else:
+            store.mark_started(
+                run.session_id, started_at=start.started_at, trace_id=start.trace_id,
+                workspace=start.workspace, setup=(sandbox_kind, given),
+            )  # fmt: skip
+        worker = run.worker
+        return isolated_env(
+            self.settings.butler, self.settings.credentials, worker.passthrough_env, identity,
+            worker.other_vendor_keys,
+        )  # fmt: skip
 
     def _mcp_host_seen(self, doors: tuple[Door, ...] | None) -> str:
         """The MCP server's host as the CLI names it: behind a door, a loopback name."""

@@ -25,7 +25,7 @@ from ..containment import run_group
 from ..containment.run_group import RunGroup
 from ..containment.sandbox import SandboxPlan
 from ..containment.sweep import reap
-from ..containment.workspace import run_workspace
+from ..containment.workspace import remove_all, run_workspace
 from ..errors import (
     BudgetRefused,
     ConfigError,
@@ -39,7 +39,7 @@ from ..result import Attempt, AttemptOutcome, RunStatus, SpawnerResult, tool_cou
 from ..runtimes.base import RunOutcome, RunSpec, RuntimeAdapter
 from ..signals import finish_in_thread
 from ..telemetry.spans import RunSpan, run_span
-from .accepted import CANCEL_GRACE_S, AcceptedRun
+from .accepted import CANCEL_GRACE_S, AcceptedRun, RunStart
 from .assembly import Assembly
 from .recording import Recorder, in_thread, ms_since, now_utc
 from .settings import RunSettings
@@ -106,6 +106,7 @@ class Attempts:
                 self.settings.pacer.cooling_for,
             )  # fmt: skip
             await self.withdraw_secret(run)
+            await finish_in_thread(remove_all, run.workspaces)  # not left for the cool-down
             run.collector.restart()
         return replace(result, attempts=tuple(attempts), duration_ms=ms_since(first))
 
@@ -156,7 +157,10 @@ class Attempts:
             redactor=run.redactor,
             kind=run.kind,
         ) as span:
-            async with run_workspace(butler, self.settings.workspace_root) as workspace:
+            async with run_workspace(
+                butler, self.settings.workspace_root, handed_to=run.workspaces,
+                session_id=run.session_id,
+            ) as workspace:  # fmt: skip
                 result = await self._in_workspace(run, started_at, span, workspace, clock)
         if result.success and self.settings.memory is not None:
             try:
@@ -175,10 +179,9 @@ class Attempts:
         butler, worker, collector = self.settings.butler, run.worker, run.collector
         collector.span = span
         collector.trace_id = trace_id = span.trace_id
-        await asyncio.to_thread(
-            self.settings.store.mark_started, run.session_id, started_at=started_at,
-            trace_id=trace_id, workspace=workspace,
-        )  # fmt: skip
+        # Recorded with the run's setup, in one transaction, just before its CLI starts
+        # (Assembly.prepare); by the end of this attempt if it never gets that far.
+        run.start = RunStart(started_at, trace_id, workspace)
         collector.emit(
             Started(
                 run.session_id,
@@ -252,6 +255,8 @@ class Attempts:
             await _reap(run.session_id, workspace, group, contained)
             raise
         finally:
+            if run.start is not None:  # it ended before its CLI could start
+                await asyncio.shield(in_thread(self._record_start, run))
             if keeps_transcripts(worker):
                 await asyncio.shield(
                     in_thread(self.recorder.keep_transcripts, worker, workspace, run.redactor)
@@ -273,6 +278,15 @@ class Attempts:
         # user's processes, and a sandboxed one is left to its pid namespace.
         await _reap(run.session_id, workspace, group, contained)
         return result
+
+    def _record_start(self, run: AcceptedRun) -> None:
+        """Record the attempt's start on its own (its setup never came)."""
+        start, run.start = run.start, None
+        if start is not None:
+            self.settings.store.mark_started(
+                run.session_id, started_at=start.started_at, trace_id=start.trace_id,
+                workspace=start.workspace,
+            )  # fmt: skip
 
     async def _invoke(self, run: AcceptedRun, spec: RunSpec) -> RunOutcome:
         """The worker's run, stopped (``LimitReached``) as soon as it reaches a limit."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..budgets.budget import list_price
+from ..containment.workspace import remove_all
 from ..errors import StoreError
 from ..redaction import Redactor
 from ..result import RunStatus, SpawnerResult
@@ -77,26 +78,37 @@ class Recorder:
             )
 
     async def close(self, run: AcceptedRun, result: SpawnerResult) -> None:
-        """Complete the run's record with ``result``; a cancel does not stop the write."""
+        """Remove the run's workspaces and complete its record with ``result``, in one
+        thread; a cancel neither stops that nor ends this before it is done."""
         collector = run.collector
 
         async def record() -> None:
             # The live tool-call writes first: the result's write rewrites the calls.
             if collector.live_calls is not None:
                 await collector.live_calls.flush()
+            await in_thread(self._finish, run, result)
+
+        writing = asyncio.ensure_future(record())
+        while not writing.done():
+            try:
+                await asyncio.shield(writing)
+            except asyncio.CancelledError:
+                logger.debug("cancelled while recording session %s; the write goes on",
+                             run.session_id)  # fmt: skip
+        writing.result()
+
+    def _finish(self, run: AcceptedRun, result: SpawnerResult) -> None:
+        """The end of a run's record, in a thread: its workspaces removed first (the record
+        names the last, for a sweep), then the setup a ``repo=`` run adds, then the result."""
+        store = self.settings.store
+        try:
+            remove_all(run.workspaces)
+        finally:
             if result.repo is not None and run.setup is not None:  # repo=: `spawnkit apply`
                 sandbox, given = run.setup
                 given = {**given, "repo": result.repo.to_dict()}
-                store = self.settings.store
-                await in_thread(lambda: store.record_setup(
-                    run.session_id, sandbox=sandbox, given=given
-                ))  # fmt: skip
-            await in_thread(self.settings.store.complete_session, run.session_id, result)
-
-        try:
-            await asyncio.shield(record())
-        except asyncio.CancelledError:
-            logger.debug("cancelled while recording session %s; the write goes on", run.session_id)
+                store.record_setup(run.session_id, sandbox=sandbox, given=given)
+            store.complete_session(run.session_id, result)
 
     def unfinished(
         self, collector: Collector, status: RunStatus, error: str, kind: str

@@ -236,13 +236,23 @@ class SessionStore:
         started_at: datetime,
         trace_id: str | None = None,
         workspace: Path | None = None,
+        setup: tuple[str, dict[str, Any]] | None = None,
     ) -> None:
-        """The run is running; ``workspace`` is kept so a sweep can remove it if we die."""
+        """The run is running; ``workspace`` is kept so a sweep can remove it if we die.
+
+        ``setup`` (sandbox, given) records what :meth:`record_setup` does, in the same
+        transaction: a run that starts its CLI right after makes one commit, not two.
+        """
         params = [
             to_iso(started_at), trace_id, str(workspace) if workspace else None,
             self._owner.seal(session_id, workspace), session_id,
         ]  # fmt: skip
-        self._writes.write("started", session_id, params)
+        if setup is None:
+            self._writes.write("started", session_id, params)
+            return
+        sandbox, given = setup
+        both = [params, [sandbox, json.dumps(given, ensure_ascii=False), session_id]]
+        self._writes.write("started_setup", session_id, both)
 
     def record_setup(self, session_id: str, *, sandbox: str, given: dict[str, Any]) -> None:
         """Record how a run was contained and what its CLI was given (config, servers, tools)."""

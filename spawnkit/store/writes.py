@@ -36,6 +36,13 @@ def _write_setup(tx: Transaction, params: Any, replayed: bool) -> None:
     tx.execute("UPDATE sessions SET sandbox = ?, given = ? WHERE id = ?", params)
 
 
+def _write_started_setup(tx: Transaction, params: Any, replayed: bool) -> None:
+    """A run's start and its setup in one transaction (one commit a run, not two)."""
+    started, setup = params
+    _write_started(tx, started, replayed)
+    _write_setup(tx, setup, replayed)
+
+
 _COMPLETE = """UPDATE sessions SET status = ?, success = ?, error = ?, error_kind = ?,
         output = ?, tool_calls = ?, num_tool_calls = ?, duration_ms = ?,
         input_tokens = ?, output_tokens = ?, cache_read_tokens = ?,
@@ -208,6 +215,7 @@ def _write_episode(tx: Transaction, row: Any, replayed: bool) -> None:
 WRITES: dict[str, Callable[[Transaction, Any, bool], None]] = {
     "started": _write_started,
     "setup": _write_setup,
+    "started_setup": _write_started_setup,
     "complete": _write_complete,
     "cli_spans": _write_cli_spans,
     "cli_events": _write_cli_events,

@@ -1,7 +1,8 @@
 """Per-session logs of what a runtime printed: ``$SPAWNKIT_HOME/sessions/<id>/``.
 
 ``stdout.log`` and ``stderr.log`` are written line by line as the runtime
-produces them (so a hung or killed run still leaves its trace), each up to a
+produces them (so a hung or killed run still leaves its trace; the folder is made
+by the first line, so a run that printed nothing has none), each up to a
 size cap after which one marker line says how much was dropped. For Codex and
 Gemini the stdout log holds the CLI's raw JSON lines; for Claude Code, which
 spawnkit reads through the SDK, each JSON message the CLI sent, as the SDK read
@@ -54,6 +55,9 @@ class _CappedFile:
             self.dropped += size
             return
         if self._file is None:
+            # The session's folder is made by its first line: a run that prints nothing
+            # (most of a no-op's) costs no mkdir.
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             # Held open for the whole run and closed by close(): lines arrive one by one.
             self._file = open(  # noqa: SIM115
                 self.path, "a", encoding="utf-8", errors="replace", buffering=1
@@ -80,8 +84,7 @@ class RunLog:
         cap_bytes: int = DEFAULT_CAP_BYTES,
         redactor: Redactor | None = None,
     ) -> None:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.directory = directory
+        self.directory = directory  # made when a first line is written
         self.redactor = redactor or Redactor()
         self._stdout = _CappedFile(directory / "stdout.log", cap_bytes)
         self._stderr = _CappedFile(directory / "stderr.log", cap_bytes)
