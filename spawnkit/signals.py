@@ -23,7 +23,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -139,12 +139,18 @@ async def finish_in_thread(cleanup: Callable[..., object], *args: Any) -> None:
     except RuntimeError:
         cleanup(*args)
         return
+    await finish(work)
+
+
+async def finish(work: Awaitable[Any]) -> None:
+    """Wait for ``work`` to be done, even through cancellations (raised once it is done)."""
+    future = asyncio.ensure_future(work)
     cancelled = False
-    while not work.done():
+    while not future.done():
         try:
-            await asyncio.shield(work)
+            await asyncio.shield(future)
         except asyncio.CancelledError:
             cancelled = True
-    work.result()
+    future.result()
     if cancelled:
         raise asyncio.CancelledError

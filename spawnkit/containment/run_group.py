@@ -29,6 +29,7 @@ ever fails.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
@@ -86,29 +87,44 @@ class RunGroup:
         value = first[1] if self.usage_file == "cpu.stat" and len(first) > 1 else first[0]
         return value.isdigit() and int(value) > 0
 
-    def left_nothing(self) -> bool:
-        """Whether it ran and is empty: then :meth:`reap` is one ``rmdir``, nothing to wait."""
-        return self.ever_ran() and not self.pids()
-
     def reap(self, wait: float = KILL_WAIT_S) -> list[int]:
         """Kill every process left in the cgroup, remove it; the pids that were there."""
         found = self.pids()
         deadline = time.monotonic() + wait
         if found:
             _kill_all(self)
-        while True:
-            try:
-                self.path.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError as exc:
-                if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
-                    logger.warning("run cgroup %s: could not remove it (%s)", self.path, exc)
-                    break
-                _kill_all(self)  # a process forked while we killed: again
-                time.sleep(0.005)
+        while not self._removed(deadline):
+            _kill_all(self)  # a process forked while we killed: again
+            time.sleep(0.005)
         return found
+
+    async def reap_soon(self, wait: float = KILL_WAIT_S) -> list[int]:
+        """:meth:`reap` on the event loop, waiting in ``asyncio.sleep`` rather than in a
+        thread: what it reads and writes is the run's own cgroup (a few small files), and a
+        sandbox's namespace can take tens of milliseconds to go after bwrap has exited, a
+        wait that would hold one of the loop's few executor threads for each ending run."""
+        found = self.pids()
+        deadline = time.monotonic() + wait
+        if found:
+            _kill_all(self)
+        delay = 0.001
+        while not self._removed(deadline):
+            _kill_all(self)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.02)
+        return found
+
+    def _removed(self, deadline: float) -> bool:
+        """Try to remove the cgroup: True once it is gone or past ``deadline`` (logged)."""
+        try:
+            self.path.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno == errno.EBUSY and time.monotonic() < deadline:
+                return False
+            logger.warning("run cgroup %s: could not remove it (%s)", self.path, exc)
+        return True
 
 
 def _read(path: Path) -> bytes:

@@ -37,7 +37,7 @@ from ..errors import (
 from ..events import Started
 from ..result import Attempt, AttemptOutcome, RunStatus, SpawnerResult, tool_count
 from ..runtimes.base import RunOutcome, RunSpec, RuntimeAdapter
-from ..signals import finish_in_thread
+from ..signals import finish, finish_in_thread
 from ..telemetry.spans import RunSpan, run_span
 from .accepted import CANCEL_GRACE_S, AcceptedRun, RunStart
 from .assembly import Assembly
@@ -331,15 +331,16 @@ async def _run_group(session_id: str) -> RunGroup | None:
 
 
 async def _reap(session_id: str, workspace: Path, group: RunGroup | None, contained: bool) -> None:
-    """Kill what the run left, off the loop; a cgroup left empty (the common case) is only
-    removed, here: one ``rmdir`` costs less than a thread. A sandboxed run without a
-    cgroup has nothing to scan for: its pid namespace takes every process."""
-    if group is None and contained:
-        return
-    if group is not None and group.left_nothing():
-        group.reap()
-        return
-    await finish_in_thread(reap, session_id, workspace, group)
+    """Kill what the run left and wait for it to go, through cancellations. The run's own
+    cgroup is emptied on the event loop (its few small files; a cgroup left empty, the
+    common case, is one ``rmdir``); without one, an unsandboxed run's processes are found
+    by a scan of this user's, in a thread, and a sandboxed run's pid namespace takes them."""
+    if group is not None and group.ever_ran():
+        await finish(group.reap_soon())
+    elif not contained:
+        await finish_in_thread(reap, session_id, workspace, group)
+    elif group is not None:
+        group.reap()  # never joined: an empty cgroup, removed
 
 
 def keeps_transcripts(worker: RuntimeAdapter) -> bool:
