@@ -150,6 +150,7 @@ def test_hosts_completing_runs_at_once_seal_every_session_exactly_once(
 ) -> None:
     stores = [SessionStore(postgres_url) for _ in range(4)]
     try:
+
         def complete(k: int) -> None:
             runs(stores[k], [f"h{k}-{i:02d}" for i in range(12)], start=k * 100, calls=2)
 

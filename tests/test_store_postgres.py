@@ -128,14 +128,16 @@ SCHEMA_8_TRIGGERS = [
     ("tool_calls", "tool_calls_notify_delete", "notify_change", "AFTER DELETE"),
 ]
 # Step 12 adds those that keep the columnar copy of the history (spawnkit.store.server_segments).
-SCHEMA_12_TRIGGERS = sorted([
-    *SCHEMA_8_TRIGGERS,
-    ("sessions", "history_session_completed", "history_queue_session", "AFTER UPDATE"),
-    ("sessions", "history_session_deleted", "history_session_changed", "AFTER DELETE"),
-    ("sessions", "history_session_inserted", "history_queue_session", "AFTER INSERT"),
-    ("sessions", "history_session_updated", "history_session_changed", "AFTER UPDATE"),
-    ("tool_calls", "history_call_changed", "history_call_changed", "AFTER DELETE OR UPDATE"),
-])
+SCHEMA_12_TRIGGERS = sorted(
+    [
+        *SCHEMA_8_TRIGGERS,
+        ("sessions", "history_session_completed", "history_queue_session", "AFTER UPDATE"),
+        ("sessions", "history_session_deleted", "history_session_changed", "AFTER DELETE"),
+        ("sessions", "history_session_inserted", "history_queue_session", "AFTER INSERT"),
+        ("sessions", "history_session_updated", "history_session_changed", "AFTER UPDATE"),
+        ("tool_calls", "history_call_changed", "history_call_changed", "AFTER DELETE OR UPDATE"),
+    ]
+)
 
 
 def _triggers(conn: psycopg.Connection[Any]) -> list[tuple[str, str, str, str]]:
