@@ -170,3 +170,17 @@ def test_hosts_completing_runs_at_once_seal_every_session_exactly_once(
     finally:
         for opened in stores:
             opened.close()
+
+
+def test_a_queued_session_deleted_leaves_the_queue_and_the_segments_current(
+    store: SessionStore, postgres_url: str, isolated_home: Path
+) -> None:
+    runs(store, ["a", "b"])
+    with server(postgres_url) as conn:
+        conn.execute("DELETE FROM sessions WHERE id = 'a'")
+        conn.execute("DELETE FROM tool_calls WHERE session_id = 'a'")
+        epoch = conn.execute("SELECT sealed_epoch FROM history_epoch").fetchone()
+    assert epoch == (0,) and queued(postgres_url) == 1
+    runs(store, ["c", "d"], start=2)
+    assert sealed(postgres_url) == [(0, SEAL)]
+    assert_frames_are_the_rows(store)

@@ -396,6 +396,9 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE FUNCTION history_session_changed() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
         PERFORM spawnkit.history_sealed_changed(OLD.id);
+        IF TG_OP = 'DELETE' THEN
+            DELETE FROM spawnkit.history_unsealed WHERE session_id = OLD.id;
+        END IF;
         RETURN NULL;
     END
     $$;

@@ -97,13 +97,14 @@ def _start_over(tx: Transaction) -> None:
 
 
 def _take_queued(tx: Transaction, limit: int) -> list[str]:
-    """The ids of the oldest ``limit`` queued sessions, out of the queue (a queued session
-    whose record was deleted since goes with them)."""
+    """The ids of the oldest ``limit`` queued sessions, out of the queue. Found from the
+    sessions' side (by creation): a short queue is joined by index, and a long one (a
+    store just migrated) is walked in creation order until ``limit`` are found, rather
+    than sorted whole at every seal."""
     rows = tx.query(
-        "DELETE FROM history_unsealed WHERE session_id IN (SELECT q.session_id FROM "
-        "history_unsealed q LEFT JOIN sessions s ON s.id = q.session_id "
-        'ORDER BY s.created_at NULLS FIRST, q.session_id COLLATE "C" LIMIT ?) '
-        "RETURNING session_id",
+        "DELETE FROM history_unsealed WHERE session_id IN (SELECT s.id FROM sessions s "
+        "WHERE EXISTS (SELECT 1 FROM history_unsealed q WHERE q.session_id = s.id) "
+        f"ORDER BY {SERVER_SESSION_ORDER} LIMIT ?) RETURNING session_id",
         (limit,),
     )
     return [str(row["session_id"]) for row in rows]
