@@ -130,6 +130,11 @@ def test_a_store_before_schema_7_is_read_directly(
         conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN owner_seal")  # 9's
         conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN network_denied")  # 10's
         conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN permissions")  # 11's
+        for name in ("history_queue_session", "history_session_changed",  # 12's
+                     "history_call_changed", "history_sealed_truncated"):  # fmt: skip
+            conn.execute(f"DROP FUNCTION spawnkit.{name}() CASCADE")
+        conn.execute("DROP FUNCTION spawnkit.history_sealed_changed(TEXT)")
+        conn.execute("DROP TABLE spawnkit.history_segments, spawnkit.history_unsealed")
         conn.execute("DELETE FROM spawnkit.schema_version WHERE version >= 7")
     frame = _same_as_the_database(url)
     assert list(frame["session_id"]) == ["a", "b", "c", "d"]

@@ -100,6 +100,11 @@ def test_a_schema_3_database_gains_leases_and_keeps_its_records(postgres_url: st
         conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN owner_seal")  # step 9's
         conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN network_denied")  # step 10's
         conn.execute("ALTER TABLE spawnkit.sessions DROP COLUMN permissions")  # step 11's
+        for name in ("history_queue_session", "history_session_changed",  # step 12's
+                     "history_call_changed", "history_sealed_truncated"):  # fmt: skip
+            conn.execute(f"DROP FUNCTION spawnkit.{name}() CASCADE")
+        conn.execute("DROP FUNCTION spawnkit.history_sealed_changed(TEXT)")
+        conn.execute("DROP TABLE spawnkit.history_segments, spawnkit.history_unsealed")
         conn.execute("DELETE FROM spawnkit.schema_version WHERE version >= 4")
     with SessionStore(postgres_url, lease_s=20) as store:
         old = store.get_session("old")
@@ -109,9 +114,9 @@ def test_a_schema_3_database_gains_leases_and_keeps_its_records(postgres_url: st
         assert renewed is not None and renewed.lease_until is not None
     with psycopg.connect(postgres_url) as conn:
         versions = conn.execute("SELECT version FROM spawnkit.schema_version ORDER BY 1")
-        assert versions.fetchall() == [(v,) for v in range(1, 12)]
-        assert _triggers(conn) == SCHEMA_8_TRIGGERS
-    assert SCHEMA_VERSION == 11
+        assert versions.fetchall() == [(v,) for v in range(1, 13)]
+        assert _triggers(conn) == SCHEMA_12_TRIGGERS
+    assert SCHEMA_VERSION == 12
 
 
 # The row triggers of schema 8, by table: (name, function, timing and events).
@@ -122,6 +127,17 @@ SCHEMA_8_TRIGGERS = [
     ("tool_calls", "tool_calls_notify", "tool_call_written", "AFTER INSERT OR UPDATE"),
     ("tool_calls", "tool_calls_notify_delete", "notify_change", "AFTER DELETE"),
 ]
+# Step 12 adds those that keep the columnar copy of the history (spawnkit.store.server_segments).
+SCHEMA_12_TRIGGERS = sorted(
+    [
+        *SCHEMA_8_TRIGGERS,
+        ("sessions", "history_session_completed", "history_queue_session", "AFTER UPDATE"),
+        ("sessions", "history_session_deleted", "history_session_changed", "AFTER DELETE"),
+        ("sessions", "history_session_inserted", "history_queue_session", "AFTER INSERT"),
+        ("sessions", "history_session_updated", "history_session_changed", "AFTER UPDATE"),
+        ("tool_calls", "history_call_changed", "history_call_changed", "AFTER DELETE OR UPDATE"),
+    ]
+)
 
 
 def _triggers(conn: psycopg.Connection[Any]) -> list[tuple[str, str, str, str]]:
@@ -244,8 +260,9 @@ def test_credentials_stay_in_the_local_file(isolated_home: Path, postgres_url: s
             "SELECT string_agg(t::text, ' ') FROM (SELECT * FROM spawnkit.state) t"
         ).fetchone()
     assert sorted(t for (t,) in tables) == [
-        "cli_events", "cli_spans", "deleted_sessions", "episodes", "history_epoch", "mcp_calls",
-        "schema_version", "sessions", "state", "tool_calls",
+        "cli_events", "cli_spans", "deleted_sessions", "episodes", "history_epoch",
+        "history_segments", "history_unsealed", "mcp_calls", "schema_version", "sessions",
+        "state", "tool_calls",
     ]  # fmt: skip
     assert dump == (None,)
 
@@ -363,7 +380,7 @@ def test_a_schema_7_database_migrates_to_8_with_the_same_notifications_and_marke
         listener.execute("DELETE FROM spawnkit.sessions WHERE id = 'old'")
         got = [json.loads(n.payload) for n in listener.notifies(timeout=TIMEOUT_S, stop_after=7)]
         tombstones = listener.execute("SELECT id FROM spawnkit.deleted_sessions").fetchall()
-        assert _triggers(listener) == SCHEMA_8_TRIGGERS
+        assert _triggers(listener) == SCHEMA_12_TRIGGERS
         functions = listener.execute(
             "SELECT proname FROM pg_proc WHERE proname = 'mark_session_change'"
         ).fetchall()

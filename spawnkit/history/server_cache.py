@@ -38,17 +38,16 @@ import pyarrow.compute as pc
 
 from ..home import spawnkit_home
 from ..store.backend import redact_url
-from . import server_query
+from ..store.columns import SERVER_SESSION_ORDER
+from . import server_query, server_segments
 from .rows import Column
+from .server_segments import take_rows
 from .store_cache import load_matching, save_table
 
 FORMAT = "spawnkit-server-cache-1"
 REWRITE_ROWS = 10_000
 """The cache is written again once this many changed rows (or 5%) are merged into it."""
-# Changed rows that fall in more runs than this are gathered in one copy, not sliced.
-_RUNS = 64
-ORDER = 'created_at, id COLLATE "C"'
-"""How a server orders sessions (the byte order of ids, as Arrow sorts them)."""
+ORDER = SERVER_SESSION_ORDER
 
 _MARKED = "SELECT to_regclass('history_epoch') IS NOT NULL AS marked"
 _IDENTITY = """SELECT (SELECT system_identifier FROM pg_control_system())::text AS system,
@@ -110,7 +109,12 @@ def cached_sessions(
         )  # fmt: skip
         found = cache.read("sessions", state, schema)
         if found is None:
-            table = typed(run(f"{select} ORDER BY {ORDER}", ()))
+            sealed = server_segments.read(run, calls=False)
+            table = (
+                sealed.sessions
+                if sealed is not None
+                else typed(run(f"{select} ORDER BY {ORDER}", ()))
+            )
             cache.write("sessions", state, table)
             return table
         base, mark = found
@@ -136,29 +140,16 @@ def merge(base: pa.Table, tail: pa.Table, stale: Column) -> pa.Table:
         if drop.any():
             rows = rows[~drop]
     if not tail.num_rows:
-        return _take(base, rows)
+        return take_rows(base, rows)
     created = base["created_at"].cast(pa.int64()).to_numpy()[rows]
     added = tail["created_at"].cast(pa.int64()).to_numpy()
     both = pa.concat_tables([base, tail])
     if np.isin(added, created).any():
         # A tie on created_at that only the ids order: one sort of what is kept.
-        kept = _take(both, np.concatenate([rows, base.num_rows + np.arange(tail.num_rows)]))
+        kept = take_rows(both, np.concatenate([rows, base.num_rows + np.arange(tail.num_rows)]))
         order = pc.sort_indices(
             kept, sort_keys=[("created_at", "ascending"), ("session_id", "ascending")]
         )
         return kept.take(order)
     places = np.searchsorted(created, added, side="right")
-    return _take(both, np.insert(rows, places, base.num_rows + np.arange(tail.num_rows)))
-
-
-def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
-    """The rows numbered ``rows`` of ``table``, as slices when they form a few runs."""
-    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-    if not len(breaks) and len(rows) == table.num_rows and (not len(rows) or rows[0] == 0):
-        return table  # every row, in order
-    if len(breaks) > _RUNS:
-        return table.take(pa.array(rows))
-    starts = np.concatenate([[0], breaks]).tolist()
-    ends = np.concatenate([breaks, [len(rows)]]).tolist()
-    pieces = [table.slice(int(rows[a]), b - a) for a, b in zip(starts, ends, strict=True)]
-    return pa.concat_tables(pieces) if pieces else table.schema.empty_table()
+    return take_rows(both, np.insert(rows, places, base.num_rows + np.arange(tail.num_rows)))

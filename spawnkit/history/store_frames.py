@@ -34,12 +34,15 @@ from ..store.backend import is_postgres_url
 from ..store.columns import (
     CALL_FIELDS,
     CALL_SCHEMA,
+    SERVER_CALL_ORDER,
+    SERVER_SESSION_ORDER,
+    SERVER_SQL,
     SESSION_FIELDS,
     SESSION_SCHEMA,
     Field,
     typed,
 )
-from . import server_cache, server_query, store_segments
+from . import server_cache, server_query, server_segments, store_segments
 from .errors import HistoryError
 from .frames import COST_SOURCES
 from .pricing import PricingTable, default_pricing
@@ -64,18 +67,8 @@ _SESSION_DEFAULTS = {"role": "NULL", "kind": "'run'", "sources": "NULL"}
 SESSION_COLUMNS = [name for name, _, _ in SESSION_FIELDS]
 _TOKENS = ["input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens"]
 _COST_INPUTS = ("model", "cost_usd", *_TOKENS)
-# On a server: expressions SQLite writes its own way, and the orders rowid gives on SQLite
-# (a server has no rowid; tool calls come in session id and call order there).
-_SERVER_SQL = {
-    "sources": "CASE WHEN sources IS NULL THEN NULL ELSE (SELECT string_agg(value, ',') "
-    "FROM json_array_elements_text(sessions.sources::json) AS value) END",
-    # The server parses the ISO text itself and sends 8 bytes, not 32 to parse here.
-    "created_at": "created_at::timestamptz",
-    "started_at": "started_at::timestamptz",
-    "ended_at": "completed_at::timestamptz",
-    "finished_at": "finished_at::timestamptz",
-}
-_SERVER_ORDER = {"created_at, rowid": server_cache.ORDER, "rowid": "session_id, seq"}
+# On a server, the orders rowid gives on SQLite (a server has no rowid).
+_SERVER_ORDER = {"created_at, rowid": SERVER_SESSION_ORDER, "rowid": SERVER_CALL_ORDER}
 
 
 def store_source(store: StoreLike) -> Source:
@@ -163,9 +156,7 @@ def _typed(table: pa.Table, fields: Sequence[Field]) -> pa.Table:
 
 
 def _select(fields: Sequence[Field], server: bool = False) -> str:
-    exprs = [
-        f"{_SERVER_SQL.get(name, sql) if server else sql} AS {name}" for name, sql, _ in fields
-    ]
+    exprs = [f"{SERVER_SQL.get(name, sql) if server else sql} AS {name}" for name, sql, _ in fields]
     return ", ".join([f"{'0::bigint' if server else 'rowid'} AS {ROWID}", *exprs])
 
 
@@ -403,6 +394,14 @@ def tool_calls(
     wanted = _columns(columns, known)
     filters = Filters(butler, runtime, status, since, until, success, kind)
     path = store_source(store)
+    if isinstance(path, str) and not output and cache is not False:
+        from_server = _server_sealed_calls(path)
+        if from_server is not None:
+            if filters:
+                chosen = _sessions_table(path, filters, cache)["session_id"]
+                keep = pc.is_in(from_server["session_id"], value_set=chosen.combine_chunks())
+                from_server = from_server.filter(keep)
+            return _frame(from_server, wanted)
     state = None if output else _use_cache(path, cache)
     if state is None or path is None or isinstance(path, str):
         where, params = filters.sql()
@@ -420,6 +419,13 @@ def tool_calls(
         chosen = _sessions_table(path, filters, cache)["session_id"]
         table = table.filter(pc.is_in(table["session_id"], value_set=chosen.combine_chunks()))
     return _frame(table, wanted)
+
+
+def _server_sealed_calls(url: str) -> pa.Table | None:
+    """Every tool call of the server's store through its segments (None: none to use)."""
+    with server_query.snapshot(url) as run:
+        sealed = server_segments.read(run, sessions=False)
+    return sealed.calls if sealed is not None else None
 
 
 def usage(

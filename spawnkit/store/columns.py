@@ -65,6 +65,28 @@ def select(fields: Sequence[Field]) -> str:
     return ", ".join([f"rowid AS {ROWID}", *(f"{sql} AS {name}" for name, sql, _ in fields)])
 
 
+# On a server: expressions SQLite writes its own way (a server has no rowid: ``_rowid`` is 0).
+SERVER_SQL = {
+    "sources": "CASE WHEN sources IS NULL THEN NULL ELSE (SELECT string_agg(value, ',') "
+    "FROM json_array_elements_text(sessions.sources::json) AS value) END",
+    # The server parses the ISO text itself and sends 8 bytes, not 32 to parse here.
+    "created_at": "created_at::timestamptz",
+    "started_at": "started_at::timestamptz",
+    "ended_at": "completed_at::timestamptz",
+    "finished_at": "finished_at::timestamptz",
+}
+SERVER_SESSION_ORDER = 'created_at, id COLLATE "C"'
+"""How a server orders sessions (the byte order of ids, as Arrow sorts them)."""
+SERVER_CALL_ORDER = 'session_id COLLATE "C", seq'
+"""How a server orders tool calls (a server has no rowid): by session id's bytes, then seq."""
+
+
+def server_select(fields: Sequence[Field]) -> str:
+    """The SELECT list of ``fields`` on PostgreSQL, ``0`` first as ``_rowid``."""
+    exprs = [f"{SERVER_SQL.get(name, sql)} AS {name}" for name, sql, _ in fields]
+    return ", ".join([f"0::bigint AS {ROWID}", *exprs])
+
+
 def typed(table: pa.Table, fields: Sequence[Field]) -> pa.Table:
     """Query results typed column by column (the driver types an all-null column as int64)."""
     columns = [table[ROWID].cast(pa.int64())]

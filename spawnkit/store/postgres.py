@@ -361,6 +361,79 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE sessions ADD COLUMN permissions TEXT
     """,
+    # 11 -> 12: the store's own columnar copy of its completed history, as on SQLite
+    # (schema 16; spawnkit.store.server_segments): segments of LZ4 Arrow, sealed from the
+    # queue of sessions completed since (``history_unsealed``, filled by a trigger in the
+    # transaction that completes a run, so a reader sees a completed session either in a
+    # segment or in the queue, never in neither). ``sealed_epoch`` says which segments are
+    # current: a sealed session or one of its calls changed or deleted bumps it, unless the
+    # session is still queued (looked at under a row lock, so a seal that takes it from the
+    # queue at the same time either waits for the change or is made stale by it), as does
+    # a TRUNCATE. Sessions completed before this step are queued: the first seals take them.
+    """
+    ALTER TABLE history_epoch ADD COLUMN sealed_epoch BIGINT NOT NULL DEFAULT 0;
+    CREATE TABLE history_segments (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, epoch BIGINT NOT NULL,
+        level INTEGER NOT NULL, n_sessions INTEGER NOT NULL,
+        sessions BYTEA NOT NULL, calls BYTEA NOT NULL
+    );
+    CREATE TABLE history_unsealed (session_id TEXT PRIMARY KEY);
+    INSERT INTO history_unsealed SELECT id FROM sessions WHERE completed_at IS NOT NULL;
+    CREATE FUNCTION history_queue_session() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO spawnkit.history_unsealed VALUES (NEW.id) ON CONFLICT DO NOTHING;
+        RETURN NULL;
+    END
+    $$;
+    CREATE FUNCTION history_sealed_changed(changed TEXT) RETURNS void LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM 1 FROM spawnkit.history_unsealed WHERE session_id = changed FOR KEY SHARE;
+        IF NOT FOUND THEN
+            UPDATE spawnkit.history_epoch SET sealed_epoch = sealed_epoch + 1 WHERE id = 1;
+        END IF;
+    END
+    $$;
+    CREATE FUNCTION history_session_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM spawnkit.history_sealed_changed(OLD.id);
+        IF TG_OP = 'DELETE' THEN
+            DELETE FROM spawnkit.history_unsealed WHERE session_id = OLD.id;
+        END IF;
+        RETURN NULL;
+    END
+    $$;
+    CREATE FUNCTION history_call_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF EXISTS (SELECT 1 FROM spawnkit.sessions WHERE id = OLD.session_id
+                   AND completed_at IS NOT NULL) THEN
+            PERFORM spawnkit.history_sealed_changed(OLD.session_id);
+        END IF;
+        RETURN NULL;
+    END
+    $$;
+    CREATE FUNCTION history_sealed_truncated() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        UPDATE spawnkit.history_epoch SET sealed_epoch = sealed_epoch + 1 WHERE id = 1;
+        RETURN NULL;
+    END
+    $$;
+    CREATE TRIGGER history_session_inserted AFTER INSERT ON sessions FOR EACH ROW
+        WHEN (NEW.completed_at IS NOT NULL) EXECUTE FUNCTION history_queue_session();
+    CREATE TRIGGER history_session_completed AFTER UPDATE ON sessions FOR EACH ROW
+        WHEN (OLD.completed_at IS NULL AND NEW.completed_at IS NOT NULL)
+        EXECUTE FUNCTION history_queue_session();
+    CREATE TRIGGER history_session_updated AFTER UPDATE ON sessions FOR EACH ROW
+        WHEN (OLD.completed_at IS NOT NULL AND OLD IS DISTINCT FROM NEW)
+        EXECUTE FUNCTION history_session_changed();
+    CREATE TRIGGER history_session_deleted AFTER DELETE ON sessions FOR EACH ROW
+        WHEN (OLD.completed_at IS NOT NULL) EXECUTE FUNCTION history_session_changed();
+    CREATE TRIGGER history_call_changed AFTER UPDATE OR DELETE ON tool_calls FOR EACH ROW
+        EXECUTE FUNCTION history_call_changed();
+    CREATE TRIGGER history_sessions_truncated AFTER TRUNCATE ON sessions
+        FOR EACH STATEMENT EXECUTE FUNCTION history_sealed_truncated();
+    CREATE TRIGGER history_calls_truncated AFTER TRUNCATE ON tool_calls
+        FOR EACH STATEMENT EXECUTE FUNCTION history_sealed_truncated()
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 # The NOTIFY channel of migration 5's triggers.

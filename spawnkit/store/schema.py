@@ -177,6 +177,10 @@ _CALL_OF_COMPLETED = (
 )
 SEAL_SESSIONS = 1000
 """Sessions that come between two seals (the rows a reader still reads one by one)."""
+SERVER_SEAL_DUE = """SELECT count(*) >= ? AS due
+    FROM (SELECT 1 FROM history_unsealed LIMIT ?) AS queued"""
+"""On PostgreSQL (spawnkit/store/server_segments.py): whether ``?`` sessions are queued to
+be sealed, counting at most that many index entries."""
 SEGMENTS_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS history_segments (
         id INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, hi INTEGER NOT NULL,

@@ -85,7 +85,7 @@ def load(query: Query, epoch: int, *, sessions: bool = True, calls: bool = True)
     ):  # fmt: skip
         # One blob at a time, by id: an ORDER BY over the blobs would sort copies of them.
         sql = f"SELECT {column} FROM history_segments WHERE id = ?"
-        parts = [_decode(query(sql, (row[0],))[0][0]) for row in rows] if wanted else []
+        parts = [decode(query(sql, (row[0],))[0][0]) for row in rows] if wanted else []
         if any(t.schema != schema for t in parts):
             return None  # sealed by another version of the columns
         tables.append(pa.concat_tables(parts) if parts else schema.empty_table())
@@ -93,11 +93,11 @@ def load(query: Query, epoch: int, *, sessions: bool = True, calls: bool = True)
     return Sealed(tables[0], tables[1], epoch, int(last[2]), tuple(json.loads(last[3])))
 
 
-def _decode(blob: bytes) -> pa.Table:
+def decode(blob: bytes | pa.Buffer) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
 
 
-def _encode(table: pa.Table) -> bytes:
+def encode(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     # LZ4: a quarter of the bytes to step through SQLite's pages, decoded faster than that.
     options = pa.ipc.IpcWriteOptions(compression="lz4")
@@ -160,8 +160,8 @@ def _insert(tx: Transaction, epoch: int, hi: int, still: Sequence[int], level: i
     tx.execute(
         "INSERT INTO history_segments (epoch, hi, open, level, n_sessions, sessions, calls) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (epoch, hi, json.dumps(list(still)), level, sessions.num_rows, _encode(sessions),
-         _encode(calls)),
+        (epoch, hi, json.dumps(list(still)), level, sessions.num_rows, encode(sessions),
+         encode(calls)),
     )  # fmt: skip
 
 
@@ -175,8 +175,8 @@ def _merge(tx: Transaction, epoch: int) -> None:
         )  # fmt: skip
         if len(rows) < FANOUT:
             return
-        sessions = pa.concat_tables([_decode(r["sessions"]) for r in rows])
-        calls = pa.concat_tables([_decode(r["calls"]) for r in rows])
+        sessions = pa.concat_tables([decode(r["sessions"]) for r in rows])
+        calls = pa.concat_tables([decode(r["calls"]) for r in rows])
         calls = calls.sort_by(ROWID)  # call order, which sessions sealed late broke
         tx.execute(
             f"DELETE FROM history_segments WHERE id IN ({', '.join('?' * len(rows))})",

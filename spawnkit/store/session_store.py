@@ -41,7 +41,7 @@ from .backend import Admission, Backend, SlotClaim, is_postgres_url
 from .journal import StoreJournal
 from .ownership import HostRecords, RecordOwner
 from .records import SessionRecord, to_iso, utcnow
-from .schema import SEAL_SESSIONS
+from .schema import SEAL_SESSIONS, SERVER_SEAL_DUE
 from .sqlite import SqliteBackend
 from .writer import StoreWriter
 from .writes import (
@@ -273,13 +273,16 @@ class SessionStore:
         self._live_calls.discard(session_id)
         payload = completion(session_id, result, completed_at or utcnow(), self.host, live)
         self._writes.write("complete", session_id, payload)
-        if self.path is not None and self._seal_due():
+        if self._seal_due():
             self.seal_history()
 
     def _seal_due(self) -> bool:
         """Whether enough sessions came since the store last sealed its columnar copy
         (:mod:`spawnkit.store.segments`, imported only then: it brings pyarrow)."""
         try:
+            if self.path is None:  # a server: its queue of completed sessions
+                due = self._db.query(SERVER_SEAL_DUE, (SEAL_SESSIONS, SEAL_SESSIONS))
+                return bool(due[0]["due"])
             row = self._db.query(_SEAL_DUE)[0]
         except self._db.errors as exc:
             logger.warning("could not check the store's columnar copy: %s", exc)
@@ -287,14 +290,16 @@ class SessionStore:
         return int(row["top"] or 0) - int(row["hi"]) >= SEAL_SESSIONS
 
     def seal_history(self, *, force: bool = False, limit: int | None = None) -> bool:
-        """Add the sessions completed since the last seal to the SQLite store's columnar copy
-        of its history (what ``spawnkit.history`` reads); ``force``: however few. A failure
+        """Add the sessions completed since the last seal to the store's columnar copy of
+        its history (what ``spawnkit.history`` reads); ``force``: however few. A failure
         is logged: the copy is a cache, the rows stay the truth. Whether a segment was added."""
-        if self.path is None:
-            return False
-        from . import segments
-
         try:
+            if self.path is None:
+                from . import server_segments
+
+                return server_segments.seal(self._db, force=force, limit=limit)
+            from . import segments
+
             return segments.seal(self._db, force=force, limit=limit)
         except self._db.errors as exc:
             logger.warning("could not seal the store's columnar copy: %s", exc)
