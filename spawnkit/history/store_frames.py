@@ -291,10 +291,23 @@ def _sessions_table(
         table = _cached(path, state, "sessions", SESSION_FIELDS, SESSION_SCHEMA, "ended_at")
     if filters:
         table = table.filter(filters.mask(table))
-    created = table["created_at"].cast(pa.int64()).to_numpy()
-    if len(created) > 1 and bool((np.diff(created) < 0).any()):
-        table = table.take(pc.sort_indices(table, sort_keys=[("created_at", "ascending")]))
-    return table
+    return _in_session_order(table)
+
+
+def _in_session_order(table: pa.Table) -> pa.Table:
+    """``table`` in the row store's order, ``created_at`` then rowid: sessions created at
+    the same instant by two writers may have been sealed in either order."""
+    if table.num_rows < 2:
+        return table
+    created = np.diff(table["created_at"].cast(pa.int64()).to_numpy())
+    rowids = np.diff(table[ROWID].to_numpy()) if ROWID in table.column_names else None
+    disordered = created < 0
+    if rowids is not None:
+        disordered |= (created == 0) & (rowids < 0)
+    if not disordered.any():
+        return table
+    keys = ["created_at", *([ROWID] if rowids is not None else [])]
+    return table.take(pc.sort_indices(table, sort_keys=[(key, "ascending") for key in keys]))
 
 
 def sessions(
