@@ -40,6 +40,7 @@ from ..store.columns import (
 from ..store.segments import decode
 from ..store.server_segments import SESSION_SORT
 from .server_query import Run
+from .store_segments import unsorted_window
 
 _PRESENT = "SELECT to_regclass('history_segments') IS NOT NULL AS present"
 # Not sealed yet: sessions still open, and completed ones queued (two index scans, not an
@@ -129,10 +130,7 @@ def sessions_in_order(table: pa.Table) -> pa.Table:
     drops = np.flatnonzero(bad)
     if not len(drops):
         return table
-    first, last = int(drops[0]) + 1, int(drops[-1]) + 1
-    # Widened to every row the disordered ones could go before or after (ties included).
-    lo = int(np.searchsorted(created[:first], created[first:].min(), side="left"))
-    hi = last + int(np.searchsorted(created[last:], created[:last].max(), side="right"))
+    lo, hi = unsorted_window(created, drops)
     window = table.slice(lo, hi - lo)
     window = window.take(pc.sort_indices(window, sort_keys=SESSION_SORT))
     return pa.concat_tables([table.slice(0, lo), window, table.slice(hi)])

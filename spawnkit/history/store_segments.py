@@ -118,9 +118,7 @@ def _in_call_order(calls: pa.Table) -> pa.Table:
     drops = np.flatnonzero(np.diff(rowids) < 0)
     if not len(drops):
         return calls
-    first, last = int(drops[0]) + 1, int(drops[-1]) + 1
-    lo = int(np.searchsorted(rowids[:first], rowids[first:].min(), side="left"))
-    hi = last + int(np.searchsorted(rowids[last:], rowids[:last].max(), side="right"))
+    lo, hi = unsorted_window(rowids, drops)
     window = calls.slice(lo, hi - lo)
     order = np.argsort(rowids[lo:hi], kind="stable")
     return pa.concat_tables([calls.slice(0, lo), window.take(order), calls.slice(hi)])
@@ -148,3 +146,13 @@ def _build(path: Path, epoch: int) -> History | None:
     except (sqlite3.Error, OSError) as exc:
         log.warning("could not write the columnar copy of %s: %s", path, exc)
     return History(sessions, calls)
+
+
+def unsorted_window(keys: np.ndarray, drops: np.ndarray) -> tuple[int, int]:
+    """The rows ``[lo, hi)`` to sort for ``keys`` to ascend, given ``drops``, the rows
+    after which the order breaks: widened to every row the disordered ones could go before
+    or after (ties included), and no further."""
+    first, last = int(drops[0]) + 1, int(drops[-1]) + 1
+    lo = int(np.searchsorted(keys[:first], keys[first:].min(), side="left"))
+    hi = last + int(np.searchsorted(keys[last:], keys[:last].max(), side="right"))
+    return lo, hi
