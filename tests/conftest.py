@@ -6,11 +6,13 @@ goes to a per-session temporary HOME, spawnkit's to a per-test SPAWNKIT_HOME.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import tempfile
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -222,3 +224,27 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(
         ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
     ).stdout
+
+
+# A run cgroup still empty this long after it was made is a leftover: a run's own is made
+# just before its CLI starts and removed as it ends.
+STALE_RUN_GROUP_S = 60.0
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Remove the empty run cgroups that tests which kill a run's owner leave (a user's
+    next spawnkit sweeps them; a test's home is gone by then). Once, in the process that
+    ran every test (the xdist controller), and only cgroups old enough to be no one's run."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from spawnkit.containment import run_group
+
+    now = time.time()
+    for group in run_group.leftover_groups():
+        try:
+            old = now - group.path.stat().st_mtime > STALE_RUN_GROUP_S
+        except OSError:
+            continue
+        if old and not group.pids():
+            with contextlib.suppress(OSError):
+                group.path.rmdir()

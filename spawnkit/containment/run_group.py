@@ -278,6 +278,19 @@ def open_run_group(session_id: str) -> RunGroup | None:
     return group
 
 
+def leftover_groups() -> list[RunGroup]:
+    """Every run cgroup beside this process's own, whoever's run it was."""
+    try:
+        hierarchies = _hierarchies()
+    except (OSError, ValueError, IndexError):
+        return []
+    return [
+        RunGroup(path, hierarchy.usage_file)
+        for hierarchy in hierarchies
+        for path in sorted(hierarchy.parent.glob(f"{PREFIX}*"))
+    ]
+
+
 def leftover_group(session_id: str) -> RunGroup | None:
     """The cgroup a run left beside this process's own (its owner died), if there is one."""
     try:
