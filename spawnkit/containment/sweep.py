@@ -75,7 +75,8 @@ WORKSPACE_VAR = "SPAWNKIT_WORKSPACE"
 HOME_VAR = "SPAWNKIT_RUN_HOME"
 # The home's sealing key (random, owner-only); never leaves the home.
 KEY_FILE = "sweep.key"
-# butler_<name>_<32 hex digits of a uuid4> (spawnkit.containment.workspace.workspace_path).
+# butler_<name>_<32 hex digits>: of sha256(session id) for a run's first workspace, of a
+# uuid4 for another (spawnkit.containment.workspace._make_workspace).
 _WORKSPACE_NAME = re.compile(re.escape(WORKSPACE_PREFIX) + r".+_[0-9a-f]{32}")
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]+")
 # How long the sweep waits for the processes it killed to be gone.

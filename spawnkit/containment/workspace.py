@@ -47,11 +47,6 @@ def workspaces_root() -> Path:
     return root
 
 
-def workspace_path(butler: str, root: Path | None = None) -> Path:
-    base = root if root is not None else workspaces_root()
-    return base / f"{PREFIX}{butler}_{uuid.uuid4().hex}"
-
-
 def session_suffix(session_id: str) -> str:
     """The end of the name of a run's first workspace, from its session id: the sweep finds
     the folder of a run whose owner died before the record named it (32 hex digits, as a
