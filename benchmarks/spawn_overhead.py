@@ -8,7 +8,12 @@ scenario makes one real MCP tool call.
   a run's workspace is), output read to the end. For Claude Code
   that is ``claude -p PROMPT --output-format stream-json --verbose`` with the
   same system prompt, tools and MCP configuration; for Codex and Gemini it is
-  exactly the command, configuration files and environment the adapter builds.
+  exactly the command, configuration files and environment the adapter builds, the CLI
+  started as a user starts it (``codex``: its npm launcher, a node program that starts
+  the native binary; spawnkit runs that binary itself).
+* a second baseline where the CLI starts two ways: Claude Code through the agent SDK
+  alone (``bare_sdk``), Codex's native binary without the launcher (``bare_native``,
+  the floor for what spawnkit itself adds).
 * spawnkit: ``Spawner.trigger(PROMPT)``: admission, session record, workspace,
   isolated environment, system prompt composition, telemetry span, output
   parsing, per-session logs, cleanup.
@@ -202,9 +207,19 @@ def claude_sdk_bare(
 
 
 def adapter_bare(
-    runtime: str, butler: ButlerConfig, replay_url: str, mcp_port: int, work: Path, secret: str
+    runtime: str,
+    butler: ButlerConfig,
+    replay_url: str,
+    mcp_port: int,
+    work: Path,
+    secret: str,
+    *,
+    as_installed: bool = True,
 ) -> Callable[[], None]:
-    """The exact command, files and environment the adapter builds, run without spawnkit."""
+    """The exact command, files and environment the adapter builds, run without spawnkit.
+
+    ``as_installed``: the CLI's command is the one a user types (Codex's npm launcher, where
+    spawnkit runs the native binary it starts); else the program the adapter runs."""
     adapter = get_adapter(runtime)(butler.runtime)
     system_prompt = compose_system_prompt(
         butler, read_prompt_file(butler.system_prompt_file, butler.roster_dir)
@@ -225,6 +240,8 @@ def adapter_bare(
                 env=env, max_turns=20, tools=butler.runtime.tools, base_url=replay_url,
             )  # fmt: skip
             command = adapter.command(spec)  # type: ignore[attr-defined]
+            if as_installed:
+                command[0] = str(adapter.find_binary())
             prompt = adapter.stdin(spec)  # type: ignore[attr-defined]  # the prompt, on stdin
             done = subprocess.run(
                 command, env=adapter.child_env(spec), cwd=spec.cwd, capture_output=True,
@@ -283,12 +300,21 @@ def measure(
             butler, store=store, base_url=replay_address.url, mcp_port=mcp_address.port,
             mcp_access=access, cli_telemetry=cli_telemetry or True,
         )  # fmt: skip
+        # A second baseline, where the CLI can be started two ways: Claude Code through the
+        # agent SDK alone (as spawnkit starts it), Codex's native binary (which spawnkit runs
+        # in place of the npm launcher the bare side runs).
         bare_sdk = None
+        alt = {"claude-code": "bare_sdk", "codex": "bare_native"}.get(runtime, "")
         if runtime == "claude-code":
             bare = claude_bare(butler, replay_address.url, mcp_address.port, work, secret)
             bare_sdk = claude_sdk_bare(butler, replay_address.url, mcp_address.port, work, secret)
         else:
             bare = adapter_bare(runtime, butler, replay_address.url, mcp_address.port, work, secret)
+        if runtime == "codex":
+            bare_sdk = adapter_bare(
+                runtime, butler, replay_address.url, mcp_address.port, work, secret,
+                as_installed=False,
+            )  # fmt: skip
 
         async def through_spawnkit(chosen: Spawner) -> None:
             result = await chosen.trigger(PROMPT)
@@ -305,7 +331,7 @@ def measure(
         if not telemetry_only:
             cpu.update({"bare": [], "host_network": [], "unsandboxed": []})
             if bare_sdk is not None:
-                cpu["bare_sdk"] = []
+                cpu[alt] = []
         if cli_telemetry:
             cpu["telemetry"] = []
 
@@ -351,7 +377,7 @@ def measure(
         if others:
             sides.append(("bare", bare, bare_s))
             if bare_sdk is not None:
-                sides.append(("bare_sdk", bare_sdk, sdk_s))
+                sides.append((alt, bare_sdk, sdk_s))
         sides.append(("spawnkit", via_spawnkit, spawnkit_s))
         if others:
             sides += [("host_network", on_host_network, host_s),
@@ -380,10 +406,11 @@ def measure(
     version = {"cli_version": asyncio.run(adapter.binary_version()), "rounds": rounds}
     sdk: dict[str, Any] = {}
     if sdk_s:
+        ratio = "sdk_ratio" if alt == "bare_sdk" else "native_ratio"
         sdk = {
-            "bare_sdk_median_s": round(statistics.median(sdk_s), 4),
-            "sdk_ratio": round(statistics.median(spawnkit_s) / statistics.median(sdk_s), 3),
-            "bare_sdk_s": [round(x, 4) for x in sdk_s],
+            f"{alt}_median_s": round(statistics.median(sdk_s), 4),
+            ratio: round(statistics.median(spawnkit_s) / statistics.median(sdk_s), 3),
+            f"{alt}_s": [round(x, 4) for x in sdk_s],
         }
     if telemetry_only:
         return {**version, "spawnkit_median_s": round(statistics.median(spawnkit_s), 4),
@@ -574,6 +601,15 @@ def main() -> None:
                 f"{result['bare_sdk_child_cpu_s']} s, all CPU "
                 f"{result['bare_sdk_total_cpu_s']} s against spawnkit's "
                 f"{result['spawnkit_total_cpu_s']} s)",
+                flush=True,
+            )
+        if "native_ratio" in result:
+            print(
+                f"{runtime}: against its native binary run without the npm launcher, as "
+                f"spawnkit runs it, median {result['bare_native_median_s']:.3f} s: ratio "
+                f"{result['native_ratio']:.3f} (all CPU {result['bare_native_total_cpu_s']} s "
+                f"against spawnkit's {result['spawnkit_total_cpu_s']} s, "
+                f"x{result['bare_native_total_cpu_ratio']} the launcher's bare CLI)",
                 flush=True,
             )
         if args.cli_telemetry:

@@ -21,6 +21,10 @@ fails on machines with bubblewrap. Inside spawnkit's sandbox Codex's own sandbox
 (``danger-full-access``: the run is already confined, and bubblewrap cannot nest without
 capabilities); a butler that opted out of spawnkit's sandbox keeps Codex's ``read-only`` one.
 
+Binary: where ``codex`` is the npm package's node launcher, spawnkit runs the native binary
+it would start, with the environment it would give it (:mod:`.codex_native`): no node start
+on every run.
+
 Sessions: Codex keeps rollouts under ``CODEX_HOME/sessions``; spawnkit keeps them under
 ``$SPAWNKIT_HOME/runtimes/codex/sessions`` after the run and copies one back for
 ``codex exec resume``.
@@ -52,6 +56,7 @@ from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
 from ..telemetry.otlp import CliTelemetry
 from ..transcripts import copy_file
 from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure, write_private
+from .codex_native import native_codex
 from .codex_rollout import RolloutChanges
 from .streaming import LineParser, StreamingCliAdapter, stderr_summary
 
@@ -364,6 +369,22 @@ class CodexAdapter(StreamingCliAdapter):
             "supports_resume": True,
         }
 
+    def cli(self) -> str:
+        """Codex's native binary where ``codex`` is its npm launcher (no node start a run)."""
+        native = native_codex(self.find_binary())
+        return str(native.binary) if native is not None else super().cli()
+
+    def find_install_paths(self) -> list[Path]:
+        paths = super().find_install_paths()
+        native = native_codex(self.find_binary())
+        if native is not None and not any(native.binary.is_relative_to(p) for p in paths):
+            paths.append(native.binary.parent.parent)  # vendor/<target>: bin/, codex-path/
+        return paths
+
+    def reset(self) -> None:
+        super().reset()
+        native_codex.cache_clear()
+
     def build_config_file(self, workspace: Path, server: McpServerSpec | None) -> Path:
         home = workspace / ".codex"
         home.mkdir(exist_ok=True, mode=0o700)
@@ -416,6 +437,9 @@ class CodexAdapter(StreamingCliAdapter):
             }
         )
         env.setdefault("NO_COLOR", "1")
+        native = native_codex(self.find_binary())
+        if native is not None:
+            env.update(native.env())  # what its launcher would have added
         if spec.telemetry is not None:
             # Its spans carry the run's session id: the receiver moves any that did not
             # join the run's trace under the run's span.

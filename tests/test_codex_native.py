@@ -1,0 +1,101 @@
+"""spawnkit runs Codex's native binary, not its npm launcher (a node start on every run)."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from spawnkit.notebook.hub import with_runtime
+from spawnkit.replay import Scenario
+from spawnkit.runtimes.codex_native import PLATFORM_PACKAGES, native_codex
+from spawnkit.serve.service import ButlerService
+
+from .conftest import REPO
+
+LAUNCHER = REPO / "node_modules" / ".bin" / "codex"
+installed = pytest.mark.skipif(
+    not LAUNCHER.exists(), reason="the node CLIs are not installed (npm ci)"
+)
+TARGET = PLATFORM_PACKAGES.get((platform.system(), platform.machine()))
+
+
+def layout(root: Path, *, binary_under: Path | None) -> Path:
+    """An npm install of the launcher under ``root``; the native binary under
+    ``binary_under`` (a platform package folder), if any. The launcher's path."""
+    launcher = root / "node_modules" / "@openai" / "codex" / "bin" / "codex.js"
+    launcher.parent.mkdir(parents=True)
+    launcher.write_text("#!/usr/bin/env node\n")
+    if binary_under is not None:
+        assert TARGET is not None
+        binary = binary_under / "vendor" / TARGET[1] / "bin" / "codex"
+        binary.parent.mkdir(parents=True)
+        binary.write_text("native")
+    return launcher
+
+
+@installed
+def test_the_installed_launcher_leads_to_the_same_codex_natively() -> None:
+    native = native_codex(LAUNCHER)
+    assert native is not None
+    assert native.binary.read_bytes()[:4] == b"\x7fELF"
+    assert native.package_root == (REPO / "node_modules" / "@openai" / "codex").resolve()
+    versions = [
+        subprocess.run([str(cli), "--version"], capture_output=True, text=True, timeout=60)
+        for cli in (LAUNCHER, native.binary)
+    ]
+    assert versions[0].returncode == versions[1].returncode == 0
+    assert versions[0].stdout == versions[1].stdout and "codex-cli" in versions[0].stdout
+
+
+@pytest.mark.skipif(TARGET is None, reason="no Codex platform package for this machine")
+def test_the_nearest_platform_package_wins_as_in_node(tmp_path: Path) -> None:
+    assert TARGET is not None
+    hoisted = tmp_path / "node_modules" / "@openai" / TARGET[0]
+    launcher = layout(tmp_path, binary_under=hoisted)
+    found = native_codex(launcher)
+    assert found is not None and found.binary == hoisted / "vendor" / TARGET[1] / "bin" / "codex"
+    nested = launcher.parent.parent / "node_modules" / "@openai" / TARGET[0]
+    (nested / "vendor" / TARGET[1] / "bin").mkdir(parents=True)
+    (nested / "vendor" / TARGET[1] / "bin" / "codex").write_text("nested")
+    native_codex.cache_clear()  # looked up once per path, as a failed run's reset does
+    found = native_codex(launcher)
+    assert found is not None and found.binary.read_text() == "nested"
+    assert found.env() == {
+        "CODEX_MANAGED_PACKAGE_ROOT": str(launcher.resolve().parent.parent),
+        "CODEX_MANAGED_BY_NPM": "1",
+    }
+
+
+def test_without_a_platform_package_the_launcher_is_run(tmp_path: Path) -> None:
+    launcher = layout(tmp_path, binary_under=None)
+    assert native_codex(launcher) is None
+    # A codex that is not the npm launcher (a native install, a wrapper) is run as it is.
+    other = tmp_path / "bin" / "codex"
+    other.parent.mkdir()
+    other.write_text("#!/bin/sh\n")
+    assert native_codex(other) is None
+
+
+@installed
+@pytest.mark.e2e
+async def test_a_codex_run_has_no_node_process(make_butler, store) -> None:
+    # Every process of a sandboxed run, from its shell tool (the run's own pid namespace).
+    command = "for p in /proc/[0-9]*; do cat $p/comm; done 2>/dev/null | sort | uniq"
+    script = (
+        f"[[turn]]\nshell = {json.dumps(command)}\n"
+        '[[turn]]\ntext = "seen: {{ last_tool_result }}"\n'
+    )
+    scenario = Scenario.from_dict(tomllib.loads(script), source="<test>")
+    async with ButlerService(
+        with_runtime(make_butler(), "codex"), store=store, replay=scenario
+    ) as svc:
+        result = await svc.trigger("list the processes")
+    assert result.success, result.error
+    seen = (result.tool_calls[0].output or "").split()
+    assert "codex" in seen, seen
+    assert "node" not in seen, f"the npm launcher ran: {seen}"
