@@ -9,11 +9,12 @@ scenario makes one real MCP tool call.
   that is ``claude -p PROMPT --output-format stream-json --verbose`` with the
   same system prompt, tools and MCP configuration; for Codex and Gemini it is
   exactly the command, configuration files and environment the adapter builds, the CLI
-  started as a user starts it (``codex``: its npm launcher, a node program that starts
-  the native binary; spawnkit runs that binary itself).
+  started as a user starts it: ``codex`` is npm's node launcher, which starts Codex's
+  native binary; ``gemini`` relaunches itself into a second node. spawnkit starts that
+  binary, and that second node, itself.
 * a second baseline where the CLI starts two ways: Claude Code through the agent SDK
-  alone (``bare_sdk``), Codex's native binary without the launcher (``bare_native``,
-  the floor for what spawnkit itself adds).
+  alone (``bare_sdk``); Codex's native binary, Gemini's second node (``bare_native``), the
+  floor for what spawnkit itself adds.
 * spawnkit: ``Spawner.trigger(PROMPT)``: admission, session record, workspace,
   isolated environment, system prompt composition, telemetry span, output
   parsing, per-session logs, cleanup.
@@ -78,6 +79,7 @@ from spawnkit.run import Spawner
 from spawnkit.runtimes import get_adapter
 from spawnkit.runtimes.base import McpServerSpec, RunSpec
 from spawnkit.runtimes.claude_code import seed_home
+from spawnkit.runtimes.gemini_launch import NO_RELAUNCH, direct_command
 from spawnkit.serve.butler_server import ButlerServer
 from spawnkit.store import SessionStore
 
@@ -218,8 +220,8 @@ def adapter_bare(
 ) -> Callable[[], None]:
     """The exact command, files and environment the adapter builds, run without spawnkit.
 
-    ``as_installed``: the CLI's command is the one a user types (Codex's npm launcher, where
-    spawnkit runs the native binary it starts); else the program the adapter runs."""
+    ``as_installed``: the CLI's command is the one a user types (see the module's
+    docstring); else the program the adapter runs."""
     adapter = get_adapter(runtime)(butler.runtime)
     system_prompt = compose_system_prompt(
         butler, read_prompt_file(butler.system_prompt_file, butler.roster_dir)
@@ -240,11 +242,12 @@ def adapter_bare(
                 env=env, max_turns=20, tools=butler.runtime.tools, base_url=replay_url,
             )  # fmt: skip
             command = adapter.command(spec)  # type: ignore[attr-defined]
+            child_env = adapter.child_env(spec)
             if as_installed:
-                command[0] = str(adapter.find_binary())
+                command, child_env = installed_command(adapter, command, child_env)
             prompt = adapter.stdin(spec)  # type: ignore[attr-defined]  # the prompt, on stdin
             done = subprocess.run(
-                command, env=adapter.child_env(spec), cwd=spec.cwd, capture_output=True,
+                command, env=child_env, cwd=spec.cwd, capture_output=True,
                 timeout=120, input=prompt,
             )  # fmt: skip
             stdout = done.stdout.decode(errors="replace")
@@ -255,6 +258,21 @@ def adapter_bare(
             shutil.rmtree(workspace, ignore_errors=True)
 
     return run
+
+
+def installed_command(
+    adapter: Any, command: list[str], env: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """``command`` and ``env`` of the adapter's run as a user starts the CLI: npm's launcher
+    for Codex's native binary, Gemini's own script (which relaunches itself)."""
+    cli = str(adapter.find_binary())
+    if adapter.type == "gemini":
+        direct = direct_command(adapter.find_binary(), env.get("PATH"))
+        if direct is not None and tuple(command[: len(direct)]) == direct:
+            env = {name: value for name, value in env.items() if name not in NO_RELAUNCH}
+            return [cli, *command[len(direct) :]], env
+        return command, env
+    return [cli, *command[1:]], env
 
 
 def measure(
@@ -301,16 +319,16 @@ def measure(
             mcp_access=access, cli_telemetry=cli_telemetry or True,
         )  # fmt: skip
         # A second baseline, where the CLI can be started two ways: Claude Code through the
-        # agent SDK alone (as spawnkit starts it), Codex's native binary (which spawnkit runs
-        # in place of the npm launcher the bare side runs).
+        # agent SDK alone (as spawnkit starts it); Codex's native binary and Gemini's second
+        # node (which spawnkit starts in place of the launcher the bare side runs).
         bare_sdk = None
-        alt = {"claude-code": "bare_sdk", "codex": "bare_native"}.get(runtime, "")
+        alt = "bare_sdk" if runtime == "claude-code" else "bare_native"
         if runtime == "claude-code":
             bare = claude_bare(butler, replay_address.url, mcp_address.port, work, secret)
             bare_sdk = claude_sdk_bare(butler, replay_address.url, mcp_address.port, work, secret)
         else:
             bare = adapter_bare(runtime, butler, replay_address.url, mcp_address.port, work, secret)
-        if runtime == "codex":
+        if runtime in ("codex", "gemini"):
             bare_sdk = adapter_bare(
                 runtime, butler, replay_address.url, mcp_address.port, work, secret,
                 as_installed=False,
@@ -605,11 +623,11 @@ def main() -> None:
             )
         if "native_ratio" in result:
             print(
-                f"{runtime}: against its native binary run without the npm launcher, as "
+                f"{runtime}: against the program its launcher starts, run directly as "
                 f"spawnkit runs it, median {result['bare_native_median_s']:.3f} s: ratio "
                 f"{result['native_ratio']:.3f} (all CPU {result['bare_native_total_cpu_s']} s "
                 f"against spawnkit's {result['spawnkit_total_cpu_s']} s, "
-                f"x{result['bare_native_total_cpu_ratio']} the launcher's bare CLI)",
+                f"x{result['bare_native_total_cpu_ratio']} the bare CLI's as installed)",
                 flush=True,
             )
         if args.cli_telemetry:

@@ -255,6 +255,8 @@ class RuntimeAdapter(ABC):
     # so quickly (see spawnkit.runtimes.version).
     version_args: ClassVar[tuple[str, ...]] = ("--version",)
     version_env: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    # Variables of :meth:`child_env` for headless runs only: the TUI (interact) goes without.
+    headless_env: ClassVar[tuple[str, ...]] = ("NO_COLOR",)
     # Whether the runtime is only a runtime with a butler's configuration (``command``).
     needs_configuration: ClassVar[bool] = False
 
@@ -393,7 +395,8 @@ class RuntimeAdapter(ABC):
         """
         argv = spec.sandbox.wrap(self.interactive_command(spec))
         env = self.child_env(spec)
-        env.pop("NO_COLOR", None)  # set for headless runs, whose output is parsed
+        for name in self.headless_env:
+            env.pop(name, None)
         env.update({name: os.environ[name] for name in TERMINAL_ENV if name in os.environ})
         try:
             code = await _process.run_interactive(argv, env=env, cwd=spec.cwd)

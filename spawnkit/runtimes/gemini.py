@@ -15,6 +15,9 @@ to ``$SPAWNKIT_HOME/runtimes/gemini/tmp`` so chats can be resumed
 The child gets ``GEMINI_API_KEY``/``GOOGLE_API_KEY`` and never the other
 vendors' keys. ``max_turns`` is the CLI's own ``model.maxSessionTurns``.
 
+A headless run starts the node process the CLI would relaunch itself into, not the CLI's
+launching one (:mod:`.gemini_launch`): one node start a run, not two.
+
 Figures: ``init`` names the model; usage comes once, in the final ``result``. Tokens and
 model turns during the run come from the run's relay, which meters each model call
 (:mod:`spawnkit.budgets.metering`).
@@ -43,6 +46,7 @@ from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
 from ..telemetry.otlp import CliTelemetry
 from ..transcripts import copy_file
 from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure, write_private
+from .gemini_launch import NO_RELAUNCH, direct_command
 from .streaming import LineParser, StreamingCliAdapter, stderr_summary
 
 DEFAULT_MODEL = "gemini-2.5-flash"
@@ -286,7 +290,9 @@ class GeminiAdapter(StreamingCliAdapter):
     transcripts_dir: ClassVar[str | None] = ".gemini/tmp"
     usage_at_end: ClassVar[bool] = True
     # Without it, `gemini --version` relaunches itself first and takes twice as long.
-    version_env: ClassVar[Mapping[str, str]] = MappingProxyType({"GEMINI_CLI_NO_RELAUNCH": "true"})
+    version_env: ClassVar[Mapping[str, str]] = MappingProxyType(NO_RELAUNCH)
+    # The TUI keeps its relaunch (it restarts itself through it after /auth or an update).
+    headless_env: ClassVar[tuple[str, ...]] = ("NO_COLOR", *NO_RELAUNCH)
 
     def capabilities(self) -> dict[str, Any]:
         return {
@@ -352,7 +358,13 @@ class GeminiAdapter(StreamingCliAdapter):
             env["GOOGLE_GEMINI_BASE_URL"] = spec.base_url.rstrip("/")
         if spec.telemetry is not None:
             env.update(telemetry_env(spec.telemetry))
+        if self._direct(spec) is not None:
+            env.update(NO_RELAUNCH)
         return env
+
+    def _direct(self, spec: RunSpec) -> tuple[str, ...] | None:
+        """The node command the CLI would relaunch itself into (:mod:`.gemini_launch`)."""
+        return direct_command(self.find_binary(), spec.env.get("PATH"))
 
     def check_interactive(self) -> None:
         """Gemini's TUI is its interactive mode."""
@@ -381,7 +393,7 @@ class GeminiAdapter(StreamingCliAdapter):
         # headless Gemini refuses shell commands it deems complex (a heredoc).
         # The prompt comes on stdin (an empty -p keeps the CLI headless, and takes stdin
         # as the whole prompt): a prompt of any size up to the CLI's own stdin limit.
-        command = [self.cli(), "-m", model, "-p", "",
+        command = [*(self._direct(spec) or [self.cli()]), "-m", model, "-p", "",
                    "--output-format", "stream-json", "--approval-mode", "yolo"]  # fmt: skip
         if spec.resume:
             command += ["--resume", spec.resume]
