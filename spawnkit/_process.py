@@ -5,9 +5,9 @@ Two guarantees live here:
 * **The child sees only the environment we chose.** ``claude_agent_sdk`` merges
   ``options.env`` over the parent's whole ``os.environ``, so an isolated dict
   passed there isolates nothing. Instead the CLI is started through a small
-  bash wrapper that ``exec``s ``env -i`` with only the variables named in
-  ``SPAWNKIT_ENV_KEEP``: whatever the parent had, the CLI (and every tool it
-  runs) starts from exactly that list.
+  bash wrapper that unsets every variable not named in ``SPAWNKIT_ENV_KEEP`` and
+  ``exec``s the CLI: whatever the parent had, the CLI (and every tool it runs) starts
+  from exactly that list, and no value is ever on a command line.
 * **Nothing the CLI started outlives the run.** The CLI starts inside its
   run's sandbox (:mod:`spawnkit.containment.sandbox`: a pid namespace that dies with the
   run and with its owner). Besides, the wrapper puts it in a new session
@@ -31,6 +31,7 @@ import re
 import shlex
 import shutil
 import signal
+import string
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -48,25 +49,48 @@ FIRST_POLL_S = 0.002
 LAST_POLL_S = 0.05
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NAME_STARTS = string.ascii_letters + "_"
 
-# Kept deliberately tiny: it runs before every CLI start and must cost
-# milliseconds. ${!name} reads the variable whose name is in $name. It starts with the
-# host's whole environment (the SDK merges ours over it), so bash runs privileged (-p):
-# no $BASH_ENV or $ENV file is sourced, no exported function imported, no SHELLOPTS read.
+# Kept deliberately tiny: it runs before every CLI start and must cost milliseconds (no
+# fork: builtins only). It starts with the host's whole environment (the SDK merges ours
+# over it), so bash runs privileged (-p): no $BASH_ENV or $ENV file is sourced, no exported
+# function imported, no SHELLOPTS read. It unsets every variable of its environment that is
+# not kept, rather than passing the kept ones to ``env -i NAME=VALUE ...``: a command line
+# is readable by every local user, and the values include the run's relay URL with its
+# secret. env then drops, by name only, what bash cannot unset (SHELLOPTS and BASHOPTS are
+# read-only; a name that is no shell identifier is passed on as it came) or adds itself
+# (SHLVL, PWD). The names come from /proc/$$/environ (all of them, as this process got
+# them); without /proc, from bash's exported variables.
 _WRAPPER = """#!{bash} -p
 # spawnkit: start the agent CLI with only the variables listed in {keep}.
-keep=()
-for name in ${keep}; do
-  if [[ -v $name ]]; then keep+=("$name=${{!name}}"); fi
+unset -v __sk_keep __sk_cli __sk_pidfile __sk_drop __sk_env __sk_name __sk_sandbox __sk_stat
+__sk_keep=" ${keep} " __sk_cli=${binary} __sk_pidfile=${{{pidfile}:-}}
+__sk_drop=()
+for __sk_name in SHLVL PWD; do
+  if [[ $__sk_keep != *" $__sk_name "* ]]; then __sk_drop+=(-u "$__sk_name"); fi
 done
-sandbox=({sandbox})
-if [[ -n "${{{pidfile}:-}}" ]]; then echo $$ > "${pidfile}"; fi
-# setsid forks (changing the pid we just wrote) when we already lead a group.
-if [[ -r /proc/$$/stat ]]; then read -r -a stat < /proc/$$/stat; fi
-if [[ "${{stat[4]:-}}" == "$$" ]]; then
-  exec env -i "${{keep[@]}}" "${{sandbox[@]}}" "${binary}" "$@"
+if [[ -r /proc/$$/environ ]]; then
+  mapfile -d '' __sk_env < /proc/$$/environ
+  __sk_env=("${{__sk_env[@]%%=*}}")
+else
+  __sk_env=({prefixes})
 fi
-exec {setsid}env -i "${{keep[@]}}" "${{sandbox[@]}}" "${binary}" "$@"
+for __sk_name in "${{__sk_env[@]}}"; do
+  if [[ $__sk_keep == *" $__sk_name "* ]]; then continue; fi
+  if [[ $__sk_name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
+    if [[ ${{!__sk_name@a}} != *x* ]]; then continue; fi
+    if unset -v "$__sk_name" 2>/dev/null; then continue; fi
+  fi
+  __sk_drop+=(-u "$__sk_name")
+done
+__sk_sandbox=({sandbox})
+if [[ -n "$__sk_pidfile" ]]; then echo $$ > "$__sk_pidfile"; fi
+# setsid forks (changing the pid we just wrote) when we already lead a group.
+if [[ -r /proc/$$/stat ]]; then read -r -a __sk_stat < /proc/$$/stat; fi
+if [[ "${{__sk_stat[4]:-}}" == "$$" ]]; then
+  exec {env} "${{__sk_drop[@]}}" "${{__sk_sandbox[@]}}" "$__sk_cli" "$@"
+fi
+exec {setsid}{env} "${{__sk_drop[@]}}" "${{__sk_sandbox[@]}}" "$__sk_cli" "$@"
 """
 
 
@@ -83,6 +107,8 @@ def write_env_filter(directory: Path, sandbox: Sequence[str] = ()) -> Path:
         pidfile=PIDFILE_VAR,
         binary=BINARY_VAR,
         setsid=f"{setsid} " if setsid else "",
+        env=shutil.which("env", path="/usr/bin:/bin") or "/usr/bin/env",
+        prefixes=" ".join(f"${{!{first}@}}" for first in _NAME_STARTS),
         sandbox=" ".join(shlex.quote(arg) for arg in sandbox),
     )
     path = directory / "spawnkit-cli"

@@ -144,6 +144,39 @@ def test_the_hosts_bash_startup_files_never_run(tmp_path: Path) -> None:
     assert b"hijacked" not in proc.stdout and b"+ " not in proc.stderr
 
 
+def test_names_bash_cannot_unset_do_not_pass_either(tmp_path: Path) -> None:
+    """A name that is no shell identifier (bash passes such entries on as they came), a
+    read-only one, and names of the wrapper's own variables."""
+    host = {"DASHED-NAME": "host", "dotted.name": "host", "SHELLOPTS": "braceexpand",
+            "BASHOPTS": "extglob", "__sk_keep": "PATH CANARY", "CANARY": "host"}  # fmt: skip
+    filtered = filtered_env({"PATH": "/usr/bin:/bin", "OWN": "1"}, ENV_BINARY, tmp_path / "p")
+    proc = run_wrapper(tmp_path, filtered, host, "-0")
+    assert proc.returncode == 0, proc.stderr
+    assert printed_env(proc.stdout) == {"PATH": "/usr/bin:/bin", "OWN": "1"}
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace to see every exec")
+def test_no_value_is_ever_on_a_command_line(tmp_path: Path) -> None:
+    """Every program the wrapper execs, up to the CLI, has only names on its command line:
+    a command line is readable by every local user, and the values hold the run's secrets."""
+    secret = "relay-secret-3f9c2e"
+    env = {"PATH": "/usr/bin:/bin", "ANTHROPIC_BASE_URL": f"http://127.0.0.1:9/{secret}"}
+    filtered = filtered_env(env, ENV_BINARY, tmp_path / "cli.pid")
+    wrapper = write_env_filter(tmp_path)
+    trace = tmp_path / "trace"
+    proc = subprocess.run(
+        ["strace", "-f", "-qq", "-s", "65536", "-e", "trace=execve", "-o", str(trace),
+         str(wrapper), "-0"],
+        env={**filtered, "HOST_ONLY": "x"}, capture_output=True, timeout=RUN_TIMEOUT_S,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert printed_env(proc.stdout) == env
+    execs = [line for line in trace.read_text().splitlines() if "execve(" in line]
+    assert len(execs) >= 2, execs  # the wrapper, then env (and setsid) on the way
+    assert [line for line in execs if secret in line] == []
+
+
 ARGV_CLI = """
 import json, sys
 print(json.dumps(sys.argv[1:]))

@@ -396,7 +396,7 @@ def _filtered(bwrap: Path, args: list[str], interactive: bool) -> list[str]:
 
     bwrap reads the filter (:func:`seccomp_filter`) from fd 9, which ``bash -p`` opens from
     a file outside the view just before it ``exec``s bwrap: the same prefix works in the
-    ``env -i`` wrapper (Claude Code) and in :func:`spawnkit._process.run_lines` (the others),
+    env-filter wrapper (Claude Code) and in :func:`spawnkit._process.run_lines` (the others),
     for headless runs and chats alike.
     """
     program = seccomp_filter()
