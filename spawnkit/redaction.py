@@ -231,7 +231,8 @@ class Redactor:
         if isinstance(value, list | tuple):
             return type(value)(self.data(v) for v in value)
         if isinstance(value, int | float) and not isinstance(value, bool):
-            if not self.redacts_numbers:
+            # A plain number's text is digits and such; a subclass's may read otherwise.
+            if type(value) in (int, float) and not self.redacts_numbers:
                 return value
             redacted = self.text(str(value))
             return value if redacted == str(value) else redacted

@@ -507,7 +507,7 @@ class _Cleaner:
             return self.text(value) if clean is None else clean
         if not isinstance(value, int | float):  # lists and maps: their items are redacted
             return self._prompt.data(self._redactor.data(value))
-        if self._numbers_kept:
+        if self._numbers_kept and type(value) in (int, float):
             return value
         # A number may read as a secret too. Kept by type (True is not 1), and the value
         # itself is returned when unchanged (-0.0 equals 0.0).
