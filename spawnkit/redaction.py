@@ -94,6 +94,9 @@ def forms(value: str) -> set[str]:
 _PREFIX_SET_MAX = 256
 # Text without any form's first characters skips the regex (no form is shorter).
 _ANCHOR_CHARS = 6
+# Every character ``str()`` of an int or a float can hold ("-1.5e+20", "inf", "nan"): a
+# form with any other character cannot occur in a number's text.
+_NUMBER_CHARS = frozenset("0123456789.+-einfa")
 assert _ANCHOR_CHARS <= MIN_SECRET_CHARS
 
 
@@ -133,6 +136,12 @@ class _Patterns:
         """The proper prefixes of the forms short enough to keep them all."""
         short = [form for form in self.forms if len(form) <= _PREFIX_SET_MAX]
         return frozenset(form[:k] for form in short for k in range(1, len(form)))
+
+    @functools.cached_property
+    def in_numbers(self) -> bool:
+        """Whether a form could occur in a number's text (a secret of digits): when none
+        can, numbers are left as they are without a scan (telemetry is full of them)."""
+        return any(set(form) <= _NUMBER_CHARS for form in self.forms)
 
     @functools.cached_property
     def long_forms(self) -> tuple[str, ...]:
@@ -191,6 +200,11 @@ class Redactor:
     def __bool__(self) -> bool:
         return bool(self._patterns)
 
+    @property
+    def redacts_numbers(self) -> bool:
+        """Whether a number can be redacted: only when a secret could be spelled in one."""
+        return self._patterns.in_numbers
+
     def __repr__(self) -> str:  # never the values
         return f"Redactor({', '.join(self.names)})"
 
@@ -217,6 +231,9 @@ class Redactor:
         if isinstance(value, list | tuple):
             return type(value)(self.data(v) for v in value)
         if isinstance(value, int | float) and not isinstance(value, bool):
+            # A plain number's text is digits and such; a subclass's may read otherwise.
+            if type(value) in (int, float) and not self.redacts_numbers:
+                return value
             redacted = self.text(str(value))
             return value if redacted == str(value) else redacted
         return value

@@ -340,3 +340,21 @@ def test_secrets_minted_for_a_run_are_redacted_under_their_own_names() -> None:
     assert all(value not in out for value in minted.values())
     assert all(f"[redacted:{name}]" in out for name in minted)
     assert r.names == sorted([*minted, "TOKEN"])
+
+
+def test_numbers_are_scanned_only_when_a_secret_could_be_spelled_in_one() -> None:
+    """A number's text holds digits, a sign, a point, an exponent, "inf" or "nan": a secret
+    with any other character cannot occur in it, and numbers then pass unscanned (CLI
+    telemetry carries thousands a run); a secret of digits still reaches them."""
+    letters = Redactor({"TOKEN": TOKEN})
+    assert not letters.redacts_numbers
+    assert letters.data({"busy_ns": 123456789012, "ratio": -1.5e20}) == {
+        "busy_ns": 123456789012, "ratio": -1.5e20,
+    }  # fmt: skip
+    pin = Redactor({"TOKEN": TOKEN})
+    pin.add({"PIN": "12345678901"})  # a secret added later swaps the patterns: seen
+    assert pin.redacts_numbers
+    assert pin.data([12345678901, 12345678901.5, 7, True]) == [
+        "[redacted:PIN]", "[redacted:PIN].5", 7, True,
+    ]  # fmt: skip
+    assert Redactor({"ODD": "nan-e+inf.1"}).redacts_numbers  # each character can be in one

@@ -491,6 +491,9 @@ class _Cleaner:
         self._texts: dict[str, str] = {}
         self._numbers: dict[tuple[type, float], Any] = {}
         self._resources: dict[int, tuple[Mapping[str, Any], dict[str, Any]]] = {}
+        # Most spans carry several numbers (Codex's: busy_ns, idle_ns, thread and line),
+        # nearly all distinct; no secret of a run but one of digits can be in them.
+        self._numbers_kept = not (redactor.redacts_numbers or prompt.redacts_numbers)
 
     def text(self, text: str) -> str:
         clean = self._texts.get(text)
@@ -500,9 +503,12 @@ class _Cleaner:
 
     def value(self, value: Any) -> Any:
         if isinstance(value, str):
-            return self.text(value)
+            clean = self._texts.get(value)
+            return self.text(value) if clean is None else clean
         if not isinstance(value, int | float):  # lists and maps: their items are redacted
             return self._prompt.data(self._redactor.data(value))
+        if self._numbers_kept and type(value) in (int, float):
+            return value
         # A number may read as a secret too. Kept by type (True is not 1), and the value
         # itself is returned when unchanged (-0.0 equals 0.0).
         key = (type(value), value)
