@@ -115,6 +115,10 @@ class SandboxPlan:
 
     kind: SandboxKind
     argv: tuple[str, ...] = ()
+    # Whether the run may reach hosts beyond its doors (the host's network, or the hosts of
+    # allow_hosts through the egress door). False: it reaches spawnkit's relay and its
+    # butler's servers only, none of them over TLS.
+    reaches_hosts: bool = True
 
     def wrap(self, command: Sequence[str]) -> list[str]:
         return [*self.argv, *command]
@@ -288,7 +292,8 @@ def plan(
     argv = _filtered(bwrap, args, interactive)
     if doors:
         argv += _forwarder(doors, interactive)
-    return SandboxPlan("bwrap", tuple(argv))
+    reaches = not own_network or bool(butler.sandbox.allow_hosts)
+    return SandboxPlan("bwrap", tuple(argv), reaches_hosts=reaches)
 
 
 # Where the sandbox sees the forwarder's program (compiled: see _forwarder_program).

@@ -102,6 +102,38 @@ def base_config(mcp_servers: Mapping[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+# The one root Codex trusts in a run that reaches no TLS host (see trusts_nothing): a
+# self-signed certificate whose private key was thrown away when it was made, so no server
+# can present a chain to it.
+TRUST_NOTHING_PEM = """\
+-----BEGIN CERTIFICATE-----
+MIIB2zCCAYGgAwIBAgIUE3Oc/9upPODodhJSRu7VS195w78wCgYIKoZIzj0EAwIw
+QjFAMD4GA1UEAww3c3Bhd25raXQ6IGEgcnVuIHRoYXQgcmVhY2hlcyBubyBUTFMg
+aG9zdCB0cnVzdHMgbm8gcm9vdDAgFw0yNjExMjgxMTAyMjVaGA8yMTI2MTEwNDEx
+MDIyNVowQjFAMD4GA1UEAww3c3Bhd25raXQ6IGEgcnVuIHRoYXQgcmVhY2hlcyBu
+byBUTFMgaG9zdCB0cnVzdHMgbm8gcm9vdDBZMBMGByqGSM49AgEGCCqGSM49AwEH
+A0IABNhzNLgZwbJr93w5gv2iHcJB3KWR/weqm9kUJLO1WrtrKmc1DLYq4+E8jePa
+v+Zg5kEAzOLQHJF46C+f23u/b5SjUzBRMB0GA1UdDgQWBBQ+Iyj5srQMnv9mY+OY
+gP18LHn41DAfBgNVHSMEGDAWgBQ+Iyj5srQMnv9mY+OYgP18LHn41DAPBgNVHRMB
+Af8EBTADAQH/MAoGCCqGSM49BAMCA0gAMEUCIAwNHToNg5D7zZzMi7dqeFRCzsLW
+cTlFQ5GskTOoiz7WAiEAjzKOCK+gOn1/5d9Q76BjjEkNIVohBeNvnuic+6ef++w=
+-----END CERTIFICATE-----
+"""
+TRUST_NOTHING_FILE = "trust-nothing.pem"
+
+
+def trusts_nothing(spec: RunSpec) -> bool:
+    """Whether Codex gets :data:`TRUST_NOTHING_PEM` as its ``SSL_CERT_FILE``.
+
+    Codex loads every root of the system's store when it starts (0.04 CPU-s a run here, for
+    its HTTPS clients). A run in its own network that lists no ``allow_hosts`` reaches only
+    spawnkit's relay and its butler's servers, over plain HTTP on its loopback: there is no
+    TLS peer to verify. The variable is Codex's alone (its shell tool's commands do not
+    inherit it), and a ``SSL_CERT_FILE`` the butler sets itself is kept.
+    """
+    return not spec.sandbox.reaches_hosts and "SSL_CERT_FILE" not in spec.env
+
+
 # Butler tools Codex's one shell tool stands for: it reads, lists and searches files
 # through commands. A butler that lists none of them gets no shell at all.
 SHELL_TOOLS = frozenset({"Bash", "Read", "Glob", "Grep"})
@@ -413,6 +445,9 @@ class CodexAdapter(StreamingCliAdapter):
             }  # fmt: skip
         if spec.sandbox.kind == "bwrap":
             config["sandbox_mode"] = "danger-full-access"
+        if trusts_nothing(spec):
+            write_private(spec.config_file.parent / TRUST_NOTHING_FILE, TRUST_NOTHING_PEM)
+            config["shell_environment_policy"] = {"exclude": ["SSL_CERT_FILE"]}
         model = run_model(spec)
         if model:
             config["model"] = model
@@ -440,6 +475,8 @@ class CodexAdapter(StreamingCliAdapter):
         native = native_codex(self.find_binary())
         if native is not None:
             env.update(native.env())  # what its launcher would have added
+        if trusts_nothing(spec):
+            env["SSL_CERT_FILE"] = str(spec.config_file.parent / TRUST_NOTHING_FILE)
         if spec.telemetry is not None:
             # Its spans carry the run's session id: the receiver moves any that did not
             # join the run's trace under the run's span.

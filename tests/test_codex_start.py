@@ -1,7 +1,9 @@
-"""spawnkit runs Codex's native binary, not its npm launcher (a node start on every run)."""
+"""How spawnkit starts Codex: its native binary, not its npm launcher (a node start on every
+run), and in a run that reaches no TLS host, without loading the system's certificate roots."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import subprocess
@@ -99,3 +101,36 @@ async def test_a_codex_run_has_no_node_process(make_butler, store) -> None:
     seen = (result.tool_calls[0].output or "").split()
     assert "codex" in seen, seen
     assert "node" not in seen, f"the npm launcher ran: {seen}"
+
+
+# Codex's own environment (its shell command's parent) and the command's own.
+ROOTS_PROBE = (
+    "tr '\\0' '\\n' < /proc/$PPID/environ | grep '^SSL_CERT_FILE=' || echo codex:none; "
+    'echo "tool:${SSL_CERT_FILE:-none}"'
+)
+
+
+@installed
+@pytest.mark.e2e
+@pytest.mark.parametrize("network", ["model-only", "host"])
+async def test_codex_loads_no_roots_where_it_reaches_no_tls_host(
+    make_butler, store, network: str
+) -> None:
+    script = (
+        f"[[turn]]\nshell = {json.dumps(ROOTS_PROBE)}\n"
+        '[[turn]]\ntext = "seen: {{ last_tool_result }}"\n'
+    )
+    butler = make_butler()
+    butler = dataclasses.replace(
+        butler, sandbox=dataclasses.replace(butler.sandbox, network=network)
+    )
+    scenario = Scenario.from_dict(tomllib.loads(script), source="<test>")
+    async with ButlerService(with_runtime(butler, "codex"), store=store, replay=scenario) as svc:
+        result = await svc.trigger("which roots")
+    assert result.success, result.error
+    seen = result.tool_calls[0].output or ""
+    assert "tool:none" in seen, "the shell's commands keep the system's roots"
+    if network == "model-only":
+        assert "SSL_CERT_FILE=" in seen and "trust-nothing.pem" in seen, seen
+    else:
+        assert "codex:none" in seen, seen
