@@ -22,6 +22,7 @@ An unknown agent gets the system prompt at the head of its prompt.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tomllib
@@ -33,7 +34,7 @@ import tomli_w
 
 from ..base import RunSpec, RuntimeAdapter, write_private
 from ..claude_code import ClaudeCodeAdapter, project_dir_name, seed_home
-from ..codex import CodexAdapter
+from ..codex import CodexAdapter, run_model
 from ..gemini import DEFAULT_MODEL, GeminiAdapter
 
 
@@ -60,6 +61,9 @@ class AcpPreset:
     resumes: ClassVar[bool] = True
     # The starts of text chunks that are the agent's own warnings, not the model's.
     noise: ClassVar[tuple[str, ...]] = ()
+    # Whether the run's relay meters the agent's model calls (a known model API only): for
+    # live figures, and for the record of an agent that tells no token usage of its own.
+    metered: ClassVar[bool] = False
 
     def __init__(self, argv: Sequence[str]) -> None:
         self.argv = tuple(argv)
@@ -94,6 +98,11 @@ class AcpPreset:
         """What ``session/new`` carries in ``_meta`` for this agent."""
         return {}
 
+    def model(self, spec: RunSpec) -> str | None:
+        """The model the run asks the agent for (None: the agent's own choice, unnamed):
+        what its usage is priced at when the agent names none."""
+        return spec.model
+
     def transcript(self, spec: RunSpec, session_id: str) -> Path | None:
         """The file the agent writes a session's transcript to, when a resume needs it
         whole before the agent is stopped; None: nothing to wait for."""
@@ -113,6 +122,8 @@ class GeminiPreset(AcpPreset):
     version_args = GeminiAdapter.version_args
     system_in_prompt = False
     native_turn_limit = True
+    # Its tokens come only with the prompt's result (_meta.quota): metered for live figures.
+    metered = True
     # It advertises loadSession, but session/load of 0.61 does not find the chat spawnkit
     # puts back where `gemini --resume` finds it ("No previous sessions found").
     resumes = False
@@ -129,6 +140,10 @@ class GeminiPreset(AcpPreset):
         if not {"-m", "--model"} & set(argv):
             argv += ["-m", spec.model or DEFAULT_MODEL]  # no extra model-routing request
         return argv
+
+    def model(self, spec: RunSpec) -> str | None:
+        named = [arg for flag, arg in itertools.pairwise(self.argv) if flag in ("-m", "--model")]
+        return named[-1] if named else spec.model or DEFAULT_MODEL
 
     def build_config_file(self, workspace: Path) -> Path:
         return self.native_adapter().build_config_file(workspace, None)
@@ -154,6 +169,8 @@ class ClaudeCodePreset(AcpPreset):
     binary_env = "SPAWNKIT_CLAUDE_CODE_ACP"
     system_in_prompt = False
     native_turn_limit = True
+    # claude-code-acp 0.16 sends no usage_update and no usage in its prompt's result.
+    metered = True
     # Claude Code's built-in tools, those a butler does not list are disallowed.
     BUILTIN = (
         "Bash", "BashOutput", "KillShell", "Read", "Write", "Edit", "MultiEdit", "Glob",
@@ -220,9 +237,14 @@ class CodexPreset(AcpPreset):
     system_in_prompt = False
     # Its warning that the replay's unknown model slug has no metadata comes as text.
     noise = ("Model metadata for `",)
+    # Its usage_update tells the context window's fill (used, size), not tokens spent.
+    metered = True
 
     def native_adapter(self) -> CodexAdapter:
         return CodexAdapter()
+
+    def model(self, spec: RunSpec) -> str | None:
+        return run_model(spec)
 
     def build_config_file(self, workspace: Path) -> Path:
         return self.native_adapter().build_config_file(workspace, None)
