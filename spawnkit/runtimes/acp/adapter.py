@@ -145,8 +145,7 @@ class AcpAdapter(RuntimeAdapter):
         return 0 if native is None else native.keep_transcripts(home, redact)
 
     def stage_resume(self, home: Path, cwd: Path, runtime_session_id: str) -> bool:
-        native = self.agent().native_adapter()
-        return native is not None and native.stage_resume(home, cwd, runtime_session_id)
+        return self.agent().stage_resume(home, cwd, runtime_session_id)
 
     async def invoke(self, spec: RunSpec, emit: EventSink) -> RunOutcome:
         agent = self.agent()
@@ -164,6 +163,7 @@ class AcpAdapter(RuntimeAdapter):
             transcript=functools.partial(agent.transcript, spec),
             turn_logged=agent.turn_logged,
             resumes=agent.resumes,
+            replayed=functools.partial(agent.replayed, spec),
             name=Path(self.argv[0]).name,
             auth_remedy=self.auth_remedy,
         )

@@ -32,10 +32,11 @@ from typing import Any, ClassVar
 
 import tomli_w
 
+from ...transcripts import copy_file
 from ..base import RunSpec, RuntimeAdapter, write_private
 from ..claude_code import ClaudeCodeAdapter, project_dir_name, seed_home
 from ..codex import CodexAdapter, run_model
-from ..gemini import DEFAULT_MODEL, GeminiAdapter
+from ..gemini import DEFAULT_MODEL, GeminiAdapter, project_slug
 
 
 class AcpPreset:
@@ -103,6 +104,16 @@ class AcpPreset:
         what its usage is priced at when the agent names none."""
         return spec.model
 
+    def stage_resume(self, home: Path, cwd: Path, runtime_session_id: str) -> bool:
+        """Put a kept transcript back where the agent finds it (its native runtime's way)."""
+        native = self.native_adapter()
+        return native is not None and native.stage_resume(home, cwd, runtime_session_id)
+
+    def replayed(self, spec: RunSpec, session_id: str) -> int | None:
+        """How many updates the agent's session/load of ``session_id`` replays after it has
+        answered the load (None: it answers once the replay is over, as ACP intends)."""
+        return None
+
     def transcript(self, spec: RunSpec, session_id: str) -> Path | None:
         """The file the agent writes a session's transcript to, when a resume needs it
         whole before the agent is stopped; None: nothing to wait for."""
@@ -124,9 +135,6 @@ class GeminiPreset(AcpPreset):
     native_turn_limit = True
     # Its tokens come only with the prompt's result (_meta.quota): metered for live figures.
     metered = True
-    # It advertises loadSession, but session/load of 0.61 does not find the chat spawnkit
-    # puts back where `gemini --resume` finds it ("No previous sessions found").
-    resumes = False
 
     @classmethod
     def matches(cls, argv: Sequence[str]) -> bool:
@@ -148,6 +156,39 @@ class GeminiPreset(AcpPreset):
     def build_config_file(self, workspace: Path) -> Path:
         return self.native_adapter().build_config_file(workspace, None)
 
+    def stage_resume(self, home: Path, cwd: Path, runtime_session_id: str) -> bool:
+        """The chat, where ``gemini --resume`` finds it, under a name Gemini never gives.
+
+        Gemini 0.61's ``session/load`` first starts a new recording of the session it is
+        asked for, in ``session-<minute>-<id[:8]>.jsonl``, and only then looks for the
+        chat to load: a chat staged under its own name, from the same minute (a second
+        prompt within a minute of the first), is overwritten by that empty recording and
+        the load answers "No previous sessions found". ``session-resumed-...`` cannot be
+        overwritten so; the load then continues the conversation in it.
+        """
+        found = _fullest_chat(GeminiAdapter.kept_transcripts(), runtime_session_id)
+        if found is None:
+            return False
+        name = found.name
+        if not name.startswith(RESUMED_CHAT):
+            name = RESUMED_CHAT + name.removeprefix("session-")
+        project = home / ".gemini" / "tmp" / project_slug(cwd)
+        if not copy_file(found, project / "chats" / name):
+            return False
+        (project / ".project_root").write_text(str(cwd), encoding="utf-8")
+        return True
+
+    def replayed(self, spec: RunSpec, session_id: str) -> int | None:
+        """Gemini answers session/load before it has replayed the chat (its replay is not
+        awaited): the updates to come, counted from the staged chat as Gemini replays it
+        (a user message's text; a model message's thoughts, text and tool calls)."""
+        chats = spec.workspace / ".gemini" / "tmp" / project_slug(spec.cwd) / "chats"
+        staged = sorted(chats.glob(f"{RESUMED_CHAT}*-{session_id[:8]}.json*"))
+        if not staged:
+            return None
+        messages = _chat_messages(staged[-1])
+        return None if messages is None else sum(map(_replayed_updates, messages))
+
     def prepare(self, spec: RunSpec) -> None:
         # The tools the butler asks about stay (not excluded), and are not auto-approved:
         # Gemini asks for them with session/request_permission.
@@ -160,6 +201,62 @@ class GeminiPreset(AcpPreset):
 
     def env(self, spec: RunSpec) -> dict[str, str]:
         return self.native_adapter().child_env(spec)
+
+
+# The prefix of a chat staged for gemini --acp's session/load (see GeminiPreset.stage_resume).
+RESUMED_CHAT = "session-resumed-"
+
+
+def _fullest_chat(kept: Path | None, session_id: str) -> Path | None:
+    """The longest kept chat of ``session_id``: a chat only grows as it goes on, and the
+    empty recordings session/load leaves behind (see above) are the shortest."""
+    if kept is None or not kept.is_dir():
+        return None
+    chats = []
+    for path in kept.glob(f"*/chats/session-*-{session_id[:8]}.json*"):
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            if session_id in fh.readline():
+                chats.append(path)
+    return max(chats, key=lambda path: path.stat().st_size, default=None)
+
+
+def _chat_messages(path: Path) -> list[dict[str, Any]] | None:
+    """A Gemini chat file's messages, as Gemini reads them (records by id, in order; a
+    ``$set`` of messages starts them over); None when it holds what spawnkit does not
+    read (a rewind) or cannot be read."""
+    messages: dict[str, dict[str, Any]] = {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            records = [json.loads(line) for line in fh if line.strip()]
+    except (OSError, ValueError):
+        return None
+    for record in records:
+        if not isinstance(record, dict) or "$rewindTo" in record:
+            return None
+        update = record.get("$set")
+        if isinstance(update, dict) and isinstance(update.get("messages"), list):
+            messages = {m["id"]: m for m in update["messages"] if _is_message(m)}
+        elif _is_message(record):
+            messages[record["id"]] = record
+    return list(messages.values())
+
+
+def _is_message(record: Any) -> bool:
+    return isinstance(record, dict) and isinstance(record.get("id"), str) and "type" in record
+
+
+def _replayed_updates(message: dict[str, Any]) -> int:
+    """The updates Gemini's replay sends for one message of a chat."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(p["text"] for p in content if isinstance(p, dict) and "text" in p)
+    has_text = isinstance(content, str) and bool(content.strip())
+    if message["type"] == "user":
+        return int(has_text)
+    if message["type"] != "gemini":
+        return 0
+    thoughts, calls = message.get("thoughts") or [], message.get("toolCalls") or []
+    return len(thoughts) + int(has_text) + len(calls)
 
 
 class ClaudeCodePreset(AcpPreset):
