@@ -58,6 +58,10 @@ TRANSCRIPT_TAIL_BYTES = 1 << 20
 # How long the rest of a session/load's replay may take after its answer (an agent that
 # answers first, Gemini): a bound for a replay shorter than foretold, then the prompt goes.
 REPLAY_WAIT_S = 10.0
+# The updates a replay of a conversation is made of.
+REPLAYED = frozenset(
+    {"user_message_chunk", "agent_message_chunk", "agent_thought_chunk", "tool_call"}
+)
 # How long an agent that closed its stdout has to exit before it counts as running.
 EXIT_WAIT_S = 5.0
 CLIENT_INFO = {"name": "spawnkit", "title": "spawnkit", "version": "1"}
@@ -320,7 +324,9 @@ class AcpPrompt:
 
     def _update(self, update: Any) -> None:
         if self.loading:
-            self.replay_seen += 1
+            # What a replay is made of (not, say, the agent's available_commands_update).
+            if isinstance(update, Mapping) and update.get("sessionUpdate") in REPLAYED:
+                self.replay_seen += 1
             if self.replay_expected is not None and self.replay_seen >= self.replay_expected:
                 self.replay_over.set()
             return

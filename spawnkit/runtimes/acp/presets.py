@@ -245,11 +245,20 @@ def _is_message(record: Any) -> bool:
     return isinstance(record, dict) and isinstance(record.get("id"), str) and "type" in record
 
 
+# Parts Gemini's replay shows as a placeholder ("[Function Response: name]"), not as text.
+_SHOWN_PARTS = (
+    "videoMetadata", "thought", "codeExecutionResult", "executableCode", "fileData",
+    "functionCall", "functionResponse", "inlineData",
+)  # fmt: skip
+
+
 def _replayed_updates(message: dict[str, Any]) -> int:
     """The updates Gemini's replay sends for one message of a chat."""
     content = message.get("content")
     if isinstance(content, list):
-        content = "".join(p["text"] for p in content if isinstance(p, dict) and "text" in p)
+        parts = [part for part in content if isinstance(part, dict)]
+        shown = any(name in part for part in parts for name in _SHOWN_PARTS)
+        content = "*" if shown else "".join(str(part.get("text") or "") for part in parts)
     has_text = isinstance(content, str) and bool(content.strip())
     if message["type"] == "user":
         return int(has_text)
