@@ -227,6 +227,9 @@ class ButlerAgent:
                 raise  # the connection or the process is going away: the run is cancelled
             await outbox.flush()
             return PromptResponse(stop_reason="cancelled")
+        except RequestError:
+            await outbox.flush()  # the service could not start: no run, nothing to send
+            raise
         except SpawnkitError as exc:
             # Refused before it was accepted (a missing CLI, a spent budget, ...): no run, no
             # record; the person reads why in the conversation.
