@@ -457,6 +457,56 @@ async def test_a_refused_prompt_says_why_and_leaves_no_record(make_butler, tmp_p
 
 
 @pytest.mark.e2e
+async def test_initialize_does_not_wait_for_the_service_a_prompt_does(
+    make_butler, tmp_path
+) -> None:
+    """The service cannot start until its scenario is written (a FIFO blocks its reader):
+    initialize and session/new are answered meanwhile, and the prompt waits and runs."""
+    roster = _butler(make_butler)
+    scenario = tmp_path / "scenario.toml"
+    os.mkfifo(scenario)
+    async with agent_process(tmp_path, *_args(roster, scenario)) as agent:  # initialized
+        assert agent.client.incoming[0]["result"]["agentInfo"]["name"] == "spawnkit"
+        session = await agent.conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        prompt = asyncio.create_task(_prompt(agent, session.session_id, "how much do I weigh?"))
+        # Blocks until the service's start opens the FIFO to read it.
+        await asyncio.wait_for(asyncio.to_thread(scenario.write_text, CONVERSATION), 120)
+        response = await prompt
+    assert response.stop_reason == "end_turn", agent.log()
+    assert agent.client.text() == "Looking it up.Writing a note.First answer."
+    (record,) = _records()
+    assert record.id == session.session_id and record.status == "success"
+    _assert_nothing_left()
+
+
+async def test_a_service_that_cannot_start_is_an_error_on_the_request_needing_it(
+    make_butler, tmp_path
+) -> None:
+    roster = _butler(make_butler)
+    scenario = _scenario(tmp_path, "[[turn]\nnot toml")
+    async with agent_process(tmp_path, *_args(roster, scenario)) as agent:  # initialized
+
+        async def new_session_and_prompt() -> None:
+            # session/new fails when the start has already failed; else the prompt does.
+            session = await agent.conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            await _prompt(agent, session.session_id, "hello")
+
+        with pytest.raises(RequestError) as failed:
+            await new_session_and_prompt()
+        assert failed.value.code == -32603
+        details = str(failed.value.data)
+        assert "butler health could not start" in details and "not valid TOML" in details
+        # Still answering what needs no service: the store.
+        with pytest.raises(RequestError) as missing:
+            await agent.conn.load_session(cwd="/", session_id="nope", mcp_servers=[])
+        assert "no session nope" in str(missing.value.data)
+    assert agent.process.returncode == 0, agent.log()
+    assert "butler health could not start" in agent.log()  # the agent's log says why too
+    assert _records() == []
+    _assert_nothing_left()
+
+
+@pytest.mark.e2e
 async def test_bad_input_gets_json_rpc_errors_and_the_agent_carries_on(
     make_butler, tmp_path
 ) -> None:

@@ -14,12 +14,14 @@ from spawnkit.config.roster import RosterError
 from spawnkit.doctor import check_acp_agents
 from spawnkit.runtimes import get_adapter
 from spawnkit.runtimes.acp.presets import (
+    RESUMED_CHAT,
     AcpPreset,
     ClaudeCodePreset,
     CodexPreset,
     GeminiPreset,
     find_preset,
 )
+from spawnkit.runtimes.base import RunSpec
 
 from .conftest import RosterFactory
 
@@ -66,9 +68,37 @@ def test_a_preset_adapter_has_its_native_runtimes_keys_and_relay() -> None:
     other = acp(RuntimeConfig(type="acp", acp_command=("goose", "acp")))
     assert not other.model_via_base_url() and other.passthrough_env == ()
     assert other.capabilities()["max_turns_enforced_by"].startswith("spawnkit")
-    assert gemini.capabilities()["supports_resume"] is False, "its session/load fails"
+    assert gemini.capabilities()["supports_resume"] is True
     claude = acp(RuntimeConfig(type="acp", acp_command=("claude-code-acp",)))
     assert claude.capabilities()["supports_resume"] is True
+    # The known agents' model calls are metered by the run's relay; another's cannot be.
+    assert gemini.usage_at_end and claude.usage_at_end and not other.usage_at_end
+
+
+GEMINI_CHAT = Path(__file__).parent / "fixtures" / "runtimes" / "gemini_acp_chat.jsonl"
+
+
+def test_gemini_replay_is_counted_from_its_chat(tmp_path: Path) -> None:
+    """A chat gemini --acp 0.61 recorded (a prompt, an MCP call, the answer): its
+    session/load replays 6 updates after answering (checked against the real CLI): the
+    context and the prompt, the text, the tool call, its response, the answer."""
+    chat = GEMINI_CHAT.read_text()
+    session_id = json.loads(chat.splitlines()[0])["sessionId"]
+    workspace, cwd = tmp_path / "home", tmp_path / "My Project"
+    chats = workspace / ".gemini" / "tmp" / "my-project" / "chats"
+    chats.mkdir(parents=True)
+    (chats / f"{RESUMED_CHAT}2026-11-28T10-58-{session_id[:8]}.jsonl").write_text(chat)
+    spec = RunSpec(
+        session_id="s", butler="health", prompt="", system_prompt="", workspace=workspace,
+        cwd=cwd, mcp_server=None, config_file=workspace / "settings.json", env={}, max_turns=5,
+    )  # fmt: skip
+    assert GeminiPreset(["gemini", "--acp"]).replayed(spec, session_id) == 6
+    assert GeminiPreset(["gemini", "--acp"]).replayed(spec, "0" * 36) is None  # not staged
+    assert AcpPreset(["goose", "acp"]).replayed(spec, session_id) is None
+    (chats / f"{RESUMED_CHAT}2026-11-28T10-58-{session_id[:8]}.jsonl").write_text(
+        chat + json.dumps({"$rewindTo": "x"}) + "\n"
+    )
+    assert GeminiPreset(["gemini", "--acp"]).replayed(spec, session_id) is None  # unread
 
 
 def test_doctor_names_the_agents_install_command(

@@ -10,6 +10,7 @@ stderr, which clients keep as the agent's log.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -47,9 +48,11 @@ def cmd_acp(args: argparse.Namespace) -> int:
     butler = find_and_load_roster(args.roster)[args.butler]
     store = SessionStore()
 
+    # Started beside the protocol: initialize is answered before the service is up.
+    start = functools.partial(serving, butler, replay=args.replay, store=store)
+
     async def main() -> None:
-        async with serving(butler, replay=args.replay, store=store) as service:
-            await serve_stdio(service, stdio, version=__version__)
+        await serve_stdio(butler, store, start, stdio, version=__version__)
 
     try:
         signals.run(main())

@@ -129,7 +129,8 @@ async def serving(
 
     _quiet_sdk_logs()
     provider = tracer_provider()
-    scenario = Scenario.load(replay) if replay else None
+    # In a thread: `spawnkit acp` answers its client while the service starts.
+    scenario = await asyncio.to_thread(Scenario.load, replay) if replay else None
     cluster = Cluster(on, replay=scenario) if on else None
     options: dict[str, Any] = {"cluster": cluster} if cluster is not None else {}
     try:

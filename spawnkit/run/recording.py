@@ -21,7 +21,7 @@ from ..budgets.budget import list_price
 from ..containment.workspace import remove_all
 from ..errors import StoreError
 from ..redaction import Redactor
-from ..result import RunStatus, SpawnerResult
+from ..result import RunStatus, SpawnerResult, Usage
 from ..runtimes.base import RunOutcome, RuntimeAdapter
 from ..telemetry.runlog import session_log_dir
 from .accepted import AcceptedRun
@@ -159,7 +159,10 @@ class Recorder:
             status=status,
             runtime_session_id=outcome.runtime_session_id,
             duration_ms=ms_since(clock),
-            usage=outcome.usage,
+            # A CLI that tells no usage of its own (claude-code-acp): its relay's meter did.
+            usage=outcome.usage
+            if outcome.usage != Usage() or not collector.metered
+            else collector.usage,
             cost_usd=outcome.cost_usd,
             trace_id=trace_id,
             model=outcome.model or self.settings.model,

@@ -145,8 +145,7 @@ class AcpAdapter(RuntimeAdapter):
         return 0 if native is None else native.keep_transcripts(home, redact)
 
     def stage_resume(self, home: Path, cwd: Path, runtime_session_id: str) -> bool:
-        native = self.agent().native_adapter()
-        return native is not None and native.stage_resume(home, cwd, runtime_session_id)
+        return self.agent().stage_resume(home, cwd, runtime_session_id)
 
     async def invoke(self, spec: RunSpec, emit: EventSink) -> RunOutcome:
         agent = self.agent()
@@ -164,10 +163,14 @@ class AcpAdapter(RuntimeAdapter):
             transcript=functools.partial(agent.transcript, spec),
             turn_logged=agent.turn_logged,
             resumes=agent.resumes,
+            replayed=functools.partial(agent.replayed, spec),
             name=Path(self.argv[0]).name,
             auth_remedy=self.auth_remedy,
         )
-        return await prompt.run()
+        outcome = await prompt.run()
+        # ACP names no model: the one the run asked for prices its usage.
+        outcome.model = outcome.model or agent.model(spec)
+        return outcome
 
 
 _PRESET_ADAPTERS: dict[str, type[AcpAdapter]] = {}
@@ -185,7 +188,9 @@ def _preset_adapter(preset: PresetClass) -> type[AcpAdapter]:
             f"AcpAdapter[{preset.program}]",
             (AcpAdapter,),
             {**traits, "preset": preset, "install_hint": preset.install_hint,
-             "binary_name": preset.program, "version_env": native.version_env},
+             "binary_name": preset.program, "version_env": native.version_env,
+             # An agent that tells no usage is metered by its relay, as Codex and Gemini are.
+             "usage_at_end": preset.metered},
         )  # fmt: skip
         _PRESET_ADAPTERS[preset.program] = made
     return made

@@ -55,6 +55,13 @@ TRANSCRIPT_STILL_S = 0.1
 TRANSCRIPT_POLL_S = 0.01
 # How much of the transcript's end holds its last line (a longer one counts as unknown).
 TRANSCRIPT_TAIL_BYTES = 1 << 20
+# How long the rest of a session/load's replay may take after its answer (an agent that
+# answers first, Gemini): a bound for a replay shorter than foretold, then the prompt goes.
+REPLAY_WAIT_S = 10.0
+# The updates a replay of a conversation is made of.
+REPLAYED = frozenset(
+    {"user_message_chunk", "agent_message_chunk", "agent_thought_chunk", "tool_call"}
+)
 # How long an agent that closed its stdout has to exit before it counts as running.
 EXIT_WAIT_S = 5.0
 CLIENT_INFO = {"name": "spawnkit", "title": "spawnkit", "version": "1"}
@@ -154,6 +161,9 @@ class AcpPrompt:
     # Whether a transcript's last line ends the turn that gave this answer (see
     # .presets): then it is written, with no wait for the file to stop changing.
     turn_logged: Callable[[bytes, str], bool] | None = None
+    # How many session/update notifications a session/load of a session replays, for an
+    # agent that answers the load before its replay is over (None: it replays first).
+    replayed: Callable[[str], int | None] | None = None
     name: str = "the ACP agent"
     auth_remedy: str = "check the agent's API key"
     stderr: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
@@ -166,6 +176,9 @@ class AcpPrompt:
         self.approval = Approval(self.spec, self.updates)
         self.agent_session: str | None = None
         self.loading = False  # session/load replays the old conversation: not this run's
+        self.replay_seen = 0
+        self.replay_expected: int | None = None
+        self.replay_over = asyncio.Event()
         self.turn_limited = False
         self.stopping: asyncio.Future[None] | None = None
         self.prompt_task: asyncio.Task[Any] | None = None
@@ -244,8 +257,11 @@ class AcpPrompt:
                     "session/resume nor a loadSession that works)", "runtime_error",
                 )  # fmt: skip
             self.loading = how == "session/load"
+            if self.loading and self.replayed is not None:
+                self.replay_expected = self.replayed(spec.resume)
             try:
                 await conn.send_request(how, {**params, "sessionId": spec.resume})
+                await self._replay_done()
             finally:
                 self.loading = False
             return spec.resume
@@ -256,6 +272,21 @@ class AcpPrompt:
                 f"{self.name} answered session/new without a sessionId", "protocol"
             )
         return session_id
+
+    async def _replay_done(self) -> None:
+        """Wait for the rest of the load's replay, when the agent foretold it: what comes
+        after is this prompt's (Gemini answers session/load while still replaying)."""
+        expected = self.replay_expected
+        if not expected or self.replay_seen >= expected:
+            return
+        try:
+            async with asyncio.timeout(REPLAY_WAIT_S):
+                await self.replay_over.wait()
+        except TimeoutError:
+            logger.warning(
+                "%s replayed %d of the %d updates foretold of session %s; the prompt goes on",
+                self.name, self.replay_seen, expected, self.spec.resume,
+            )  # fmt: skip
 
     async def _prompt(self, conn: Connection, session_id: str) -> Mapping[str, Any]:
         params = {
@@ -292,7 +323,14 @@ class AcpPrompt:
         raise RequestError.method_not_found(method)
 
     def _update(self, update: Any) -> None:
-        if self.loading or not isinstance(update, Mapping):
+        if self.loading:
+            # What a replay is made of (not, say, the agent's available_commands_update).
+            if isinstance(update, Mapping) and update.get("sessionUpdate") in REPLAYED:
+                self.replay_seen += 1
+            if self.replay_expected is not None and self.replay_seen >= self.replay_expected:
+                self.replay_over.set()
+            return
+        if not isinstance(update, Mapping):
             return
         for event in self.updates.feed(update):
             self.emit(event)

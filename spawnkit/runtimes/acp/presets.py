@@ -22,6 +22,7 @@ An unknown agent gets the system prompt at the head of its prompt.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tomllib
@@ -31,10 +32,11 @@ from typing import Any, ClassVar
 
 import tomli_w
 
+from ...transcripts import copy_file
 from ..base import RunSpec, RuntimeAdapter, write_private
 from ..claude_code import ClaudeCodeAdapter, project_dir_name, seed_home
-from ..codex import CodexAdapter
-from ..gemini import DEFAULT_MODEL, GeminiAdapter
+from ..codex import CodexAdapter, run_model
+from ..gemini import DEFAULT_MODEL, GeminiAdapter, project_slug
 
 
 class AcpPreset:
@@ -60,6 +62,9 @@ class AcpPreset:
     resumes: ClassVar[bool] = True
     # The starts of text chunks that are the agent's own warnings, not the model's.
     noise: ClassVar[tuple[str, ...]] = ()
+    # Whether the run's relay meters the agent's model calls (a known model API only): for
+    # live figures, and for the record of an agent that tells no token usage of its own.
+    metered: ClassVar[bool] = False
 
     def __init__(self, argv: Sequence[str]) -> None:
         self.argv = tuple(argv)
@@ -94,6 +99,21 @@ class AcpPreset:
         """What ``session/new`` carries in ``_meta`` for this agent."""
         return {}
 
+    def model(self, spec: RunSpec) -> str | None:
+        """The model the run asks the agent for (None: the agent's own choice, unnamed):
+        what its usage is priced at when the agent names none."""
+        return spec.model
+
+    def stage_resume(self, home: Path, cwd: Path, runtime_session_id: str) -> bool:
+        """Put a kept transcript back where the agent finds it (its native runtime's way)."""
+        native = self.native_adapter()
+        return native is not None and native.stage_resume(home, cwd, runtime_session_id)
+
+    def replayed(self, spec: RunSpec, session_id: str) -> int | None:
+        """How many updates the agent's session/load of ``session_id`` replays after it has
+        answered the load (None: it answers once the replay is over, as ACP intends)."""
+        return None
+
     def transcript(self, spec: RunSpec, session_id: str) -> Path | None:
         """The file the agent writes a session's transcript to, when a resume needs it
         whole before the agent is stopped; None: nothing to wait for."""
@@ -113,9 +133,8 @@ class GeminiPreset(AcpPreset):
     version_args = GeminiAdapter.version_args
     system_in_prompt = False
     native_turn_limit = True
-    # It advertises loadSession, but session/load of 0.61 does not find the chat spawnkit
-    # puts back where `gemini --resume` finds it ("No previous sessions found").
-    resumes = False
+    # Its tokens come only with the prompt's result (_meta.quota): metered for live figures.
+    metered = True
 
     @classmethod
     def matches(cls, argv: Sequence[str]) -> bool:
@@ -130,8 +149,45 @@ class GeminiPreset(AcpPreset):
             argv += ["-m", spec.model or DEFAULT_MODEL]  # no extra model-routing request
         return argv
 
+    def model(self, spec: RunSpec) -> str | None:
+        named = [arg for flag, arg in itertools.pairwise(self.argv) if flag in ("-m", "--model")]
+        return named[-1] if named else spec.model or DEFAULT_MODEL
+
     def build_config_file(self, workspace: Path) -> Path:
         return self.native_adapter().build_config_file(workspace, None)
+
+    def stage_resume(self, home: Path, cwd: Path, runtime_session_id: str) -> bool:
+        """The chat, where ``gemini --resume`` finds it, under a name Gemini never gives.
+
+        Gemini 0.61's ``session/load`` first starts a new recording of the session it is
+        asked for, in ``session-<minute>-<id[:8]>.jsonl``, and only then looks for the
+        chat to load: a chat staged under its own name, from the same minute (a second
+        prompt within a minute of the first), is overwritten by that empty recording and
+        the load answers "No previous sessions found". ``session-resumed-...`` cannot be
+        overwritten so; the load then continues the conversation in it.
+        """
+        found = _fullest_chat(GeminiAdapter.kept_transcripts(), runtime_session_id)
+        if found is None:
+            return False
+        name = found.name
+        if not name.startswith(RESUMED_CHAT):
+            name = RESUMED_CHAT + name.removeprefix("session-")
+        project = home / ".gemini" / "tmp" / project_slug(cwd)
+        if not copy_file(found, project / "chats" / name):
+            return False
+        (project / ".project_root").write_text(str(cwd), encoding="utf-8")
+        return True
+
+    def replayed(self, spec: RunSpec, session_id: str) -> int | None:
+        """Gemini answers session/load before it has replayed the chat (its replay is not
+        awaited): the updates to come, counted from the staged chat as Gemini replays it
+        (a user message's text; a model message's thoughts, text and tool calls)."""
+        chats = spec.workspace / ".gemini" / "tmp" / project_slug(spec.cwd) / "chats"
+        staged = sorted(chats.glob(f"{RESUMED_CHAT}*-{session_id[:8]}.json*"))
+        if not staged:
+            return None
+        messages = _chat_messages(staged[-1])
+        return None if messages is None else sum(map(_replayed_updates, messages))
 
     def prepare(self, spec: RunSpec) -> None:
         # The tools the butler asks about stay (not excluded), and are not auto-approved:
@@ -147,6 +203,71 @@ class GeminiPreset(AcpPreset):
         return self.native_adapter().child_env(spec)
 
 
+# The prefix of a chat staged for gemini --acp's session/load (see GeminiPreset.stage_resume).
+RESUMED_CHAT = "session-resumed-"
+
+
+def _fullest_chat(kept: Path | None, session_id: str) -> Path | None:
+    """The longest kept chat of ``session_id``: a chat only grows as it goes on, and the
+    empty recordings session/load leaves behind (see above) are the shortest."""
+    if kept is None or not kept.is_dir():
+        return None
+    chats = []
+    for path in kept.glob(f"*/chats/session-*-{session_id[:8]}.json*"):
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            if session_id in fh.readline():
+                chats.append(path)
+    return max(chats, key=lambda path: path.stat().st_size, default=None)
+
+
+def _chat_messages(path: Path) -> list[dict[str, Any]] | None:
+    """A Gemini chat file's messages, as Gemini reads them (records by id, in order; a
+    ``$set`` of messages starts them over); None when it holds what spawnkit does not
+    read (a rewind) or cannot be read."""
+    messages: dict[str, dict[str, Any]] = {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            records = [json.loads(line) for line in fh if line.strip()]
+    except (OSError, ValueError):
+        return None
+    for record in records:
+        if not isinstance(record, dict) or "$rewindTo" in record:
+            return None
+        update = record.get("$set")
+        if isinstance(update, dict) and isinstance(update.get("messages"), list):
+            messages = {m["id"]: m for m in update["messages"] if _is_message(m)}
+        elif _is_message(record):
+            messages[record["id"]] = record
+    return list(messages.values())
+
+
+def _is_message(record: Any) -> bool:
+    return isinstance(record, dict) and isinstance(record.get("id"), str) and "type" in record
+
+
+# Parts Gemini's replay shows as a placeholder ("[Function Response: name]"), not as text.
+_SHOWN_PARTS = (
+    "videoMetadata", "thought", "codeExecutionResult", "executableCode", "fileData",
+    "functionCall", "functionResponse", "inlineData",
+)  # fmt: skip
+
+
+def _replayed_updates(message: dict[str, Any]) -> int:
+    """The updates Gemini's replay sends for one message of a chat."""
+    content = message.get("content")
+    if isinstance(content, list):
+        parts = [part for part in content if isinstance(part, dict)]
+        shown = any(name in part for part in parts for name in _SHOWN_PARTS)
+        content = "*" if shown else "".join(str(part.get("text") or "") for part in parts)
+    has_text = isinstance(content, str) and bool(content.strip())
+    if message["type"] == "user":
+        return int(has_text)
+    if message["type"] != "gemini":
+        return 0
+    thoughts, calls = message.get("thoughts") or [], message.get("toolCalls") or []
+    return len(thoughts) + int(has_text) + len(calls)
+
+
 class ClaudeCodePreset(AcpPreset):
     native = "claude-code"
     program = "claude-code-acp"
@@ -154,6 +275,8 @@ class ClaudeCodePreset(AcpPreset):
     binary_env = "SPAWNKIT_CLAUDE_CODE_ACP"
     system_in_prompt = False
     native_turn_limit = True
+    # claude-code-acp 0.16 sends no usage_update and no usage in its prompt's result.
+    metered = True
     # Claude Code's built-in tools, those a butler does not list are disallowed.
     BUILTIN = (
         "Bash", "BashOutput", "KillShell", "Read", "Write", "Edit", "MultiEdit", "Glob",
@@ -220,9 +343,14 @@ class CodexPreset(AcpPreset):
     system_in_prompt = False
     # Its warning that the replay's unknown model slug has no metadata comes as text.
     noise = ("Model metadata for `",)
+    # Its usage_update tells the context window's fill (used, size), not tokens spent.
+    metered = True
 
     def native_adapter(self) -> CodexAdapter:
         return CodexAdapter()
+
+    def model(self, spec: RunSpec) -> str | None:
+        return run_model(spec)
 
     def build_config_file(self, workspace: Path) -> Path:
         return self.native_adapter().build_config_file(workspace, None)

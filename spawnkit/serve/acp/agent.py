@@ -3,7 +3,8 @@
 
 An ACP session is a conversation; each of its prompts is one run of the butler through
 its :class:`~spawnkit.serve.service.ButlerService` (the ``spawnkit run`` path: sandbox,
-MCP server, budgets, record, spans), and every accepted prompt leaves exactly one
+MCP server, budgets, record, spans), started beside the protocol (:mod:`.startup`:
+``initialize`` does not wait for it, a prompt does), and every accepted prompt leaves exactly one
 session record. The ACP session's id is the spawnkit session id of its first run; each
 later run continues the previous one (``parent_session_id``) and resumes the runtime
 session of the last run that got as far as talking to its model, so the agent remembers
@@ -44,12 +45,13 @@ from acp.schema import (
     TextResourceContents,
 )
 
+from ...config.roster import ButlerConfig
 from ...errors import SpawnkitError
 from ...events import RunEvent
 from ...result import SpawnerResult
-from ...store import SessionRecord
-from ..service import ButlerService
+from ...store import SessionRecord, SessionStore
 from .approval import ClientApprover
+from .startup import ServiceContext, ServiceStartup
 from .updates import (
     SessionUpdate,
     UpdateStream,
@@ -110,8 +112,12 @@ def resumable(record: SessionRecord | SpawnerResult) -> str | None:
 class ButlerAgent:
     """An ACP agent whose prompts are runs of one butler (see the module's docstring)."""
 
-    def __init__(self, service: ButlerService, *, version: str) -> None:
-        self.service = service
+    def __init__(
+        self, butler: ButlerConfig, store: SessionStore, startup: ServiceStartup, *, version: str
+    ) -> None:
+        self.butler = butler
+        self.store = store
+        self.startup = startup
         self.version = version
         self.client: AgentSideConnection | None = None
         self.conversations: dict[str, Conversation] = {}
@@ -121,7 +127,7 @@ class ButlerAgent:
 
     @property
     def butler_name(self) -> str:
-        return self.service.butler.name
+        return self.butler.name
 
     # -- the protocol's methods ----------------------------------------------------------
 
@@ -147,6 +153,7 @@ class ButlerAgent:
         )
 
     async def new_session(self, cwd: str, **_: Any) -> NewSessionResponse:
+        self.startup.raise_if_failed()  # no waiting for the service: the prompt will
         conversation = self._open(str(uuid.uuid4()), cwd)
         return NewSessionResponse(session_id=conversation.id)
 
@@ -154,7 +161,7 @@ class ButlerAgent:
         known = self.conversations.get(session_id)
         if known is not None and known.turn is not None:
             raise RequestError.invalid_request({"details": f"session {session_id} is answering"})
-        store = self.service.store
+        store = self.store
         first = await asyncio.to_thread(store.get_session, session_id)
         if first is None:
             if known is not None:  # new in this process, no prompt yet: nothing to replay
@@ -197,8 +204,9 @@ class ButlerAgent:
         def on_event(event: RunEvent) -> None:
             outbox.put(stream.updates(event))
 
-        task = asyncio.create_task(
-            self.service.trigger(
+        async def run() -> SpawnerResult:
+            service = await self.startup.ready()
+            return await service.trigger(
                 text,
                 session_id=run_id,
                 on_event=on_event,
@@ -206,9 +214,9 @@ class ButlerAgent:
                 resume=conversation.resume_from,
                 # [butler.permissions] ask: the person at the client answers.
                 approver=conversation.approver,
-            ),
-            name=f"acp:{self.butler_name}:{run_id[:8]}",
-        )
+            )
+
+        task = asyncio.create_task(run(), name=f"acp:{self.butler_name}:{run_id[:8]}")
         turn = conversation.turn = Turn(run_id, task)
         try:
             result = await task
@@ -219,6 +227,9 @@ class ButlerAgent:
                 raise  # the connection or the process is going away: the run is cancelled
             await outbox.flush()
             return PromptResponse(stop_reason="cancelled")
+        except RequestError:
+            await outbox.flush()  # the service could not start: no run, nothing to send
+            raise
         except SpawnkitError as exc:
             # Refused before it was accepted (a missing CLI, a spent budget, ...): no run, no
             # record; the person reads why in the conversation.
@@ -257,8 +268,9 @@ class ButlerAgent:
     async def _cancel(self, turn: Turn) -> None:
         turn.cancelled = True
         # As Ctrl-C does: the run's task is cancelled, and records itself as cancelled.
-        if not await self.service.spawner.cancel(turn.run_id):
-            turn.task.cancel()  # not in flight yet (still being admitted)
+        service = self.startup.service
+        if service is None or not await service.spawner.cancel(turn.run_id):
+            turn.task.cancel()  # not in flight yet (the service starting, or admission)
         await asyncio.wait({turn.task})
 
     def _open(self, session_id: str, cwd: str) -> Conversation:
@@ -280,9 +292,7 @@ class ButlerAgent:
         """The run and the runs that continued it, one after another (the latest
         continuation at each step, as an ACP session makes them)."""
         chain, seen = [first], {first.id}
-        while (nexts := self.service.store.continuations(chain[-1].id)) and (
-            nexts[-1].id not in seen
-        ):
+        while (nexts := self.store.continuations(chain[-1].id)) and (nexts[-1].id not in seen):
             chain.append(nexts[-1])
             seen.add(nexts[-1].id)
         return chain
@@ -362,10 +372,25 @@ def prompt_text(blocks: Sequence[PromptBlock]) -> str:
     return text
 
 
-async def serve_stdio(service: ButlerService, stdio: ProtocolStdio, *, version: str) -> None:
-    """Answer ACP on the client's stdio until it closes it; then cancel what still runs."""
+async def serve_stdio(
+    butler: ButlerConfig,
+    store: SessionStore,
+    start: ServiceContext,
+    stdio: ProtocolStdio,
+    *,
+    version: str,
+) -> None:
+    """Answer ACP on the client's stdio until it closes it; then cancel what still runs and
+    stop the butler's service (``start()``, started beside the protocol)."""
+    startup = ServiceStartup(start, butler=butler.name)
+    try:
+        await _answer(ButlerAgent(butler, store, startup, version=version), stdio)
+    finally:
+        await startup.close()
+
+
+async def _answer(agent: ButlerAgent, stdio: ProtocolStdio) -> None:
     wire = await StdioWire.open(stdio)
-    agent = ButlerAgent(service, version=version)
     # The SDK's Agent protocol lists every method; the ones a butler lacks (modes, fork,
     # list, authenticate...) are answered "Method not found" by its router.
     connection = AgentSideConnection(cast(Agent, agent), wire.writer, wire.reader, listening=False)
