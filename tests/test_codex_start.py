@@ -14,7 +14,7 @@ import pytest
 
 from spawnkit.notebook.hub import with_runtime
 from spawnkit.replay import Scenario
-from spawnkit.runtimes.codex_native import PLATFORM_PACKAGES, native_codex
+from spawnkit.runtimes.codex_native import PLATFORM_PACKAGES, native_codex, native_codex_acp
 from spawnkit.serve.service import ButlerService
 
 from .conftest import REPO
@@ -134,3 +134,23 @@ async def test_codex_loads_no_roots_where_it_reaches_no_tls_host(
         assert "SSL_CERT_FILE=" in seen and "trust-nothing.pem" in seen, seen
     else:
         assert "codex:none" in seen, seen
+
+
+@installed
+@pytest.mark.e2e
+async def test_a_codex_acp_run_has_no_node_process(make_butler, store) -> None:
+    launcher = REPO / "node_modules" / ".bin" / "codex-acp"
+    assert native_codex_acp(launcher) is not None, "Zed's platform package is installed"
+    command = "for p in /proc/[0-9]*; do cat $p/comm; done 2>/dev/null | sort | uniq"
+    script = (
+        f"[[turn]]\nshell = {json.dumps(command)}\n"
+        '[[turn]]\ntext = "seen: {{ last_tool_result }}"\n'
+    )
+    butler = make_butler(extra='[butler.runtime]\ntype = "acp"\ncommand = ["codex-acp"]\n')
+    scenario = Scenario.from_dict(tomllib.loads(script), source="<test>")
+    async with ButlerService(butler, store=store, replay=scenario) as svc:
+        result = await svc.trigger("list the processes")
+    assert result.success, result.error
+    seen = (result.tool_calls[0].output or "").split()
+    assert "codex-acp" in seen, seen
+    assert "node" not in seen, f"Zed's npm launcher ran: {seen}"

@@ -9,7 +9,10 @@ that lives as long as the run. spawnkit finds the binary the way the launcher do
 package lookup from the launcher's folder up) and runs it with the same environment.
 
 Where the binary is not there (another platform, a package manager that lays files out
-otherwise, a ``codex`` that is not this launcher), the launcher is run as before.
+otherwise, a ``codex`` that is not this launcher), the launcher is run as before. Zed's
+``codex-acp`` is packaged the same way (``bin/codex-acp.js`` runs
+``@zed-industries/codex-acp-<platform>-<arch>/bin/codex-acp`` and waits for it):
+:func:`native_codex_acp` finds that one.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ PLATFORM_PACKAGES = {
     ("Darwin", "x86_64"): ("codex-darwin-x64", "x86_64-apple-darwin"),
     ("Darwin", "arm64"): ("codex-darwin-arm64", "aarch64-apple-darwin"),
 }
+# (system, machine) -> node's process.platform-process.arch, as codex-acp's packages name it.
+NODE_PLATFORMS = {
+    ("Linux", "x86_64"): "linux-x64", ("Linux", "aarch64"): "linux-arm64",
+    ("Darwin", "x86_64"): "darwin-x64", ("Darwin", "arm64"): "darwin-arm64",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -56,19 +64,35 @@ def native_codex(cli: Path) -> NativeCodex | None:
     package, triple = target
     root = launcher.parent.parent
     inside = Path("vendor", triple, "bin", "codex")
-    for candidate in [*_package_dirs(launcher.parent, package), root]:
+    for candidate in [*_package_dirs(launcher.parent, "@openai", package), root]:
         binary = candidate / inside
         if binary.is_file():
             return NativeCodex(binary, root)
     return None
 
 
-def _package_dirs(start: Path, package: str) -> list[Path]:
-    """Where node looks for ``@openai/<package>`` from ``start``: each ``node_modules``
+@functools.lru_cache(maxsize=16)
+def native_codex_acp(cli: Path) -> Path | None:
+    """The binary ``codex-acp``, when it is Zed's npm launcher, would run; else None."""
+    launcher = cli.resolve()
+    if (launcher.parent.name, launcher.name) != ("bin", "codex-acp.js"):
+        return None
+    target = NODE_PLATFORMS.get((platform.system(), platform.machine()))
+    if target is None:
+        return None
+    for candidate in _package_dirs(launcher.parent, "@zed-industries", f"codex-acp-{target}"):
+        binary = candidate / "bin" / "codex-acp"
+        if binary.is_file():
+            return binary
+    return None
+
+
+def _package_dirs(start: Path, scope: str, package: str) -> list[Path]:
+    """Where node looks for ``<scope>/<package>`` from ``start``: each ``node_modules``
     folder from there up to the root."""
     folders = []
     for folder in (start, *start.parents):
         if folder.name == "node_modules":
             continue  # node does not look in node_modules/node_modules
-        folders.append(folder / "node_modules" / "@openai" / package)
+        folders.append(folder / "node_modules" / scope / package)
     return folders

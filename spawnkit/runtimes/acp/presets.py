@@ -36,6 +36,7 @@ from ...transcripts import copy_file
 from ..base import RunSpec, RuntimeAdapter, write_private
 from ..claude_code import ClaudeCodeAdapter, project_dir_name, seed_home
 from ..codex import CodexAdapter, run_model
+from ..codex_native import native_codex_acp
 from ..gemini import DEFAULT_MODEL, GeminiAdapter, project_slug
 
 
@@ -348,6 +349,11 @@ class CodexPreset(AcpPreset):
 
     def native_adapter(self) -> CodexAdapter:
         return CodexAdapter()
+
+    def command(self, spec: RunSpec, program: str) -> list[str]:
+        """The native binary where ``codex-acp`` is Zed's npm launcher (no node start)."""
+        native = native_codex_acp(Path(program))
+        return super().command(spec, str(native) if native is not None else program)
 
     def model(self, spec: RunSpec) -> str | None:
         return run_model(spec)
