@@ -7,12 +7,14 @@ goes to a per-session temporary HOME, spawnkit's to a per-test SPAWNKIT_HOME.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
 import tempfile
 import textwrap
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -205,6 +207,26 @@ def sessions_running(butler: str) -> set[str]:
             if item.startswith(b"SPAWNKIT_SESSION_ID="):
                 sessions.add(item.split(b"=", 1)[1].decode())
     return sessions
+
+
+# A shell command that names every process of the run it runs in (its pid namespace).
+PROCESS_NAMES = "for p in /proc/[0-9]*; do cat $p/comm; done 2>/dev/null | sort"
+
+
+async def shell_output(butler: ButlerConfig, store: SessionStore, command: str) -> str:
+    """What ``command`` printed, run by the shell tool of one replayed run of ``butler``."""
+    from spawnkit.replay import Scenario
+    from spawnkit.serve.service import ButlerService
+
+    script = (
+        f"[[turn]]\nshell = {json.dumps(command)}\n"
+        '[[turn]]\ntext = "seen: {{ last_tool_result }}"\n'
+    )
+    scenario = Scenario.from_dict(tomllib.loads(script), source="<test>")
+    async with ButlerService(butler, store=store, replay=scenario) as svc:
+        result = await svc.trigger("run the command")
+    assert result.success, result.error
+    return result.tool_calls[0].output or ""
 
 
 def env_lines(text: str) -> dict[str, str]:

@@ -4,20 +4,16 @@ run), and in a run that reaches no TLS host, without loading the system's certif
 from __future__ import annotations
 
 import dataclasses
-import json
 import platform
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
 
 from spawnkit.notebook.hub import with_runtime
-from spawnkit.replay import Scenario
 from spawnkit.runtimes.codex_native import PLATFORM_PACKAGES, native_codex, native_codex_acp
-from spawnkit.serve.service import ButlerService
 
-from .conftest import REPO
+from .conftest import PROCESS_NAMES, REPO, shell_output
 
 LAUNCHER = REPO / "node_modules" / ".bin" / "codex"
 installed = pytest.mark.skipif(
@@ -86,19 +82,8 @@ def test_without_a_platform_package_the_launcher_is_run(tmp_path: Path) -> None:
 @installed
 @pytest.mark.e2e
 async def test_a_codex_run_has_no_node_process(make_butler, store) -> None:
-    # Every process of a sandboxed run, from its shell tool (the run's own pid namespace).
-    command = "for p in /proc/[0-9]*; do cat $p/comm; done 2>/dev/null | sort | uniq"
-    script = (
-        f"[[turn]]\nshell = {json.dumps(command)}\n"
-        '[[turn]]\ntext = "seen: {{ last_tool_result }}"\n'
-    )
-    scenario = Scenario.from_dict(tomllib.loads(script), source="<test>")
-    async with ButlerService(
-        with_runtime(make_butler(), "codex"), store=store, replay=scenario
-    ) as svc:
-        result = await svc.trigger("list the processes")
-    assert result.success, result.error
-    seen = (result.tool_calls[0].output or "").split()
+    butler = with_runtime(make_butler(), "codex")
+    seen = (await shell_output(butler, store, PROCESS_NAMES)).split()
     assert "codex" in seen, seen
     assert "node" not in seen, f"the npm launcher ran: {seen}"
 
@@ -116,19 +101,11 @@ ROOTS_PROBE = (
 async def test_codex_loads_no_roots_where_it_reaches_no_tls_host(
     make_butler, store, network: str
 ) -> None:
-    script = (
-        f"[[turn]]\nshell = {json.dumps(ROOTS_PROBE)}\n"
-        '[[turn]]\ntext = "seen: {{ last_tool_result }}"\n'
-    )
     butler = make_butler()
     butler = dataclasses.replace(
         butler, sandbox=dataclasses.replace(butler.sandbox, network=network)
     )
-    scenario = Scenario.from_dict(tomllib.loads(script), source="<test>")
-    async with ButlerService(with_runtime(butler, "codex"), store=store, replay=scenario) as svc:
-        result = await svc.trigger("which roots")
-    assert result.success, result.error
-    seen = result.tool_calls[0].output or ""
+    seen = await shell_output(with_runtime(butler, "codex"), store, ROOTS_PROBE)
     assert "tool:none" in seen, "the shell's commands keep the system's roots"
     if network == "model-only":
         assert "SSL_CERT_FILE=" in seen and "trust-nothing.pem" in seen, seen
@@ -141,16 +118,7 @@ async def test_codex_loads_no_roots_where_it_reaches_no_tls_host(
 async def test_a_codex_acp_run_has_no_node_process(make_butler, store) -> None:
     launcher = REPO / "node_modules" / ".bin" / "codex-acp"
     assert native_codex_acp(launcher) is not None, "Zed's platform package is installed"
-    command = "for p in /proc/[0-9]*; do cat $p/comm; done 2>/dev/null | sort | uniq"
-    script = (
-        f"[[turn]]\nshell = {json.dumps(command)}\n"
-        '[[turn]]\ntext = "seen: {{ last_tool_result }}"\n'
-    )
     butler = make_butler(extra='[butler.runtime]\ntype = "acp"\ncommand = ["codex-acp"]\n')
-    scenario = Scenario.from_dict(tomllib.loads(script), source="<test>")
-    async with ButlerService(butler, store=store, replay=scenario) as svc:
-        result = await svc.trigger("list the processes")
-    assert result.success, result.error
-    seen = (result.tool_calls[0].output or "").split()
+    seen = (await shell_output(butler, store, PROCESS_NAMES)).split()
     assert "codex-acp" in seen, seen
     assert "node" not in seen, f"Zed's npm launcher ran: {seen}"

@@ -4,23 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
 
 from spawnkit.config.roster import load_roster
 from spawnkit.notebook.hub import with_runtime
-from spawnkit.replay import Scenario
 from spawnkit.runtimes.base import RunSpec
 from spawnkit.runtimes.gemini import GeminiAdapter
 from spawnkit.runtimes.gemini_launch import direct_command, half_memory_mb
-from spawnkit.serve.service import ButlerService
 
-from .conftest import REPO
+from .conftest import PROCESS_NAMES, REPO, shell_output
 
 GEMINI = REPO / "node_modules" / ".bin" / "gemini"
 installed = pytest.mark.skipif(
@@ -85,17 +81,6 @@ def test_the_tui_keeps_its_relaunch(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 @installed
 @pytest.mark.e2e
 async def test_a_gemini_run_has_one_node_process(make_butler, store) -> None:
-    # Every process of a sandboxed run, from its shell tool (the run's own pid namespace).
-    command = "for p in /proc/[0-9]*; do cat $p/comm; done 2>/dev/null | sort"
-    script = (
-        f"[[turn]]\nshell = {json.dumps(command)}\n"
-        '[[turn]]\ntext = "seen: {{ last_tool_result }}"\n'
-    )
-    scenario = Scenario.from_dict(tomllib.loads(script), source="<test>")
-    async with ButlerService(
-        with_runtime(make_butler(), "gemini"), store=store, replay=scenario
-    ) as svc:
-        result = await svc.trigger("list the processes")
-    assert result.success, result.error
-    seen = (result.tool_calls[0].output or "").split()
+    butler = with_runtime(make_butler(), "gemini")
+    seen = (await shell_output(butler, store, PROCESS_NAMES)).split()
     assert seen.count("node") == 1, f"the CLI relaunched itself: {seen}"
