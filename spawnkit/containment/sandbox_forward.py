@@ -36,6 +36,7 @@ BACKLOG = 128
 _CHUNK = 64 * 1024
 _USAGE = "usage: sandbox_forward.py [--interactive] PORT=SOCKET ... -- COMMAND [ARG ...]"
 _HANDLED = (_signal.SIGINT, _signal.SIGQUIT, _signal.SIGTERM, _signal.SIGHUP)
+_IGNORED, _DEFAULT = _signal.SIG_IGN, _signal.SIG_DFL
 
 
 def parse(argv: list[str]) -> tuple[bool, list[tuple[int, str]], list[str]]:
@@ -156,14 +157,18 @@ def pump(source: _socket.socket, sink: _socket.socket) -> None:
                 pass
 
 
-def start(command: list[str], inherited: dict[int, object]) -> int:
-    """Fork and exec ``command``; its pid. The child gets the signals as we got them."""
+def start(command: list[str], inherited: dict[int, object], mask: object) -> int:
+    """Fork and exec ``command``; its pid. The child gets the signals as we got them: what
+    was ignored stays ignored, the rest is at its default, as exec would leave it (a
+    handler of ours, Python's SIGINT one included, would act between fork and exec), and
+    the signal mask ``mask``, which we hold blocked until then."""
     pid = os.fork()
     if pid == 0:
         try:
             for number, handler in inherited.items():
                 if handler is not None:  # None: set outside Python, and left as it is
-                    _signal.signal(number, handler)
+                    _signal.signal(number, _IGNORED if handler == _IGNORED else _DEFAULT)
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
             os.execvp(command[0], command)
         except BaseException as exc:  # noqa: BLE001 - never return into the forwarder's code
             os.write(2, f"spawnkit forwarder: cannot run {command[0]}: {exc}\n".encode())
@@ -216,8 +221,13 @@ def main(argv: list[str]) -> int:
     if interactive:  # the terminal's own SIGINT must not end us before the CLI
         _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
         _signal.signal(_signal.SIGQUIT, _signal.SIG_IGN)
-    child = start(command, inherited)
+    # Blocked from before the fork until the child has its own dispositions and ours pass
+    # signals on: one that comes in between waits, and is then passed on (it would end us
+    # by Python's SIGINT handler, or the child before its exec, with the wrong status).
+    mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _HANDLED)
+    child = start(command, inherited, mask)
     pass_signals(child, interactive)
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
     let_go_of_stdio()
     for sock, path in served:
         _thread.start_new_thread(serve, (sock, path))
