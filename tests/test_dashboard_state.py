@@ -5,7 +5,9 @@ says where it came from and on which runtime, and the heading names the butlers.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +137,25 @@ def test_the_chat_widgets_turns_say_chat(tmp_path: Path, store: SessionStore) ->
     records = store.list_sessions()
     assert len(records) == 2 and {r.trigger_source for r in records} == {"chat"}
     assert {session_row(r)["source"] for r in records} == {"chat"}
+
+
+def test_a_refresh_refused_as_the_process_ends_stops_the_loop_quietly(
+    roster: Path,
+    store: SessionStore,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A terminal IPython that shows a dashboard and exits: the refresh's thread hop, the
+    first of the process, raises as the interpreter shuts down. No traceback, no retry."""
+    dashboard = ButlerDashboard(roster, hub=Hub(store), refresh_s=3600)
+    try:
+
+        async def ending() -> None:
+            raise RuntimeError("can't register atexit after shutdown")  # threading's words
+
+        monkeypatch.setattr(dashboard, "refresh", ending)
+        with caplog.at_level(logging.ERROR):
+            asyncio.run(asyncio.wait_for(dashboard._refresh_forever(), 30))
+        assert [r for r in caplog.records if "refresh failed" in r.getMessage()] == []
+    finally:
+        dashboard.close()

@@ -49,6 +49,11 @@ if TYPE_CHECKING:
     import pandas as pd
 
 logger = logging.getLogger(__name__)
+# What a refresh's thread hop raises once its loop or the process is ending: the loop's
+# thread pool is closed, or (the interpreter exiting before the pool was first made, as a
+# terminal IPython that shows a dashboard and quits does) a new pool cannot register its
+# exit hook.
+_ENDING = ("cannot schedule new futures after", "can't register atexit after shutdown")
 
 REFRESH_S = 1.0
 RECENT_ROWS = 12
@@ -414,8 +419,8 @@ class ButlerDashboard(w.VBox):  # type: ignore[misc]
             try:
                 await self.refresh()
             except RuntimeError as exc:
-                if "cannot schedule new futures after" in str(exc):
-                    return  # the loop or the process is ending (its thread pool closed)
+                if any(sign in str(exc) for sign in _ENDING):
+                    return  # the loop or the process is ending
                 logger.exception("spawnkit dashboard: refresh failed")
             except Exception:  # a failed refresh must not stop the next one
                 logger.exception("spawnkit dashboard: refresh failed")
