@@ -65,7 +65,9 @@ def test_a_kernel_deletes_the_notebook_scratch_folder_when_it_stops(
             "print(os.environ['SPAWNKIT_HOME'])"
         ),
     ]
-    nbclient.NotebookClient(notebook, timeout=120, kernel_name="python3").execute()
+    nbclient.NotebookClient(
+        notebook, timeout=120, kernel_name="python3", coalesce_streams=True
+    ).execute()
     printed = notebook.cells[1].outputs[0]["text"].strip()
     assert Path(printed).parent == scratch_tmp and Path(printed).name.startswith(
         "spawnkit-notebook-"

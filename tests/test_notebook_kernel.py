@@ -27,6 +27,8 @@ def run_notebook(cells: list[str], cwd: Path = REPO, timeout: int = 120) -> list
     client = NotebookClient(
         nb, timeout=timeout, kernel_name="python3", allow_errors=True,
         resources={"metadata": {"path": str(cwd)}},
+        # The kernel's flush thread may send one print in several stream messages.
+        coalesce_streams=True,
     )  # fmt: skip
     client.execute()
     return [cell.outputs for cell in nb.cells]
