@@ -243,6 +243,83 @@ async def test_a_connection_open_when_the_run_ends_is_closed_quietly(
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
+async def test_a_door_carries_big_streams_both_ways_to_slow_readers_intact(short_dir) -> None:
+    """A full buffer on one side pauses reading on the other; nothing is lost or reordered."""
+    payload = os.urandom(4 * 1024 * 1024)
+    received = bytearray()
+
+    async def slow_sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(payload)  # answers 4 MB while the client is still sending its own
+        while data := await reader.read(16384):
+            received.extend(data)
+            await asyncio.sleep(0)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(slow_sink, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, open_doors(short_dir, [port]) as doors:
+        reader, writer = await asyncio.open_unix_connection(str(doors.doors[0].socket))
+        writer.write(payload[::-1])
+        await writer.drain()
+        writer.write_eof()
+        back = await reader.read()
+        writer.close()
+    assert back == payload and bytes(received) == payload[::-1]
+
+
+async def test_a_door_passes_each_sides_end_on_as_a_half_close(short_dir) -> None:
+    """The host's side ends first; the client goes on sending, and the host still gets it."""
+    heard: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    async def answers_first(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"hello")
+        writer.write_eof()
+        heard.set_result(await reader.read())
+        writer.close()
+
+    server = await asyncio.start_server(answers_first, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, open_doors(short_dir, [port]) as doors:
+        reader, writer = await asyncio.open_unix_connection(str(doors.doors[0].socket))
+        assert await reader.read() == b"hello"  # the host's end came through as EOF
+        writer.write(b"still talking")
+        writer.write_eof()
+        assert await asyncio.wait_for(heard, 30) == b"still talking"
+        writer.close()
+
+
+async def ended(reader: asyncio.StreamReader) -> bool:
+    """The other side closed: an EOF, or a reset (it closed with our request unread)."""
+    try:
+        return await asyncio.wait_for(reader.read(), 30) == b""
+    except ConnectionResetError:
+        return True
+
+
+async def test_a_door_whose_port_is_gone_or_full_closes_the_connection(short_dir) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    async with open_doors(short_dir, [closed_port]) as doors:
+        reader, writer = await asyncio.open_unix_connection(str(doors.doors[0].socket))
+        writer.write(b"anyone?")
+        assert await ended(reader)
+        writer.close()
+    server, port = await echo_server()
+    async with server, open_doors(short_dir, [port], max_connections=1) as doors:
+        path = str(doors.doors[0].socket)
+        first_reader, first = await asyncio.open_unix_connection(path)
+        first.write(b"one")
+        assert await first_reader.readexactly(3) == b"ONE"
+        second_reader, second = await asyncio.open_unix_connection(path)
+        assert await ended(second_reader), "over the limit"
+        first.write(b" more")
+        assert await first_reader.readexactly(5) == b" MORE", "the first still works"
+        for writer in (first, second):
+            writer.close()
+
+
 @pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists(),
     reason="needs root (to act as the user nobody), setpriv and /usr/bin/python3",

@@ -45,8 +45,6 @@ INSIDE = PurePosixPath("/run/spawnkit/doors")
 # Connections one bridge carries at once; one more is closed at once (and logged).
 MAX_CONNECTIONS = 64
 CONNECT_TIMEOUT_S = 10.0
-CLOSE_GRACE_S = 2.0
-_CHUNK = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -150,71 +148,170 @@ async def open_doors(
 
 
 class _Bridge:
-    """One door to a host TCP port: a unix server whose connections are spliced to it."""
+    """One door to a host TCP port: a unix server whose connections are spliced to it.
+
+    The splice is a pair of asyncio protocols, each writing what it receives straight to
+    the other's transport (no stream buffers, no task per direction): a door carries
+    every MCP exchange and every exported span of a run, and the bridge's CPU counts
+    against the run. A full write buffer on one side pauses reading on the other.
+    """
 
     def __init__(self, host: str, port: int, max_connections: int) -> None:
         self.host, self.port = host, port
         self.max_connections = max_connections
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: set[_Splice] = set()
 
     async def start(self, path: Path) -> None:
-        self._server = await asyncio.start_unix_server(self._accept, path=str(path))
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(self._accept, path=str(path))
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _accept(self) -> asyncio.Protocol:
         if len(self._connections) >= self.max_connections:
             logger.warning("door %d: over %d connections at once; one refused",
                            self.port, self.max_connections)  # fmt: skip
-            writer.close()
-            return
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        try:
-            await self._splice(reader, writer)
-        except asyncio.CancelledError:
-            # Only close() cancels a connection: it ends here. A callback task of
-            # asyncio.start_unix_server that ends cancelled is logged as an error by asyncio
-            # (3.11), which a notebook shows in the cell of a stopped run.
-            writer.close()
-        finally:
-            self._connections.discard(task)
-
-    async def _splice(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                upstream_reader, upstream_writer = await asyncio.open_connection(
-                    self.host, self.port
-                )
-        except (OSError, TimeoutError) as exc:
-            logger.debug("door %d: cannot reach %s:%d (%s)", self.port, self.host, self.port, exc)
-            writer.close()
-            return
-        try:
-            await asyncio.gather(_pump(reader, upstream_writer), _pump(upstream_reader, writer))
-        finally:
-            for end in (writer, upstream_writer):
-                end.close()
+            return _Refused()
+        return _Splice(self)
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        if self._connections:
-            await asyncio.wait(set(self._connections), timeout=CLOSE_GRACE_S)
+        for splice in list(self._connections):
+            splice.close()
+        self._connections.clear()
 
 
-async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-    """Copy ``source`` to ``sink`` as it arrives; pass its end on as a half-close."""
-    try:
-        while chunk := await source.read(_CHUNK):
-            sink.write(chunk)
-            await sink.drain()
-        if sink.can_write_eof():
-            sink.write_eof()
-    except (ConnectionError, OSError):
-        sink.close()  # the other way stops too: a reset ends the whole connection
+class _Refused(asyncio.Protocol):
+    """A connection over the bridge's limit: closed at once."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+class _Splice(asyncio.Protocol):
+    """The door's end of one connection; :class:`_Upstream` is the host port's end."""
+
+    def __init__(self, bridge: _Bridge) -> None:
+        self.bridge = bridge
+        self.transport: asyncio.Transport | None = None
+        self.upstream: _Upstream | None = None
+        self._connecting: asyncio.Task[None] | None = None
+        self.eof = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.pause_reading()  # until the host port answers
+        self.bridge._connections.add(self)
+        self._connecting = asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        bridge = self.bridge
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                await loop.create_connection(lambda: _Upstream(self), bridge.host, bridge.port)
+        except (OSError, TimeoutError) as exc:
+            logger.debug("door %d: cannot reach %s:%d (%s)", bridge.port, bridge.host,
+                         bridge.port, exc)  # fmt: skip
+            self.close()
+        except asyncio.CancelledError:
+            self.close()
+
+    def linked(self, upstream: _Upstream) -> None:
+        self.upstream = upstream
+        assert self.transport is not None
+        if self.transport.is_closing():
+            upstream.transport.close()
+        else:
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        assert self.upstream is not None
+        self.upstream.transport.write(data)
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        assert self.upstream is not None
+        return _pass_eof(self.upstream.transport, self.upstream.eof, self)
+
+    def pause_writing(self) -> None:
+        if self.upstream is not None:
+            self.upstream.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.upstream is not None:
+            self.upstream.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.bridge._connections.discard(self)
+        if self.upstream is not None:
+            _end(self.upstream.transport, exc)
+        elif self._connecting is not None:
+            self._connecting.cancel()
+
+    def close(self) -> None:
+        """End both ends now (the run is over, or the host port cannot be reached)."""
+        if self.transport is not None:
+            self.transport.close()
+        if self.upstream is not None:
+            self.upstream.transport.close()
+        self.bridge._connections.discard(self)
+
+
+class _Upstream(asyncio.Protocol):
+    """The host port's end of one spliced connection."""
+
+    def __init__(self, door: _Splice) -> None:
+        self.door = door
+        self.transport: asyncio.Transport
+        self.eof = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.door.linked(self)
+
+    def data_received(self, data: bytes) -> None:
+        assert self.door.transport is not None
+        self.door.transport.write(data)
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        assert self.door.transport is not None
+        return _pass_eof(self.door.transport, self.door.eof, self.door)
+
+    def pause_writing(self) -> None:
+        assert self.door.transport is not None
+        self.door.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        assert self.door.transport is not None
+        self.door.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        assert self.door.transport is not None
+        _end(self.door.transport, exc)
+
+
+def _pass_eof(sink: asyncio.Transport, sink_ended: bool, splice: _Splice) -> bool:
+    """One side ended what it sends: pass the end on as a half-close; once both sides
+    have ended, close the connection. The answer is ``eof_received``'s (True: keep the
+    transport open to write)."""
+    if sink_ended or not sink.can_write_eof():
+        splice.close()
+        return False
+    sink.write_eof()
+    return True
+
+
+def _end(other: asyncio.Transport, exc: Exception | None) -> None:
+    """One end is gone: the other goes too, at once after a reset, else once what it
+    still has to write is written."""
+    if exc is not None:
+        other.abort()
+    else:
+        other.close()
 
 
 __all__ = [
