@@ -9,7 +9,10 @@ keep-alive connection, as the CLIs keep theirs). The client reaches the upstream
 * ``relay tcp``: through the relay on 127.0.0.1 TCP (a run without a sandbox);
 * ``relay uds``: through the relay serving on a unix socket (a sandboxed run's door);
 * ``relay tcp metered``: through a relay that also meters usage (Codex and Gemini runs
-  with a token or dollar limit parse every event as it passes).
+  with a token or dollar limit parse every event as it passes);
+* ``door bridge``: through a door bridged to the upstream's TCP port
+  (:func:`spawnkit.containment.doors.open_doors`), the way a sandboxed run reaches the
+  butler's MCP server and its OTLP receiver: bytes spliced, no HTTP parsed.
 
 Two figures, rounds alternating between the ways so drift on a shared machine hits all
 alike: time to first byte of a streamed answer (median of many small requests; the relay's
@@ -44,7 +47,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "relay.json"
 TTFB_TARGET_MS = 2.0
 THROUGHPUT_TARGET = 0.9
 CHUNK_TEXT = 4000  # characters of text per streamed delta (about 4 KB an event)
-WAYS = ("direct", "relay tcp", "relay uds", "relay tcp metered")
+WAYS = ("direct", "relay tcp", "relay uds", "relay tcp metered", "door bridge")
 KEY = "sk-ant-api03-" + "k" * 95
 
 # The model server: streams `size` bytes of text deltas for POST /v1/messages?size=N.
@@ -107,6 +110,21 @@ async def main():
     sink = Meter(lambda usage: None) if metered else None
     async with open_relay(upstream, sink=sink, keys=keys, uds=Path(uds) if uds else None) as r:
         print(json.dumps({"url": r.url, "socket": uds, "key": placeholder}), flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+asyncio.run(main())
+"""
+
+# A door bridged to the upstream's port: the path of its socket goes to stdout.
+BRIDGE = r"""
+import asyncio, json, sys
+from pathlib import Path
+from spawnkit.containment.doors import open_doors
+
+async def main():
+    port, folder = json.loads(sys.stdin.readline())
+    async with open_doors(Path(folder), [port]) as doors:
+        print(json.dumps({"socket": str(doors.doors[0].socket)}), flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
 asyncio.run(main())
@@ -182,6 +200,11 @@ class Way:
 
 def relay_way(port: int, scratch: Path, name: str, stack: list[Any]) -> tuple[Way, int]:
     """Start a relay process for way ``name``; the way through it, and the relay's pid."""
+    if name == "door bridge":
+        context = child(BRIDGE, json.dumps([port, str(scratch)]))
+        proc, line = context.__enter__()
+        stack.append(context)
+        return Way(UnixConnection(json.loads(line)["socket"]), "", KEY), proc.pid
     uds = str(scratch / "relay.sock") if "uds" in name else ""
     setup = json.dumps([f"http://127.0.0.1:{port}", uds, "metered" in name, KEY])
     context = child(RELAY, setup)
@@ -199,8 +222,19 @@ def relay_way(port: int, scratch: Path, name: str, stack: list[Any]) -> tuple[Wa
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """The CPU time of process ``pid``'s threads: nanoseconds from ``/proc/PID/schedstat``
+    where the kernel keeps it, else ``stat``'s clock ticks (10 ms apart)."""
+    try:
+        return (
+            sum(
+                int(Path(task, "schedstat").read_text().split()[0])
+                for task in Path(f"/proc/{pid}/task").iterdir()
+            )
+            / 1e9
+        )
+    except (OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(rounds: int, requests: int, megabytes: float) -> dict[str, Any]:
@@ -208,6 +242,8 @@ def measure(rounds: int, requests: int, megabytes: float) -> dict[str, Any]:
     ttfb: dict[str, list[float]] = {name: [] for name in WAYS}
     rate: dict[str, list[float]] = {name: [] for name in WAYS}
     cpu: dict[str, list[float]] = {name: [] for name in WAYS if name != "direct"}
+    cpu_small: dict[str, list[float]] = {name: [] for name in cpu}
+    cpu_connection: dict[str, list[float]] = {name: [] for name in cpu}
     upstream_cpu: list[float] = []
     stack: list[Any] = []
     with (
@@ -226,7 +262,17 @@ def measure(rounds: int, requests: int, megabytes: float) -> dict[str, Any]:
                 way.request(size)
             for _ in range(rounds):
                 for name, way in ways.items():
+                    before = cpu_seconds(pids[name]) if name in pids else 0.0
                     ttfb[name] += [way.request(0)[0] for _ in range(requests)]
+                    if name in pids:
+                        cpu_small[name].append((cpu_seconds(pids[name]) - before) / requests)
+                        # A connection a request, as a CLI's MCP client often opens them.
+                        before = cpu_seconds(pids[name])
+                        for _ in range(requests // 4):
+                            way.connection.close()
+                            way.request(0)
+                        spent = cpu_seconds(pids[name]) - before
+                        cpu_connection[name].append(spent / (requests // 4))
                     before = cpu_seconds(pids[name]) if name in pids else 0.0
                     upstream_before = cpu_seconds(upstream.pid)
                     clock = time.perf_counter()
@@ -259,10 +305,16 @@ def measure(rounds: int, requests: int, megabytes: float) -> dict[str, Any]:
         }
         if name in cpu:
             entry["relay_cpu_s_per_mb"] = round(statistics.median(cpu[name]) / megabytes, 4)
+            entry["relay_cpu_ms_per_request"] = round(statistics.median(cpu_small[name]) * 1e3, 4)
+            entry["relay_cpu_ms_per_connection"] = round(
+                statistics.median(cpu_connection[name]) * 1e3, 4
+            )
         report["ways"][name] = entry
         print(f"{name:<18} ttfb {median_ttfb:6.2f} ms (+{median_ttfb - direct_ttfb:5.2f})  "
               f"{median_rate:7.1f} MB/s  ratio {median_rate / direct_rate:.3f}"
-              + (f"  relay cpu {entry['relay_cpu_s_per_mb'] * 1000:.1f} ms/MB"
+              + (f"  relay cpu {entry['relay_cpu_s_per_mb'] * 1000:.1f} ms/MB, "
+                 f"{entry['relay_cpu_ms_per_request'] * 1000:.0f} us/request, "
+                 f"{entry['relay_cpu_ms_per_connection'] * 1000:.0f} us/connection"
                  if name in cpu else ""))  # fmt: skip
     print(f"upstream cpu {report['upstream_cpu_s_per_mb'] * 1000:.1f} ms/MB; "
           f"load average {report['load_average']} on {report['cpus']} CPUs")  # fmt: skip

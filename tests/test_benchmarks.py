@@ -229,12 +229,12 @@ def test_relay_benchmark_runs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
     ways = report["ways"]
-    assert set(ways) == {"direct", "relay tcp", "relay uds", "relay tcp metered"}
+    assert set(ways) == {"direct", "relay tcp", "relay uds", "relay tcp metered", "door bridge"}
     assert ways["direct"]["ttfb_added_ms"] == 0 and ways["direct"]["throughput_ratio"] == 1
     for name, way in ways.items():
         assert way["ttfb_median_ms"] > 0 and way["throughput_mb_s"] > 0, name
         if name != "direct":
-            assert way["relay_cpu_s_per_mb"] >= 0
+            assert way["relay_cpu_s_per_mb"] > 0 and way["relay_cpu_ms_per_connection"] > 0
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
