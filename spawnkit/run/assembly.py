@@ -391,7 +391,8 @@ class Assembly:
             )  # fmt: skip
         worker = run.worker
         return isolated_env(
-            self.settings.butler, self.settings.credentials, worker.passthrough_env, identity,
+            self.settings.butler, self.settings.credentials.pinned(), worker.passthrough_env,
+            identity,
             worker.other_vendor_keys,
         )  # fmt: skip
 

@@ -23,7 +23,7 @@ from ..errors import StoreError
 from ..redaction import Redactor
 from ..result import RunStatus, SpawnerResult, Usage
 from ..runtimes.base import RunOutcome, RuntimeAdapter
-from ..telemetry.runlog import session_log_dir
+from ..telemetry.runlog import session_log_path
 from .accepted import AcceptedRun
 from .collector import Collector
 from .settings import RunSettings
@@ -55,7 +55,7 @@ class Recorder:
             trigger_source=run.trigger_source,
             runtime_session_id=run.runtime_session_id or run.resume,
             parent_session_id=run.parent_session_id,
-            log_dir=session_log_dir(run.session_id),
+            log_dir=session_log_path(run.session_id),
             role=run.role,
             kind=run.kind,
             sources=[source.name for source in run.sources],
@@ -69,7 +69,7 @@ class Recorder:
             model=self.settings.model, prompt=run.redactor.text(run.prompt),
             context=run.redactor.text(run.context),
             runtime_session_id=run.runtime_session_id or run.resume,
-            log_dir=session_log_dir(run.session_id),
+            log_dir=session_log_path(run.session_id),
         )  # fmt: skip
         if not adopted:
             raise StoreError(

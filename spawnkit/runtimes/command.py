@@ -389,10 +389,28 @@ class CommandAdapter(StreamingCliAdapter):
         if warning is not None:
             logger.warning("butler %r, session %s: %s", spec.butler, spec.session_id, warning)
 
+    def _files_read(self) -> tuple[bool, bool]:
+        """Whether a run's CLI may read ``prompt.md`` and ``system-prompt.md``: when its
+        command lines or ``env`` name them, or name ``{workspace}`` (a path built on it).
+        A file no placeholder leads to is not written (two creates and two unlinks a run)."""
+        config = self.command_config
+        named = {
+            name
+            for arg in (*config.argv, *config.resume_argv, *config.chat_argv, *config.env.values())
+            for name in placeholders(arg)
+        }
+        on_workspace = "workspace" in named
+        return on_workspace or "prompt_file" in named, (
+            on_workspace or "system_prompt_file" in named
+        )
+
     def command(self, spec: RunSpec) -> list[str]:
         self._warn_of_prompt_in_argv(spec)
-        write_private(spec.workspace / PROMPT_FILE, spec.prompt)
-        write_private(spec.workspace / SYSTEM_PROMPT_FILE, spec.system_prompt)
+        prompt_read, system_prompt_read = self._files_read()
+        if prompt_read:
+            write_private(spec.workspace / PROMPT_FILE, spec.prompt)
+        if system_prompt_read:
+            write_private(spec.workspace / SYSTEM_PROMPT_FILE, spec.system_prompt)
         template = self.command_config.argv
         if spec.resume:
             if not self.command_config.resume_argv:
@@ -419,7 +437,8 @@ class CommandAdapter(StreamingCliAdapter):
         """``chat_command``, expanded like ``command`` (``{resume}``: the session it continues)."""
         self.check_interactive()
         self._warn_of_prompt_in_argv(spec)
-        write_private(spec.workspace / SYSTEM_PROMPT_FILE, spec.system_prompt)
+        if self._files_read()[1]:
+            write_private(spec.workspace / SYSTEM_PROMPT_FILE, spec.system_prompt)
         template = self.command_config.chat_argv
         argv = [expand(arg, self._values(spec)) for arg in template]
         if not PLACEHOLDER_RE.search(template[0]):
