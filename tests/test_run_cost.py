@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import json
 import os
 import shutil
@@ -57,12 +58,13 @@ class CountingExecutor(concurrent.futures.ThreadPoolExecutor):
         self.handed: list[str] = []
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        target = args[0] if args and callable(args[0]) else fn  # to_thread wraps fn
+        # asyncio.to_thread hands over partial(context.run, function, *args).
+        target = fn.args[0] if isinstance(fn, functools.partial) and fn.args else fn
         self.handed.append(getattr(target, "__qualname__", repr(target)))
         return super().submit(fn, *args, **kwargs)
 
 
-async def test_a_no_op_run_on_an_idle_sqlite_store_hands_one_job_to_a_thread(
+async def test_a_no_op_run_on_an_idle_sqlite_store_wakes_no_thread(
     make_butler: RosterFactory, store: SessionStore
 ) -> None:
     spawner = Spawner(no_op_butler(make_butler, [TRUE]), store=store)
@@ -73,12 +75,32 @@ async def test_a_no_op_run_on_an_idle_sqlite_store_hands_one_job_to_a_thread(
     result = await spawner.trigger("nothing to do")
 
     assert result.success, result.error
-    # The record's start and setup were written here; its end (with the workspace's
-    # removal) in one thread, as before.
-    assert len(executor.handed) == 1, executor.handed
+    # Its record's start, setup and end were written here, its near-empty workspace
+    # removed here too.
+    assert executor.handed == []
     record = store.get_session(result.session_id)
     assert record is not None and record.status == "success" and record.started_at is not None
     assert record.sandbox == "none" and record.given is not None
+    assert record.completed_at is not None and record.workspace is not None
+    assert not record.workspace.exists()
+
+
+async def test_a_run_that_leaves_files_behind_is_cleaned_up_in_a_thread(
+    make_butler: RosterFactory, store: SessionStore
+) -> None:
+    writer = ["sh", "-c", 'for i in 1 2 3 4 5 6 7 8 9; do echo x > "$HOME/f$i"; done']
+    spawner = Spawner(no_op_butler(make_butler, writer, "writer"), store=store)
+    await spawner.trigger("warm up")
+    executor = CountingExecutor()
+    asyncio.get_running_loop().set_default_executor(executor)
+
+    result = await spawner.trigger("leave files")
+
+    assert result.success, result.error
+    assert executor.handed == ["Recorder._finish"]  # the workspace's removal, and the end
+    record = store.get_session(result.session_id)
+    assert record is not None and record.completed_at is not None
+    assert record.workspace is not None and not record.workspace.exists()
 
 
 async def test_a_write_that_would_wait_goes_to_a_thread_and_the_loop_goes_on(
