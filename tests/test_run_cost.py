@@ -1,8 +1,9 @@
 """What a run costs spawnkit's own process: which work it does, never how fast.
 
 A run's start and setup are written on the event loop when the store is a SQLite file
-whose write lock is free (a thread's wake-up costs more than such a write), and in a
-thread when the write would wait; the command runtime writes only the files its command
+whose write lock is free (a thread's wake-up costs more than such a write:
+tests/test_run_path.py counts the thread hops of a no-op run), and in a thread when the
+write would wait; the command runtime writes only the files its command
 line names; the credentials are read once a step; the run's log path makes no folder
 until a line comes. Timing is benchmarks/trigger.py's business.
 """
@@ -10,15 +11,12 @@ until a line comes. Timing is benchmarks/trigger.py's business.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import functools
 import json
 import os
 import shutil
 import sqlite3
 import stat
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,59 +46,6 @@ def no_op_butler(make_butler: RosterFactory, command: list[str], name: str = "no
         mode = "none"
         """,
     )
-
-
-class CountingExecutor(concurrent.futures.ThreadPoolExecutor):
-    """The loop's default executor, counting what it is handed (the functions' names)."""
-
-    def __init__(self) -> None:
-        super().__init__(max_workers=2)
-        self.handed: list[str] = []
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        # asyncio.to_thread hands over partial(context.run, function, *args).
-        target = fn.args[0] if isinstance(fn, functools.partial) and fn.args else fn
-        self.handed.append(getattr(target, "__qualname__", repr(target)))
-        return super().submit(fn, *args, **kwargs)
-
-
-async def test_a_no_op_run_on_an_idle_sqlite_store_wakes_no_thread(
-    make_butler: RosterFactory, store: SessionStore
-) -> None:
-    spawner = Spawner(no_op_butler(make_butler, [TRUE]), store=store)
-    await spawner.trigger("warm up")  # the first run of a process probes for cgroups
-    executor = CountingExecutor()
-    asyncio.get_running_loop().set_default_executor(executor)
-
-    result = await spawner.trigger("nothing to do")
-
-    assert result.success, result.error
-    # Its record's start, setup and end were written here, its near-empty workspace
-    # removed here too.
-    assert executor.handed == []
-    record = store.get_session(result.session_id)
-    assert record is not None and record.status == "success" and record.started_at is not None
-    assert record.sandbox == "none" and record.given is not None
-    assert record.completed_at is not None and record.workspace is not None
-    assert not record.workspace.exists()
-
-
-async def test_a_run_that_leaves_files_behind_is_cleaned_up_in_a_thread(
-    make_butler: RosterFactory, store: SessionStore
-) -> None:
-    writer = ["sh", "-c", 'for i in 1 2 3 4 5 6 7 8 9; do echo x > "$HOME/f$i"; done']
-    spawner = Spawner(no_op_butler(make_butler, writer, "writer"), store=store)
-    await spawner.trigger("warm up")
-    executor = CountingExecutor()
-    asyncio.get_running_loop().set_default_executor(executor)
-
-    result = await spawner.trigger("leave files")
-
-    assert result.success, result.error
-    assert executor.handed == ["Recorder._finish"]  # the workspace's removal, and the end
-    record = store.get_session(result.session_id)
-    assert record is not None and record.completed_at is not None
-    assert record.workspace is not None and not record.workspace.exists()
 
 
 async def test_a_write_that_would_wait_goes_to_a_thread_and_the_loop_goes_on(

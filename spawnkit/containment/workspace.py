@@ -111,23 +111,6 @@ def remove_all(paths: list[Path]) -> None:
         remove(paths.pop())
 
 
-def is_small(path: Path, most: int = 8) -> bool:
-    """Whether the folder ``path`` holds at most ``most`` entries, its folders none: a
-    folder that takes a few system calls to remove, as a run that wrote nothing leaves."""
-    try:
-        with os.scandir(path) as entries:
-            for count, entry in enumerate(entries, start=1):
-                if count > most:
-                    return False
-                if entry.is_dir(follow_symlinks=False):
-                    with os.scandir(entry.path) as inner:
-                        if next(inner, None) is not None:
-                            return False
-    except OSError:
-        return False
-    return True
-
-
 def remove(path: Path) -> None:
     """Remove a run's folder, with a warning when something could not be."""
     shutil.rmtree(path, ignore_errors=True)

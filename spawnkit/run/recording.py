@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..budgets.budget import list_price
-from ..containment.workspace import is_small, remove_all
+from ..containment.workspace import remove_all
 from ..errors import StoreError
 from ..redaction import Redactor
 from ..result import RunStatus, SpawnerResult, Usage
@@ -89,16 +89,7 @@ class Recorder:
             # The live tool-call writes first: the result's write rewrites the calls.
             if collector.live_calls is not None:
                 await collector.live_calls.flush()
-            store = self.settings.store
-            if not (store.writes_at_once and all(map(is_small, run.workspaces))):
-                await in_thread(self._finish, run, result)
-                return
-            # A run that left next to nothing (a few files, empty folders) ends here, with
-            # no thread to wake; the columnar copy, when due, is sealed in one.
-            remove_all(run.workspaces)
-            await on_store(store, self._complete, run, result, False)
-            if store.seal_due():
-                await in_thread(store.seal_history)
+            await in_thread(self._finish, run, result)
 
         writing = asyncio.ensure_future(record())
         while not writing.done():
@@ -112,20 +103,15 @@ class Recorder:
     def _finish(self, run: AcceptedRun, result: SpawnerResult) -> None:
         """The end of a run's record, in a thread: its workspaces removed first (the record
         names the last, for a sweep), then the setup a ``repo=`` run adds, then the result."""
+        store = self.settings.store
         try:
             remove_all(run.workspaces)
         finally:
-            self._complete(run, result)
-
-    def _complete(self, run: AcceptedRun, result: SpawnerResult, seal: bool = True) -> None:
-        """The setup a ``repo=`` run adds, then the result (writes made again, whole, when
-        :func:`on_store` moves them to a thread: the setup's is the same each time)."""
-        store = self.settings.store
-        if result.repo is not None and run.setup is not None:  # repo=: `spawnkit apply`
-            sandbox, given = run.setup
-            given = {**given, "repo": result.repo.to_dict()}
-            store.record_setup(run.session_id, sandbox=sandbox, given=given)
-        store.complete_session(run.session_id, result, seal=seal)
+            if result.repo is not None and run.setup is not None:  # repo=: `spawnkit apply`
+                sandbox, given = run.setup
+                given = {**given, "repo": result.repo.to_dict()}
+                store.record_setup(run.session_id, sandbox=sandbox, given=given)
+            store.complete_session(run.session_id, result)
 
     def unfinished(
         self, collector: Collector, status: RunStatus, error: str, kind: str

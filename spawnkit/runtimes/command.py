@@ -8,9 +8,11 @@ HOME), ``{cwd}``, ``{prompt}``, ``{base_url}``, ``{model}``, ``{sources}`` (an a
 ``- ./name/`` list) and ``{claude}``/``{codex}``/``{gemini}`` (those CLIs as spawnkit
 finds them). ``{base_url}`` in ``env`` is the run's model relay, which swaps the real
 model keys in for the placeholders the CLI gets (see :mod:`spawnkit.containment.relay`).
-``{prompt}`` puts the prompt in the process's arguments, which every local user can read and the
-kernel bounds: each run that uses it logs a warning naming ``{prompt_file}`` and
-``stdin = "prompt"``, which are neither. What it prints is read by ``output``:
+``prompt.md`` and ``system-prompt.md`` are written only when a command line or ``env``
+names their placeholder or ``{workspace}``. ``{prompt}`` puts the prompt in the process's
+arguments, which every local user can read and the kernel bounds: each run that uses it
+logs a warning naming ``{prompt_file}`` and ``stdin = "prompt"``, which are neither. What it
+prints is read by ``output``:
 
 * ``text``: stdout is the answer;
 * ``json-lines``: one JSON object a line, mapped to spawnkit's events by

@@ -277,32 +277,23 @@ class SessionStore:
         self._writes.write("setup", session_id, params)
 
     def complete_session(
-        self,
-        session_id: str,
-        result: SpawnerResult,
-        completed_at: datetime | None = None,
-        *,
-        seal: bool = True,
+        self, session_id: str, result: SpawnerResult, completed_at: datetime | None = None
     ) -> None:
         """Close the record with the run's result; a record is completed only once.
 
         Only a ``crashed`` mark of this host's record gives way: another host (its lease ran
         out while the server was away) or a sweep guessed the run died, and here is how it
         really ended (a completion replayed from the journal, :mod:`spawnkit.store.journal`).
-        Then the columnar copy is sealed when that is due; ``seal=False`` leaves that to the
-        caller (:meth:`seal_due`, :meth:`seal_history`): one on an event loop, say.
         """
         # Rows to replace: calls the run wrote live through this store (record_tool_call).
         live = session_id in self._live_calls
+        self._live_calls.discard(session_id)
         payload = completion(session_id, result, completed_at or utcnow(), self.host, live)
         self._writes.write("complete", session_id, payload)
-        # Forgotten once written: a write that raised (or would have waited, and is made
-        # again in a thread) still has the live calls to replace.
-        self._live_calls.discard(session_id)
-        if seal and self.seal_due():
+        if self._seal_due():
             self.seal_history()
 
-    def seal_due(self) -> bool:
+    def _seal_due(self) -> bool:
         """Whether enough sessions came since the store last sealed its columnar copy
         (:mod:`spawnkit.store.segments`, imported only then: it brings pyarrow)."""
         try:
