@@ -11,6 +11,7 @@ from deep inside a run.
 
 from __future__ import annotations
 
+import functools
 import os
 import tomllib
 from pathlib import Path
@@ -29,7 +30,12 @@ DEFAULT_LEASE_S = 15.0
 
 def home_path() -> Path:
     """The state directory's path, without creating it."""
-    raw = os.environ.get(ENV_VAR)
+    return _home_at(os.environ.get(ENV_VAR), os.environ.get("HOME"))
+
+
+@functools.lru_cache(maxsize=8)
+def _home_at(raw: str | None, user_home: str | None) -> Path:
+    """The home's path for these variables: parsed once, for every run asks (four times)."""
     return Path(raw).expanduser() if raw else Path.home() / ".spawnkit"
 
 

@@ -133,6 +133,43 @@ class CredentialStore:
                 return value
         return self.environ.get(name)
 
+    def pinned(self) -> CredentialStore:
+        """These credentials as of now, for one step of a run that asks for the same names
+        several times (admitting a trigger, building its CLI's environment): the file is
+        read once, each name resolved once. A later step pins them again, and sees a
+        value changed meanwhile."""
+        return _PinnedCredentials(self)
+
+
+class _PinnedCredentials(CredentialStore):
+    """:meth:`CredentialStore.pinned`: each name's value remembered as first resolved."""
+
+    def __init__(self, base: CredentialStore) -> None:
+        super().__init__(base.store, base.environ, file=base.file)
+        self._base = base
+        # A plain store's file, read at the first name asked (None: not yet, or a subclass
+        # whose own resolve decides).
+        self._file_values: dict[str, str] | None = None
+        self._resolved: dict[str, str | None] = {}
+
+    def resolve(self, name: str) -> str | None:
+        if name in self._resolved:
+            return self._resolved[name]
+        if type(self._base) is CredentialStore:
+            if self._file_values is None:
+                stored = self.file.load() if self.file is not None else {}
+                self._file_values = {key: entry.value for key, entry in stored.items()}
+            value = self._file_values.get(name)
+            if value is None:
+                value = self.environ.get(name)
+        else:
+            value = self._base.resolve(name)
+        self._resolved[name] = value
+        return value
+
+    def pinned(self) -> CredentialStore:
+        return self
+
 
 def allowed_names(
     butler: ButlerConfig, adapter_passthrough: Iterable[str], withheld: Iterable[str] = ()

@@ -119,11 +119,27 @@ def remove(path: Path) -> None:
 
 
 def files_in(workspace: Path) -> list[str]:
-    """The files under ``workspace``, relative and sorted (links are not followed)."""
+    """The files under ``workspace``, relative and sorted (links are not followed), as
+    :func:`os.walk` lists them: a link to a folder is a folder, not walked into."""
     found: list[str] = []
-    for root, _dirs, files in os.walk(workspace):
-        found.extend(str((Path(root) / name).relative_to(workspace)) for name in files)
+    _list_files(os.fspath(workspace), "", found)
     return sorted(found)
+
+
+def _list_files(folder: str, prefix: str, found: list[str]) -> None:
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return  # as os.walk: a folder that cannot be listed lists nothing
+    for entry in entries:
+        try:
+            is_dir = entry.is_dir()
+        except OSError:
+            is_dir = False
+        if not is_dir:
+            found.append(prefix + entry.name)
+        elif not entry.is_symlink():
+            _list_files(entry.path, f"{prefix}{entry.name}/", found)
 
 
 def mcp_url(

@@ -43,6 +43,7 @@ from ..telemetry.otlp import CliTelemetry, OtlpReceiver
 from ..telemetry.spans import RunSpan
 from .accepted import CANCEL_GRACE_S, AcceptedRun, RunStart
 from .checkout import repo_given
+from .recording import on_store
 from .request import SOURCE_KINDS, compose_prompt
 from .settings import RunSettings
 
@@ -325,7 +326,9 @@ class Assembly:
         if traceparent:
             identity["TRACEPARENT"] = traceparent
         start, run.start = run.start, None  # recorded now, whatever becomes of this run
-        env = await asyncio.to_thread(self._record_setup, run, start, plan.kind, given, identity)
+        env = await on_store(
+            self.settings.store, self._record_setup, run, start, plan.kind, given, identity
+        )
         if missing := missing_optional(butler, env):
             logger.warning(
                 "run %s of butler %s goes on without %s (optional, not set; "
@@ -379,8 +382,9 @@ class Assembly:
         identity: dict[str, str],
     ) -> dict[str, str]:
         """Record the run's setup (with its start, in one transaction, when that is not
-        recorded yet) and build its CLI's environment: one thread for both (it reads the
-        credentials), just before the CLI starts."""
+        recorded yet) and build its CLI's environment (it reads the credentials), just
+        before the CLI starts: both on the event loop, or both in one thread when the
+        store's write would wait (:func:`~spawnkit.run.recording.on_store`)."""
         store = self.settings.store
         if start is None:
             store.record_setup(run.session_id, sandbox=sandbox_kind, given=given)
@@ -391,7 +395,8 @@ class Assembly:
             )  # fmt: skip
         worker = run.worker
         return isolated_env(
-            self.settings.butler, self.settings.credentials, worker.passthrough_env, identity,
+            self.settings.butler, self.settings.credentials.pinned(), worker.passthrough_env,
+            identity,
             worker.other_vendor_keys,
         )  # fmt: skip
 

@@ -338,9 +338,10 @@ class Spawner:
         workdir = checked_run_arguments(
             role=role, session_id=session_id, kind=kind, sources=sources, workdir=workdir
         )
-        self._check_runnable(kind)
+        credentials = self.credentials.pinned()  # read once for what follows
+        self._check_runnable(kind, credentials)
         secrets = injected_secrets(
-            self.butler, self.credentials, self.adapter.passthrough_env,
+            self.butler, credentials, self.adapter.passthrough_env,
             self.adapter.other_vendor_keys,
         )  # fmt: skip
         run_limits = self._limits(limits, max_turns)
@@ -360,7 +361,7 @@ class Spawner:
             approver=approver, repo=start,
         ))  # fmt: skip
 
-    def _check_runnable(self, kind: RunKind) -> None:
+    def _check_runnable(self, kind: RunKind, credentials: CredentialStore) -> None:
         """Refuse a trigger its CLI, sandbox, variables or API key cannot run (user mistakes)."""
         if kind == "chat":
             self.adapter.check_interactive()  # its interactive CLI, which may be another
@@ -369,10 +370,10 @@ class Spawner:
         if self.butler.permissions.ask and (why := cannot_ask(self.butler.runtime.type)):
             raise ConfigError(f"butler {self.butler.name!r}: [butler.permissions] ask: {why}")
         sandbox.check_available(self.butler)
-        check_required(self.butler, self.credentials)
+        check_required(self.butler, credentials)
         self.adapter.check_authenticated(
             run_values(
-                self.butler, self.credentials, self.adapter.passthrough_env,
+                self.butler, credentials, self.adapter.passthrough_env,
                 self.adapter.other_vendor_keys,
             )
         )  # fmt: skip

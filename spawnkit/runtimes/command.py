@@ -8,9 +8,11 @@ HOME), ``{cwd}``, ``{prompt}``, ``{base_url}``, ``{model}``, ``{sources}`` (an a
 ``- ./name/`` list) and ``{claude}``/``{codex}``/``{gemini}`` (those CLIs as spawnkit
 finds them). ``{base_url}`` in ``env`` is the run's model relay, which swaps the real
 model keys in for the placeholders the CLI gets (see :mod:`spawnkit.containment.relay`).
-``{prompt}`` puts the prompt in the process's arguments, which every local user can read and the
-kernel bounds: each run that uses it logs a warning naming ``{prompt_file}`` and
-``stdin = "prompt"``, which are neither. What it prints is read by ``output``:
+``prompt.md`` and ``system-prompt.md`` are written only when a command line or ``env``
+names their placeholder or ``{workspace}``. ``{prompt}`` puts the prompt in the process's
+arguments, which every local user can read and the kernel bounds: each run that uses it
+logs a warning naming ``{prompt_file}`` and ``stdin = "prompt"``, which are neither. What it
+prints is read by ``output``:
 
 * ``text``: stdout is the answer;
 * ``json-lines``: one JSON object a line, mapped to spawnkit's events by
@@ -389,10 +391,28 @@ class CommandAdapter(StreamingCliAdapter):
         if warning is not None:
             logger.warning("butler %r, session %s: %s", spec.butler, spec.session_id, warning)
 
+    def _files_read(self) -> tuple[bool, bool]:
+        """Whether a run's CLI may read ``prompt.md`` and ``system-prompt.md``: when its
+        command lines or ``env`` name them, or name ``{workspace}`` (a path built on it).
+        A file no placeholder leads to is not written (two creates and two unlinks a run)."""
+        config = self.command_config
+        named = {
+            name
+            for arg in (*config.argv, *config.resume_argv, *config.chat_argv, *config.env.values())
+            for name in placeholders(arg)
+        }
+        on_workspace = "workspace" in named
+        return on_workspace or "prompt_file" in named, (
+            on_workspace or "system_prompt_file" in named
+        )
+
     def command(self, spec: RunSpec) -> list[str]:
         self._warn_of_prompt_in_argv(spec)
-        write_private(spec.workspace / PROMPT_FILE, spec.prompt)
-        write_private(spec.workspace / SYSTEM_PROMPT_FILE, spec.system_prompt)
+        prompt_read, system_prompt_read = self._files_read()
+        if prompt_read:
+            write_private(spec.workspace / PROMPT_FILE, spec.prompt)
+        if system_prompt_read:
+            write_private(spec.workspace / SYSTEM_PROMPT_FILE, spec.system_prompt)
         template = self.command_config.argv
         if spec.resume:
             if not self.command_config.resume_argv:
@@ -419,7 +439,8 @@ class CommandAdapter(StreamingCliAdapter):
         """``chat_command``, expanded like ``command`` (``{resume}``: the session it continues)."""
         self.check_interactive()
         self._warn_of_prompt_in_argv(spec)
-        write_private(spec.workspace / SYSTEM_PROMPT_FILE, spec.system_prompt)
+        if self._files_read()[1]:
+            write_private(spec.workspace / SYSTEM_PROMPT_FILE, spec.system_prompt)
         template = self.command_config.chat_argv
         argv = [expand(arg, self._values(spec)) for arg in template]
         if not PLACEHOLDER_RE.search(template[0]):

@@ -32,7 +32,14 @@ from .journal import StoreJournal
 from .records import SessionRecord, utcnow
 from .schema import SCHEMA_VERSION
 from .session_store import SessionStore
-from .sqlite import BUSY_TIMEOUT_MS, SqliteBackend, StoreHealth, check_store, store_error
+from .sqlite import (
+    BUSY_TIMEOUT_MS,
+    SqliteBackend,
+    StoreHealth,
+    WriteWouldWait,
+    check_store,
+    store_error,
+)
 from .writer import RETRY_FIRST_S, RETRY_MAX_S
 
 __all__ = [
@@ -51,6 +58,7 @@ __all__ = [
     "StoreHealth",
     "StoreJournal",
     "Transaction",
+    "WriteWouldWait",
     "check_store",
     "is_postgres_url",
     "statements",

@@ -28,7 +28,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -164,6 +165,22 @@ class SessionStore:
     def close(self) -> None:
         self._writes.close()
         self._db.close()
+
+    @property
+    def writes_at_once(self) -> bool:
+        """Whether :meth:`without_waiting` can be used: a SQLite file (a server's write is
+        a round trip, never made on an event loop)."""
+        return isinstance(self._db, SqliteBackend)
+
+    @contextmanager
+    def without_waiting(self) -> Iterator[None]:
+        """Writes in the block are made at once or not at all: one that would wait for the
+        store's write lock raises :class:`~spawnkit.store.sqlite.WriteWouldWait` before it
+        changed anything (SQLite only, see :attr:`writes_at_once`)."""
+        if not isinstance(self._db, SqliteBackend):
+            raise TypeError("only a SQLite store writes without waiting")
+        with self._db.without_waiting():
+            yield
 
     def __enter__(self) -> SessionStore:
         return self

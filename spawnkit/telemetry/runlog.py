@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ..errors import InvalidSessionId
-from ..home import spawnkit_home
+from ..home import home_path, spawnkit_home
 from ..redaction import Redactor
 
 DEFAULT_CAP_BYTES = 10 * 1024 * 1024
@@ -40,6 +40,23 @@ def session_log_dir(session_id: str) -> Path:
     return spawnkit_home() / "sessions" / check_session_id(session_id)
 
 
+def session_log_path(session_id: str) -> Path:
+    """Where :func:`session_log_dir` is, without making the home (a run's first log line
+    does: :class:`RunLog`)."""
+    return home_path() / "sessions" / check_session_id(session_id)
+
+
+def _make_folder(folder: Path) -> None:
+    """``folder`` and what is missing above it, private; the home first, as
+    :func:`~spawnkit.home.spawnkit_home` makes it, when it is what is missing."""
+    try:
+        folder.mkdir(exist_ok=True, mode=0o700)
+    except FileNotFoundError:
+        if folder.parent.parent == home_path():
+            spawnkit_home()
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+
 class _CappedFile:
     def __init__(self, path: Path, cap: int) -> None:
         self.path = path
@@ -57,7 +74,7 @@ class _CappedFile:
         if self._file is None:
             # The session's folder is made by its first line: a run that prints nothing
             # (most of a no-op's) costs no mkdir.
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _make_folder(self.path.parent)
             # Held open for the whole run and closed by close(): lines arrive one by one.
             self._file = open(  # noqa: SIM115
                 self.path, "a", encoding="utf-8", errors="replace", buffering=1
@@ -93,7 +110,7 @@ class RunLog:
     def for_session(
         cls, session_id: str, cap_bytes: int = DEFAULT_CAP_BYTES, redactor: Redactor | None = None
     ) -> RunLog:
-        return cls(session_log_dir(session_id), cap_bytes, redactor)
+        return cls(session_log_path(session_id), cap_bytes, redactor)
 
     def stdout(self, line: str) -> None:
         self._stdout.write_line(self.redactor.text(line))
