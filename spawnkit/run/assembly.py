@@ -64,7 +64,7 @@ class Assembly:
         telemetry = await self.cli_receiver(run, span, parts)
         await self.bridge_doors(run, doors, base_url, telemetry, parts)
         spec = await self.prepare(
-            run, workspace, span, base_url, None if doors is None else doors.doors
+            run, workspace, span, base_url, None if doors is None else doors.doors, telemetry
         )
         return replace(spec, telemetry=telemetry)
 
@@ -138,7 +138,9 @@ class Assembly:
         It lives in ``stack``, which closes after the CLI has exited: the CLIs flush
         their spans before they exit.
         """
-        if not self.settings.cli_telemetry:
+        # A sampled signal is drawn here, once per run: the run exports it whole or not at all.
+        signals = self.settings.cli_telemetry.for_run(self.settings.adapter.type)
+        if not signals:
             return None
         context = span.span.get_span_context()
         receiver = OtlpReceiver(
@@ -152,7 +154,7 @@ class Assembly:
             ),
             forward=self.settings.otlp_target,
             on_timing=run.collector.emit,  # live: the views show each request and tool
-            signals=self.settings.cli_telemetry,
+            signals=signals,
         )
         run.redactor.add_run_secret("SPAWNKIT_OTLP_SECRET", receiver.secret)
 
@@ -237,6 +239,7 @@ class Assembly:
         span: RunSpan,
         base_url: str | None,
         doors: tuple[Door, ...] | None = None,
+        telemetry: CliTelemetry | None = None,
     ) -> RunSpec:
         butler, worker = self.settings.butler, run.worker
         agent = butler.agents.get(run.role) if run.role else None
@@ -312,6 +315,8 @@ class Assembly:
             **({"dispatch": self.settings.origin} if self.settings.origin else {}),
             **({"sources": [str(path) for path in linked]} if asking else {}),
             **({"repo": repo_given(run.checkout)} if run.checkout is not None else {}),
+            # The CLI's own signals this run exported (a sampled one was drawn for it).
+            **({"cli_telemetry": sorted(telemetry.signals)} if telemetry is not None else {}),
         }  # fmt: skip
         run.setup = (plan.kind, given)
         identity = {
