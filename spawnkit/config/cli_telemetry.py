@@ -22,7 +22,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal, cast, get_args
+from typing import Literal, get_args
 
 from ..errors import ConfigError
 
@@ -90,10 +90,9 @@ def parse_choice(choice: CliTelemetryChoice | None) -> SignalChoice:
         name, _, share = (item.strip() for item in part.partition("@"))
         if name not in CLI_SIGNALS or name in signals:
             raise ConfigError(f"cli telemetry must be {CHOICE_HELP}; got {choice!r}")
-        signal = cast(CliSignal, name)  # checked just above
-        signals.add(signal)
+        signals.add(name)
         if "@" in part:
-            shares[signal] = _share(share, choice)
+            shares[name] = _share(share, choice)
     return SignalChoice(frozenset(signals), MappingProxyType(shares))
 
 
