@@ -2,17 +2,20 @@
 log events and metrics.
 
 With CLI telemetry on (``[butler.telemetry] cli = true`` or ``Spawner(cli_telemetry=
-True)``), the spawner starts one :class:`OtlpReceiver` per run on loopback (port 0)
-for as long as the run's CLI lives, and tells the CLI to export its telemetry there
-(:class:`CliTelemetry`, which each adapter turns into its own settings). Only a
-request carrying the run's secret in the :data:`SECRET_HEADER` header gets in; a run
-in a network of its own reaches it through one of its doors, as it does the butler's MCP
-server. Decoding is :mod:`.otlp_decode`'s, forwarding to the user's collector
+True)``; which signals: :mod:`spawnkit.config.cli_telemetry`), the spawner starts one
+:class:`OtlpReceiver` per run for as long as the run's CLI lives, and tells the CLI to
+export its telemetry there (:class:`CliTelemetry`, which each adapter turns into its own
+settings). Only a request carrying the run's secret in the :data:`SECRET_HEADER` header
+gets in. Decoding is :mod:`.otlp_decode`'s, forwarding to the user's collector
 :mod:`.otlp_export`'s.
 
-The receiver accepts ``POST /v1/traces`` as protobuf (``application/x-protobuf``) or
-JSON, gzip-compressed or not, in one piece or chunked, up to :data:`MAX_BODY_BYTES`
-(413 beyond, before any parsing), and ``/v1/logs`` and ``/v1/metrics`` the same way:
+The receiver is a plain asyncio server of HTTP/1.1 (the heads and body framing of
+:mod:`spawnkit._http1`), on a loopback port, or on its door's unix socket in a run's own
+network: a uvicorn server started for each run, bridged to the door, cost more CPU than
+decoding a Codex run's log events. It accepts ``POST /v1/traces`` as protobuf
+(``application/x-protobuf``) or JSON, gzip-compressed or not, in one piece or chunked, on
+kept-alive connections, up to :data:`MAX_BODY_BYTES` (413 beyond, before any parsing),
+and ``/v1/logs`` and ``/v1/metrics`` the same way:
 each log record and metric data point becomes a :class:`CliEvent` row, redacted like the
 spans; a log event that reports a model request or a tool call (:mod:`spawnkit.telemetry.timings`)
 also becomes a :class:`~spawnkit.events.Timing` for the run's listeners, at once. Every
