@@ -3,6 +3,10 @@ receiver keeps. (The real CLIs with ``cli = "logs"``: tests/test_cli_telemetry_e
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import httpx
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -109,3 +113,35 @@ async def test_the_receiver_drops_a_signal_not_chosen_unread() -> None:
     assert [a.status_code for a in answers] == [200, 200] and traces.status_code == 200
     assert receiver.events == [] and receiver.spans == []
     assert receiver.unwanted == 3
+
+
+@pytest.mark.parametrize(
+    ("choice", "collected"),
+    [("all", ["logs", "metrics", "traces"]), ("traces@0.000000001", []), (False, None)],
+)
+async def test_each_runs_record_says_what_it_collected(
+    make_butler,
+    store: SessionStore,
+    tmp_path: Path,
+    choice: str | bool,
+    collected: list[str] | None,
+) -> None:
+    """A real run (a command runtime: the receiver is started and named in the run's
+    setup, whatever the CLI does with it). A run that drew none of its sampled signals
+    says so, with no receiver; with telemetry off the record does not mention it."""
+    agent = tmp_path / "agent.py"
+    agent.write_text("import sys\nprint('answer to', sys.stdin.read())\n")
+    butler = make_butler(
+        "plain",
+        extra=f"""
+        [butler.runtime]
+        type = "command"
+        command = [{json.dumps(sys.executable)}, {json.dumps(str(agent))}]
+        stdin = "prompt"
+        """,
+    )
+    result = await Spawner(butler, store=store, cli_telemetry=choice).trigger("hi")
+    assert result.success, result.error
+    record = store.get_session(result.session_id or "")
+    assert record is not None and record.given is not None
+    assert record.given.get("cli_telemetry") == collected

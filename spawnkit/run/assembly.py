@@ -319,8 +319,13 @@ class Assembly:
             **({"dispatch": self.settings.origin} if self.settings.origin else {}),
             **({"sources": [str(path) for path in linked]} if asking else {}),
             **({"repo": repo_given(run.checkout)} if run.checkout is not None else {}),
-            # The CLI's own signals this run exported (a sampled one was drawn for it).
-            **({"cli_telemetry": sorted(telemetry.signals)} if telemetry is not None else {}),
+            # With CLI telemetry on, the signals this run's CLI exported (a sampled one was
+            # drawn for it; none when it drew none).
+            **(
+                {"cli_telemetry": sorted(telemetry.signals) if telemetry is not None else []}
+                if self.settings.cli_telemetry
+                else {}
+            ),
         }  # fmt: skip
         run.setup = (plan.kind, given)
         identity = {
