@@ -598,7 +598,7 @@ def main() -> None:
     (work / "home").mkdir()
     report: dict[str, Any] = {
         "benchmark": "spawn_overhead", "python": sys.version.split()[0], "cpus": os.cpu_count(),
-        "runtimes": {},
+        "load_average": [round(x, 2) for x in os.getloadavg()], "runtimes": {},
     }  # fmt: skip
     for runtime in args.runtimes.split(","):
         result = measure(runtime, args.rounds, work, args.cli_telemetry, args.telemetry_only)
@@ -642,6 +642,7 @@ def main() -> None:
             print_telemetry(runtime, result)
     accounting.close()
     out.parent.mkdir(parents=True, exist_ok=True)
+    report["load_average"] += [round(x, 2) for x in os.getloadavg()]  # at the start and the end
     out.write_text(json.dumps(report, indent=2) + "\n")
     shutil.rmtree(work, ignore_errors=True)
 
