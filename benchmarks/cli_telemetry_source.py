@@ -38,7 +38,7 @@ from typing import Any
 from spawn_overhead import KEY, PROMPT, ROOT, SCENARIO
 
 from spawnkit._asgi import serve_in_thread
-from spawnkit.config.cli_telemetry import cli_signals
+from spawnkit.config.cli_telemetry import parse_choice
 from spawnkit.config.roster import ButlerConfig, load_roster
 from spawnkit.config.system_prompt import compose_system_prompt, read_prompt_file
 from spawnkit.containment.mcp_access import AccessTable
@@ -95,7 +95,7 @@ def bare_run(
             server = McpServerSpec(butler.name, "http", urls["mcp"], secret)
             telemetry = None
             if variant != "off":
-                signals = cli_signals(True if variant == "all" else variant)
+                signals = parse_choice(variant).for_run(runtime)
                 telemetry = CliTelemetry(urls["sink"], "bench", "sink-secret", signals)
             spec = RunSpec(
                 session_id="bench", butler=butler.name, prompt=PROMPT,

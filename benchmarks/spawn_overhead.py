@@ -36,13 +36,14 @@ no side always runs right after the same other one; the figure is the ratio of t
 medians. Use a multiple of the number of sides as ``--rounds`` for every side to run in
 every position equally often. With
 ``--cli-telemetry`` a further side alternates with them: the same trigger with the
-CLI's own telemetry on (``Spawner(cli_telemetry=True)``: the run's OTLP receiver,
-the CLI exporting spans, logs and metrics, all stored), reported as the extra
+CLI's own telemetry on (``Spawner(cli_telemetry=True)``: the run's OTLP receiver, the
+CLI exporting its runtime's default signals, all stored; what each run collected is
+counted from its record), reported as the extra
 seconds per run over spawnkit without it (written to
 ``results/spawn_overhead_cli_telemetry.json``), and its extra CPU per run, in the CLI's
 processes and in this process, as a share of a run's CPU without it (medians of each
 round's difference, with their spread). ``--cli-telemetry logs`` (any choice
-``Spawner(cli_telemetry=...)`` takes) measures that choice instead of everything;
+``Spawner(cli_telemetry=...)`` takes: ``all``, ``logs+traces@0.1``) measures that choice;
 ``--telemetry-only`` runs only the two sides it compares. Usage::
 
     .venv/bin/python benchmarks/spawn_overhead.py [--rounds 8] [--runtimes claude-code,codex]
@@ -54,6 +55,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import collections
 import contextlib
 import dataclasses
 import json
@@ -338,12 +340,16 @@ def measure(
             result = await chosen.trigger(PROMPT)
             if not result.success or "measurements/weight" not in result.output:
                 raise SystemExit(f"spawnkit {runtime} failed: {result.error} {result.output[:300]}")
-            if chosen is traced and not (
-                store.cli_spans(result.session_id) or store.cli_events(result.session_id)
-            ):
+            if chosen is not traced:
+                return
+            if not (store.cli_spans(result.session_id) or store.cli_events(result.session_id)):
                 raise SystemExit(f"spawnkit {runtime}: CLI telemetry on, and nothing stored")
+            record = store.get_session(result.session_id)
+            given = (record.given or {}) if record is not None else {}
+            collected.append("+".join(given.get("cli_telemetry", [])) or "none")
 
         runner = asyncio.Runner()
+        collected: list[str] = []  # what each run with telemetry collected (its record says)
 
         cpu: dict[str, list[tuple[float, float]]] = {"spawnkit": []}
         if not telemetry_only:
@@ -416,6 +422,7 @@ def measure(
         median = statistics.median(telemetry_s)
         telemetry = {
             "cli_telemetry": cli_telemetry,
+            "cli_telemetry_collected": dict(collections.Counter(collected)),
             "cli_telemetry_median_s": round(median, 4),
             "cli_telemetry_extra_s": round(median - statistics.median(spawnkit_s), 4),
             "cli_telemetry_s": [round(x, 4) for x in telemetry_s],
@@ -572,7 +579,8 @@ def main() -> None:
     parser.add_argument(
         "--cli-telemetry", nargs="?", const=True, default=False, metavar="CHOICE",
         help="also time runs with the CLI's own telemetry on (the extra seconds and CPU per "
-        'run); CHOICE as Spawner(cli_telemetry=...) takes it ("logs", "logs+metrics")',
+        'run); CHOICE as Spawner(cli_telemetry=...) takes it ("all", "logs", "logs+traces@0.1"; '
+        "none: each runtime's default set)",
     )  # fmt: skip
     parser.add_argument(
         "--telemetry-only", action="store_true",
@@ -590,7 +598,7 @@ def main() -> None:
     (work / "home").mkdir()
     report: dict[str, Any] = {
         "benchmark": "spawn_overhead", "python": sys.version.split()[0], "cpus": os.cpu_count(),
-        "runtimes": {},
+        "load_average": [round(x, 2) for x in os.getloadavg()], "runtimes": {},
     }  # fmt: skip
     for runtime in args.runtimes.split(","):
         result = measure(runtime, args.rounds, work, args.cli_telemetry, args.telemetry_only)
@@ -634,6 +642,7 @@ def main() -> None:
             print_telemetry(runtime, result)
     accounting.close()
     out.parent.mkdir(parents=True, exist_ok=True)
+    report["load_average"] += [round(x, 2) for x in os.getloadavg()]  # at the start and the end
     out.write_text(json.dumps(report, indent=2) + "\n")
     shutil.rmtree(work, ignore_errors=True)
 

@@ -74,10 +74,20 @@ class _Server(uvicorn.Server):
         yield
 
 
+# uvicorn sets up its loggers (``logging.config.dictConfig``, then three levels that each
+# clear every logger's cache) for each server it makes: two thirds of the CPU of starting
+# one, and a run's OTLP receiver is a server per run. The first server does it; the
+# others find it done.
+_uvicorn_logging = threading.Event()
+
+
 def _make_server(app: ASGIApp) -> uvicorn.Server:
+    first = not _uvicorn_logging.is_set()
+    _uvicorn_logging.set()
     config = uvicorn.Config(
         cast(Any, app),
-        log_level="warning",
+        log_config=uvicorn.config.LOGGING_CONFIG if first else None,
+        log_level="warning" if first else None,
         access_log=False,
         lifespan="auto",
         # Agent CLIs keep connections open between model turns.

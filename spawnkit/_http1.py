@@ -38,6 +38,10 @@ class BadRequest(Exception):
     """A message the relay cannot frame: malformed, or over a bound."""
 
 
+class TooLarge(BadRequest):
+    """A request body over the reader's limit (said so up front, or seen so while read)."""
+
+
 @dataclass(frozen=True)
 class Request:
     method: str
@@ -118,8 +122,9 @@ async def read_request(reader: asyncio.StreamReader) -> Request | None:
     return Request(parts[0].decode("latin-1"), parts[1], parts[2], headers)
 
 
-async def read_body(reader: asyncio.StreamReader, headers: Headers) -> bytes:
-    """A request's whole body (at most :data:`MAX_BODY`), de-chunked."""
+async def read_body(reader: asyncio.StreamReader, headers: Headers, limit: int = MAX_BODY) -> bytes:
+    """A request's whole body (at most ``limit`` bytes, :class:`TooLarge` beyond, read no
+    further), de-chunked."""
     chunked = b"chunked" in _tokens(_header(headers, b"transfer-encoding"))
     length = _header(headers, b"content-length")
     if chunked and length:
@@ -127,15 +132,17 @@ async def read_body(reader: asyncio.StreamReader, headers: Headers) -> bytes:
     if chunked:
         body = bytearray()
         while (size := await _chunk_size(reader)) > 0:
-            if len(body) + size > MAX_BODY:
-                raise BadRequest("the request body is too large")
+            if len(body) + size > limit:
+                raise TooLarge("the request body is too large")
             body += await _chunk_data(reader, size)
         await _trailers(reader)
         return bytes(body)
     if not length:
         return b""
-    if not length.isdigit() or int(length) > MAX_BODY:
-        raise BadRequest("a bad or too large Content-Length")
+    if not length.isdigit():
+        raise BadRequest("a bad Content-Length")
+    if int(length) > limit:
+        raise TooLarge("the request body is too large")
     return await reader.readexactly(int(length))
 
 

@@ -1,7 +1,7 @@
 """End to end: each real CLI's own spans reach the run's receiver and join the run's trace.
 
 Claude Code, Codex and Gemini run for real against the replay model server with
-``[butler.telemetry] cli = true``. The run's span (spawnkit's, exported to an in-memory
+``[butler.telemetry] cli = "all"``. The run's span (spawnkit's, exported to an in-memory
 exporter) is the reference: every stored span must carry its trace id and have it as an
 ancestor. Claude Code gets there by honouring ``TRACEPARENT``; Gemini (which ignores it)
 and Codex (whose ``exec`` spans did not join it with 0.169) are moved under it by their
@@ -84,7 +84,7 @@ async def test_cli_spans_join_the_runs_trace(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     butler = make_butler(
-        extra='[butler.env]\nrequired = ["CANARY_TOKEN"]\n[butler.telemetry]\ncli = true\n'
+        extra='[butler.env]\nrequired = ["CANARY_TOKEN"]\n[butler.telemetry]\ncli = "all"\n'
     ).with_runtime(runtime)
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -101,6 +101,9 @@ async def test_cli_spans_join_the_runs_trace(
     trace_id = f"{run_span.context.trace_id:032x}"
     run_span_id = f"{run_span.context.span_id:016x}"
     assert result.trace_id == trace_id
+    record = store.get_session(result.session_id)
+    assert record is not None and record.given is not None
+    assert record.given["cli_telemetry"] == ["logs", "metrics", "traces"]
 
     spans = store.cli_spans(result.session_id)
     assert spans, f"{runtime} exported no span to the run's receiver"
@@ -191,7 +194,7 @@ async def test_everything_is_forwarded_to_the_users_collector(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     butler = make_butler(
-        extra='[butler.env]\nrequired = ["CANARY_TOKEN"]\n[butler.telemetry]\ncli = true\n'
+        extra='[butler.env]\nrequired = ["CANARY_TOKEN"]\n[butler.telemetry]\ncli = "all"\n'
     ).with_runtime(runtime)
     collector = Collector()
     store = SessionStore()
@@ -242,9 +245,40 @@ async def test_logs_only_keeps_the_timings_and_no_spans_or_metrics(
         result = await svc.trigger(PROMPT)
     assert result.success, result.error
     assert store.cli_spans(result.session_id) == []
+    record = store.get_session(result.session_id)
+    assert record is not None and record.given is not None
+    assert record.given["cli_telemetry"] == ["logs"]  # what the run collected
     events = store.cli_events(result.session_id)
     assert events and {e["kind"] for e in events} == {"log"}
     timings = history.timings(store=store, session_id=result.session_id)
     assert timings["kind"].tolist().count("model") == 3, set(e["name"] for e in events)
     tool = {"claude-code": "Bash", "codex": "exec_command", "gemini": "run_shell_command"}[runtime]
     assert tool in set(timings["name"])
+
+
+@pytest.mark.skipif(not NODE_CLIS, reason="npm ci")
+@pytest.mark.parametrize(
+    ("choice", "collected"), [("true", ["logs"]), ('"logs+traces@1"', ["logs", "traces"])]
+)
+async def test_codex_by_default_exports_its_log_events_alone(
+    make_butler, isolated_home: Path, choice: str, collected: list[str]
+) -> None:
+    """``cli = true`` on Codex is its default set, the log events: its 500-odd spans would
+    cost a third of the run's CPU. The record says what the run collected, and the spans
+    are one choice away (a share of 1: every run)."""
+    butler = make_butler(extra=f"[butler.telemetry]\ncli = {choice}\n").with_runtime("codex")
+    store = SessionStore()
+    scenario = Scenario.from_dict(
+        tomllib.loads(SCRIPT.replace("$CANARY_TOKEN", "hi")), source="<default>"
+    )
+    async with ButlerService(butler, store=store, replay=scenario) as svc:
+        result = await svc.trigger(PROMPT)
+    assert result.success, result.error
+    record = store.get_session(result.session_id)
+    assert record is not None and record.given is not None
+    assert record.given["cli_telemetry"] == collected
+    assert bool(store.cli_spans(result.session_id)) == ("traces" in collected)
+    events = store.cli_events(result.session_id)
+    assert {e["kind"] for e in events} == {"log"}
+    timings = history.timings(store=store, session_id=result.session_id)
+    assert timings["kind"].tolist().count("model") == 3

@@ -475,3 +475,55 @@ async def test_a_flood_of_requests_gets_429() -> None:
     assert flood[0].headers["retry-after"] == "1"
     assert [a.status_code for a in answers] == [200] * MAX_IN_FLIGHT
     assert receiver.limited == 3 and len(receiver.spans) == MAX_IN_FLIGHT
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One answer off a connection: its status line and its body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        (int(line.split(b":")[1]) for line in head.split(b"\r\n")
+         if line.lower().startswith(b"content-length:")),
+        0,
+    )  # fmt: skip
+    return head.split(b"\r\n")[0], await reader.readexactly(length)
+
+
+async def test_a_door_socket_keeps_the_connection_alive_and_answers_bad_heads(
+    tmp_path: Path,
+) -> None:
+    """In a run's own network the receiver listens on its door's unix socket. Requests
+    follow each other on one kept-alive connection (as the CLIs' exporters send them), an
+    ``Expect: 100-continue`` is answered, a malformed head gets 400 and a closed connection,
+    and a connection still open when the receiver stops is ended, not left behind."""
+    receiver = OtlpReceiver("s1", Redactor(), run_trace=RUN_TRACE)
+    socket_path = tmp_path / "4318.sock"
+    body = json_body("x")
+
+    def request(extra: bytes = b"") -> bytes:
+        return (
+            b"POST /v1/traces HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            + f"x-spawnkit-otlp-secret: {receiver.secret}\r\n".encode()
+            + b"content-length: %d\r\n" % len(body) + extra + b"\r\n" + body
+        )  # fmt: skip
+
+    async with receiver.serve(socket_path, 4318) as telemetry:
+        assert telemetry.endpoint == "http://127.0.0.1:4318"
+        assert socket_path.stat().st_mode & 0o777 == 0o600
+        reader, writer = await asyncio.open_unix_connection(str(socket_path))
+        writer.write(request() + request(b"expect: 100-continue\r\n"))
+        answers = [await read_answer(reader) for _ in range(3)]
+        assert answers == [
+            (b"HTTP/1.1 200 OK", b"{}"), (b"HTTP/1.1 100 Continue", b""),
+            (b"HTTP/1.1 200 OK", b"{}"),
+        ]  # fmt: skip
+        bad_reader, bad_writer = await asyncio.open_unix_connection(str(socket_path))
+        bad_writer.write(b"NONSENSE\r\n\r\n")
+        answer = await bad_reader.read()
+        assert answer.startswith(b"HTTP/1.1 400 ") and b"connection: close" in answer
+        bad_writer.close()
+        # ``writer`` stays open, idle, until the receiver stops.
+    async with asyncio.timeout(10):
+        assert await reader.read() == b""  # the receiver ended it
+    writer.close()
+    assert not socket_path.exists()
+    assert len(receiver.spans) == 2

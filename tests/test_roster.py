@@ -591,8 +591,9 @@ def test_telemetry_cli_is_a_bool_or_signals(tmp_path: Path) -> None:
         tmp_path, MINIMAL.format(name="health", port=8201) + '[butler.telemetry]\ncli = "yes"\n'
     )
     assert message == (
-        f'{path}: [butler.telemetry.cli]: must be true, false, "all", or signals joined by "+" '
-        'from "traces", "logs", "metrics"'
+        f'{path}: [butler.telemetry.cli]: must be true, false, "default", "all", or signals '
+        'joined by "+" from "traces", "logs", "metrics", each with an optional share of runs '
+        '("traces@0.1")'
     )
 
 

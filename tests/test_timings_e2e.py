@@ -1,7 +1,7 @@
 """End to end: each real CLI's telemetry becomes Timing events while the run happens.
 
 Claude Code, Codex and Gemini run for real against the replay model server with
-``[butler.telemetry] cli = true``: a shell command that takes a few seconds, a call of the
+``[butler.telemetry] cli = "all"``: a shell command that takes a few seconds, a call of the
 butler's MCP tool, an answer. The run's listener must get a Timing for each of the three
 model requests and the two tool calls, with durations that fit inside the run, the first
 one while the slow command is still running (Claude Code exports its log events every
@@ -60,7 +60,8 @@ async def test_timings_arrive_during_the_run(
     runtime: str,  # noqa: F811 - the imported fixture
     isolated_home: Path,
 ) -> None:
-    butler = make_butler(extra="[butler.telemetry]\ncli = true\n").with_runtime(runtime)
+    # "all": the waterfall below is drawn from the spans, not in Codex's default set.
+    butler = make_butler(extra='[butler.telemetry]\ncli = "all"\n').with_runtime(runtime)
     store = SessionStore()
     script = SCRIPT.format(slow=SLOW_S[runtime])
     scenario = Scenario.from_dict(tomllib.loads(script), source="<timings>")

@@ -63,7 +63,7 @@ from .butler_config import (
     read_utf8,
 )
 from .cli_telemetry import CHOICE_HELP as CLI_TELEMETRY_HELP
-from .cli_telemetry import cli_signals
+from .cli_telemetry import parse_choice
 from .limits import Limits
 from .retry import RetryPolicy
 from .runtime_names import canonical_runtime
@@ -285,7 +285,7 @@ def _parse(doc: _Reader, folder: Path, roster_dir: Path) -> ButlerConfig:
     telemetry.check_keys({"cli"})
     cli_telemetry = telemetry.data.get("cli", False)
     try:
-        cli_signals(cli_telemetry)
+        parse_choice(cli_telemetry)
     except ConfigError:
         raise telemetry.error("cli", f"must be {CLI_TELEMETRY_HELP}") from None
     runtime = replace(

@@ -62,10 +62,10 @@ class Assembly:
         """The run's spec, its parts open in ``parts`` until the CLI has exited."""
         doors = await self.open_run_doors(run, workspace, parts)
         base_url = await self.open_run_relay(run, parts, doors)
-        telemetry = await self.cli_receiver(run, span, parts)
-        await self.bridge_doors(run, doors, base_url, telemetry, parts)
+        telemetry = await self.cli_receiver(run, span, parts, doors)
+        await self.bridge_doors(run, doors, base_url, parts)
         spec = await self.prepare(
-            run, workspace, span, base_url, None if doors is None else doors.doors
+            run, workspace, span, base_url, None if doors is None else doors.doors, telemetry
         )
         return replace(spec, telemetry=telemetry)
 
@@ -132,14 +132,21 @@ class Assembly:
         return relay.url
 
     async def cli_receiver(
-        self, run: AcceptedRun, span: RunSpan, stack: contextlib.AsyncExitStack
+        self,
+        run: AcceptedRun,
+        span: RunSpan,
+        stack: contextlib.AsyncExitStack,
+        doors: Doors | None = None,
     ) -> CliTelemetry | None:
         """Start the run's OTLP receiver (CLI telemetry on); what it got is stored when it stops.
 
         It lives in ``stack``, which closes after the CLI has exited: the CLIs flush
-        their spans before they exit.
+        their spans before they exit. In a run's own network it is a door itself (it
+        listens on the door's socket), with no bridge between the door and a port.
         """
-        if not self.settings.cli_telemetry:
+        # A sampled signal is drawn here, once per run: the run exports it whole or not at all.
+        signals = self.settings.cli_telemetry.for_run(self.settings.adapter.type)
+        if not signals:
             return None
         context = span.span.get_span_context()
         receiver = OtlpReceiver(
@@ -153,7 +160,7 @@ class Assembly:
             ),
             forward=self.settings.otlp_target,
             on_timing=run.collector.emit,  # live: the views show each request and tool
-            signals=self.settings.cli_telemetry,
+            signals=signals,
         )
         run.redactor.add_run_secret("SPAWNKIT_OTLP_SECRET", receiver.secret)
 
@@ -169,7 +176,10 @@ class Assembly:
                 logger.exception("could not store the CLI spans of run %s", run.session_id)
 
         stack.push_async_callback(store)
-        return await stack.enter_async_context(receiver.serve())
+        if doors is None:
+            return await stack.enter_async_context(receiver.serve())
+        port = free_port()
+        return await stack.enter_async_context(receiver.serve(doors.socket_for(port), port))
 
     async def open_run_doors(
         self, run: AcceptedRun, workspace: Path, stack: contextlib.AsyncExitStack
@@ -185,13 +195,13 @@ class Assembly:
         run: AcceptedRun,
         doors: Doors | None,
         base_url: str | None,
-        telemetry: CliTelemetry | None,
         stack: contextlib.AsyncExitStack,
     ) -> None:
         """The other doors of a run in a network of its own: bridges to the butler's MCP
-        server, the run's OTLP receiver and a model URL with no relay in front (a loopback
-        model server such as the replay server); and the egress proxy when the butler
-        allows hosts. The relay, when the run has one, is a door already (:meth:`open_run_relay`).
+        server and a model URL with no relay in front (a loopback model server such as the
+        replay server); and the egress proxy when the butler allows hosts. The relay and the
+        OTLP receiver, when the run has them, are doors already (:meth:`open_run_relay`,
+        :meth:`cli_receiver`).
 
         A model API elsewhere with no relay in front (a subscription login) has no door:
         such a run fails here, before its CLI starts.
@@ -203,10 +213,6 @@ class Assembly:
         port = self.settings.mcp_port or self.settings.butler.port
         if run.kind not in SOURCE_KINDS and port:  # 0: no server (an ad-hoc butler's own)
             ports[port] = (self.settings.mcp_host, port)
-        if telemetry is not None:
-            address = loopback_address(telemetry.endpoint)
-            if address is not None:
-                ports[address[1]] = address
         model = base_url or run.worker.default_api_url
         if run.relay is None and model is not None:
             address = loopback_address(model)
@@ -238,6 +244,7 @@ class Assembly:
         span: RunSpan,
         base_url: str | None,
         doors: tuple[Door, ...] | None = None,
+        telemetry: CliTelemetry | None = None,
     ) -> RunSpec:
         butler, worker = self.settings.butler, run.worker
         agent = butler.agents.get(run.role) if run.role else None
@@ -313,6 +320,13 @@ class Assembly:
             **({"dispatch": self.settings.origin} if self.settings.origin else {}),
             **({"sources": [str(path) for path in linked]} if asking else {}),
             **({"repo": repo_given(run.checkout)} if run.checkout is not None else {}),
+            # With CLI telemetry on, the signals this run's CLI exported (a sampled one was
+            # drawn for it; none when it drew none).
+            **(
+                {"cli_telemetry": sorted(telemetry.signals) if telemetry is not None else []}
+                if self.settings.cli_telemetry
+                else {}
+            ),
         }  # fmt: skip
         run.setup = (plan.kind, given)
         identity = {

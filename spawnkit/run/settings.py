@@ -15,7 +15,7 @@ from typing import Protocol
 from opentelemetry.trace import TracerProvider
 
 from ..budgets.pacing import Pacer
-from ..config.cli_telemetry import CliSignal
+from ..config.cli_telemetry import SignalChoice
 from ..config.retry import RetryPolicy
 from ..config.roster import ButlerConfig
 from ..containment.credentials import CredentialStore
@@ -39,7 +39,7 @@ class RunSettings(Protocol):
     mcp_port: int | None
     base_url: str | None
     model: str | None
-    cli_telemetry: frozenset[CliSignal]  # the signals its CLI exports; none: off
+    cli_telemetry: SignalChoice  # the signals its CLIs export (each run's drawn); false: off
     otlp_target: OtlpTarget | None
     tracer_provider: TracerProvider | None
     workspace_root: Path | None

@@ -46,7 +46,7 @@ from opentelemetry.trace import TracerProvider
 from ..budgets.budget import RunBudget, admit, day_start
 from ..budgets.pacing import Pacer
 from ..config.butler_config import cannot_ask
-from ..config.cli_telemetry import CliTelemetryChoice, cli_signals
+from ..config.cli_telemetry import CliTelemetryChoice, parse_choice
 from ..config.limits import Limits
 from ..config.retry import RetryPolicy
 from ..config.roster import ButlerConfig
@@ -145,8 +145,9 @@ class Spawner:
             memory = StoreMemory.from_module_config(self.store, butler.modules["memory"])
         self.memory = memory
         # The CLI's own spans, to a receiver per run (spawnkit.telemetry.otlp); None:
-        # [butler.telemetry]. True, or the signals it exports ("logs", "logs+metrics").
-        self.cli_telemetry = cli_signals(
+        # [butler.telemetry]. True (each runtime's default), or the signals it exports
+        # ("all", "logs", "logs+traces@0.1"); a run's own are drawn when it starts.
+        self.cli_telemetry = parse_choice(
             butler.cli_telemetry if cli_telemetry is None else cli_telemetry
         )
         # The user's own collector (OTEL_EXPORTER_OTLP_*): the receivers forward to it.

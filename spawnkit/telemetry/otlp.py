@@ -2,17 +2,20 @@
 log events and metrics.
 
 With CLI telemetry on (``[butler.telemetry] cli = true`` or ``Spawner(cli_telemetry=
-True)``), the spawner starts one :class:`OtlpReceiver` per run on loopback (port 0)
-for as long as the run's CLI lives, and tells the CLI to export its telemetry there
-(:class:`CliTelemetry`, which each adapter turns into its own settings). Only a
-request carrying the run's secret in the :data:`SECRET_HEADER` header gets in; a run
-in a network of its own reaches it through one of its doors, as it does the butler's MCP
-server. Decoding is :mod:`.otlp_decode`'s, forwarding to the user's collector
+True)``; which signals: :mod:`spawnkit.config.cli_telemetry`), the spawner starts one
+:class:`OtlpReceiver` per run for as long as the run's CLI lives, and tells the CLI to
+export its telemetry there (:class:`CliTelemetry`, which each adapter turns into its own
+settings). Only a request carrying the run's secret in the :data:`SECRET_HEADER` header
+gets in. Decoding is :mod:`.otlp_decode`'s, forwarding to the user's collector
 :mod:`.otlp_export`'s.
 
-The receiver accepts ``POST /v1/traces`` as protobuf (``application/x-protobuf``) or
-JSON, gzip-compressed or not, in one piece or chunked, up to :data:`MAX_BODY_BYTES`
-(413 beyond, before any parsing), and ``/v1/logs`` and ``/v1/metrics`` the same way:
+The receiver is a plain asyncio server of HTTP/1.1 (the heads and body framing of
+:mod:`spawnkit._http1`), on a loopback port, or on its door's unix socket in a run's own
+network: a uvicorn server started for each run, bridged to the door, cost more CPU than
+decoding a Codex run's log events. It accepts ``POST /v1/traces`` as protobuf
+(``application/x-protobuf``) or JSON, gzip-compressed or not, in one piece or chunked, on
+kept-alive connections, up to :data:`MAX_BODY_BYTES` (413 beyond, before any parsing),
+and ``/v1/logs`` and ``/v1/metrics`` the same way:
 each log record and metric data point becomes a :class:`CliEvent` row, redacted like the
 spans; a log event that reports a model request or a tool call (:mod:`spawnkit.telemetry.timings`)
 also becomes a :class:`~spawnkit.events.Timing` for the run's listeners, at once. Every
@@ -52,22 +55,15 @@ import json
 import logging
 import secrets
 import zlib
-from collections.abc import (
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Iterable,
-    Mapping,
-    MutableMapping,
-    Sequence,
-)
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from google.protobuf.json_format import ParseDict, ParseError
 
-from .. import _asgi
+from .. import _http1 as wire
 from ..config.cli_telemetry import CLI_SIGNALS, CliSignal
 from ..events import Timing
 from ..redaction import Redactor
@@ -99,6 +95,12 @@ SESSION_ATTRIBUTE = "spawnkit.session_id"
 MAX_IN_FLIGHT = 4
 # What a 429 asks the exporter to wait before it retries, in seconds.
 RETRY_AFTER_S = 1
+# After an answer given before its request's body was read (413, 429...), what of the
+# body is still read and dropped, and for how long, before the connection closes.
+LINGER_BYTES = 2 * MAX_BODY_BYTES
+LINGER_S = 2.0
+# How long the connections left when the receiver stops get to end by themselves.
+STOP_TIMEOUT_S = 2.0
 # Spans, and log events plus metric points, kept per run (Codex sends about 490 spans
 # for a short run); the rest are counted.
 MAX_SPANS = 20_000
@@ -107,10 +109,6 @@ MAX_EVENTS = 20_000
 COMMAND_LINE_ATTRIBUTES = frozenset(
     {"process.command_args", "process.command_line", "process.command", "process.argv"}
 )
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -386,73 +384,87 @@ class OtlpReceiver:
 
     # -- HTTP ----------------------------------------------------------------------
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-        if scope["type"] != "http":
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        given = headers.get(SECRET_HEADER, "")
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection of the CLI's exporters: its requests in turn, kept alive between
+        them, closed after an answer given before the request's body was read."""
+        try:
+            while (request := await wire.read_request(reader)) is not None:
+                answer = await self._answer(request, reader, writer)
+                close = answer.close or not request.keep_alive
+                writer.write(answer.encode(close))
+                await writer.drain()
+                if answer.close:
+                    await _linger(reader, writer)
+                if close:
+                    break
+        except (wire.BadRequest, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+            logger.warning("OTLP receiver of %s: a malformed request: %s", self.session_id, exc)
+            with contextlib.suppress(ConnectionError):
+                writer.write(_Answer(400, str(exc).encode()).encode(close=True))
+        except ConnectionError:
+            pass  # the exporter went away; nothing to answer
+        finally:
+            writer.close()
+
+    async def _answer(
+        self, request: wire.Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> _Answer:
+        """The answer to one request: its secret, its path, the room for it, then its body."""
+        given = request.header(SECRET_HEADER.encode()).decode("latin-1")
         if not hmac.compare_digest(given.encode(), self.secret.encode()):
             self.refused += 1
             logger.warning("OTLP receiver of %s: a request without its secret", self.session_id)
-            await _respond(send, 401, b"")
-            return
-        path = scope.get("path", "")
-        if scope.get("method") != "POST" or path not in ("/v1/traces", "/v1/metrics", "/v1/logs"):
-            await _respond(send, 404, b"")
-            return
+            return _Answer(401, close=True)
+        path = request.path
+        if request.method != "POST" or path not in ("/v1/traces", "/v1/metrics", "/v1/logs"):
+            return _Answer(404, close=True)
         if self._in_flight >= MAX_IN_FLIGHT:
             self._limited()
-            await _respond(send, 429, b"", headers=[(b"retry-after", b"%d" % RETRY_AFTER_S)])
-            return
+            return _Answer(429, headers=(b"retry-after: %d" % RETRY_AFTER_S,), close=True)
         self._in_flight += 1
         try:
-            await self._export(path.removeprefix("/v1/"), headers, receive, send)
+            if b"100-continue" in request.header(b"expect").lower():
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            try:
+                body = await wire.read_body(reader, request.headers, MAX_BODY_BYTES)
+            except wire.TooLarge:
+                return self._too_large(close=True)
+            return await self._export(
+                path.removeprefix("/v1/"),
+                request.header(b"content-type").decode("latin-1") or "application/x-protobuf",
+                request.header(b"content-encoding").decode("latin-1").strip().lower(),
+                body,
+            )
         finally:
             self._in_flight -= 1
 
-    async def _export(
-        self, signal: str, headers: dict[str, str], receive: Receive, send: Send
-    ) -> None:
-        """One export request: read (bounded), decoded in a worker thread, then kept."""
-        body = await _read_body(headers, receive)
-        if body is None:
-            await self._too_large(send)
-            return
-        content_type = headers.get("content-type", "application/x-protobuf")
+    async def _export(self, signal: str, content_type: str, encoding: str, body: bytes) -> _Answer:
+        """One export request, read: decoded in a worker thread, then kept."""
+        ok = _Answer(200, b"{}" if "json" in content_type else b"", content_type)
         if signal not in self.signals:  # a CLI that cannot leave it out (Gemini's metrics)
             self.unwanted += 1
-            await _respond(send, 200, b"{}" if "json" in content_type else b"", content_type)
-            return
-        encoding = headers.get("content-encoding", "").strip().lower()
+            return ok
         async with self._turn:  # FIFO: requests are kept in the order they were read
             try:
                 decoded = await asyncio.to_thread(
                     self._decode, signal, body, content_type, encoding
                 )
             except OverflowError:
-                await self._too_large(send)
-                return
+                return self._too_large()
             except (ValueError, zlib.error, gzip.BadGzipFile) as exc:
                 logger.warning("OTLP receiver of %s: a bad request: %s", self.session_id, exc)
-                await _respond(send, 400, str(exc).encode())
-                return
+                return _Answer(400, str(exc).encode())
             self._keep(decoded)
-        await _respond(send, 200, b"{}" if "json" in content_type else b"", content_type)
+        return ok
 
-    async def _too_large(self, send: Send) -> None:
+    def _too_large(self, close: bool = False) -> _Answer:
         self.too_large += 1
         if self.too_large == 1:
             logger.warning(
                 "OTLP receiver of %s: a request over %d bytes; refused with 413 (further "
                 "refusals not logged)", self.session_id, MAX_BODY_BYTES,
             )  # fmt: skip
-        await _respond(send, 413, b"")
+        return _Answer(413, close=close)
 
     def _limited(self) -> None:
         self.limited += 1
@@ -463,18 +475,108 @@ class OtlpReceiver:
             )  # fmt: skip
 
     @asynccontextmanager
-    async def serve(self) -> AsyncIterator[CliTelemetry]:
-        """Listen on a free loopback port until the block exits (and forward, with a
-        target: what is still waiting then gets at most :data:`FORWARD_DRAIN_S`)."""
+    async def serve(self, uds: Path | None = None, port: int = 0) -> AsyncIterator[CliTelemetry]:
+        """Listen until the block exits (and forward, with a target: what is still waiting
+        then gets at most :data:`FORWARD_DRAIN_S`).
+
+        On a free loopback port; or, with ``uds`` (a door of a run in a network of its own,
+        :mod:`spawnkit.containment.doors`), on that unix socket (mode 0600, removed at the
+        end), ``port`` being the port the run reaches it at inside.
+        """
+        connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+
+        async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            assert task is not None  # a connection is served in a task of its own
+            connections[task] = writer
+            try:
+                await self._connection(reader, writer)
+            except asyncio.CancelledError:
+                # Cancelled by the receiver's own stop: the end of this task, not an error
+                # (asyncio's stream server would log a cancelled handler as one).
+                pass
+            finally:
+                connections.pop(task, None)
+
         async with contextlib.AsyncExitStack() as stack:
             if self.forward is not None:
                 forwarder = Forwarder(self.forward, f"run {self.session_id}")
                 self.forwarder = await stack.enter_async_context(forwarder.running())
-            async with _asgi.serve(self, "127.0.0.1", 0) as address:
-                yield CliTelemetry(address.url, self.session_id, self.secret, self.signals)
+            if uds is None:
+                server = await asyncio.start_server(connected, "127.0.0.1", 0, limit=wire.MAX_HEAD)
+                port = int(server.sockets[0].getsockname()[1])
+            else:
+                server = await asyncio.start_unix_server(connected, str(uds), limit=wire.MAX_HEAD)
+                uds.chmod(0o600)  # noqa: ASYNC240 - a local chmod, as quick as the bind before it
+            try:
+                yield CliTelemetry(f"http://127.0.0.1:{port}", self.session_id, self.secret,
+                                   self.signals)  # fmt: skip
+            finally:
+                server.close()
+                await _close_connections(connections)
+                if uds is not None:
+                    uds.unlink(missing_ok=True)  # noqa: ASYNC240 - one unlink
         if self.dropped:
             logger.warning("run %s: %d CLI spans, events or points over the limit were not kept",
                            self.session_id, self.dropped)  # fmt: skip
+
+
+async def _close_connections(
+    connections: Mapping[asyncio.Task[None], asyncio.StreamWriter],
+) -> None:
+    """End the connections left once the CLI has exited (its idle kept-alive ones): each
+    handler sees the end of its stream and returns; one still busy after
+    :data:`STOP_TIMEOUT_S` is cancelled."""
+    tasks = list(connections)
+    for writer in connections.values():
+        writer.close()
+    if tasks:
+        _, busy = await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
+        for task in busy:
+            task.cancel()
+        await asyncio.gather(*busy, return_exceptions=True)
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """After an answer given before its request's body was read: end our side, then read
+    and drop what the client still sends (at most :data:`LINGER_BYTES`, for at most
+    :data:`LINGER_S`), so that closing does not reset the connection before the client
+    has read the answer."""
+    with contextlib.suppress(OSError):
+        writer.write_eof()
+    left = LINGER_BYTES
+    with contextlib.suppress(TimeoutError, OSError):
+        async with asyncio.timeout(LINGER_S):
+            while left > 0 and (data := await reader.read(min(left, 256 * 1024))):
+                left -= len(data)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """An answer of the receiver; ``close``: the connection ends after it (its request's
+    body, if any, was not read)."""
+
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain"
+    headers: tuple[bytes, ...] = ()
+    close: bool = False
+
+    def encode(self, close: bool) -> bytes:
+        lines = [
+            b"HTTP/1.1 %d %s" % (self.status, _REASONS.get(self.status, b"")),
+            b"content-type: " + self.content_type.encode("latin-1"),
+            b"content-length: %d" % len(self.body),
+            *self.headers,
+            *([b"connection: close"] if close else []),
+        ]
+        return b"\r\n".join(lines) + b"\r\n\r\n" + self.body
+
+
+_REASONS = {
+    200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found",
+    413: b"Content Too Large", 429: b"Too Many Requests",
+}  # fmt: skip
 
 
 class _Cleaner:
@@ -533,40 +635,3 @@ class _Cleaner:
             cleaned = {f"resource.{k}": v for k, v in self.attributes(resource).items()}
             known = self._resources[id(resource)] = (resource, cleaned)
         return known[1]
-
-
-async def _read_body(headers: Mapping[str, str], receive: Receive) -> bytes | None:
-    """The request's body, or None when it is (or says it will be) over :data:`MAX_BODY_BYTES`:
-    then it is read no further."""
-    declared = headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        return None
-    body = bytearray()
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if len(body) > MAX_BODY_BYTES:
-            return None
-        if not message.get("more_body"):
-            return bytes(body)
-
-
-async def _respond(
-    send: Send,
-    status: int,
-    body: bytes,
-    content_type: str = "text/plain",
-    headers: Sequence[tuple[bytes, bytes]] = (),
-) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", content_type.encode()),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
