@@ -12,7 +12,7 @@ keep-alive connection, as the CLIs keep theirs). The client reaches the upstream
   with a token or dollar limit parse every event as it passes);
 * ``door bridge``: through a door bridged to the upstream's TCP port
   (:func:`spawnkit.containment.doors.open_doors`), the way a sandboxed run reaches the
-  butler's MCP server and its OTLP receiver: bytes spliced, no HTTP parsed.
+  butler's MCP server: bytes spliced, no HTTP parsed.
 
 Two figures, rounds alternating between the ways so drift on a shared machine hits all
 alike: time to first byte of a streamed answer (median of many small requests; the relay's

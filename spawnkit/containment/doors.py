@@ -10,9 +10,10 @@ keeps talking to the ``http://127.0.0.1:PORT`` URLs it is given. On the host a d
 
 * a server made for the run that listens on the socket itself (:meth:`Doors.socket_for`):
   nobody but the run reaches it, there is no TCP port at all; or
-* a bridge to an existing host TCP port (``tcp_ports``: the butler's MCP server, the run's
-  OTLP receiver, a loopback model URL such as the replay server): each connection to the
-  socket is spliced to ``HOST:PORT``, at most :data:`MAX_CONNECTIONS` at once.
+* a bridge to an existing host TCP port (``tcp_ports``: the butler's MCP server, a loopback
+  model URL such as the replay server where no relay stands in front of it): each
+  connection to the socket is spliced to ``HOST:PORT``, at most :data:`MAX_CONNECTIONS`
+  at once.
 
 The door folder is ``<workspace>/.spawnkit-doors`` (0700): it goes with the workspace
 however the run ends, the owner's SIGKILL included (the sweep removes the workspace of a
