@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import logging
 import os
 import re
@@ -33,6 +35,7 @@ import shutil
 import signal
 import string
 import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -44,6 +47,7 @@ KEEP_VAR = "SPAWNKIT_ENV_KEEP"
 BINARY_VAR = "SPAWNKIT_REAL_CLI"
 PIDFILE_VAR = "SPAWNKIT_PIDFILE"
 TERMINATE_GRACE_S = 2.0
+PR_SET_PDEATHSIG = 1
 # How often terminate_group looks whether the group is gone: first, and at the slowest.
 FIRST_POLL_S = 0.002
 LAST_POLL_S = 0.05
@@ -92,6 +96,16 @@ if [[ "${{__sk_stat[4]:-}}" == "$$" ]]; then
 fi
 exec {setsid}{env} "${{__sk_drop[@]}}" "${{__sk_sandbox[@]}}" "$__sk_cli" "$@"
 """
+
+
+def die_with_parent(parent: int) -> None:
+    """End this process when ``parent`` ends (Linux: the kernel's parent-death signal,
+    asked for in the child, e.g. as ``preexec_fn``); at once if it already has."""
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it ended before the signal was asked for
+        os._exit(1)
 
 
 def write_env_filter(directory: Path, sandbox: Sequence[str] = ()) -> Path:

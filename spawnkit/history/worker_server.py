@@ -16,8 +16,6 @@ times out, so no parse outlives the load that asked for it.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import importlib
 import multiprocessing
 import os
@@ -31,10 +29,10 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any
 
+from .._process import die_with_parent
 from .cache import write_run
 from .rows import RowTables
 
-PR_SET_PDEATHSIG = 1
 # How a job's end is told: ("ok", None) or ("error", what a worker raised).
 Answer = Callable[[str, BaseException | None], None]
 
@@ -49,15 +47,6 @@ class Job:
     folders: list[str]
     weights: list[int]
     workers: int
-
-
-def die_with_parent(parent: int) -> None:
-    """End this process when ``parent`` ends (Linux; elsewhere the socket's EOF does it)."""
-    if sys.platform == "linux":
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # it ended before the signal was asked for
-        os._exit(1)
 
 
 def run(context: BaseContext, job: Job, answer: Answer) -> None:

@@ -55,6 +55,7 @@ from ..events import AssistantText, RunEvent, ToolCallFinished, ToolCallStarted,
 from ..result import OUTPUT_LIMIT, ToolCall, Usage, truncate
 from ..telemetry.otlp import CliTelemetry
 from ..transcripts import copy_file
+from . import codex_state
 from .base import McpServerSpec, RunOutcome, RunSpec, classify_failure, write_private
 from .codex_native import native_codex
 from .codex_rollout import RolloutChanges
@@ -100,6 +101,13 @@ def base_config(mcp_servers: Mapping[str, Any]) -> dict[str, Any]:
         "analytics": {"enabled": False},
         "mcp_servers": dict(mcp_servers),
     }  # fmt: skip
+
+
+def template_config(base_url: str) -> str:
+    """The config.toml Codex makes its state template with (:mod:`.codex_state`): the
+    runs' own settings, a model at ``base_url`` (a port that refuses), no retries."""
+    config = {**base_config({}), **provider_config(base_url), "model": "spawnkit-template"}
+    return tomli_w.dumps(config)
 
 
 # The one root Codex trusts in a run that reaches no TLS host (see trusts_nothing): a
@@ -486,6 +494,7 @@ class CodexAdapter(StreamingCliAdapter):
     def command(self, spec: RunSpec) -> list[str]:
         self.write_run_config(spec)
         binary = self.cli()
+        self.seed_state(spec, binary)
         # The prompt "-" reads it from stdin: a prompt of any size (one argument over
         # 128 KiB cannot be passed on Linux).
         if spec.resume:
@@ -504,9 +513,18 @@ class CodexAdapter(StreamingCliAdapter):
         # Its trust question, answered for the run's own folder.
         config["projects"] = {str(spec.cwd): {"trust_level": "trusted"}}
         write_private(spec.config_file, tomli_w.dumps(config))
+        binary = self.cli()
+        self.seed_state(spec, binary)
         if spec.resume:
-            return [self.cli(), "resume", spec.resume]
-        return [self.cli()]
+            return [binary, "resume", spec.resume]
+        return [binary]
+
+    def seed_state(self, spec: RunSpec, binary: str) -> None:
+        """Give the run's fresh home Codex's state databases, already made and migrated
+        (:mod:`spawnkit.runtimes.codex_state`): Codex then migrates nothing at its start."""
+        native = native_codex(self.find_binary())
+        env = native.env() if native is not None else {}
+        codex_state.seed(spec.config_file.parent, Path(binary), env, template_config)
 
     def stdin(self, spec: RunSpec) -> bytes | None:
         if len(spec.prompt) > MAX_PROMPT_CHARS:
