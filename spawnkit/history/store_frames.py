@@ -42,12 +42,13 @@ from ..store.columns import (
     Field,
     typed,
 )
-from . import server_cache, server_query, server_segments, store_segments
+from . import arrow_frames, server_cache, server_query, server_segments, store_segments
 from .errors import HistoryError
 from .frames import COST_SOURCES
 from .pricing import PricingTable, default_pricing
 from .rows import UTC_TS, Column
 from .store_cache import ROWID, Cached, StoreCache, StoreState, store_state
+from .arrow_frames import Handed
 from .store_query import CHILD_MIN_BYTES, SMALL_ROWS, count, query, store_bytes, table_columns
 
 StoreLike = SessionStore | str | Path | None
@@ -223,40 +224,12 @@ def _cached(path: Path, state: StoreState, kind: str, fields: Sequence[Field],
     return pa.concat_tables([base, tail]) if tail.num_rows else base
 
 
-def _frame(table: pa.Table, columns: Sequence[str]) -> pd.DataFrame:
+def _frame(table: Handed, columns: Sequence[str]) -> pd.DataFrame:
     """Selected columns as pandas; categories are the values present, sorted, so a frame is
-    the same whether it came from the database or from the cache."""
-    table = table.select(list(columns))
-    frame = table.to_pandas(
-        types_mapper={pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}.get,
-        split_blocks=True,
-    )
-    for name in frame.columns:
-        if isinstance(frame[name].dtype, pd.CategoricalDtype):
-            frame[name] = _present_sorted(frame[name])
-    return frame
-
-
-def _present_sorted(column: pd.Series) -> pd.Series:
-    """``column`` (categorical) with only the categories it holds, sorted: what
-    ``remove_unused_categories`` then ``reorder_categories(sorted(...))`` give, by counting
-    codes rather than sorting them (``np.unique``: over a second for 10M tool calls' four
-    categoricals)."""
-    codes = column.cat.codes.to_numpy()
-    categories = column.cat.categories
-    used = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(categories)))
-    order = sorted(range(len(used)), key=lambda i: categories[used[i]])
-    if len(used) == len(categories) and order == list(range(len(used))):
-        new_codes = codes
-    else:
-        # new[old code] = new code; a missing value's code, -1, reads new[-1], which stays -1.
-        new = np.full(len(categories) + 1, -1, dtype=codes.dtype)
-        new[used[order]] = np.arange(len(order), dtype=codes.dtype)
-        new_codes = new[codes]
-    # The categories from a list, as in pandas' rule (their dtype is inferred from it).
-    present = [categories[used[i]] for i in order]
-    values = pd.Categorical.from_codes(new_codes, pd.Index(present), validate=False)
-    return pd.Series(values, index=column.index, name=column.name)
+    the same whether it came from the database or from the cache. The table is given away
+    (no reference left in the caller): its Arrow memory is released column by column as
+    pandas takes the values over, so a read never holds both whole."""
+    return arrow_frames.frame(table, columns)
 
 
 def _columns(asked: Sequence[str] | None, known: Sequence[str]) -> list[str]:
@@ -350,8 +323,7 @@ def sessions(
     filters = Filters(butler, runtime, status, since, until, success, kind)
     costs = "cost_usd" in wanted or "cost_source" in wanted
     fields = [c for c in SESSION_COLUMNS if c in wanted or (costs and c in _COST_INPUTS)]
-    table = _sessions_table(path, filters, cache, fields)
-    frame = _frame(table, fields)
+    frame = _frame(Handed(_sessions_table(path, filters, cache, fields)), fields)
     if costs:
         _fill_costs(frame, pricing or default_pricing())
     if "source" in wanted:
@@ -406,7 +378,13 @@ def tool_calls(
     known = [name for name, _, _ in CALL_FIELDS] + (["output"] if output else [])
     wanted = _columns(columns, known)
     filters = Filters(butler, runtime, status, since, until, success, kind)
-    path = store_source(store)
+    table = _calls_table(store_source(store), filters, output, wanted, cache)
+    return _frame(table, wanted)
+
+
+def _calls_table(path: Source, filters: Filters, output: bool, wanted: Sequence[str],
+                 cache: bool | None) -> Handed:  # fmt: skip
+    """The tool calls :func:`tool_calls` returns, as a table handed to :func:`_frame`."""
     if isinstance(path, str) and not output and cache is not False:
         from_server = _server_sealed_calls(path)
         if from_server is not None:
@@ -414,7 +392,7 @@ def tool_calls(
                 chosen = _sessions_table(path, filters, cache)["session_id"]
                 keep = pc.is_in(from_server["session_id"], value_set=chosen.combine_chunks())
                 from_server = from_server.filter(keep)
-            return _frame(from_server, wanted)
+            return Handed(from_server)
     state = None if output else _use_cache(path, cache)
     if state is None or path is None or isinstance(path, str):
         where, params = filters.sql()
@@ -422,16 +400,17 @@ def tool_calls(
         fields = tuple(f for f in every if f[0] in wanted)  # only what is asked is read
         if where:
             where = f" WHERE session_id IN (SELECT id FROM {_sessions_from(path)}{where})"
-        return _frame(_read(path, fields, "tool_calls", where, params, "rowid"), wanted)
+        return Handed(_read(path, fields, "tool_calls", where, params, "rowid"))
     sealed = store_segments.read(path, sessions=False)
     if sealed is not None:
         table = sealed.calls
+        del sealed  # the table alone: handed over below, nothing else holds it
     else:
         table = _cached(path, state, "tool_calls", CALL_FIELDS, CALL_SCHEMA, None)
     if filters:
         chosen = _sessions_table(path, filters, cache)["session_id"]
         table = table.filter(pc.is_in(table["session_id"], value_set=chosen.combine_chunks()))
-    return _frame(table, wanted)
+    return Handed(table)
 
 
 def _server_sealed_calls(url: str) -> pa.Table | None:
