@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import date, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -43,12 +44,12 @@ from ..store.columns import (
     typed,
 )
 from . import arrow_frames, server_cache, server_query, server_segments, store_segments
+from .arrow_frames import Handed
 from .errors import HistoryError
 from .frames import COST_SOURCES
 from .pricing import PricingTable, default_pricing
 from .rows import UTC_TS, Column
 from .store_cache import ROWID, Cached, StoreCache, StoreState, store_state
-from .arrow_frames import Handed
 from .store_query import CHILD_MIN_BYTES, SMALL_ROWS, count, query, store_bytes, table_columns
 
 StoreLike = SessionStore | str | Path | None
@@ -68,6 +69,9 @@ _SESSION_DEFAULTS = {"role": "NULL", "kind": "'run'", "sources": "NULL"}
 SESSION_COLUMNS = [name for name, _, _ in SESSION_FIELDS]
 _TOKENS = ["input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens"]
 _COST_INPUTS = ("model", "cost_usd", *_TOKENS)
+_REPORTED, _COMPUTED, _UNPRICED = (
+    COST_SOURCES.index(s) for s in ("reported", "computed", "unpriced")
+)
 # On a server, the orders rowid gives on SQLite (a server has no rowid).
 _SERVER_ORDER = {"created_at, rowid": SERVER_SESSION_ORDER, "rowid": SERVER_CALL_ORDER}
 
@@ -270,17 +274,34 @@ def _sessions_table(
 def _in_session_order(table: pa.Table) -> pa.Table:
     """``table`` in the row store's order, ``created_at`` then rowid: sessions created at
     the same instant by two writers may have been sealed in either order."""
-    if table.num_rows < 2:
+    if table.num_rows < 2 or _in_order(table):
         return table
-    created = np.diff(table["created_at"].cast(pa.int64()).to_numpy())
-    rowids = np.diff(table[ROWID].to_numpy()) if ROWID in table.column_names else None
-    disordered = created < 0
-    if rowids is not None:
-        disordered |= (created == 0) & (rowids < 0)
-    if not disordered.any():
-        return table
-    keys = ["created_at", *([ROWID] if rowids is not None else [])]
+    keys = ["created_at", *([ROWID] if ROWID in table.column_names else [])]
     return table.take(pc.sort_indices(table, sort_keys=[(key, "ascending") for key in keys]))
+
+
+def _in_order(table: pa.Table) -> bool:
+    """Whether ``table`` is by ``created_at`` then rowid already, checked a batch (a
+    segment) at a time: a copy of a million keys would add to the read's peak memory."""
+    rowid = ROWID in table.column_names
+    last: tuple[np.ndarray, np.ndarray | None] | None = None
+    for batch in table.to_batches():
+        if not batch.num_rows:
+            continue
+        created = batch["created_at"].cast(pa.int64()).to_numpy(zero_copy_only=False)
+        rowids = batch[ROWID].to_numpy(zero_copy_only=False) if rowid else None
+        if last is not None:  # across the boundary with the batch before
+            created = np.concatenate([last[0], created])
+            if rowids is not None and last[1] is not None:
+                rowids = np.concatenate([last[1], rowids])
+        step = np.diff(created)
+        disordered = step < 0
+        if rowids is not None:
+            disordered |= (step == 0) & (np.diff(rowids) < 0)
+        if disordered.any():
+            return False
+        last = (created[-1:], None if rowids is None else rowids[-1:])
+    return True
 
 
 def sessions(
@@ -327,32 +348,51 @@ def sessions(
     if costs:
         _fill_costs(frame, pricing or default_pricing())
     if "source" in wanted:
-        source = pd.Series(pd.Categorical(["spawnkit"] * len(frame)), index=frame.index)
+        source = pd.Series(_spawnkit_source(len(frame)), index=frame.index)
         frame.insert(min(1, len(frame.columns)), "source", source)
     return frame[wanted]
 
 
+def _spawnkit_source(rows: int) -> pd.Categorical[Any]:
+    """``source``: "spawnkit" in every row, as codes (an empty frame's categories stay
+    empty, as pandas infers them from no values)."""
+    if not rows:
+        return pd.Categorical([])
+    return pd.Categorical.from_codes(np.zeros(rows, np.int8), categories=pd.Index(["spawnkit"]))
+
+
 def _fill_costs(frame: pd.DataFrame, pricing: PricingTable) -> None:
-    cost = np.array(frame["cost_usd"].to_numpy(dtype=np.float64, na_value=np.nan))
-    source = np.where(np.isnan(cost), "unpriced", "reported").astype(object)
-    tokens = {c: frame[c].to_numpy(dtype=np.float64, na_value=0.0) for c in _TOKENS}
-    missing = np.isnan(cost)
-    for model in frame.loc[missing, "model"].dropna().unique():
-        prices = pricing.lookup(str(model))
-        mask = missing & (frame["model"] == model).to_numpy()
-        if prices is None or not mask.any():
+    """``cost_usd`` filled in from the pricing table where missing, and ``cost_source``
+    (codes of :data:`COST_SOURCES` set directly: no column of a million strings)."""
+    # Written in place (the frame's own column, shared with nothing): a second column of
+    # costs would be the read's peak memory.
+    missing = np.isnan(frame["cost_usd"].to_numpy(dtype=np.float64, na_value=np.nan))
+    source = np.where(missing, _UNPRICED, _REPORTED).astype(np.int8)
+    models = frame["model"].cat
+    codes = models.codes.to_numpy()
+    for code in np.unique(codes[missing & (codes >= 0)]):  # the models of unpriced rows
+        prices = pricing.lookup(str(models.categories[code]))
+        if prices is None:
             continue
-        cost[mask] = prices.cost(
-            tokens["input_tokens"][mask], tokens["output_tokens"][mask],
-            tokens["cache_write_tokens"][mask], 0, tokens["cache_read_tokens"][mask],
-        )  # fmt: skip
-        source[mask] = "computed"
-    frame["cost_usd"] = cost
-    frame.insert(
-        list(frame.columns).index("cost_usd") + 1,
-        "cost_source",
-        pd.Series(pd.Categorical(source, categories=COST_SOURCES), index=frame.index),
-    )
+        mask = missing & (codes == code)
+        tokens = {c: frame[c].array[mask].to_numpy(dtype=np.float64, na_value=0.0)
+                  for c in _TOKENS}  # fmt: skip
+        _write_costs(frame, mask, prices.cost(
+            tokens["input_tokens"], tokens["output_tokens"],
+            tokens["cache_write_tokens"], 0, tokens["cache_read_tokens"],
+        ))  # fmt: skip
+        source[mask] = _COMPUTED
+    sources = pd.Categorical.from_codes(source, categories=pd.Index(COST_SOURCES))
+    at = list(frame.columns).index("cost_usd") + 1
+    frame.insert(at, "cost_source", pd.Series(sources, index=frame.index))
+
+
+def _write_costs(frame: pd.DataFrame, rows: np.ndarray, costs: np.ndarray) -> None:
+    try:
+        frame.loc[rows, "cost_usd"] = costs
+    except ValueError:  # read-only: Arrow's memory (no nulls, so pyarrow did not copy)
+        frame["cost_usd"] = frame["cost_usd"].to_numpy(dtype=np.float64, copy=True)
+        frame.loc[rows, "cost_usd"] = costs
 
 
 def tool_calls(

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from ..home import is_writable
 from ..store import segments
 from ..store.columns import CALL_FIELDS, ROWID, SESSION_FIELDS, from_rows, select, typed
+from .rows import Column
 from .store_query import SMALL_ROWS, query, read_only_uri
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def _in_call_order(calls: pa.Table) -> pa.Table:
     return pa.concat_tables([calls.slice(0, lo), window.take(order), calls.slice(hi)])
 
 
-def _ascending(rowids: pa.ChunkedArray) -> bool:
+def _ascending(rowids: Column) -> bool:
     """Whether ``rowids`` ascend, checked a chunk at a time (each chunk is a segment's, read
     in place: no copy of ten million rowids, which a read's peak memory would carry)."""
     last = None
