@@ -25,6 +25,9 @@ import pyarrow.compute as pc
 from .rows import Column
 
 POOL = pa.system_memory_pool()
+RELEASE_BYTES = 32 << 20
+"""Tables from this size give their memory back column by column (smaller ones do not
+need it, and a heap walk per column would be most of their conversion)."""
 _TYPES = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
 
 
@@ -51,15 +54,16 @@ def frame(handed: Handed, columns: Sequence[str]) -> pd.DataFrame:
 
 def _frame(table: pa.Table, columns: Sequence[str]) -> pd.DataFrame:
     rows = table.num_rows
+    release = _release if table.nbytes >= RELEASE_BYTES else lambda: None
     pending = dict(zip(table.column_names, table.columns, strict=True))
     del table
     # Fixed-width columns first: their Arrow buffers go before the text's offsets widen.
     order = sorted(pending, key=lambda name: pa.types.is_string(pending[name].type))
     converted = {}
-    _release()  # the columns not asked for
+    release()  # the columns not asked for
     for name in order:
         converted[name] = _series(name, pending.pop(name))
-        _release()
+        release()
     return pd.DataFrame(
         {name: converted.pop(name) for name in columns}, index=pd.RangeIndex(rows), copy=False
     )
