@@ -69,6 +69,7 @@ _SESSION_DEFAULTS = {"role": "NULL", "kind": "'run'", "sources": "NULL"}
 SESSION_COLUMNS = [name for name, _, _ in SESSION_FIELDS]
 _TOKENS = ["input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens"]
 _COST_INPUTS = ("model", "cost_usd", *_TOKENS)
+_PRICED_AT_ONCE = 1 << 16
 _REPORTED, _COMPUTED, _UNPRICED = (
     COST_SOURCES.index(s) for s in ("reported", "computed", "unpriced")
 )
@@ -367,32 +368,36 @@ def _fill_costs(frame: pd.DataFrame, pricing: PricingTable) -> None:
     # Written in place (the frame's own column, shared with nothing): a second column of
     # costs would be the read's peak memory.
     missing = np.isnan(frame["cost_usd"].to_numpy(dtype=np.float64, na_value=np.nan))
-    source = np.where(missing, _UNPRICED, _REPORTED).astype(np.int8)
+    source = np.where(missing, np.int8(_UNPRICED), np.int8(_REPORTED))
     models = frame["model"].cat
     codes = models.codes.to_numpy()
     for code in np.unique(codes[missing & (codes >= 0)]):  # the models of unpriced rows
         prices = pricing.lookup(str(models.categories[code]))
         if prices is None:
             continue
-        mask = missing & (codes == code)
-        tokens = {c: frame[c].array[mask].to_numpy(dtype=np.float64, na_value=0.0)
-                  for c in _TOKENS}  # fmt: skip
-        _write_costs(frame, mask, prices.cost(
-            tokens["input_tokens"], tokens["output_tokens"],
-            tokens["cache_write_tokens"], 0, tokens["cache_read_tokens"],
-        ))  # fmt: skip
-        source[mask] = _COMPUTED
+        rows = np.flatnonzero(missing & (codes == code))
+        # A block of rows at a time: token columns for every row would be the read's peak.
+        for start in range(0, len(rows), _PRICED_AT_ONCE):
+            block = rows[start : start + _PRICED_AT_ONCE]
+            tokens = {c: frame[c].array[block].to_numpy(dtype=np.float64, na_value=0.0)
+                      for c in _TOKENS}  # fmt: skip
+            _write_costs(frame, block, prices.cost(
+                tokens["input_tokens"], tokens["output_tokens"],
+                tokens["cache_write_tokens"], 0, tokens["cache_read_tokens"],
+            ))  # fmt: skip
+        source[rows] = _COMPUTED
     sources = pd.Categorical.from_codes(source, categories=pd.Index(COST_SOURCES))
     at = list(frame.columns).index("cost_usd") + 1
     frame.insert(at, "cost_source", pd.Series(sources, index=frame.index))
 
 
 def _write_costs(frame: pd.DataFrame, rows: np.ndarray, costs: np.ndarray) -> None:
+    column = list(frame.columns).index("cost_usd")
     try:
-        frame.loc[rows, "cost_usd"] = costs
+        frame.iloc[rows, column] = costs
     except ValueError:  # read-only: Arrow's memory (no nulls, so pyarrow did not copy)
         frame["cost_usd"] = frame["cost_usd"].to_numpy(dtype=np.float64, copy=True)
-        frame.loc[rows, "cost_usd"] = costs
+        frame.iloc[rows, column] = costs
 
 
 def tool_calls(
