@@ -263,3 +263,64 @@ def test_a_repaired_store_carries_no_segments_over(tmp_path: Path, small_seals: 
         assert_frames_are_the_rows(store)  # the first read seals the repaired rows
         assert sealed(store)
         assert_frames_are_the_rows(store)
+
+
+def test_a_sqlite_store_is_read_without_the_server_driver(tmp_path: Path) -> None:
+    """Reading a SQLite store's frames imports no psycopg (its server stack is 10 MB of the
+    reading process and a tenth of a CPU-second before the first row)."""
+    with SessionStore(tmp_path / "s.db") as store:
+        runs(store, 3)
+    script = (
+        "import sys\nfrom spawnkit import history\n"
+        f"assert len(history.tool_calls({str(tmp_path / 's.db')!r}, cache=True)) == 6\n"
+        f"assert len(history.sessions({str(tmp_path / 's.db')!r}, cache=True)) == 3\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'psycopg'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+        check=False, cwd=REPO, env={**os.environ, "SPAWNKIT_HOME": str(tmp_path / "home")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+def test_each_column_s_arrow_memory_is_given_back_before_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A handed table becomes pandas a column at a time: when the last column is converted,
+    the Arrow buffers of the others are gone (to_pandas on the whole table held them all,
+    and a read peaked at the table plus the frame)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from spawnkit.history import arrow_frames
+
+    pool = pa.system_memory_pool()  # where the segments are decoded
+    rows = 1 << 20
+    names = [f"n{i}" for i in range(4)]
+    start = pool.bytes_allocated()
+    table = pa.table({name: pa.array(np.arange(rows), memory_pool=pool) for name in names})
+    # pa.array of numpy is zero-copy: give the table Arrow buffers of its own, in the pool.
+    table = pa.Table.from_arrays([pc_copy(c, pool) for c in table.columns], names=names)
+    held: list[int] = []
+    convert = arrow_frames._series
+
+    def observed(name: str, column: object) -> object:
+        held.append(pool.bytes_allocated() - start)
+        return convert(name, column)
+
+    monkeypatch.setattr(arrow_frames, "_series", observed)
+    handed = arrow_frames.Handed(table)
+    del table
+    frame = arrow_frames.frame(handed, names)
+    column_bytes = rows * 8
+    assert held[0] >= 4 * column_bytes  # the whole table, before the first column
+    assert held[-1] <= 1.5 * column_bytes  # the last column alone (and no pandas copies)
+    assert list(frame["n3"].iloc[[0, -1]]) == [0, rows - 1] and str(frame["n3"].dtype) == "Int64"
+
+
+def pc_copy(column: object, pool: object) -> object:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.add(column, pa.scalar(0, pa.int64()), memory_pool=pool)

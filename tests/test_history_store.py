@@ -439,17 +439,45 @@ def test_a_server_and_a_file_give_the_same_frames(filled: SessionStore, tmp_path
 
 def test_categories_are_those_present_sorted_as_pandas_would() -> None:
     """The frames' categoricals keep the categories present, sorted (the same frame from the
-    database and from the cache); done by counting codes, checked against pandas' own rule."""
-    from spawnkit.history.store_frames import _present_sorted
+    database and from the segments): done on Arrow's dictionaries, one per chunk (segment),
+    checked against pandas' own rule."""
+    import pyarrow as pa
+
+    from spawnkit.history.arrow_frames import Handed, frame
 
     rng = np.random.default_rng(7)
     names = np.array(["mcp__b__x", "Bash", "Read", "zeta", "Édit", "a", "Write"], dtype=object)
-    for size in (0, 1, 50, 5000):
-        values = names[rng.integers(0, 4, size)].astype(object)  # only some categories used
-        values[rng.random(size) < 0.1] = None
-        column = pd.Series(pd.Categorical(values, categories=names[::-1]), name="tool")
-        want = column.cat.remove_unused_categories()
+    for sizes in ((0,), (1,), (50, 0, 7), (5000, 3000)):
+        chunks, values = [], []
+        for n, size in enumerate(sizes):  # each chunk its own dictionary, in its own order
+            part = names[rng.integers(n, n + 4, size) % len(names)].astype(object)
+            part[rng.random(size) < 0.1] = None
+            dictionary = pa.array(list(names[::-1] if n % 2 else names))
+            positions = {v: i for i, v in enumerate(dictionary.to_pylist())}
+            indices = pa.array([None if v is None else positions[v] for v in part], pa.int32())
+            chunks.append(pa.DictionaryArray.from_arrays(indices, dictionary))
+            values.extend(part)
+        column = pa.chunked_array(chunks, pa.dictionary(pa.int32(), pa.string()))
+        got = frame(Handed(pa.table({"tool": column})), ["tool"])["tool"]
+        want = pd.Series(pd.Categorical(values), name="tool")
         want = want.cat.reorder_categories(sorted(want.cat.categories))
-        pd.testing.assert_series_equal(_present_sorted(column), want)
-    done = pd.Series(pd.Categorical(["a", "b", None], categories=["a", "b"]))
-    pd.testing.assert_series_equal(_present_sorted(done), done)  # already tidy
+        pd.testing.assert_series_equal(got, want)
+
+
+def test_costs_are_filled_in_a_column_arrow_lent_read_only() -> None:
+    """Costs are written into the frame's own column; one pyarrow lent without a copy
+    (no nulls: a NaN value) is read-only, and is copied then rather than failing."""
+    import pyarrow as pa
+
+    from spawnkit.history.pricing import default_pricing
+    from spawnkit.history.store_frames import _TOKENS, _fill_costs
+
+    table = pa.table({
+        "model": pa.array(["claude-sonnet-4-5", "claude-sonnet-4-5"]).dictionary_encode(),
+        "cost_usd": pa.array([0.5, float("nan")]),
+        **{name: pa.array([1000, 1000], pa.int64()) for name in _TOKENS},
+    })  # fmt: skip
+    frame = table.to_pandas(split_blocks=True, self_destruct=True)
+    _fill_costs(frame, default_pricing())
+    assert frame["cost_usd"].iloc[0] == 0.5 and frame["cost_usd"].iloc[1] > 0
+    assert list(frame["cost_source"]) == ["reported", "computed"]

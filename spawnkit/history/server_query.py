@@ -20,7 +20,6 @@ from typing import Any
 import pyarrow as pa
 
 from ..store.backend import redact_url
-from ..store.postgres import SCHEMA
 from .errors import HistoryError
 
 _PLACEHOLDER = re.compile(r"\?")
@@ -47,6 +46,8 @@ def snapshot(url: str, repeatable: bool = True) -> Iterator[Run]:
     all in one read-only transaction; ``repeatable``: all through one snapshot (REPEATABLE
     READ), so what one query finds agrees with what another does."""
     from adbc_driver_postgresql import dbapi  # loads libpq: only when a server is read
+
+    from ..store.postgres import SCHEMA  # psycopg with it: a SQLite store's read needs neither
 
     try:
         conn = dbapi.connect(url, autocommit=True)

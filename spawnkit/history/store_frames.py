@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import date, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -42,7 +43,8 @@ from ..store.columns import (
     Field,
     typed,
 )
-from . import server_cache, server_query, server_segments, store_segments
+from . import arrow_frames, server_cache, server_query, server_segments, store_segments
+from .arrow_frames import Handed
 from .errors import HistoryError
 from .frames import COST_SOURCES
 from .pricing import PricingTable, default_pricing
@@ -67,6 +69,10 @@ _SESSION_DEFAULTS = {"role": "NULL", "kind": "'run'", "sources": "NULL"}
 SESSION_COLUMNS = [name for name, _, _ in SESSION_FIELDS]
 _TOKENS = ["input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens"]
 _COST_INPUTS = ("model", "cost_usd", *_TOKENS)
+_PRICED_AT_ONCE = 1 << 16
+_REPORTED, _COMPUTED, _UNPRICED = (
+    COST_SOURCES.index(s) for s in ("reported", "computed", "unpriced")
+)
 # On a server, the orders rowid gives on SQLite (a server has no rowid).
 _SERVER_ORDER = {"created_at, rowid": SERVER_SESSION_ORDER, "rowid": SERVER_CALL_ORDER}
 
@@ -223,40 +229,12 @@ def _cached(path: Path, state: StoreState, kind: str, fields: Sequence[Field],
     return pa.concat_tables([base, tail]) if tail.num_rows else base
 
 
-def _frame(table: pa.Table, columns: Sequence[str]) -> pd.DataFrame:
+def _frame(table: Handed, columns: Sequence[str]) -> pd.DataFrame:
     """Selected columns as pandas; categories are the values present, sorted, so a frame is
-    the same whether it came from the database or from the cache."""
-    table = table.select(list(columns))
-    frame = table.to_pandas(
-        types_mapper={pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}.get,
-        split_blocks=True,
-    )
-    for name in frame.columns:
-        if isinstance(frame[name].dtype, pd.CategoricalDtype):
-            frame[name] = _present_sorted(frame[name])
-    return frame
-
-
-def _present_sorted(column: pd.Series) -> pd.Series:
-    """``column`` (categorical) with only the categories it holds, sorted: what
-    ``remove_unused_categories`` then ``reorder_categories(sorted(...))`` give, by counting
-    codes rather than sorting them (``np.unique``: over a second for 10M tool calls' four
-    categoricals)."""
-    codes = column.cat.codes.to_numpy()
-    categories = column.cat.categories
-    used = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(categories)))
-    order = sorted(range(len(used)), key=lambda i: categories[used[i]])
-    if len(used) == len(categories) and order == list(range(len(used))):
-        new_codes = codes
-    else:
-        # new[old code] = new code; a missing value's code, -1, reads new[-1], which stays -1.
-        new = np.full(len(categories) + 1, -1, dtype=codes.dtype)
-        new[used[order]] = np.arange(len(order), dtype=codes.dtype)
-        new_codes = new[codes]
-    # The categories from a list, as in pandas' rule (their dtype is inferred from it).
-    present = [categories[used[i]] for i in order]
-    values = pd.Categorical.from_codes(new_codes, pd.Index(present), validate=False)
-    return pd.Series(values, index=column.index, name=column.name)
+    the same whether it came from the database or from the cache. The table is given away
+    (no reference left in the caller): its Arrow memory is released column by column as
+    pandas takes the values over, so a read never holds both whole."""
+    return arrow_frames.frame(table, columns)
 
 
 def _columns(asked: Sequence[str] | None, known: Sequence[str]) -> list[str]:
@@ -297,17 +275,34 @@ def _sessions_table(
 def _in_session_order(table: pa.Table) -> pa.Table:
     """``table`` in the row store's order, ``created_at`` then rowid: sessions created at
     the same instant by two writers may have been sealed in either order."""
-    if table.num_rows < 2:
+    if table.num_rows < 2 or _in_order(table):
         return table
-    created = np.diff(table["created_at"].cast(pa.int64()).to_numpy())
-    rowids = np.diff(table[ROWID].to_numpy()) if ROWID in table.column_names else None
-    disordered = created < 0
-    if rowids is not None:
-        disordered |= (created == 0) & (rowids < 0)
-    if not disordered.any():
-        return table
-    keys = ["created_at", *([ROWID] if rowids is not None else [])]
+    keys = ["created_at", *([ROWID] if ROWID in table.column_names else [])]
     return table.take(pc.sort_indices(table, sort_keys=[(key, "ascending") for key in keys]))
+
+
+def _in_order(table: pa.Table) -> bool:
+    """Whether ``table`` is by ``created_at`` then rowid already, checked a batch (a
+    segment) at a time: a copy of a million keys would add to the read's peak memory."""
+    rowid = ROWID in table.column_names
+    last: tuple[np.ndarray, np.ndarray | None] | None = None
+    for batch in table.to_batches():
+        if not batch.num_rows:
+            continue
+        created = batch["created_at"].cast(pa.int64()).to_numpy(zero_copy_only=False)
+        rowids = batch[ROWID].to_numpy(zero_copy_only=False) if rowid else None
+        if last is not None:  # across the boundary with the batch before
+            created = np.concatenate([last[0], created])
+            if rowids is not None and last[1] is not None:
+                rowids = np.concatenate([last[1], rowids])
+        step = np.diff(created)
+        disordered = step < 0
+        if rowids is not None:
+            disordered |= (step == 0) & (np.diff(rowids) < 0)
+        if disordered.any():
+            return False
+        last = (created[-1:], None if rowids is None else rowids[-1:])
+    return True
 
 
 def sessions(
@@ -350,37 +345,59 @@ def sessions(
     filters = Filters(butler, runtime, status, since, until, success, kind)
     costs = "cost_usd" in wanted or "cost_source" in wanted
     fields = [c for c in SESSION_COLUMNS if c in wanted or (costs and c in _COST_INPUTS)]
-    table = _sessions_table(path, filters, cache, fields)
-    frame = _frame(table, fields)
+    frame = _frame(Handed(_sessions_table(path, filters, cache, fields)), fields)
     if costs:
         _fill_costs(frame, pricing or default_pricing())
     if "source" in wanted:
-        source = pd.Series(pd.Categorical(["spawnkit"] * len(frame)), index=frame.index)
+        source = pd.Series(_spawnkit_source(len(frame)), index=frame.index)
         frame.insert(min(1, len(frame.columns)), "source", source)
     return frame[wanted]
 
 
+def _spawnkit_source(rows: int) -> pd.Categorical[Any]:
+    """``source``: "spawnkit" in every row, as codes (an empty frame's categories stay
+    empty, as pandas infers them from no values)."""
+    if not rows:
+        return pd.Categorical([])
+    return pd.Categorical.from_codes(np.zeros(rows, np.int8), categories=pd.Index(["spawnkit"]))
+
+
 def _fill_costs(frame: pd.DataFrame, pricing: PricingTable) -> None:
-    cost = np.array(frame["cost_usd"].to_numpy(dtype=np.float64, na_value=np.nan))
-    source = np.where(np.isnan(cost), "unpriced", "reported").astype(object)
-    tokens = {c: frame[c].to_numpy(dtype=np.float64, na_value=0.0) for c in _TOKENS}
-    missing = np.isnan(cost)
-    for model in frame.loc[missing, "model"].dropna().unique():
-        prices = pricing.lookup(str(model))
-        mask = missing & (frame["model"] == model).to_numpy()
-        if prices is None or not mask.any():
+    """``cost_usd`` filled in from the pricing table where missing, and ``cost_source``
+    (codes of :data:`COST_SOURCES` set directly: no column of a million strings)."""
+    # Written in place (the frame's own column, shared with nothing): a second column of
+    # costs would be the read's peak memory.
+    missing = np.isnan(frame["cost_usd"].to_numpy(dtype=np.float64, na_value=np.nan))
+    source = np.where(missing, np.int8(_UNPRICED), np.int8(_REPORTED))
+    models = frame["model"].cat
+    codes = models.codes.to_numpy()
+    for code in np.unique(codes[missing & (codes >= 0)]):  # the models of unpriced rows
+        prices = pricing.lookup(str(models.categories[code]))
+        if prices is None:
             continue
-        cost[mask] = prices.cost(
-            tokens["input_tokens"][mask], tokens["output_tokens"][mask],
-            tokens["cache_write_tokens"][mask], 0, tokens["cache_read_tokens"][mask],
-        )  # fmt: skip
-        source[mask] = "computed"
-    frame["cost_usd"] = cost
-    frame.insert(
-        list(frame.columns).index("cost_usd") + 1,
-        "cost_source",
-        pd.Series(pd.Categorical(source, categories=COST_SOURCES), index=frame.index),
-    )
+        rows = np.flatnonzero(missing & (codes == code))
+        # A block of rows at a time: token columns for every row would be the read's peak.
+        for start in range(0, len(rows), _PRICED_AT_ONCE):
+            block = rows[start : start + _PRICED_AT_ONCE]
+            tokens = {c: frame[c].array[block].to_numpy(dtype=np.float64, na_value=0.0)
+                      for c in _TOKENS}  # fmt: skip
+            _write_costs(frame, block, prices.cost(
+                tokens["input_tokens"], tokens["output_tokens"],
+                tokens["cache_write_tokens"], 0, tokens["cache_read_tokens"],
+            ))  # fmt: skip
+        source[rows] = _COMPUTED
+    sources = pd.Categorical.from_codes(source, categories=pd.Index(COST_SOURCES))
+    at = list(frame.columns).index("cost_usd") + 1
+    frame.insert(at, "cost_source", pd.Series(sources, index=frame.index))
+
+
+def _write_costs(frame: pd.DataFrame, rows: np.ndarray, costs: np.ndarray) -> None:
+    column = list(frame.columns).index("cost_usd")
+    try:
+        frame.iloc[rows, column] = costs
+    except ValueError:  # read-only: Arrow's memory (no nulls, so pyarrow did not copy)
+        frame["cost_usd"] = frame["cost_usd"].to_numpy(dtype=np.float64, copy=True)
+        frame.iloc[rows, column] = costs
 
 
 def tool_calls(
@@ -406,7 +423,13 @@ def tool_calls(
     known = [name for name, _, _ in CALL_FIELDS] + (["output"] if output else [])
     wanted = _columns(columns, known)
     filters = Filters(butler, runtime, status, since, until, success, kind)
-    path = store_source(store)
+    table = _calls_table(store_source(store), filters, output, wanted, cache)
+    return _frame(table, wanted)
+
+
+def _calls_table(path: Source, filters: Filters, output: bool, wanted: Sequence[str],
+                 cache: bool | None) -> Handed:  # fmt: skip
+    """The tool calls :func:`tool_calls` returns, as a table handed to :func:`_frame`."""
     if isinstance(path, str) and not output and cache is not False:
         from_server = _server_sealed_calls(path)
         if from_server is not None:
@@ -414,7 +437,7 @@ def tool_calls(
                 chosen = _sessions_table(path, filters, cache)["session_id"]
                 keep = pc.is_in(from_server["session_id"], value_set=chosen.combine_chunks())
                 from_server = from_server.filter(keep)
-            return _frame(from_server, wanted)
+            return Handed(from_server)
     state = None if output else _use_cache(path, cache)
     if state is None or path is None or isinstance(path, str):
         where, params = filters.sql()
@@ -422,16 +445,17 @@ def tool_calls(
         fields = tuple(f for f in every if f[0] in wanted)  # only what is asked is read
         if where:
             where = f" WHERE session_id IN (SELECT id FROM {_sessions_from(path)}{where})"
-        return _frame(_read(path, fields, "tool_calls", where, params, "rowid"), wanted)
+        return Handed(_read(path, fields, "tool_calls", where, params, "rowid"))
     sealed = store_segments.read(path, sessions=False)
     if sealed is not None:
         table = sealed.calls
+        del sealed  # the table alone: handed over below, nothing else holds it
     else:
         table = _cached(path, state, "tool_calls", CALL_FIELDS, CALL_SCHEMA, None)
     if filters:
         chosen = _sessions_table(path, filters, cache)["session_id"]
         table = table.filter(pc.is_in(table["session_id"], value_set=chosen.combine_chunks()))
-    return _frame(table, wanted)
+    return Handed(table)
 
 
 def _server_sealed_calls(url: str) -> pa.Table | None:

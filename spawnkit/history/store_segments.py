@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from ..home import is_writable
 from ..store import segments
 from ..store.columns import CALL_FIELDS, ROWID, SESSION_FIELDS, from_rows, select, typed
+from .rows import Column
 from .store_query import SMALL_ROWS, query, read_only_uri
 
 log = logging.getLogger(__name__)
@@ -114,14 +115,28 @@ def _in_call_order(calls: pa.Table) -> pa.Table:
     """Calls in rowid order (the row store's). Sealing leaves them in it except around a
     run sealed late (open at one seal, its calls written live early): only the window
     that is out of order is sorted, not ten million rows."""
+    if _ascending(calls[ROWID]):
+        return calls
     rowids = calls[ROWID].to_numpy()
     drops = np.flatnonzero(np.diff(rowids) < 0)
-    if not len(drops):
-        return calls
     lo, hi = unsorted_window(rowids, drops)
     window = calls.slice(lo, hi - lo)
     order = np.argsort(rowids[lo:hi], kind="stable")
     return pa.concat_tables([calls.slice(0, lo), window.take(order), calls.slice(hi)])
+
+
+def _ascending(rowids: Column) -> bool:
+    """Whether ``rowids`` ascend, checked a chunk at a time (each chunk is a segment's, read
+    in place: no copy of ten million rowids, which a read's peak memory would carry)."""
+    last = None
+    for chunk in rowids.chunks:
+        if not len(chunk):
+            continue
+        values = chunk.to_numpy(zero_copy_only=False)
+        if (last is not None and values[0] < last) or bool((values[1:] < values[:-1]).any()):
+            return False
+        last = values[-1]
+    return True
 
 
 def _build(path: Path, epoch: int) -> History | None:

@@ -52,6 +52,9 @@ MAX_LEVEL = 2
 """Segments merge up to ``SEAL_SESSIONS * FANOUT ** MAX_LEVEL`` sessions (64k): a blob of
 tens of MB, far below SQLite's 1 GB limit on one value."""
 
+DECODE_POOL = pa.system_memory_pool()
+"""Where decoded segments live (see :func:`decode`)."""
+
 Query = Callable[[str, Sequence[object]], Sequence[Any]]
 
 
@@ -94,7 +97,9 @@ def load(query: Query, epoch: int, *, sessions: bool = True, calls: bool = True)
 
 
 def decode(blob: bytes | pa.Buffer) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
+    # Into malloc's memory, not Arrow's own pool: a read turns these tables into pandas
+    # (numpy allocates with malloc), and what the conversion frees is then what it reuses.
+    return pa.ipc.open_stream(pa.py_buffer(blob), memory_pool=DECODE_POOL).read_all()
 
 
 def encode(table: pa.Table) -> bytes:
