@@ -33,6 +33,7 @@ from typing import Any
 import pandas as pd
 
 from ..store import BUSY_TIMEOUT_MS, SessionStore
+from ..store.sqlite import committed
 from .errors import HistoryError
 from .formats import FORMATS, SOURCES, SourceFormat, canonical, spawnkit_runtime_home
 from .imported_files import SPAWNKIT_RUNS, import_store_file
@@ -82,12 +83,8 @@ def _writer(path: Path) -> Iterator[sqlite3.Connection]:
     try:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("BEGIN IMMEDIATE")
-        try:
+        with committed(conn):
             yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
     finally:
         conn.close()
 

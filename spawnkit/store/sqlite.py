@@ -160,6 +160,17 @@ class _SqliteTransaction:
         return self._conn.execute(sql, params).fetchall()
 
 
+@contextmanager
+def committed(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """The block's end commits the transaction ``conn`` has begun; an error rolls it back."""
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
 class SqliteBackend:
     """The embedded :class:`~spawnkit.store.backend.Backend`: one SQLite file in WAL mode.
 
@@ -259,13 +270,8 @@ class SqliteBackend:
         turn = self._writing.acquire(timeout=BUSY_TIMEOUT_MS / 1000)
         try:
             conn.execute("BEGIN IMMEDIATE")
-            try:
+            with committed(conn):
                 yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            else:
-                conn.execute("COMMIT")
         finally:
             if turn:
                 self._writing.release()
@@ -287,13 +293,8 @@ class SqliteBackend:
                 if conn.in_transaction or ("locked" not in str(exc) and "busy" not in str(exc)):
                     raise
                 raise WriteWouldWait from exc
-            try:
+            with committed(conn):
                 yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            else:
-                conn.execute("COMMIT")
         finally:
             self._writing.release()
 
