@@ -47,6 +47,8 @@ KEEP_VAR = "SPAWNKIT_ENV_KEEP"
 BINARY_VAR = "SPAWNKIT_REAL_CLI"
 PIDFILE_VAR = "SPAWNKIT_PIDFILE"
 TERMINATE_GRACE_S = 2.0
+# How long a SIGKILLed group may take to be gone before terminate_group returns anyway.
+KILL_WAIT_S = 10.0
 PR_SET_PDEATHSIG = 1
 # How often terminate_group looks whether the group is gone: first, and at the slowest.
 FIRST_POLL_S = 0.002
@@ -211,6 +213,13 @@ async def terminate_group(pgid: int, grace: float = TERMINATE_GRACE_S) -> None:
         if _group_alive(pgid):
             logger.debug("process group %d ignored SIGTERM; killing it", pgid)
             os.killpg(pgid, signal.SIGKILL)
+            # A killed process still takes a moment to exit (longer on a loaded machine):
+            # the group is over only once none of it runs.
+            deadline = loop.time() + KILL_WAIT_S
+            delay = FIRST_POLL_S
+            while _group_alive(pgid) and loop.time() < deadline:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, LAST_POLL_S)
 
 
 class LineFramer:
