@@ -201,25 +201,28 @@ async def terminate_group(pgid: int, grace: float = TERMINATE_GRACE_S) -> None:
         return  # never signal our own group (the wrapper had no setsid)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
-        # A process group has no awaitable exit; poll it, bounded by the grace. Most
-        # groups are gone within milliseconds of SIGTERM (an ACP agent, which never exits
-        # by itself, is ended this way after every run): poll soon, then less often.
-        delay = FIRST_POLL_S
-        while _group_alive(pgid) and loop.time() < deadline:
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, LAST_POLL_S)
-        if _group_alive(pgid):
+        # Most groups are gone within milliseconds of SIGTERM (an ACP agent, which never
+        # exits by itself, is ended this way after every run).
+        if not await _gone(pgid, grace):
             logger.debug("process group %d ignored SIGTERM; killing it", pgid)
             os.killpg(pgid, signal.SIGKILL)
             # A killed process still takes a moment to exit (longer on a loaded machine):
             # the group is over only once none of it runs.
-            deadline = loop.time() + KILL_WAIT_S
-            delay = FIRST_POLL_S
-            while _group_alive(pgid) and loop.time() < deadline:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, LAST_POLL_S)
+            await _gone(pgid, KILL_WAIT_S)
+
+
+async def _gone(pgid: int, within: float) -> bool:
+    """Whether the group is gone within ``within`` seconds. A process group has no
+    awaitable exit: it is polled soon, then less often."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    delay = FIRST_POLL_S
+    while _group_alive(pgid):
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, LAST_POLL_S)
+    return True
 
 
 class LineFramer:

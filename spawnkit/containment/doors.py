@@ -189,15 +189,51 @@ class _Refused(asyncio.Protocol):
         transport.close()
 
 
-class _Splice(asyncio.Protocol):
+class _End(asyncio.Protocol):
+    """One end of a spliced connection: what it receives, its ``peer`` writes; a full
+    write buffer here pauses reading there."""
+
+    transport: asyncio.Transport | None = None
+    peer: _End | None = None
+    eof = False  # this end has sent all it will
+
+    @property
+    def splice(self) -> _Splice:
+        raise NotImplementedError
+
+    def _peer_transport(self) -> asyncio.Transport | None:
+        return None if self.peer is None else self.peer.transport
+
+    def data_received(self, data: bytes) -> None:
+        peer = self._peer_transport()
+        assert peer is not None
+        peer.write(data)
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        assert self.peer is not None
+        assert self.peer.transport is not None
+        return _pass_eof(self.peer.transport, self.peer.eof, self.splice)
+
+    def pause_writing(self) -> None:
+        if (peer := self._peer_transport()) is not None:
+            peer.pause_reading()
+
+    def resume_writing(self) -> None:
+        if (peer := self._peer_transport()) is not None:
+            peer.resume_reading()
+
+
+class _Splice(_End):
     """The door's end of one connection; :class:`_Upstream` is the host port's end."""
 
     def __init__(self, bridge: _Bridge) -> None:
         self.bridge = bridge
-        self.transport: asyncio.Transport | None = None
-        self.upstream: _Upstream | None = None
         self._connecting: asyncio.Task[None] | None = None
-        self.eof = False
+
+    @property
+    def splice(self) -> _Splice:
+        return self
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -220,79 +256,48 @@ class _Splice(asyncio.Protocol):
             self.close()
 
     def linked(self, upstream: _Upstream) -> None:
-        self.upstream = upstream
+        self.peer = upstream
         assert self.transport is not None
+        assert upstream.transport is not None
         if self.transport.is_closing():
             upstream.transport.close()
         else:
             self.transport.resume_reading()
 
-    def data_received(self, data: bytes) -> None:
-        assert self.upstream is not None
-        self.upstream.transport.write(data)
-
-    def eof_received(self) -> bool:
-        self.eof = True
-        assert self.upstream is not None
-        return _pass_eof(self.upstream.transport, self.upstream.eof, self)
-
-    def pause_writing(self) -> None:
-        if self.upstream is not None:
-            self.upstream.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.upstream is not None:
-            self.upstream.transport.resume_reading()
-
     def connection_lost(self, exc: Exception | None) -> None:
         self.bridge._connections.discard(self)
-        if self.upstream is not None:
-            _end(self.upstream.transport, exc)
+        if (peer := self._peer_transport()) is not None:
+            _end(peer, exc)
         elif self._connecting is not None:
             self._connecting.cancel()
 
     def close(self) -> None:
         """End both ends now (the run is over, or the host port cannot be reached)."""
-        if self.transport is not None:
-            self.transport.close()
-        if self.upstream is not None:
-            self.upstream.transport.close()
+        for transport in (self.transport, self._peer_transport()):
+            if transport is not None:
+                transport.close()
         self.bridge._connections.discard(self)
 
 
-class _Upstream(asyncio.Protocol):
+class _Upstream(_End):
     """The host port's end of one spliced connection."""
 
     def __init__(self, door: _Splice) -> None:
-        self.door = door
-        self.transport: asyncio.Transport
-        self.eof = False
+        self.peer = door
+
+    @property
+    def splice(self) -> _Splice:
+        assert isinstance(self.peer, _Splice)
+        return self.peer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self.door.linked(self)
-
-    def data_received(self, data: bytes) -> None:
-        assert self.door.transport is not None
-        self.door.transport.write(data)
-
-    def eof_received(self) -> bool:
-        self.eof = True
-        assert self.door.transport is not None
-        return _pass_eof(self.door.transport, self.door.eof, self.door)
-
-    def pause_writing(self) -> None:
-        assert self.door.transport is not None
-        self.door.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        assert self.door.transport is not None
-        self.door.transport.resume_reading()
+        self.splice.linked(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        assert self.door.transport is not None
-        _end(self.door.transport, exc)
+        if (peer := self._peer_transport()) is not None:
+            _end(peer, exc)
 
 
 def _pass_eof(sink: asyncio.Transport, sink_ended: bool, splice: _Splice) -> bool:
