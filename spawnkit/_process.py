@@ -90,6 +90,7 @@ for __sk_name in "${{__sk_env[@]}}"; do
   __sk_drop+=(-u "$__sk_name")
 done
 __sk_sandbox=({sandbox})
+{prelude}
 if [[ -n "$__sk_pidfile" ]]; then echo $$ > "$__sk_pidfile"; fi
 # setsid forks (changing the pid we just wrote) when we already lead a group.
 if [[ -r /proc/$$/stat ]]; then read -r -a __sk_stat < /proc/$$/stat; fi
@@ -110,10 +111,14 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def write_env_filter(directory: Path, sandbox: Sequence[str] = ()) -> Path:
+def write_env_filter(
+    directory: Path, sandbox: Sequence[str] = (), prelude: Sequence[str] = ()
+) -> Path:
     """Write the wrapper script into ``directory`` (the run's workspace).
 
-    ``sandbox`` is the command line that goes before the CLI's (bwrap and its view).
+    ``sandbox`` is the command line that goes before the CLI's (bwrap and its view);
+    ``prelude``, lines the script runs just before it ``exec``s them (the sandbox's shell
+    steps: see :mod:`spawnkit.containment.prelude`).
     """
     bash = shutil.which("bash") or "/bin/bash"
     setsid = shutil.which("setsid")
@@ -126,6 +131,7 @@ def write_env_filter(directory: Path, sandbox: Sequence[str] = ()) -> Path:
         env=shutil.which("env", path="/usr/bin:/bin") or "/usr/bin/env",
         prefixes=" ".join(f"${{!{first}@}}" for first in _NAME_STARTS),
         sandbox=" ".join(shlex.quote(arg) for arg in sandbox),
+        prelude="\n".join(prelude),
     )
     path = directory / "spawnkit-cli"
     path.write_text(script, encoding="utf-8")

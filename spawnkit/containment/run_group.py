@@ -11,8 +11,8 @@ without write access to another.
 
 So every run gets a cgroup of its own, ``spawnkit-run-<session id>``, made beside this
 process's own cgroup (cgroup v2 where it is mounted, else v1's ``cpuacct``). Its CLI (or
-bwrap, for a sandboxed run) joins it before it is itself (``sh -c 'echo 0 >
-.../cgroup.procs; exec CLI'``: the run's plan puts that in front of its command line), so
+bwrap, for a sandboxed run) joins it before it is itself (``echo 0 > .../cgroup.procs``,
+a step of the shell that then ``exec``s it: :mod:`spawnkit.containment.prelude`), so
 everything it ever starts is born inside. At the end of the run :meth:`RunGroup.reap` reads
 ``cgroup.procs``, kills what is listed (v2's ``cgroup.kill`` where the kernel has it),
 waits for them to go and removes the cgroup: work that grows with the run's processes,
@@ -34,7 +34,6 @@ import contextlib
 import errno
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -42,17 +41,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .prelude import ShellStep, shell_prefix
+
 logger = logging.getLogger(__name__)
 
 PREFIX = "spawnkit-run-"
 _PROCS = "cgroup.procs"
 # How long reap waits for the killed processes to leave the cgroup.
 KILL_WAIT_S = 5.0
-_SH = shutil.which("sh", path="/bin:/usr/bin") or "/bin/sh"
-# Joins the cgroup named by $0 (0: the writing process, this shell), then becomes the CLI.
-# A CLI that could not join still runs: its cgroup never ran anything, and its run is
-# reaped by the scan (RunGroup.ever_ran).
-_JOIN = 'echo 0 2>/dev/null > "$0"; exec "$@"'
+# Joins the cgroup whose procs file is the argument (0: the writing process, the shell that
+# then becomes the CLI). A CLI that could not join still runs: its cgroup never ran anything,
+# and its run is reaped by the scan (RunGroup.ever_ran).
+_JOIN = "echo 0 2>/dev/null > {}"
 
 
 @dataclass(frozen=True)
@@ -72,9 +72,14 @@ class RunGroup:
     usage_file: str
 
     @property
+    def step(self) -> ShellStep:
+        """The step that puts the shell starting the CLI inside (see .prelude)."""
+        return ShellStep(_JOIN, str(self.path / _PROCS))
+
+    @property
     def argv(self) -> tuple[str, ...]:
-        """What goes before the CLI's command line (as a sandbox's bwrap would)."""
-        return (_SH, "-c", _JOIN, str(self.path / _PROCS))
+        """What goes before the CLI's command line for it to start inside."""
+        return tuple(shell_prefix([self.step]))
 
     def pids(self) -> list[int]:
         return [int(pid) for pid in _read(self.path / _PROCS).split()]

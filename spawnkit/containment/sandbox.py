@@ -87,6 +87,7 @@ from ..errors import SandboxUnavailable
 from ..home import home_path, spawnkit_home
 from .doors import INSIDE as DOORS_INSIDE
 from .doors import Door
+from .prelude import ShellStep, script_lines, shell_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,9 @@ REMEDY = (
 
 @dataclass(frozen=True)
 class SandboxPlan:
-    """How one run's CLI is started: ``argv`` goes before the CLI's own command line."""
+    """How one run's CLI is started: the shell ``steps`` (:mod:`.prelude`: open the seccomp
+    filter, join the run's cgroup), then ``argv`` (bwrap and its view) before the CLI's own
+    command line."""
 
     kind: SandboxKind
     argv: tuple[str, ...] = ()
@@ -119,9 +122,15 @@ class SandboxPlan:
     # allow_hosts through the egress door). False: it reaches spawnkit's relay and its
     # butler's servers only, none of them over TLS.
     reaches_hosts: bool = True
+    steps: tuple[ShellStep, ...] = ()
 
     def wrap(self, command: Sequence[str]) -> list[str]:
-        return [*self.argv, *command]
+        """The whole command line: one ``sh`` doing the steps, bwrap, ``command``."""
+        return [*shell_prefix(self.steps), *self.argv, *command]
+
+    def script_lines(self) -> list[str]:
+        """The steps as lines of the shell script that then ``exec``s ``argv``."""
+        return script_lines(self.steps)
 
 
 NO_SANDBOX = SandboxPlan("none")
@@ -289,11 +298,11 @@ def plan(
     args = [*base, *(["--unshare-net"] if own_network else []), *_system_view()]
     args += [*_binds(binds, home_path()), *_door_view(doors)]
     args += ["--chdir", str(cwd or butler.workdir or workspace), "--"]
-    argv = _filtered(bwrap, args, interactive)
+    steps, argv = _filtered(bwrap, args, interactive)
     if doors:
         argv += _forwarder(doors, interactive)
     reaches = not own_network or bool(butler.sandbox.allow_hosts)
-    return SandboxPlan("bwrap", tuple(argv), reaches_hosts=reaches)
+    return SandboxPlan("bwrap", tuple(argv), reaches_hosts=reaches, steps=steps)
 
 
 # Where the sandbox sees the forwarder's program (compiled: see _forwarder_program).
@@ -396,13 +405,15 @@ def _binds(binds: Iterable[tuple[str, Path]], home: Path) -> list[str]:
     return [*outer, *mask, *inner]
 
 
-def _filtered(bwrap: Path, args: list[str], interactive: bool) -> list[str]:
-    """The whole command line: bwrap with ``args`` under the seccomp filter.
+def _filtered(
+    bwrap: Path, args: list[str], interactive: bool
+) -> tuple[tuple[ShellStep, ...], list[str]]:
+    """The shell steps and the command line of bwrap with ``args`` under the seccomp filter.
 
-    bwrap reads the filter (:func:`seccomp_filter`) from fd 9, which ``bash -p`` opens from
-    a file outside the view just before it ``exec``s bwrap: the same prefix works in the
-    env-filter wrapper (Claude Code) and in :func:`spawnkit._process.run_lines` (the others),
-    for headless runs and chats alike.
+    bwrap reads the filter (:func:`seccomp_filter`) from fd 9, which the shell that starts
+    it opens from a file outside the view just before its ``exec`` (a step: see
+    :mod:`.prelude`), in the env-filter wrapper (Claude Code) and in the ``sh`` before
+    the others, for headless runs and chats alike.
     """
     program = seccomp_filter()
     argv = [str(bwrap), *args]
@@ -415,12 +426,13 @@ def _filtered(bwrap: Path, args: list[str], interactive: bool) -> list[str]:
             "no seccomp filter for %s: the run can use the kernel keyring%s",
             platform.machine(), " and type into the terminal" if interactive else "",
         )  # fmt: skip
-        return argv
-    bash = which("bash") or "/bin/bash"
-    # bash exports SHLVL even to what it execs: env drops it, the environment stays exact.
-    filter_file = _state_file("seccomp", ".bpf", program)
-    opener = [bash, "-p", "-c", 'exec 9<"$0" && exec "$@"', str(filter_file)]
-    return [*opener, _env(), "-u", "SHLVL", *argv]
+        return (), argv
+    # `command`: a failed redirection returns (sh would leave with its own status) and
+    # the start ends with 126 in sh and bash alike.
+    opener = ShellStep(
+        "command exec 9<{} || exit 126", str(_state_file("seccomp", ".bpf", program))
+    )
+    return (opener,), argv
 
 
 def _keep_terminal(argv: list[str]) -> list[str]:

@@ -351,7 +351,7 @@ def keeps_transcripts(worker: RuntimeAdapter) -> bool:
 
 def grouped(plan: SandboxPlan, group: RunGroup) -> SandboxPlan:
     """``plan`` with its CLI joining ``group`` first."""
-    return replace(plan, argv=(*group.argv, *plan.argv))
+    return replace(plan, steps=(group.step, *plan.steps))
 
 
 class LimitReached(Exception):

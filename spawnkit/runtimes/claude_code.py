@@ -770,7 +770,9 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         if _READER_FILTER not in reader_log.filters:
             reader_log.addFilter(_READER_FILTER)
         os.environ.setdefault(_SKIP_VERSION_CHECK, "1")
-        wrapper = _process.write_env_filter(spec.workspace, spec.sandbox.argv)
+        wrapper = _process.write_env_filter(
+            spec.workspace, spec.sandbox.argv, spec.sandbox.script_lines()
+        )
         seed_home(spec.workspace)
         pidfile = spec.workspace / "cli.pid"
         state = _RunState(spec, emit)
