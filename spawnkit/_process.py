@@ -53,6 +53,11 @@ PR_SET_PDEATHSIG = 1
 # How often terminate_group looks whether the group is gone: first, and at the slowest.
 FIRST_POLL_S = 0.002
 LAST_POLL_S = 0.05
+# How long a group may still answer signals (its members exited but not yet reaped: our
+# child watcher and init reap within milliseconds) before each poll also reads every
+# process's state to tell zombies from the living (work that grows with the host's
+# processes, so it is done in a thread, and only then).
+ZOMBIE_CHECK_AFTER_S = 0.05
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME_STARTS = string.ascii_letters + "_"
@@ -178,13 +183,22 @@ def pid_exists(pid: int) -> bool:
 
 
 def _group_alive(pgid: int) -> bool:
-    """Whether any process of the group still runs (zombies, already dead, do not count)."""
+    """Whether a signal still reaches the group: a process of it runs, or has exited and
+    is not reaped yet (a zombie)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    return True
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether any process of the group still runs (zombies, already dead, do not count).
+    Reads the state of every process of the host: not for the event loop."""
+    if not _group_alive(pgid):
+        return False
     proc = Path("/proc")
     if not proc.is_dir():
         return True
@@ -221,11 +235,16 @@ async def _gone(pgid: int, within: float) -> bool:
     """Whether the group is gone within ``within`` seconds. A process group has no
     awaitable exit: it is polled soon, then less often."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
+    start = loop.time()
     delay = FIRST_POLL_S
     while _group_alive(pgid):
-        if loop.time() >= deadline:
+        now = loop.time()
+        if now >= start + within:
             return False
+        if now >= start + ZOMBIE_CHECK_AFTER_S and not await asyncio.to_thread(
+            _group_running, pgid
+        ):
+            return True  # only zombies left, which a reaper other than us must take
         await asyncio.sleep(delay)
         delay = min(delay * 2, LAST_POLL_S)
     return True

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from spawnkit import _process
 from spawnkit._process import (
     BINARY_VAR,
     KEEP_VAR,
@@ -382,6 +383,48 @@ async def test_terminate_group_on_a_gone_group_returns_quietly() -> None:
     started = time.monotonic()
     await terminate_group(proc.pid, grace=WAIT_S)
     assert time.monotonic() - started < 1.0
+
+
+async def test_the_end_of_an_obeying_group_reads_no_other_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A group that goes at SIGTERM is seen gone by signals alone: the scan of the host's
+    processes (work that grows with them) is left for groups that linger as zombies."""
+    scans: list[int] = []
+    monkeypatch.setattr(_process, "_group_running", lambda pgid: scans.append(pgid) or True)
+    # However slowly this machine reaps, only the signals can end the wait here.
+    monkeypatch.setattr(_process, "ZOMBIE_CHECK_AFTER_S", WAIT_S)
+    proc = await asyncio.create_subprocess_exec(
+        "bash", "-c", "echo up; exec sleep 300", stdout=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        async with asyncio.timeout(WAIT_S):
+            assert await proc.stdout.readline() == b"up\n"
+        started = time.monotonic()
+        await terminate_group(proc.pid, grace=WAIT_S)
+        assert time.monotonic() - started < WAIT_S / 2, "gone once asyncio reaped it"
+        assert await asyncio.wait_for(proc.wait(), WAIT_S) == -signal.SIGTERM
+        assert scans == []
+    finally:
+        await clean_up(proc, [])
+
+
+async def test_a_group_left_as_a_zombie_counts_as_gone() -> None:
+    """Its one member killed and never reaped (no one waits for it): a signal still reaches
+    the group, but nothing of it runs, and terminate_group does not wait out its grace."""
+    # A blocking Popen on purpose: asyncio's would reap it.
+    proc = subprocess.Popen(["sleep", "300"], start_new_session=True)  # noqa: ASYNC220
+    try:
+        started = time.monotonic()
+        await terminate_group(proc.pid, grace=WAIT_S)
+        assert time.monotonic() - started < WAIT_S / 2
+        assert _process._group_alive(proc.pid), "still a zombie: a signal reaches it"
+        assert not _process._group_running(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.mark.skipif(not HAS_SETSID, reason="needs setsid(1)")
