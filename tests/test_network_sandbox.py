@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,7 +28,8 @@ from spawnkit.containment.doors import DOORS_DIR, INSIDE, open_doors
 from spawnkit.errors import RosterError
 
 FORWARDER = Path(sandbox.__file__).with_name("sandbox_forward.py")
-PYTHON = os.path.realpath(sys.executable)
+# The interpreter the forwarder runs on (the system's build of this version, if any).
+PYTHON = str(sandbox._python())
 BIG = 24 * 1024 * 1024
 
 

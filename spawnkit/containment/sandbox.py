@@ -350,8 +350,39 @@ def _compiled_forwarder() -> bytes:
 
 @functools.cache
 def _python() -> Path:
-    """This interpreter's real path (it does not move while it runs)."""
-    return Path(os.path.realpath(sys.executable))
+    """The interpreter the forwarder runs on: the system's own build of this version of
+    Python where it runs the forwarder's modules, else this interpreter (its real path).
+
+    The same version, for the forwarder is compiled for this one. The system's build is
+    preferred for it starts faster: distributions build it optimised, with its C modules
+    inside, and it starts in three quarters of the CPU of a shared-library build such as
+    pyenv's (16.5 against 21.6 ms at load 10), before every sandboxed run with doors; and
+    under ``/usr`` it needs nothing more bound into the view.
+    """
+    own = Path(os.path.realpath(sys.executable))
+    major, minor = sys.version_info[:2]
+    system = Path(f"/usr/bin/python{major}.{minor}")
+    if own.is_relative_to("/usr") or not _runs_forwarder(system, (major, minor)):
+        return own
+    logger.debug("the sandbox's forwarder runs on %s", system)
+    return system
+
+
+def _runs_forwarder(python: Path, version: tuple[int, int]) -> bool:
+    """Whether ``python`` (once per process) is of ``version`` and has the modules the
+    forwarder imports."""
+    check = (
+        "import sys, _signal, _socket, _thread; "
+        f"sys.exit(0 if sys.version_info[:2] == {version!r} else 1)"
+    )
+    try:
+        done = subprocess.run(
+            [str(python), "-I", "-S", "-c", check], stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=_PROBE_TIMEOUT_S,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
 
 
 def _forwarder(doors: Sequence[Door], interactive: bool) -> list[str]:
