@@ -24,7 +24,8 @@ DNS, no internet. What the run may reach comes through the doors spawnkit keeps
 (:mod:`spawnkit.containment.doors`: the model API, the butler's MCP server, the run's OTLP
 receiver): the door folder is bound read-only at :data:`spawnkit.containment.doors.INSIDE`, and the
 CLI starts under spawnkit's forwarder (:mod:`spawnkit.containment.sandbox_forward`, run by the
-interpreter spawnkit runs on, bound read-only too), which listens on the sandbox's
+system's build of spawnkit's Python version, else by spawnkit's own interpreter, bound
+read-only too: :func:`_python`), which listens on the sandbox's
 ``127.0.0.1:PORT`` for each door. ``network = "host"`` keeps the host's network, and is logged on
 every run. The sandbox gets a pid namespace and ``--die-with-parent``: when
 the CLI exits, or the process that started it dies however it dies, every process in the

@@ -1,7 +1,7 @@
 """The forwarder inside a run's network namespace: the sandbox's end of each door.
 
-bubblewrap starts this program in the run's namespace (``python -I -S``, the interpreter
-spawnkit runs on, bound read-only into the view), in place of the CLI:
+bubblewrap starts this program in the run's namespace (``python -I -S`` of spawnkit's Python
+version: see :func:`spawnkit.containment.sandbox._python`), in place of the CLI:
 
     sandbox_forward.py [--interactive] PORT=SOCKET ... -- CLI ARGS...
 
