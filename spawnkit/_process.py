@@ -609,8 +609,10 @@ class _Child:
         return True
 
     def _fail(self, exc: Exception) -> None:
+        """A sink raised: nothing more is read (as a reading task would have stopped)."""
         if not self.ended.done():
             self.ended.set_exception(exc)
+        self.stop()
 
     def stop(self) -> None:
         """Close our ends of its pipes (what another process still holds included) and
