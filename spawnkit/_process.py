@@ -366,24 +366,13 @@ async def run_lines(
             return await child.exited
         finally:
             child.stop()
-            if _group_exists(child.pid):  # what it left in its group (rarely anything)
+            if _group_alive(child.pid):  # what it left in its group (rarely anything)
                 await asyncio.shield(terminate_group(child.pid))
             if not child.exited.done():
                 await asyncio.shield(child.exited)
     finally:
         if stdout_file is not None:
             stdout_file.close()
-
-
-def _group_exists(pgid: int) -> bool:
-    """Whether the process group ``pgid`` has a process, a zombie included."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class _Child:
