@@ -39,7 +39,6 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
 
 logger = logging.getLogger(__name__)
 
@@ -316,48 +315,6 @@ async def _pump(stream: asyncio.StreamReader, sink: LineSink, max_line: int) -> 
         sink(*last)
 
 
-async def _feed(pipe: asyncio.StreamWriter, data: bytes) -> None:
-    """Write ``data`` to the child's stdin and close it.
-
-    A CLI that exits before reading it all (a bad flag, missing credentials) closes the
-    pipe: that is not an error of ours. Its exit code and stderr say what happened, so
-    the broken pipe is only logged.
-    """
-    try:
-        pipe.write(data)
-        await pipe.drain()
-        pipe.close()
-        await pipe.wait_closed()
-    except (BrokenPipeError, ConnectionResetError) as exc:
-        logger.debug("the CLI closed its stdin before reading all of it: %s", exc)
-
-
-async def _pump_file(fd: int, exited: asyncio.Task[Any], sink: LineSink, max_line: int) -> None:
-    """Hand over the lines a child writes to the file ``fd`` as they arrive, until it has
-    exited. Read at offsets of our own (``pread``): the child's descriptor shares the file
-    position of ``fd``, and its writes move it.
-
-    A file has no end-of-stream while its writer lives, so new data is polled for
-    (every :data:`FILE_POLL_S`); once the child has exited, the rest is read at once.
-    """
-    framer = LineFramer(max_line)
-    offset = 0
-    while True:
-        finished = exited.done()  # before the read: what it wrote before exiting is in
-        chunk = os.pread(fd, READ_CHUNK, offset)
-        if chunk:
-            offset += len(chunk)
-            for text, truncated in framer.feed(chunk):
-                sink(text, truncated)
-            continue
-        if finished:
-            break
-        await asyncio.sleep(FILE_POLL_S)
-    last = framer.flush()
-    if last is not None:
-        sink(*last)
-
-
 FILE_POLL_S = 0.02
 # How long the output may stay open once the CLI has exited. A process it started in a
 # session of its own (out of reach of its group's end) can hold the pipe open for hours:
@@ -381,7 +338,8 @@ async def run_lines(
     The child gets exactly ``env`` (nothing is merged in from this process).
     Returns the exit code. On cancellation the whole group is terminated
     (SIGTERM, then SIGKILL) before the cancellation propagates; on any exit,
-    processes the CLI left in its group are terminated too.
+    processes the CLI left in its group are terminated too. A sink that raises stops
+    the run the same way, and its exception comes out of here.
 
     ``stdout_via_file``: the child writes its stdout to a temporary file instead of a pipe,
     and its lines are read from there as they are written. Node programs need it:
@@ -393,259 +351,280 @@ async def run_lines(
     """
     stdout_file = tempfile.TemporaryFile() if stdout_via_file else None  # noqa: SIM115
     try:
-        return await _run_lines(
-            argv, env=env, cwd=cwd, on_stdout=on_stdout, on_stderr=on_stderr, stdin=stdin,
-            max_line=max_line, stdout_fd=stdout_file.fileno() if stdout_file else None,
+        child = _Child.start(
+            argv, env=env, cwd=cwd, stdin=stdin, max_line=max_line,
+            on_stdout=on_stdout, on_stderr=on_stderr,
+            stdout_fd=stdout_file.fileno() if stdout_file else None,
         )  # fmt: skip
+        try:
+            if not await child.ended:
+                logger.warning(
+                    "%s exited, and a process it started still holds its output open: "
+                    "the rest of that output is not read (the run's end stops that process)",
+                    Path(argv[0]).name,
+                )
+            return await child.exited
+        finally:
+            child.stop()
+            if _group_alive(child.pid):  # what it left in its group (rarely anything)
+                await asyncio.shield(terminate_group(child.pid))
+            if not child.exited.done():
+                await asyncio.shield(child.exited)
     finally:
         if stdout_file is not None:
             stdout_file.close()
 
 
-async def _run_lines(
-    argv: Sequence[str],
-    *,
-    env: Mapping[str, str],
-    cwd: Path,
-    on_stdout: LineSink,
-    on_stderr: LineSink,
-    stdin: bytes | None,
-    max_line: int,
-    stdout_fd: int | None,
-) -> int:
-    proc = await _start(argv, env=env, cwd=cwd, stdin=stdin is not None, stdout_fd=stdout_fd)
-    exited = asyncio.create_task(proc.wait())
-    # Not proc.wait(), which on Python 3.11 waits for the pipes to close as well.
-    gone = asyncio.create_task(proc.gone())
-    try:
-        if stdout_fd is not None:
-            stdout_pump = _pump_file(stdout_fd, gone, on_stdout, max_line)
-        else:
-            assert proc.stdout is not None
-            stdout_pump = _pump(proc.stdout, on_stdout, max_line)
-        pumps = [
-            asyncio.create_task(stdout_pump),
-            asyncio.create_task(_pump(proc.stderr, on_stderr, max_line)),
-        ]
-        # Written while the output is read: a large stdin and a chatty CLI cannot block
-        # each other on full pipes.
-        feeder = (
-            asyncio.create_task(_feed(proc.stdin, stdin))
-            if stdin is not None and proc.stdin is not None
-            else None
-        )
-        try:
-            if not await _read_to_end(pumps, gone, argv[0]):
-                # Our ends of the pipes the other process still holds: closed here, or
-                # they stay open until it ends.
-                proc.close_pipes()
-        finally:
-            for task in pumps:
-                task.cancel()
-            await asyncio.gather(*pumps, return_exceptions=True)
-            if feeder is not None:
-                feeder.cancel()
-                await asyncio.gather(feeder, return_exceptions=True)
-        return await exited
-    finally:
-        gone.cancel()
-        await asyncio.shield(terminate_group(proc.pid))
-        if not exited.done():
-            await asyncio.shield(exited)
-        proc.close_pipes()
-
-
 class _Child:
-    """A CLI started by :func:`_start`: its pipes on the event loop, its exit seen through
-    a pidfd. Python 3.11's asyncio subprocesses start a thread per child to wait for it
-    (its default child watcher), a third of what starting a child costs this process;
-    where pidfds are missing this wraps such a subprocess instead."""
+    """A CLI started by :func:`run_lines`, followed by callbacks on the event loop: its
+    output pipes read as they become readable, its stdin written as it drains, its exit
+    seen through a pidfd. No task, transport or stream per child: a no-op run's child
+    costs this process a few callbacks, where asyncio's subprocess machinery took several
+    tasks and a thread to wait for it (Python 3.11's default child watcher).
 
-    def __init__(
-        self,
-        pid: int,
-        stdout: asyncio.StreamReader | None,
-        stderr: asyncio.StreamReader,
-        stdin: asyncio.StreamWriter | None,
-    ) -> None:
-        self.pid = pid
-        self.stdout = stdout
-        self.stderr = stderr
-        self.stdin = stdin
-        self.transports: list[asyncio.BaseTransport] = []
+    ``ended`` resolves once the output has ended and the child has exited (True), or
+    :data:`OUTPUT_AFTER_EXIT_S` after it exited with its output still open (False), or
+    with the exception a sink raised; ``exited`` with its exit code. :meth:`stop` closes
+    whatever is still open of ours.
+    """
 
-    async def gone(self) -> None:
-        """Returns once the child has exited (its pipes may still be open)."""
-        raise NotImplementedError
-
-    async def wait(self) -> int:
-        """The child's exit code, once it has exited."""
-        raise NotImplementedError
-
-    def close_pipes(self) -> None:
-        for transport in self.transports:
-            transport.close()
-
-
-class _PidfdChild(_Child):
-    def __init__(self, popen: subprocess.Popen[bytes], pidfd: int, **pipes: Any) -> None:
-        super().__init__(popen.pid, **pipes)
+    def __init__(self, popen: subprocess.Popen[bytes], max_line: int) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.pid = popen.pid
         self._popen = popen
-        loop = asyncio.get_running_loop()
-        self._ended: asyncio.Future[None] = loop.create_future()
-        self._pidfd = pidfd
-        loop.add_reader(pidfd, self._exited)
+        self._max_line = max_line
+        self.ended: asyncio.Future[bool] = self.loop.create_future()
+        self.exited: asyncio.Future[int] = self.loop.create_future()
+        self._readers: dict[int, tuple[LineFramer, LineSink]] = {}
+        self._stdin: tuple[int, memoryview] | None = None
+        self._pidfd: int | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._file: tuple[int, LineFramer, LineSink] | None = None
+        self._file_offset = 0
+
+    @classmethod
+    def start(
+        cls,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: Path,
+        stdin: bytes | None,
+        max_line: int,
+        on_stdout: LineSink,
+        on_stderr: LineSink,
+        stdout_fd: int | None,
+    ) -> _Child:
+        """Start ``argv`` in a session of its own, its stderr (and stdout, unless it goes
+        to ``stdout_fd``) piped to us, ``stdin`` written to it (else an empty stdin)."""
+        ours: list[int] = []  # our ends of its pipes
+        theirs: list[int] = []
+        try:
+            stdout_r, stdout_w = (None, stdout_fd) if stdout_fd is not None else _pipe(ours, theirs)
+            stderr_r, stderr_w = _pipe(ours, theirs)
+            stdin_r, stdin_w = _pipe(theirs, ours) if stdin is not None else (None, None)
+            # As in asyncio's own subprocess start: the fork and exec happen here, on the loop.
+            popen = subprocess.Popen(
+                list(argv), stdin=stdin_r if stdin_r is not None else subprocess.DEVNULL,
+                stdout=stdout_w, stderr=stderr_w, env=dict(env), cwd=cwd,
+                start_new_session=True,
+            )  # fmt: skip
+        except BaseException:
+            for fd in (*ours, *theirs):
+                os.close(fd)
+            raise
+        for fd in theirs:
+            os.close(fd)
+        child = cls(popen, max_line)
+        try:
+            if stdout_r is not None:
+                child._read(stdout_r, on_stdout)
+            elif stdout_fd is not None:
+                child._file = (stdout_fd, LineFramer(max_line), on_stdout)
+                child._poll_file()
+            child._read(stderr_r, on_stderr)
+            if stdin_w is not None:
+                assert stdin is not None
+                child._write(stdin_w, stdin)
+            child._watch_exit()
+        except BaseException:
+            child.stop()
+            popen.kill()
+            popen.wait()
+            raise
+        return child
+
+    # -- output ----------------------------------------------------------------------
+
+    def _read(self, fd: int, sink: LineSink) -> None:
+        os.set_blocking(fd, False)
+        self._readers[fd] = (LineFramer(self._max_line), sink)
+        self.loop.add_reader(fd, self._readable, fd)
+
+    def _readable(self, fd: int) -> None:
+        framer, sink = self._readers[fd]
+        try:
+            chunk = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        try:
+            if chunk:
+                for text, truncated in framer.feed(chunk):
+                    sink(text, truncated)
+                return
+            self._close_reader(fd)
+            last = framer.flush()
+            if last is not None:
+                sink(*last)
+        except Exception as exc:  # noqa: BLE001 - a sink's: run_lines raises it
+            self._fail(exc)
+            return
+        self._check_ended()
+
+    def _close_reader(self, fd: int) -> None:
+        self.loop.remove_reader(fd)
+        del self._readers[fd]
+        os.close(fd)
+
+    def _poll_file(self) -> None:
+        """Hand over what the child wrote to the file since the last look: read at offsets
+        of our own (``pread``), since the child's descriptor shares the file position of
+        ours and its writes move it. A file has no end-of-stream while its writer lives:
+        it is looked at every :data:`FILE_POLL_S`, and read to its end once the child exits."""
+        self._timer = None
+        if self._file is None:
+            return
+        fd, framer, sink = self._file
+        finished = self.exited.done()  # before the read: what it wrote before exiting is in
+        try:
+            while chunk := os.pread(fd, READ_CHUNK, self._file_offset):
+                self._file_offset += len(chunk)
+                for text, truncated in framer.feed(chunk):
+                    sink(text, truncated)
+            if finished:
+                self._file = None
+                last = framer.flush()
+                if last is not None:
+                    sink(*last)
+        except Exception as exc:  # noqa: BLE001 - a sink's or the file's: run_lines raises it
+            self._fail(exc)
+            return
+        if self._file is not None:
+            self._timer = self.loop.call_later(FILE_POLL_S, self._poll_file)
+        else:
+            self._check_ended()
+
+    # -- stdin -------------------------------------------------------------------------
+
+    def _write(self, fd: int, data: bytes) -> None:
+        """Write ``data`` to the child's stdin and close it, while its output is read: a
+        large stdin and a chatty CLI cannot block each other on full pipes."""
+        os.set_blocking(fd, False)
+        self._stdin = (fd, memoryview(data))
+        self._writable()
+        if self._stdin is not None:
+            self.loop.add_writer(fd, self._writable)
+
+    def _writable(self) -> None:
+        """A CLI that exits before reading it all (a bad flag, missing credentials) closes
+        the pipe: not an error of ours (its exit code and stderr say what happened)."""
+        assert self._stdin is not None
+        fd, rest = self._stdin
+        try:
+            while rest:
+                rest = rest[os.write(fd, rest) :]
+        except BlockingIOError:
+            self._stdin = (fd, rest)
+            return
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            logger.debug("the CLI closed its stdin before reading all of it: %s", exc)
+        self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        if self._stdin is not None:
+            fd = self._stdin[0]
+            self._stdin = None
+            self.loop.remove_writer(fd)
+            os.close(fd)
+
+    # -- exit --------------------------------------------------------------------------
+
+    def _watch_exit(self) -> None:
+        """Be called back when the child exits: a pidfd on the loop (Linux 5.3+), else
+        its exit polled, soon and then less often."""
+        if _pidfds:
+            try:
+                self._pidfd = os.pidfd_open(self.pid)
+            except OSError:
+                _pidfds.clear()  # not again: polled from now on
+            else:
+                self.loop.add_reader(self._pidfd, self._exited)
+                return
+        self._poll_exit(FIRST_POLL_S)
+
+    def _poll_exit(self, delay: float) -> None:
+        if self._popen.poll() is not None:
+            self._exited()
+        else:
+            next_delay = min(delay * 2, LAST_POLL_S)
+            self.loop.call_later(delay, self._poll_exit, next_delay)
 
     def _exited(self) -> None:
-        asyncio.get_running_loop().remove_reader(self._pidfd)
-        os.close(self._pidfd)
-        if not self._ended.done():
-            self._ended.set_result(None)
+        if self._pidfd is not None:
+            self.loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        if not self.exited.done():
+            self.exited.set_result(self._popen.wait())  # a zombie by now: reaped at once
+        if self._file is not None and self._timer is not None:
+            self._timer.cancel()
+            self._poll_file()  # the rest of it, at once
+        elif not self._check_ended() and self._timer is None:
+            self._timer = self.loop.call_later(OUTPUT_AFTER_EXIT_S, self._give_up)
 
-    async def gone(self) -> None:
-        await asyncio.shield(self._ended)
+    def _give_up(self) -> None:
+        self._timer = None
+        if not self.ended.done():
+            self.ended.set_result(False)
 
-    async def wait(self) -> int:
-        await asyncio.shield(self._ended)
-        return self._popen.wait()  # a zombie by now: reaped at once
+    def _check_ended(self) -> bool:
+        """Resolve ``ended`` once the output has ended and the child has exited."""
+        if self._readers or self._file is not None or not self.exited.done():
+            return False
+        if not self.ended.done():
+            self.ended.set_result(True)
+        return True
+
+    def _fail(self, exc: Exception) -> None:
+        """A sink raised: nothing more is read (as a reading task would have stopped)."""
+        if not self.ended.done():
+            self.ended.set_exception(exc)
+        self.stop()
+
+    def stop(self) -> None:
+        """Close our ends of its pipes (what another process still holds included) and
+        stop polling; its exit is still watched."""
+        for fd in list(self._readers):
+            self._close_reader(fd)
+        self._file = None
+        self._close_stdin()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
-class _AsyncioChild(_Child):
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stderr is not None
-        super().__init__(proc.pid, proc.stdout, proc.stderr, proc.stdin)
-        self._proc = proc
-        transport = getattr(proc, "_transport", None)
-        self.transports = [transport] if transport is not None else []
-
-    async def gone(self) -> None:
-        await _exit_of(self._proc)
-
-    async def wait(self) -> int:
-        return await self._proc.wait()
+def _pipe(read_ends: list[int], write_ends: list[int]) -> tuple[int, int]:
+    """A new pipe (close-on-exec: Popen dups the child's end), its ends noted for closing."""
+    read, write = os.pipe2(os.O_CLOEXEC)
+    read_ends.append(read)
+    write_ends.append(write)
+    return read, write
 
 
 # Whether children can be waited for through pidfds here (Linux 5.3+); emptied if not.
 _pidfds = [True] if hasattr(os, "pidfd_open") else []
-
-
-async def _start(
-    argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, stdin: bool, stdout_fd: int | None
-) -> _Child:
-    """Start ``argv`` in a session of its own, its stderr (and stdout, unless it goes to
-    ``stdout_fd``) piped to us, its stdin piped (``stdin``) or empty."""
-    if not _pidfds:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
-            stdout=stdout_fd if stdout_fd is not None else asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=dict(env), cwd=cwd, start_new_session=True,
-        )  # fmt: skip
-        return _AsyncioChild(proc)
-    # As in asyncio's own subprocess start: the fork and exec happen here, on the loop.
-    popen = subprocess.Popen(  # noqa: ASYNC220
-        list(argv), stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-        stdout=stdout_fd if stdout_fd is not None else subprocess.PIPE,
-        stderr=subprocess.PIPE, env=dict(env), cwd=cwd, start_new_session=True,
-    )  # fmt: skip
-    try:
-        pidfd = os.pidfd_open(popen.pid)
-    except OSError:
-        popen.kill()  # cannot be waited for here (no pidfds in this kernel): not run
-        popen.wait()
-        for pipe in (popen.stdin, popen.stdout, popen.stderr):
-            if pipe is not None:
-                pipe.close()
-        _pidfds.clear()  # not again: the asyncio path from now on
-        return await _start(argv, env=env, cwd=cwd, stdin=stdin, stdout_fd=stdout_fd)
-    transports: list[asyncio.BaseTransport] = []
-    try:
-        stdout = None if popen.stdout is None else await _reading(popen.stdout, transports)
-        assert popen.stderr is not None
-        stderr = await _reading(popen.stderr, transports)
-        writer = None if popen.stdin is None else await _writing(popen.stdin, transports)
-    except BaseException:
-        for transport in transports:
-            transport.close()
-        os.close(pidfd)
-        popen.kill()
-        popen.wait()
-        raise
-    child = _PidfdChild(popen, pidfd, stdout=stdout, stderr=stderr, stdin=writer)
-    child.transports = transports
-    return child
-
-
-async def _reading(
-    pipe: IO[bytes], transports: list[asyncio.BaseTransport]
-) -> asyncio.StreamReader:
-    """A reader of the child's end ``pipe`` on the event loop (its transport kept)."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=READ_CHUNK, loop=loop)
-    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
-    transports.append(transport)
-    return reader
-
-
-async def _writing(
-    pipe: IO[bytes], transports: list[asyncio.BaseTransport]
-) -> asyncio.StreamWriter:
-    """A writer to the child's stdin ``pipe`` on the event loop (its transport kept)."""
-    loop = asyncio.get_running_loop()
-    protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop))
-    transport, _ = await loop.connect_write_pipe(lambda: protocol, pipe)
-    transports.append(transport)
-    return asyncio.StreamWriter(transport, protocol, None, loop)
-
-
-async def _exit_of(proc: asyncio.subprocess.Process) -> None:
-    """Returns once ``proc`` has exited (a pidfd says so; else its exit code is polled)."""
-    loop = asyncio.get_running_loop()
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):  # no pidfds, or already exited and reaped
-        while proc.returncode is None:  # noqa: ASYNC110 (nothing else tells the exit)
-            await asyncio.sleep(FILE_POLL_S * 5)
-        return
-    ended: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        if not ended.done():
-            ended.set_result(None)
-
-    loop.add_reader(fd, readable)
-    try:
-        await ended
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-
-
-async def _read_to_end(
-    pumps: Sequence[asyncio.Task[None]], exited: asyncio.Task[None], name: str
-) -> bool:
-    """Until the output ends (True), or :data:`OUTPUT_AFTER_EXIT_S` after the CLI has
-    exited with its output still open (False); a sink that raised stops it there."""
-    loop = asyncio.get_running_loop()
-    pending: set[asyncio.Task[Any]] = set(pumps)
-    deadline: float | None = None
-    while pending:
-        waiting = pending if exited.done() else {*pending, exited}
-        timeout = None if deadline is None else max(0.0, deadline - loop.time())
-        done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        if not done:
-            logger.warning(
-                "%s exited, and a process it started still holds its output open: "
-                "the rest of that output is not read (the run's end stops that process)",
-                Path(name).name,
-            )
-            return False
-        for task in done:
-            if task is exited:
-                deadline = loop.time() + OUTPUT_AFTER_EXIT_S
-            else:
-                pending.discard(task)
-                task.result()
-    return True
 
 
 class StdioChild:

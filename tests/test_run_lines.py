@@ -67,6 +67,67 @@ async def test_run_lines_feeds_stdin(tmp_path: Path) -> None:
     assert (code, out) == (0, ["a", "b"])
 
 
+async def test_a_large_stdin_and_a_chatty_child_do_not_block_each_other(tmp_path: Path) -> None:
+    """stdin is written as the pipe drains while the output is read: 4 MB each way, more
+    than either pipe holds, through a child that echoes what it reads."""
+    data = b"".join(b"line %07d\n" % n for n in range(320_000))
+    out: list[str] = []
+    code = await run_lines(
+        ["cat"], env={"PATH": os.environ["PATH"]}, cwd=tmp_path, stdin=data,
+        on_stdout=lambda line, _: out.append(line), on_stderr=lambda *_: None,
+    )  # fmt: skip
+    assert code == 0
+    assert len(out) == 320_000 and out[0] == "line 0000000" and out[-1] == "line 0319999"
+
+
+async def test_a_sink_that_raises_stops_the_child_and_comes_out(tmp_path: Path) -> None:
+    """As when a run reaches its turn limit: the exception the sink raised comes out of
+    run_lines, no line is handed over after it, and the child's group is gone."""
+    marker = "SPAWNKIT_RUN_LINES_SINK"
+
+    class Enough(Exception):
+        pass
+
+    seen: list[str] = []
+
+    def on_stdout(line: str, _: bool) -> None:
+        seen.append(line)
+        if line == "3":
+            raise Enough
+
+    with pytest.raises(Enough):
+        await run_lines(
+            ["bash", "-c", "for i in $(seq 1 100000); do echo $i; done; sleep 300"],
+            env={"PATH": os.environ["PATH"], marker: "1"}, cwd=tmp_path,
+            on_stdout=on_stdout, on_stderr=lambda *_: None,
+        )  # fmt: skip
+    assert seen == ["1", "2", "3"]
+    assert processes_with_env(marker, "1") == []
+
+
+async def test_a_child_costs_no_task(tmp_path: Path) -> None:
+    """Its pipes, stdin and exit are followed by callbacks on the loop, not by tasks."""
+    loop = asyncio.get_running_loop()
+    created: list[object] = []
+    factory = loop.get_task_factory()
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: object, **kwargs: object) -> object:
+        created.append(coro)
+        return asyncio.Task(coro, loop=loop, **kwargs)  # type: ignore[arg-type]
+
+    loop.set_task_factory(counting)  # type: ignore[arg-type]
+    try:
+        out: list[str] = []
+        code = await run_lines(
+            ["cat"], env={"PATH": os.environ["PATH"]}, cwd=tmp_path, stdin=b"in\n",
+            on_stdout=lambda line, _: out.append(line), on_stderr=lambda *_: None,
+        )  # fmt: skip
+    finally:
+        loop.set_task_factory(factory)
+    assert (code, out) == (0, ["in"])
+    assert created == []
+
+
 async def test_run_lines_starts_no_thread_to_wait_for_its_child(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -92,6 +92,17 @@ class RunGroup:
         value = first[1] if self.usage_file == "cpu.stat" and len(first) > 1 else first[0]
         return value.isdigit() and int(value) > 0
 
+    def removed_at_once(self) -> bool:
+        """Whether the cgroup is gone after one ``rmdir``: the common end of a run, whose
+        processes have all exited (the kernel refuses to remove a cgroup with any left)."""
+        try:
+            self.path.rmdir()
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return True
+
     def reap(self, wait: float = KILL_WAIT_S) -> list[int]:
         """Kill every process left in the cgroup, remove it; the pids that were there."""
         found = self.pids()

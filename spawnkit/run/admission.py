@@ -47,7 +47,9 @@ class Admissions:
         self.pending = 0  # accepted, not yet holding a slot
         self.accepting = True
         self.runs: dict[str, asyncio.Task[SpawnerResult]] = {}
-        # Renews the leases of this spawner's records while it has any (see keep_leases).
+        # Renews the leases of this spawner's records while it has any (see keep_leases):
+        # a timer until the next round is due, a task while a round is under way.
+        self._lease_timer: asyncio.TimerHandle | None = None
         self._lease_task: asyncio.Task[None] | None = None
 
     def queued(self) -> int:
@@ -151,33 +153,45 @@ class Admissions:
         """The run is over: no longer in flight, and no lease left to renew when it was
         the last one."""
         self.runs.pop(session_id, None)
-        if not self.runs and self._lease_task is not None:
-            self._lease_task.cancel()  # nothing left to renew
-            self._lease_task = None
+        if not self.runs:  # nothing left to renew
+            if self._lease_timer is not None:
+                self._lease_timer.cancel()
+                self._lease_timer = None
+            if self._lease_task is not None:
+                self._lease_task.cancel()
+                self._lease_task = None
 
     def keep_leases(self) -> None:
         """Renew this spawner's records' leases while it has runs, unless already renewing.
 
         Each record belongs to this host for ``store.lease_s`` seconds; it is renewed every
         third of that, so two renewals can fail before another host takes the run for dead.
-        Each round also closes other hosts' records whose lease ran out.
+        Each round also closes other hosts' records whose lease ran out. Between rounds
+        only a timer waits (no task: most runs end before the first round is due).
         """
-        if self._lease_task is None or self._lease_task.done():
-            self._lease_task = asyncio.create_task(
-                self._renew_leases(), name=f"spawnkit:{self.settings.butler.name}:leases"
+        if self._lease_timer is None and self._lease_task is None:
+            self._lease_timer = asyncio.get_running_loop().call_later(
+                self.settings.store.lease_s / 3, self._renew_leases
             )
 
-    async def _renew_leases(self) -> None:
+    def _renew_leases(self) -> None:
+        self._lease_timer = None
+        if self.runs:
+            self._lease_task = asyncio.create_task(
+                self._renewal(list(self.runs)), name=f"spawnkit:{self.settings.butler.name}:leases"
+            )
+
+    async def _renewal(self, held: list[str]) -> None:
+        """One round, then the timer for the next one while runs are left."""
         store = self.settings.store
-        interval = store.lease_s / 3
-        while self.runs:
-            await asyncio.sleep(interval)
-            held = list(self.runs)
-            try:
-                await asyncio.to_thread(store.renew_leases, held)
-                await asyncio.to_thread(store.expire_leases)
-            except StoreError as exc:  # the server away a moment: the next round tries again
-                logger.warning("could not renew the leases of %d run(s): %s", len(held), exc)
+        try:
+            await asyncio.to_thread(store.renew_leases, held)
+            await asyncio.to_thread(store.expire_leases)
+        except StoreError as exc:  # the server away a moment: the next round tries again
+            logger.warning("could not renew the leases of %d run(s): %s", len(held), exc)
+        self._lease_task = None
+        if self.runs:
+            self.keep_leases()
 
     async def cancel(self, session_id: str) -> bool:
         """Cancel one in-flight run; it is recorded as cancelled. False if not in flight."""

@@ -22,6 +22,7 @@ from typing import Any, cast
 from ..budgets.budget import LimitHit, RunBudget, day_start, max_turns_message
 from ..config.retry import RETRYABLE_KINDS, retry_after_hint
 from ..containment import run_group
+from ..containment.mcp_access import AccessTable
 from ..containment.run_group import RunGroup
 from ..containment.sandbox import SandboxPlan
 from ..containment.sweep import reap
@@ -139,8 +140,12 @@ class Attempts:
         secret, run.mcp_secret = run.mcp_secret, None
         if secret is None:
             return
+        access = self.settings.mcp_access
+        if isinstance(access, AccessTable):  # in this process: at once, nothing to shield
+            access.remove(secret)
+            return
         try:
-            await asyncio.shield(self.settings.mcp_access.revoke(secret))
+            await asyncio.shield(access.revoke(secret))
         except asyncio.CancelledError:
             logger.debug("cancelled while withdrawing the secret of %s; it goes on", run.session_id)
 
@@ -336,7 +341,8 @@ async def _reap(session_id: str, workspace: Path, group: RunGroup | None, contai
     common case, is one ``rmdir``); without one, an unsandboxed run's processes are found
     by a scan of this user's, in a thread, and a sandboxed run's pid namespace takes them."""
     if group is not None and group.ever_ran():
-        await finish(group.reap_soon())
+        if not group.removed_at_once():  # something is left in it: killed, waited for
+            await finish(group.reap_soon())
     elif not contained:
         await finish_in_thread(reap, session_id, workspace, group)
     elif group is not None:

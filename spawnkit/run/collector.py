@@ -69,6 +69,11 @@ class LiveToolCalls:
 
         self._last = loop.create_task(write())
 
+    @property
+    def writing(self) -> bool:
+        """Whether a write is still under way (else :meth:`flush` has nothing to wait for)."""
+        return self._last is not None and not self._last.done()
+
     async def flush(self) -> None:
         """Wait (bounded) for the writes still under way: the result's own write comes after."""
         if self._last is not None:

@@ -9,6 +9,7 @@ redacted by the run's redactor, so the record and the caller get the same redact
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import time
@@ -83,15 +84,21 @@ class Recorder:
     async def close(self, run: AcceptedRun, result: SpawnerResult) -> None:
         """Remove the run's workspaces and complete its record with ``result``, in one
         thread; a cancel neither stops that nor ends this before it is done."""
-        collector = run.collector
+        live_calls = run.collector.live_calls
 
         async def record() -> None:
             # The live tool-call writes first: the result's write rewrites the calls.
-            if collector.live_calls is not None:
-                await collector.live_calls.flush()
+            if live_calls is not None:
+                await live_calls.flush()
             await in_thread(self._finish, run, result)
 
-        writing = asyncio.ensure_future(record())
+        # Nothing to wait for first (a run that made no tool call): the thread's own
+        # future, with no task around it.
+        writing = (
+            asyncio.ensure_future(record())
+            if live_calls is not None and live_calls.writing
+            else thread_future(self._finish, run, result)
+        )
         while not writing.done():
             try:
                 await asyncio.shield(writing)
@@ -227,6 +234,24 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
         if "shutdown" not in str(exc):
             raise
         return fn(*args)
+
+
+def thread_future(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """:func:`in_thread` as a future rather than a coroutine (what a caller shields until
+    done needs no task around it); done at once if the interpreter is exiting."""
+    loop = asyncio.get_running_loop()
+    call = functools.partial(contextvars.copy_context().run, fn, *args)
+    try:
+        return loop.run_in_executor(None, call)
+    except RuntimeError as exc:
+        if "shutdown" not in str(exc):
+            raise
+    done: asyncio.Future[T] = loop.create_future()
+    try:
+        done.set_result(fn(*args))
+    except Exception as failure:  # noqa: BLE001 - handed to the awaiting caller as it was
+        done.set_exception(failure)
+    return done
 
 
 def now_utc() -> datetime:

@@ -150,11 +150,18 @@ def mcp_unavailable_message(server: McpServerSpec, how: str) -> str:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Write a config file only its owner may read: it may hold the run's MCP secret."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        os.fchmod(fh.fileno(), 0o600)
-        fh.write(text)
+    """Write a config file only its owner may read: it may hold the run's MCP secret.
+
+    Plain descriptor writes, no file object: a run writes one or more of these."""
+    data = text.encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 _AUTH_WORDS = ("invalid api key", "authentication", "unauthorized", "not logged in", "api key")
