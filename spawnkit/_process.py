@@ -39,6 +39,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -696,8 +697,8 @@ async def open_stdio(
     end, an exception, a cancellation) stdin is closed and the whole group is
     terminated (SIGTERM, then SIGKILL) before the block's exit goes on.
     """
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
+    proc = await _start_whole(
+        argv,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -720,6 +721,26 @@ async def open_stdio(
         await asyncio.gather(stderr, return_exceptions=True)
 
 
+async def _start_whole(argv: Sequence[str], **options: Any) -> asyncio.subprocess.Process:
+    """``asyncio.create_subprocess_exec`` that a cancellation cannot cut in two.
+
+    The child (which leads a group of its own) exists before asyncio has connected its
+    pipes; cancelled meanwhile, asyncio kills that child alone and waits for its pipes to
+    close, which a process it started holds open: a hang, and that process left running.
+    Here the start is finished, the whole group terminated, and the cancellation goes on.
+    """
+    start = asyncio.ensure_future(asyncio.create_subprocess_exec(*argv, **options))
+    try:
+        return await asyncio.shield(start)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):  # a start that failed left nothing to end
+            proc = await start
+            await terminate_group(proc.pid)
+            if proc.returncode is None:
+                await proc.wait()
+        raise
+
+
 async def run_interactive(
     argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_s: float | None = None
 ) -> int:
@@ -732,7 +753,7 @@ async def run_interactive(
     (None: the caller bounds the wait).
     """
     tty = _foreground_tty()
-    proc = await asyncio.create_subprocess_exec(*argv, env=dict(env), cwd=cwd, process_group=0)
+    proc = await _start_whole(argv, env=dict(env), cwd=cwd, process_group=0)
     try:
         if tty is not None:
             _give_terminal(tty, proc.pid)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,6 +70,44 @@ async def test_a_cancelled_block_ends_the_child(tmp_path: Path) -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert not alive(int(pidfile.read_text()))
+
+
+async def test_a_block_cancelled_while_its_child_starts_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled after the child exists and before its start returned (asyncio still
+    connecting its pipes, which a loaded machine makes slow): its group is ended all the
+    same, and the cancellation comes out (asyncio alone would kill the child only, then
+    wait for pipes its background process holds: a hang and a process left)."""
+    pidfile = tmp_path / "sleeper"
+    real = asyncio.create_subprocess_exec
+    started = asyncio.Event()
+
+    async def slow_start(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        proc = await real(*args, **kwargs)
+        started.set()
+        await asyncio.sleep(1.0)  # the pipes' connection, slowed down
+        return proc
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", slow_start)
+
+    async def talk() -> None:
+        async with open_stdio(
+            ["bash", "-c", SCRIPT, "script", str(pidfile)], env={"PATH": os.environ["PATH"]},
+            cwd=tmp_path, on_stderr=lambda line, _: None,
+        ):  # fmt: skip
+            raise AssertionError("never reached: cancelled while starting")
+
+    task = asyncio.create_task(talk())
+    async with asyncio.timeout(30):
+        await started.wait()
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            await asyncio.sleep(0.02)
+    task.cancel()
+    async with asyncio.timeout(30):
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert not alive(int(pidfile.read_text())), "the background process went with its group"
 
 
 async def test_exited_reports_the_code_and_waits_for_stderr(tmp_path: Path) -> None:
