@@ -14,12 +14,14 @@ import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import psycopg
 import pytest
 
 from spawnkit import history
+from spawnkit.history import server_query, store_query
 from spawnkit.result import SpawnerResult
 from spawnkit.store import SessionStore, server_segments
 from spawnkit.store import session_store as session_store_module
@@ -100,9 +102,23 @@ def test_completed_runs_are_sealed_and_read_from_their_segments(
     pd.testing.assert_frame_equal(got[~fresh].astype(str), want[~fresh].astype(str))
 
 
+@pytest.mark.parametrize("tail", ["rows", "columns"])
 def test_open_runs_stay_out_of_segments_and_are_sealed_once_done(
-    store: SessionStore, postgres_url: str, isolated_home: Path
-) -> None:
+    store: SessionStore, postgres_url: str, isolated_home: Path, tail: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """``columns``: the rows not sealed yet are read as if they were many, through ADBC in
+    the snapshot the blobs were read in (exported to its connection)."""
+    large: list[str] = []
+    if tail == "columns":
+        monkeypatch.setattr(store_query, "SMALL_ROWS", 0)
+        through_adbc = server_query.Snapshot.large
+
+        def counted(self: server_query.Snapshot, sql: str, params: Any = ()) -> Any:
+            large.append(sql)
+            return through_adbc(self, sql, params)
+
+        monkeypatch.setattr(server_query.Snapshot, "large", counted)
     store.create_session("open", butler="health", runtime="claude-code", model=None,
                          prompt="p", context=None, trigger_source="external",
                          created_at=T0)  # fmt: skip
@@ -115,6 +131,7 @@ def test_open_runs_stay_out_of_segments_and_are_sealed_once_done(
     assert store.seal_history(force=True)
     assert queued(postgres_url) == 0
     assert_frames_are_the_rows(store)
+    assert bool(large) == (tail == "columns")
 
 
 def test_a_changed_sealed_record_makes_the_segments_stale_then_they_start_over(

@@ -27,6 +27,7 @@ from spawnkit.result import SpawnerResult, ToolCall, Usage
 from spawnkit.store import SessionStore
 from spawnkit.store.backend import redact_url, statements
 from spawnkit.store.postgres import _MIGRATIONS, SCHEMA_VERSION, PostgresBackend
+from spawnkit.store.postgres import _Connection as PostgresConnection
 
 from .conftest import REPO
 from .postgres import PASSWORD, PostgresServer
@@ -513,14 +514,34 @@ def test_a_connection_in_another_client_encoding_writes_through_psycopg(
 
 
 INTERRUPTED_WITHIN_S = 30
+# How long the store's thread takes, in the variant below, to start waiting for a write's
+# result: a loaded machine's scheduler can leave it that long between two of its lines.
+SLOW_TO_WAIT_S = 0.5
 
 
-def test_ctrl_c_interrupts_a_write_whose_server_stopped_answering(postgres_url: str) -> None:
+@pytest.mark.parametrize("slow_to_wait", [False, True], ids=["waiting", "slow-to-wait"])
+def test_ctrl_c_interrupts_a_write_whose_server_stopped_answering(
+    postgres_url: str, slow_to_wait: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A write waits for its server as psycopg's cursor does, so Ctrl-C stops it: the query
     is cancelled on the server, KeyboardInterrupt reaches the caller, and the store goes on.
     Here the server stops answering because another connection holds the write's row; a
     write blocked inside libpq's synchronous call would wait for the lock to go (the holder
-    lets go after INTERRUPTED_WITHIN_S), and only then see the interrupt."""
+    lets go after INTERRUPTED_WITHIN_S), and only then see the interrupt.
+
+    ``slow-to-wait``: the store's thread is slow to start each wait. A write sent before its
+    wait began was on the server, blocked on the row, when that Ctrl-C came: nothing
+    cancelled it, the pool closed its connection, and the server made the write once the
+    row was free (the record read ``running``; seen 2 times in 200 runs of ``waiting`` on a
+    loaded machine). The store sends each write inside the wait, as psycopg's cursor does."""
+    if slow_to_wait:
+        wait = PostgresConnection.wait
+
+        def slow_wait(self: PostgresConnection, *args: Any, **kwargs: Any) -> Any:
+            time.sleep(SLOW_TO_WAIT_S)
+            return wait(self, *args, **kwargs)
+
+        monkeypatch.setattr(PostgresConnection, "wait", slow_wait)
     at = datetime.now(UTC)
     main = threading.get_ident()
     assert threading.current_thread() is threading.main_thread(), "signals reach main only"

@@ -113,12 +113,12 @@ def cached_sessions(
             table = (
                 sealed.sessions
                 if sealed is not None
-                else typed(run(f"{select} ORDER BY {ORDER}", ()))
+                else typed(run.large(f"{select} ORDER BY {ORDER}", ()))
             )
             cache.write("sessions", state, table)
             return table
         base, mark = found
-        tail = typed(run(f"{select} WHERE change_xid >= ? ORDER BY {ORDER}", (mark,)))
+        tail = typed(run.read(f"{select} WHERE change_xid >= ? ORDER BY {ORDER}", (mark,)))
         gone = run("SELECT id FROM deleted_sessions WHERE change_xid >= ?", (mark,))
     stale = pa.concat_arrays(
         [tail["session_id"].combine_chunks(), gone["id"].combine_chunks().cast(pa.string())]

@@ -24,7 +24,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,8 @@ from typing import Any
 import psycopg
 import psycopg.generators
 import psycopg_pool
+from psycopg.abc import PQGen
+from psycopg.pq.abc import PGconn, PGresult
 from psycopg.rows import dict_row
 
 from ..errors import StoreError, StoreTooNew, StoreUnreachable
@@ -465,6 +467,19 @@ _BAD = psycopg.pq.ConnStatus.BAD
 # psycopg's own generator for a command sent (C, in psycopg's binary build): flushes it
 # and reads its results without blocking, yielding whenever the socket must be waited on.
 _EXECUTE = psycopg.generators.execute
+
+
+def _sent(pgconn: PGconn, send: Callable[[], None]) -> PQGen[list[PGresult]]:
+    """Send a command, then wait for its results: psycopg's cursor sends inside the
+    generator its wait runs, so a Ctrl-C that comes once the command is out is always met
+    by the wait's cancel. Sent before the wait, a command the server was already running
+    (blocked on a row) was left running by a Ctrl-C that came in between: the pool closed
+    the connection, and the server made the write once the row was free."""
+    send()
+    results: list[PGresult] = yield from _EXECUTE(pgconn)
+    return results
+
+
 # Statements the server would not prepare with untyped parameters (``? IS NULL``): these
 # keep going through psycopg, on every connection.
 _UNPREPARABLE: set[tuple[str, tuple[int, ...]]] = set()
@@ -522,16 +537,16 @@ class _Connection(psycopg.Connection[dict[str, Any]]):
                     return None
                 self._named += 1
                 name = f"spawnkit_{self._named}".encode()
-                pgconn.send_prepare(name, _numbered(sql), types)
-                prepared = self._result()
+                prepared = self._result(
+                    functools.partial(pgconn.send_prepare, name, _numbered(sql), types)
+                )
                 if prepared.status != _COMMAND_OK:
                     self._raise_if_broken(prepared)
                     _UNPREPARABLE.add(key)
                     return None
                 self._statements[key] = name
             # A None value is a NULL (libpq's own convention; psycopg's stub omits it).
-            pgconn.send_query_prepared(name, values)
-            result = self._result()
+            result = self._result(functools.partial(pgconn.send_query_prepared, name, values))
         if result.status not in (_COMMAND_OK, _TUPLES_OK):
             self._raise_if_broken(result)
             if result.error_field(psycopg.pq.DiagnosticField.SQLSTATE) == b"26000":
@@ -543,12 +558,13 @@ class _Connection(psycopg.Connection[dict[str, Any]]):
             raise psycopg.errors.error_from_result(result, encoding=self.info.encoding)
         return result.command_tuples or 0
 
-    def _result(self) -> psycopg.pq.abc.PGresult:
-        """The result of the one command just sent, waited for as psycopg's cursor waits:
-        :meth:`psycopg.Connection.wait` polls the socket with a timeout, so a signal's
-        handler runs; on KeyboardInterrupt it cancels the query on the server, takes its
-        answer (or closes a connection that gives none) and raises again."""
-        results: list[psycopg.pq.abc.PGresult] = self.wait(_EXECUTE(self.pgconn))
+    def _result(self, send: Callable[[], None]) -> PGresult:
+        """The result of the one command ``send`` sends, sent and waited for as psycopg's
+        cursor does (:func:`_sent`): :meth:`psycopg.Connection.wait` polls the socket with a
+        timeout, so a signal's handler runs; on KeyboardInterrupt it cancels the query on
+        the server, takes its answer (or closes a connection that gives none) and raises
+        again."""
+        results: list[PGresult] = self.wait(_sent(self.pgconn, send))
         if not results:  # never from a command sent; psycopg's cursor says the same
             raise psycopg.InternalError("got no result from the query")
         for result in results:
@@ -556,7 +572,7 @@ class _Connection(psycopg.Connection[dict[str, Any]]):
                 return result
         return results[-1]
 
-    def _raise_if_broken(self, result: psycopg.pq.abc.PGresult) -> None:
+    def _raise_if_broken(self, result: PGresult) -> None:
         if self.pgconn.status == _BAD:
             message = result.get_error_message(self.info.encoding)
             raise psycopg.OperationalError(f"the connection is broken: {message}")
