@@ -44,9 +44,7 @@ from spawnkit.history import (
     default_pricing,
     transcripts,
 )
-from spawnkit.history.cache import FileStat
 from spawnkit.history.frames import _WARNED
-from spawnkit.history.rows import RowTables
 from spawnkit.history.transcript_frames import daily_totals
 
 from .conftest import REPO
@@ -275,25 +273,3 @@ def test_gemini_equals_ccusage_per_session_and_per_day(ccusage: Path) -> None:
     # A chat file outside chats/session-* is read (ccusage reads it too).
     assert any("/checkpoints/" in p for p in loaded.files["path"])
     assert bool(pd.Series(loaded.usage["thinking_tokens"]).sum() > 0)
-
-
-@pytest.mark.parametrize("source", ["claude-code", "codex", "gemini"])
-def test_rows_converted_in_batches_equal_rows_converted_at_once(
-    source: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A worker turns its rows into Arrow every few thousand rows (at a file's end); with a
-    batch after every file the real corpus gives the same tables, row for row."""
-    from spawnkit.history import rows as rows_module
-    from spawnkit.history.formats import FORMATS
-    from spawnkit.history.transcript_loader import parse_serial
-
-    fmt = FORMATS[source]
-    root = REAL / source.split("-")[0]
-    stats = [FileStat(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in fmt.discover(root)]
-    assert len(stats) > 1
-    at_once = parse_serial(source, root, stats)
-    monkeypatch.setattr(rows_module, "BATCH_ROWS", 1)
-    batched = parse_serial(source, root, stats)
-    assert at_once.usage.num_rows + at_once.calls.num_rows > 0
-    for kind in RowTables.KINDS:
-        assert getattr(batched, kind).equals(getattr(at_once, kind)), kind

@@ -36,7 +36,6 @@ INPUT_PREVIEW = 200
 OUTPUT_PREVIEW = 200
 PROMPT_PREVIEW = 200
 BAD_LINES_KEPT = 20
-BATCH_ROWS = 8192
 UTC_TS = pa.timestamp("ns", tz="UTC")
 # pyarrow-stubs type arrays by their scalar type; these helpers take columns of any type.
 Column = Any
@@ -243,14 +242,7 @@ EventRow = tuple[int, str, str, str, float | None, str | None]
 
 
 class Rows:
-    """Rows appended by parser runs, one file at a time (tuples: one append per row).
-
-    Every :data:`BATCH_ROWS` rows or so (at the end of a file) the rows so far become Arrow
-    record batches and the tuples are freed: their memory is reused by the next files'
-    rows while still in the CPU's cache and mapped, where holding a worker's 500 MB of rows
-    as tuples to the end made every page of them a new page fault and their conversion a
-    walk over memory long evicted from the cache.
-    """
+    """Rows appended by parser runs, one file at a time (tuples: one append per row)."""
 
     def __init__(self) -> None:
         self.usage: list[UsageRow] = []
@@ -258,9 +250,7 @@ class Rows:
         self.results: list[ResultRow] = []
         self.events: list[EventRow] = []
         self.files: list[FileFacts] = []
-        self._counts: list[tuple[int, int, int, int]] = []  # of the files not yet converted
-        self._converted = 0  # files whose rows are in _batches
-        self._batches: list[list[pa.Table]] = []  # usage, calls, results, events tables
+        self._counts: list[tuple[int, int, int, int]] = []
         self._mark = (0, 0, 0, 0)
 
     def _sizes(self) -> tuple[int, int, int, int]:
@@ -276,15 +266,15 @@ class Rows:
         self._counts.append((sizes[0] - a, sizes[1] - b, sizes[2] - c, sizes[3] - d))
         self.files.append(facts)
         self._mark = sizes
-        if sum(sizes) >= BATCH_ROWS:
-            self._convert()
 
-    def _convert(self) -> None:
-        """The pending rows (of the files closed since the last call) into Arrow tables."""
-        pending = self.files[self._converted :]
-        paths = pa.array([f.path for f in pending], pa.string())
+    def tables(self) -> RowTables:
+        files: dict[str, list[object]] = {name: [] for name in FILE_SCHEMA.names}
+        for facts in self.files:
+            for name in FILE_SCHEMA.names:
+                files[name].append(getattr(facts, name))
+        paths = pa.array([f.path for f in self.files], pa.string())
         counts = np.array(self._counts, dtype=np.int64).reshape(-1, 4)
-        numbers = np.arange(len(pending))
+        numbers = np.arange(len(self.files))
 
         def table(rows: list[Any], schema: pa.Schema, kind: int) -> pa.Table:
             # Each file's path once per row: taken in C++ (converting a repeated list of
@@ -296,34 +286,13 @@ class Rows:
             columns = [path, *pa.Table.from_struct_array(cast(pa.StructArray, struct)).columns]
             return pa.Table.from_arrays(_typed(columns, schema), schema=schema)
 
-        self._batches.append([
-            table(self.usage, USAGE_SCHEMA, 0),
-            table(self.calls, CALL_SCHEMA, 1),
-            table(self.results, RESULT_SCHEMA, 2),
-            table(self.events, EVENT_SCHEMA, 3),
-        ])  # fmt: skip
-        for rows in (self.usage, self.calls, self.results, self.events):
-            rows.clear()  # in place: a parser may hold the lists
-        self._counts.clear()
-        self._converted = len(self.files)
-        self._mark = (0, 0, 0, 0)
-
-    def tables(self) -> RowTables:
-        if self._converted < len(self.files) or not self._batches:
-            self._convert()
-        usage, calls, results, events = (
-            pa.concat_tables(tables) for tables in zip(*self._batches, strict=True)
-        )
-        files: dict[str, list[object]] = {name: [] for name in FILE_SCHEMA.names}
-        for facts in self.files:
-            for name in FILE_SCHEMA.names:
-                files[name].append(getattr(facts, name))
         file_columns = [pa.array(files[f.name], _raw(f).type) for f in FILE_SCHEMA]
+
         return RowTables(
-            usage,
-            calls,
-            results,
-            events,
+            usage=table(self.usage, USAGE_SCHEMA, 0),
+            calls=table(self.calls, CALL_SCHEMA, 1),
+            results=table(self.results, RESULT_SCHEMA, 2),
+            events=table(self.events, EVENT_SCHEMA, 3),
             files=pa.Table.from_arrays(_typed(file_columns, FILE_SCHEMA), schema=FILE_SCHEMA),
         )
 
