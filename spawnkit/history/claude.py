@@ -366,14 +366,18 @@ def parse_claude_file(data: bytes, facts: FileFacts, rows: Rows) -> None:
 def _preview(raw: Raw, limit: int) -> str:
     """The first ``limit`` characters of a raw JSON value, a string without its quotes.
 
-    Most values start with plain ASCII: then ``limit`` + 2 bytes are all it takes (a value
-    longer than that keeps its first ``limit`` characters after the opening quote, which is
-    what :func:`_text` gives too, at a third of the cost). Others go through :func:`_text`.
+    Most values are longer than ``limit`` + 2 bytes and start with plain ASCII: then those
+    bytes, less the opening quote, are decoded straight from the raw value's buffer (a
+    value longer than that keeps its first ``limit`` characters after the quote, which is
+    what :func:`_text` gives too, in half the steps: this runs once per tool call and
+    result). Others go through :func:`_text`.
     """
     view = memoryview(raw)
-    head = view[: limit + 2].tobytes()
-    if len(view) > limit + 2 and head.isascii():
-        return (head[1 : limit + 1] if head[:1] == b'"' else head[:limit]).decode("ascii")
+    if len(view) > limit + 2:
+        try:
+            return str(view[1 : limit + 1] if view[0] == 0x22 else view[:limit], "ascii")
+        except UnicodeDecodeError:
+            pass
     return _text(view[: limit * 4].tobytes(), limit)
 
 
