@@ -7,6 +7,7 @@ of full runs. Correctness is: the per-day totals equal ccusage's.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -68,3 +69,23 @@ def test_store_first_read_benchmark_runs(tmp_path: Path) -> None:
                 assert figures[side]["rows"] == rows
                 assert figures[side]["cpu_s"] > 0 and figures[side]["rss_mb"] > 0
             assert figures["first_vs_warm_cpu"] > 0
+
+
+def test_two_builds_cold_benchmark_runs(tmp_path: Path) -> None:
+    """benchmarks/history_cold.py stays runnable: this checkout against a copy of itself,
+    one small round, the same token totals both ways (it refuses to report otherwise)."""
+    baseline = tmp_path / "baseline"
+    shutil.copytree(REPO / "spawnkit", baseline / "spawnkit")
+    out = tmp_path / "history_cold_ab.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "history_cold.py"), "--spawnkit-from",
+         str(baseline), "--size-mb", "2", "--rounds", "1", "--work", str(tmp_path / "work"),
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["rounds"] == 1 and report["tokens"] > 0
+    assert report["baseline"] == str(baseline.resolve())
+    for side in ("ccusage", "baseline", "this"):
+        assert report[f"{side}_cpu_median_s"] > 0
