@@ -327,6 +327,16 @@ def measure_store(path: Path, rounds: int) -> dict[str, Any]:
     }
 
 
+def corpus_of(work: Path, size_mb: float) -> Path:
+    """The generated corpus of ``size_mb`` in ``work``: made the first time (seed 7)."""
+    corpus = work / f"claude-{size_mb:g}mb"
+    if not (corpus / "projects").is_dir():
+        print(f"generating {size_mb:g} MB of transcripts in {corpus} ...", flush=True)
+        shutil.rmtree(corpus, ignore_errors=True)
+        gen_transcripts.generate(corpus, size_mb, seed=7)
+    return corpus
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mb", type=float, default=1000)
@@ -337,11 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
-    corpus = args.work / f"claude-{args.size_mb:g}mb"
-    if not (corpus / "projects").is_dir():
-        print(f"generating {args.size_mb:g} MB of transcripts in {corpus} ...", flush=True)
-        shutil.rmtree(corpus, ignore_errors=True)
-        gen_transcripts.generate(corpus, args.size_mb, seed=7)
+    corpus = corpus_of(args.work, args.size_mb)
     corpus_bytes = sum(p.stat().st_size for p in (corpus / "projects").rglob("*.jsonl"))
     binary = ccusage_binary()
     homes = Path(tempfile.mkdtemp(prefix="spawnkit-history-bench-"))

@@ -32,8 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import gen_transcripts  # noqa: E402
-from history import WORK, CpuCounter, ccusage_binary, run_ccusage  # noqa: E402
+from history import WORK, CpuCounter, ccusage_binary, corpus_of, run_ccusage  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "history_cold_ab.json"
 
@@ -85,10 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
-    corpus = args.work / f"claude-{args.size_mb:g}mb"
-    if not (corpus / "projects").is_dir():
-        print(f"generating {args.size_mb:g} MB of transcripts in {corpus} ...", flush=True)
-        gen_transcripts.generate(corpus, args.size_mb, seed=7)
+    corpus = corpus_of(args.work, args.size_mb)
     binary = ccusage_binary()
     builds = {"baseline": args.baseline.resolve(), "this": ROOT}
     cpu: dict[str, list[float]] = {"ccusage": [], "baseline": [], "this": []}
