@@ -295,6 +295,17 @@ class LineFramer:
             return None
         return self._take()
 
+    def feed_to(self, chunk: bytes, sink: LineSink) -> None:
+        """:meth:`feed`, each line handed to ``sink``."""
+        for text, truncated in self.feed(chunk):
+            sink(text, truncated)
+
+    def flush_to(self, sink: LineSink) -> None:
+        """:meth:`flush`, the last line (if any) handed to ``sink``."""
+        last = self.flush()
+        if last is not None:
+            sink(*last)
+
     def _take(self, truncated: bool = False) -> tuple[str, bool]:
         data = bytes(self._buffer[: self.max_line])
         self._buffer.clear()
@@ -309,11 +320,8 @@ DEFAULT_MAX_LINE = 8 * 1024 * 1024
 async def _pump(stream: asyncio.StreamReader, sink: LineSink, max_line: int) -> None:
     framer = LineFramer(max_line)
     while chunk := await stream.read(READ_CHUNK):
-        for text, truncated in framer.feed(chunk):
-            sink(text, truncated)
-    last = framer.flush()
-    if last is not None:
-        sink(*last)
+        framer.feed_to(chunk, sink)
+    framer.flush_to(sink)
 
 
 FILE_POLL_S = 0.02
@@ -472,13 +480,10 @@ class _Child:
             chunk = b""
         try:
             if chunk:
-                for text, truncated in framer.feed(chunk):
-                    sink(text, truncated)
+                framer.feed_to(chunk, sink)
                 return
             self._close_reader(fd)
-            last = framer.flush()
-            if last is not None:
-                sink(*last)
+            framer.flush_to(sink)
         except Exception as exc:  # noqa: BLE001 - a sink's: run_lines raises it
             self._fail(exc)
             return
@@ -502,13 +507,10 @@ class _Child:
         try:
             while chunk := os.pread(fd, READ_CHUNK, self._file_offset):
                 self._file_offset += len(chunk)
-                for text, truncated in framer.feed(chunk):
-                    sink(text, truncated)
+                framer.feed_to(chunk, sink)
             if finished:
                 self._file = None
-                last = framer.flush()
-                if last is not None:
-                    sink(*last)
+                framer.flush_to(sink)
         except Exception as exc:  # noqa: BLE001 - a sink's or the file's: run_lines raises it
             self._fail(exc)
             return
