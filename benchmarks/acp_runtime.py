@@ -61,7 +61,8 @@ from spawnkit.store import SessionStore
 
 sys.path.insert(0, str(Path(__file__).parent))
 # The same prompt, one-MCP-call scenario and replay key as the spawn-overhead benchmark.
-from spawn_overhead import KEY, PROMPT, SCENARIO, accounting, cpu_figures
+from paired import paired_sides
+from spawn_overhead import KEY, PROMPT, SCENARIO, TARGET, accounting, cpu_figures
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "acp_runtime.json"
@@ -253,6 +254,10 @@ def measure(agent: str, rounds: int, work: Path) -> dict[str, Any]:
         "direct_median_s": round(statistics.median(direct_s), 4),
         "spawnkit_median_s": round(statistics.median(spawnkit_s), 4),
         "ratio": round(statistics.median(spawnkit_s) / statistics.median(direct_s), 3),
+        # Round by round, with a 95 % interval: what says whether the target is met.
+        "paired": paired_sides({"bare": direct_s, "spawnkit": spawnkit_s}, cpu, "bare", TARGET)[
+            "spawnkit"
+        ],
         "direct_child_cpu_s": figures["bare_child_cpu_s"],
         "spawnkit_child_cpu_s": figures["spawnkit_child_cpu_s"],
         "child_cpu_ratio": figures["child_cpu_ratio"],
@@ -297,6 +302,11 @@ def main() -> None:
             ),
             flush=True,
         )
+        paired = result["paired"]
+        print(f"{agent}: round by round: " + "; ".join(
+            f"{kind} x{f['median']} [{f['ci95'][0]}, {f['ci95'][1]}] {f['verdict']}"
+            for kind, f in paired.items()
+        ))  # fmt: skip
     accounting.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -85,6 +85,9 @@ from spawnkit.runtimes.gemini_launch import NO_RELAUNCH, direct_command
 from spawnkit.serve.butler_server import ButlerServer
 from spawnkit.store import SessionStore
 
+sys.path.insert(0, str(Path(__file__).parent))
+from paired import paired_sides  # a sibling module of this script
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "spawn_overhead.json"
 TELEMETRY_RESULTS = ROOT / "benchmarks" / "results" / "spawn_overhead_cli_telemetry.json"
@@ -97,6 +100,7 @@ input = { key = "measurements/weight" }
 text = "Your weight log: {{ last_tool_result }}"
 """
 KEY = "spawnkit-replay"
+TARGET = 1.05  # issue #28: a run through spawnkit at most 1.05 x the bare CLI
 
 
 CLAUDE_TOOLS = ["Bash", "Read", "Glob", "Grep"]
@@ -441,8 +445,17 @@ def measure(
         return {**version, "spawnkit_median_s": round(statistics.median(spawnkit_s), 4),
                 "spawnkit_s": [round(x, 4) for x in spawnkit_s], **cpu_figures(cpu),
                 **telemetry}  # fmt: skip
+    against_second = {}  # spawnkit against the second baseline, round by round
+    if sdk_s:
+        second = {alt: sdk_s, "spawnkit": spawnkit_s}
+        against_second[f"paired_vs_{alt}"] = paired_sides(second, cpu, alt, TARGET)
+    walls = {"bare": bare_s, "spawnkit": spawnkit_s, "host_network": host_s,
+             "unsandboxed": open_s, **({alt: sdk_s} if sdk_s else {})}  # fmt: skip
     return {
         **version,
+        # Round by round, with a 95 % interval: what says whether the target is met.
+        "paired": paired_sides(walls, cpu, "bare", TARGET),
+        **against_second,
         "bare_median_s": round(statistics.median(bare_s), 4),
         "spawnkit_median_s": round(statistics.median(spawnkit_s), 4),
         "ratio": round(statistics.median(spawnkit_s) / statistics.median(bare_s), 3),
@@ -560,6 +573,16 @@ def telemetry_cpu(off: list[tuple[float, float]], on: list[tuple[float, float]])
     }
 
 
+def print_paired(runtime: str, result: dict[str, Any]) -> None:
+    """Round by round: each figure against its baseline, its 95 % interval and verdict."""
+    for key, against in (("paired", "the bare CLI"), ("paired_vs_bare_sdk", "the SDK alone"),
+                         ("paired_vs_bare_native", "the native binary")):  # fmt: skip
+        for side, figure in result.get(key, {}).items():
+            parts = [f"{kind} x{f['median']} [{f['ci95'][0]}, {f['ci95'][1]}] {f['verdict']}"
+                     for kind, f in figure.items()]  # fmt: skip
+            print(f"{runtime}: {side} against {against}, round by round: {'; '.join(parts)}")
+
+
 def print_telemetry(runtime: str, result: dict[str, Any]) -> None:
     print(
         f"{runtime}: with CLI telemetry on ({result['cli_telemetry']}), median "
@@ -619,6 +642,7 @@ def main() -> None:
             f"{result['spawnkit_own_cpu_s']} s; all CPU x{result['spawnkit_total_cpu_ratio']}",
             flush=True,
         )
+        print_paired(runtime, result)
         if "sdk_ratio" in result:
             print(
                 f"{runtime}: against the CLI driven by claude_agent_sdk.query() without "

@@ -33,3 +33,4 @@ def test_acp_runtime_benchmark_runs(tmp_path: Path) -> None:
         report["spawnkit_median_s"] / report["direct_median_s"], abs=0.002
     )
     assert report["spawnkit_own_cpu_s"] > 0
+    assert report["paired"]["wall"]["median"] == pytest.approx(report["ratio"], abs=0.002)

@@ -36,6 +36,11 @@ def test_spawn_overhead_benchmark_runs(tmp_path: Path) -> None:
             report["spawnkit_median_s"] / report["bare_median_s"], abs=0.002
         )
         assert report["bare_own_cpu_s"] > 0 and report["spawnkit_own_cpu_s"] > 0
+        # Round by round (one round: that round's ratio, an interval of one point).
+        wall = report["paired"]["spawnkit"]["wall"]
+        assert wall["median"] == pytest.approx(report["ratio"], abs=0.002)
+        assert wall["ci95"] == [wall["median"]] * 2 and wall["rounds"] == 1
+        assert wall["verdict"] == ("met" if wall["median"] <= 1.05 else "missed")
         # Beside it, the same runs without the network namespace (network = "host").
         assert report["host_network_median_s"] > 0 and report["host_network_ratio"] > 0
         # And without the sandbox at all (mode = "none").
