@@ -39,6 +39,7 @@ from ..store.columns import (
 )
 from ..store.segments import decode
 from ..store.server_segments import SESSION_SORT
+from .arrow_frames import release_memory
 from .server_query import Snapshot
 from .store_segments import unsorted_window
 
@@ -85,6 +86,9 @@ def read(run: Snapshot, *, sessions: bool = True, calls: bool = True) -> History
         parts = _blobs(run, "calls", ids)
         tail = _tail(run, CALL_FIELDS, "tool_calls", "session_id", SERVER_CALL_ORDER)
         call_table = calls_in_order(pa.concat_tables([*parts, tail]))
+    # The blobs, the results that carried them and the connection's buffers are freed: given
+    # back now, they are not resident under the frame built from these tables.
+    release_memory()
     if any(t.schema != s for t, s in ((session_table, SESSION_SCHEMA), (call_table, CALL_SCHEMA))):
         return None  # sealed by another version of the columns
     return History(session_table, call_table)

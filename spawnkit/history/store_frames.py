@@ -305,6 +305,7 @@ def _in_order(table: pa.Table) -> bool:
     return True
 
 
+@arrow_frames.malloc_pool()
 def sessions(
     store: StoreLike = None,
     *,
@@ -366,8 +367,8 @@ def _fill_costs(frame: pd.DataFrame, pricing: PricingTable) -> None:
     """``cost_usd`` filled in from the pricing table where missing, and ``cost_source``
     (codes of :data:`COST_SOURCES` set directly: no column of a million strings)."""
     # Written in place (the frame's own column, shared with nothing): a second column of
-    # costs would be the read's peak memory.
-    missing = np.isnan(frame["cost_usd"].to_numpy(dtype=np.float64, na_value=np.nan))
+    # costs would be the read's peak memory. Found by isna, not in a float copy of them.
+    missing = frame["cost_usd"].isna().to_numpy(dtype=bool)
     source = np.where(missing, np.int8(_UNPRICED), np.int8(_REPORTED))
     models = frame["model"].cat
     codes = models.codes.to_numpy()
@@ -400,6 +401,7 @@ def _write_costs(frame: pd.DataFrame, rows: np.ndarray, costs: np.ndarray) -> No
         frame.iloc[rows, column] = costs
 
 
+@arrow_frames.malloc_pool()
 def tool_calls(
     store: StoreLike = None,
     *,
