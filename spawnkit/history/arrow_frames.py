@@ -55,7 +55,7 @@ def frame(handed: Handed, columns: Sequence[str]) -> pd.DataFrame:
 
 def _frame(table: pa.Table, columns: Sequence[str]) -> pd.DataFrame:
     rows = table.num_rows
-    release = release_memory if table.nbytes >= RELEASE_BYTES else lambda: None
+    release = release_memory if _buffer_bytes(table) >= RELEASE_BYTES else lambda: None
     pending = dict(zip(table.column_names, table.columns, strict=True))
     del table
     # Fixed-width columns first: their Arrow buffers go before the text's offsets widen.
@@ -135,6 +135,8 @@ def _series(name: str, column: Column) -> pd.Series:
     present: list[str] | None = None
     if pa.types.is_dictionary(column.type):
         column, present = _present_sorted(column)
+    if column.type in _MASKED:
+        return pd.Series(_masked(column), name=name)
     if pa.types.is_string(column.type):  # pandas' own type; cast here, into malloc's memory
         column = pc.cast(column, pa.large_string(), memory_pool=POOL)
     single = pa.Table.from_arrays([column], names=[name])
@@ -149,6 +151,54 @@ def _series(name: str, column: Column) -> pd.Series:
             pd.Categorical.from_codes(codes, pd.Index(present), validate=False), name=name
         )
     return series
+
+
+_MASKED: dict[pa.DataType, tuple[type[np.generic], Any]] = {
+    pa.int64(): (np.int64, pd.arrays.IntegerArray),
+    pa.bool_(): (np.bool_, pd.arrays.BooleanArray),
+}
+
+
+def _masked(column: Column) -> Any:
+    """An int64 or bool column as pandas' ``Int64`` or ``boolean`` array, its values and
+    validity copied out of Arrow's buffers by numpy. pandas' own conversion unpacks bits
+    in Arrow's C++ default pool (mimalloc, whatever pool is set from Python), whose first
+    use maps and touches 4 MB for the life of the process, then concatenates the chunks'
+    arrays: a second copy of the column."""
+    dtype, kind = _MASKED[column.type]
+    rows = len(column)
+    values = np.empty(rows, dtype)
+    missing = np.zeros(rows, np.bool_)
+    at = 0
+    for chunk in column.chunks:
+        size = len(chunk)
+        validity, data = chunk.buffers()[:2]
+        if dtype is np.bool_:
+            values[at : at + size] = _bits(data, chunk.offset, size)
+        elif size:
+            values[at : at + size] = np.frombuffer(data, np.int64, size, chunk.offset * 8)
+        if chunk.null_count:
+            missing[at : at + size] = ~_bits(validity, chunk.offset, size)
+        at += size
+    return kind(values, missing)
+
+
+def _bits(buffer: Any, offset: int, size: int) -> np.ndarray:
+    """``size`` bits of an Arrow bitmap from bit ``offset``, as booleans."""
+    raw = np.frombuffer(buffer, np.uint8)
+    return np.unpackbits(raw, count=offset + size, bitorder="little")[offset:].view(np.bool_)
+
+
+def _buffer_bytes(table: pa.Table) -> int:
+    """About ``table.nbytes``, counted here: ``nbytes`` allocates in Arrow's C++ default
+    pool (see :func:`_masked`)."""
+    return sum(
+        buffer.size
+        for column in table.columns
+        for chunk in column.chunks
+        for buffer in chunk.buffers()
+        if buffer is not None
+    )
 
 
 def _present_sorted(column: Column) -> tuple[Column, list[str]]:

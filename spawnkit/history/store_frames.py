@@ -47,7 +47,7 @@ from . import arrow_frames, server_cache, server_query, server_segments, store_s
 from .arrow_frames import Handed
 from .errors import HistoryError
 from .frames import COST_SOURCES
-from .pricing import PricingTable, default_pricing
+from .pricing import ModelPrice, PricingTable, default_pricing
 from .rows import UTC_TS, Column
 from .store_cache import ROWID, Cached, StoreCache, StoreState, store_state
 from .store_query import CHILD_MIN_BYTES, SMALL_ROWS, count, query, store_bytes, table_columns
@@ -367,26 +367,31 @@ def _fill_costs(frame: pd.DataFrame, pricing: PricingTable) -> None:
     """``cost_usd`` filled in from the pricing table where missing, and ``cost_source``
     (codes of :data:`COST_SOURCES` set directly: no column of a million strings)."""
     # Written in place (the frame's own column, shared with nothing): a second column of
-    # costs would be the read's peak memory. Found by isna, not in a float copy of them.
-    missing = frame["cost_usd"].isna().to_numpy(dtype=bool)
-    source = np.where(missing, np.int8(_UNPRICED), np.int8(_REPORTED))
+    # costs would be the read's peak memory. A block of rows at a time: masks, row numbers
+    # and token columns for every row were 8 MB at 1M sessions, when the frame is whole.
+    source = np.full(len(frame), np.int8(_REPORTED))
     models = frame["model"].cat
     codes = models.codes.to_numpy()
-    for code in np.unique(codes[missing & (codes >= 0)]):  # the models of unpriced rows
-        prices = pricing.lookup(str(models.categories[code]))
-        if prices is None:
-            continue
-        rows = np.flatnonzero(missing & (codes == code))
-        # A block of rows at a time: token columns for every row would be the read's peak.
-        for start in range(0, len(rows), _PRICED_AT_ONCE):
-            block = rows[start : start + _PRICED_AT_ONCE]
-            tokens = {c: frame[c].array[block].to_numpy(dtype=np.float64, na_value=0.0)
+    prices_of: dict[int, ModelPrice | None] = {}
+    for start in range(0, len(frame), _PRICED_AT_ONCE):
+        block = slice(start, start + _PRICED_AT_ONCE)
+        missing = start + np.flatnonzero(frame["cost_usd"].iloc[block].isna().to_numpy())
+        source[missing] = _UNPRICED
+        missing_codes = codes[missing]
+        for code in np.unique(missing_codes[missing_codes >= 0]):  # the unpriced rows' models
+            if code not in prices_of:
+                prices_of[code] = pricing.lookup(str(models.categories[code]))
+            prices = prices_of[code]
+            if prices is None:
+                continue
+            rows = missing[missing_codes == code]
+            tokens = {c: frame[c].array[rows].to_numpy(dtype=np.float64, na_value=0.0)
                       for c in _TOKENS}  # fmt: skip
-            _write_costs(frame, block, prices.cost(
+            _write_costs(frame, rows, prices.cost(
                 tokens["input_tokens"], tokens["output_tokens"],
                 tokens["cache_write_tokens"], 0, tokens["cache_read_tokens"],
             ))  # fmt: skip
-        source[rows] = _COMPUTED
+            source[rows] = _COMPUTED
     sources = pd.Categorical.from_codes(source, categories=pd.Index(COST_SOURCES))
     at = list(frame.columns).index("cost_usd") + 1
     frame.insert(at, "cost_source", pd.Series(sources, index=frame.index))
