@@ -307,9 +307,9 @@ def test_each_column_s_arrow_memory_is_given_back_before_the_next(
     held: list[int] = []
     convert = arrow_frames._series
 
-    def observed(name: str, column: object) -> object:
+    def observed(name: str, column: object, release: object) -> object:
         held.append(pool.bytes_allocated() - start)
-        return convert(name, column)
+        return convert(name, column, release)
 
     monkeypatch.setattr(arrow_frames, "_series", observed)
     handed = arrow_frames.Handed(table)
@@ -319,6 +319,29 @@ def test_each_column_s_arrow_memory_is_given_back_before_the_next(
     assert held[0] >= 4 * column_bytes  # the whole table, before the first column
     assert held[-1] <= 1.5 * column_bytes  # the last column alone (and no pandas copies)
     assert list(frame["n3"].iloc[[0, -1]]) == [0, rows - 1] and str(frame["n3"].dtype) == "Int64"
+
+
+def test_integer_and_boolean_columns_convert_as_pandas_would() -> None:
+    """``Int64`` and ``boolean`` columns are copied out of Arrow's buffers by numpy (chunks
+    sliced at any bit, nulls, empty chunks), giving what ``to_pandas`` gives, and nothing
+    is allocated in Arrow's C++ default pool (pandas' conversion unpacked bits there)."""
+    import pyarrow as pa
+
+    from spawnkit.history import arrow_frames
+
+    ints = [pa.array([1, None, 3, 4, None], pa.int64()).slice(1), pa.array([], pa.int64()),
+            pa.array([None, 7, 8, 2**62], pa.int64())]  # fmt: skip
+    bools = [pa.array([True, None, False, True, False, None, True, True, False]).slice(2, 5),
+             pa.array([], pa.bool_()), pa.array([True, None, False])]  # fmt: skip
+    table = pa.table({"n": pa.chunked_array(ints), "ok": pa.chunked_array(bools)})
+    types = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
+    want = table.to_pandas(types_mapper=types.get)
+    default = pa.default_memory_pool()
+    before = default.num_allocations()
+    got = arrow_frames.frame(arrow_frames.Handed(table), ["n", "ok"])
+    pd.testing.assert_frame_equal(got, want)
+    if default.backend_name != "system":
+        assert default.num_allocations() == before
 
 
 # Freed heap chunks pinned between live ones, then release_memory: what stays resident.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -63,7 +63,7 @@ def _frame(table: pa.Table, columns: Sequence[str]) -> pd.DataFrame:
     converted = {}
     release()  # the columns not asked for
     for name in order:
-        converted[name] = _series(name, pending.pop(name))
+        converted[name] = _series(name, pending.pop(name), release)
         release()
     frame = pd.DataFrame(
         {name: converted.pop(name) for name in columns}, index=pd.RangeIndex(rows), copy=False
@@ -131,14 +131,16 @@ def _malloc_trim() -> Any:
 _MALLOC_TRIM = _malloc_trim()
 
 
-def _series(name: str, column: Column) -> pd.Series:
+def _series(name: str, column: Column, release: Callable[[], None]) -> pd.Series:
     present: list[str] | None = None
     if pa.types.is_dictionary(column.type):
         column, present = _present_sorted(column)
     if column.type in _MASKED:
-        return pd.Series(_masked(column), name=name)
+        return pd.Series(_masked(column), name=name, copy=False)
     if pa.types.is_string(column.type):  # pandas' own type; cast here, into malloc's memory
-        column = pc.cast(column, pa.large_string(), memory_pool=POOL)
+        chunks: list[Column] = list(column.chunks)
+        del column
+        column = _widened(chunks, release)
     single = pa.Table.from_arrays([column], names=[name])
     del column
     series = single.to_pandas(
@@ -146,11 +148,24 @@ def _series(name: str, column: Column) -> pd.Series:
     )[name]
     if present is not None:
         # The categories from a list, as in pandas' rule (their dtype is inferred from it).
-        codes = series.cat.codes.to_numpy()
-        series = pd.Series(
-            pd.Categorical.from_codes(codes, pd.Index(present), validate=False), name=name
-        )
+        # The codes as they are (.cat.codes and a Series of a Categorical each copy them).
+        codes = series.array.codes
+        categories = pd.Categorical.from_codes(codes, pd.Index(present), validate=False)
+        series = pd.Series(categories, name=name, copy=False)
     return series
+
+
+def _widened(chunks: list[Column], release: Callable[[], None]) -> Column:
+    """String ``chunks`` as one ``large_string`` column, cast a chunk at a time, each
+    chunk's old offsets freed (and given back) before the next is cast, the list emptied
+    as it goes: the whole column cast at once held both offsets, 4 MB more at 1M rows,
+    which at the last text column was the read's peak."""
+    wide: list[Column] = []
+    for n in range(len(chunks)):
+        wide.append(pc.cast(chunks[n], pa.large_string(), memory_pool=POOL))
+        chunks[n] = None
+        release()
+    return pa.chunked_array(wide, pa.large_string())
 
 
 _MASKED: dict[pa.DataType, tuple[type[np.generic], Any]] = {

@@ -106,6 +106,9 @@ def _blobs(run: Snapshot, column: str, ids: list[int]) -> list[pa.Table]:
             raise RuntimeError(f"segment {segment} has no {column}")
         parts.append(decode(blob))
         del blob
+    # The blobs and the results that carried them are freed: given back before the tables
+    # are checked and put in order, with every segment held (the read's peak).
+    release_memory()
     return parts
 
 
@@ -149,22 +152,22 @@ def _in_order(table: pa.Table) -> bool:
     segments are sealed oldest first), checked a batch (a segment) at a time: the whole
     column as integers, and its steps, held 16 MB more at 1M sessions while every segment
     is held, the read's peak memory."""
-    last: tuple[np.ndarray, Column] | None = None
+    last: tuple[int, str] | None = None  # the batch before's last (created_at, id)
     for batch in table.select(["created_at", "session_id"]).to_batches():
         if not batch.num_rows:
             continue
         created = _stamps(batch.column(0))
         ids = batch.column(1)
-        if last is not None:  # across the boundary with the batch before
-            created = np.concatenate([last[0], created])
-            ids = pa.concat_arrays([last[1], ids])
+        # Across the boundary with the batch before (code points order as UTF-8 bytes do).
+        if last is not None and (int(created[0]), str(ids[0].as_py())) < last:
+            return False
         step = np.diff(created)
         if (step < 0).any():
             return False
         ties = np.flatnonzero(step == 0)
         if len(ties) and pc.any(pc.less(ids.take(ties + 1), ids.take(ties))).as_py():
             return False
-        last = (created[-1:], ids.slice(len(ids) - 1))
+        last = (int(created[-1]), str(ids[-1].as_py()))
     return True
 
 

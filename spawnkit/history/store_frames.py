@@ -69,7 +69,7 @@ _SESSION_DEFAULTS = {"role": "NULL", "kind": "'run'", "sources": "NULL"}
 SESSION_COLUMNS = [name for name, _, _ in SESSION_FIELDS]
 _TOKENS = ["input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens"]
 _COST_INPUTS = ("model", "cost_usd", *_TOKENS)
-_PRICED_AT_ONCE = 1 << 16
+_PRICED_AT_ONCE = 1 << 14
 _REPORTED, _COMPUTED, _UNPRICED = (
     COST_SOURCES.index(s) for s in ("reported", "computed", "unpriced")
 )
@@ -350,7 +350,8 @@ def sessions(
     if costs:
         _fill_costs(frame, pricing or default_pricing())
     if "source" in wanted:
-        source = pd.Series(_spawnkit_source(len(frame)), index=frame.index)
+        # copy=False: a Series of a Categorical copies its codes otherwise.
+        source = pd.Series(_spawnkit_source(len(frame)), index=frame.index, copy=False)
         frame.insert(min(1, len(frame.columns)), "source", source)
     return frame[wanted]
 
@@ -360,7 +361,8 @@ def _spawnkit_source(rows: int) -> pd.Categorical[Any]:
     empty, as pandas infers them from no values)."""
     if not rows:
         return pd.Categorical([])
-    return pd.Categorical.from_codes(np.zeros(rows, np.int8), categories=pd.Index(["spawnkit"]))
+    codes = np.zeros(rows, np.int8)
+    return pd.Categorical.from_codes(codes, pd.Index(["spawnkit"]), validate=False)
 
 
 def _fill_costs(frame: pd.DataFrame, pricing: PricingTable) -> None:
@@ -370,8 +372,8 @@ def _fill_costs(frame: pd.DataFrame, pricing: PricingTable) -> None:
     # costs would be the read's peak memory. A block of rows at a time: masks, row numbers
     # and token columns for every row were 8 MB at 1M sessions, when the frame is whole.
     source = np.full(len(frame), np.int8(_REPORTED))
-    models = frame["model"].cat
-    codes = models.codes.to_numpy()
+    models = frame["model"].array  # a Categorical: its codes as they are (.cat.codes copies)
+    codes = models.codes
     prices_of: dict[int, ModelPrice | None] = {}
     for start in range(0, len(frame), _PRICED_AT_ONCE):
         block = slice(start, start + _PRICED_AT_ONCE)
@@ -392,9 +394,11 @@ def _fill_costs(frame: pd.DataFrame, pricing: PricingTable) -> None:
                 tokens["cache_write_tokens"], 0, tokens["cache_read_tokens"],
             ))  # fmt: skip
             source[rows] = _COMPUTED
-    sources = pd.Categorical.from_codes(source, categories=pd.Index(COST_SOURCES))
+    arrow_frames.release_memory()  # the blocks' temporaries: not resident under the frame
+    # Codes known valid: unchecked (the check's temporaries came at the read's peak).
+    sources = pd.Categorical.from_codes(source, pd.Index(COST_SOURCES), validate=False)
     at = list(frame.columns).index("cost_usd") + 1
-    frame.insert(at, "cost_source", pd.Series(sources, index=frame.index))
+    frame.insert(at, "cost_source", pd.Series(sources, index=frame.index, copy=False))
 
 
 def _write_costs(frame: pd.DataFrame, rows: np.ndarray, costs: np.ndarray) -> None:
