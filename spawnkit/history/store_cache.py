@@ -26,18 +26,15 @@ import logging
 import os
 import sqlite3
 import uuid
-from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..home import spawnkit_home
 from .arrow_frames import release_memory
-from .rows import Column
 from .store_query import read_only_uri
 
 FORMAT = "spawnkit-store-cache-1"
@@ -143,56 +140,19 @@ def load_table(path: Path) -> tuple[pa.Table, dict[str, Any]] | None:
 def save_table(directory: Path, kind: str, table: pa.Table, info: dict[str, Any]) -> None:
     """``table`` as ``directory/kind.arrow`` with ``info``, written aside and renamed (a failed
     write is logged and leaves the old file)."""
-    schema = table.schema.with_metadata({b"spawnkit": json.dumps(info).encode()})
+    # An IPC file holds one dictionary per column: chunks read at different times share it.
+    table = table.unify_dictionaries()
+    table = table.replace_schema_metadata({b"spawnkit": json.dumps(info).encode()})
     final = directory / f"{kind}.arrow"
     tmp = final.with_name(f".{kind}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     try:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as w:
-            for batch in shared_dictionaries(table, 1 << 20):
-                w.write_batch(batch)
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+            w.write_table(table, max_chunksize=1 << 20)
         tmp.replace(final)
     except OSError as exc:
         log.warning("could not write the history cache %s: %s", final, exc)
     finally:
         tmp.unlink(missing_ok=True)
-        release_memory()  # what the batches written held: not resident under the frame
-
-
-def shared_dictionaries(table: pa.Table, max_rows: int) -> Iterator[pa.RecordBatch]:
-    """``table``'s batches (at most ``max_rows`` rows), each name column on one dictionary
-    for all of them (an IPC file holds one a column), as ``unify_dictionaries`` gives it.
-
-    Remapped a batch at a time as it is written: ``unify_dictionaries`` made new indices
-    for every row at once, a copy of every name column while the table itself is held,
-    which was the peak memory of a PostgreSQL store's first read."""
-    shared = {
-        n: _union(table.column(n))
-        for n, field in enumerate(table.schema)
-        if pa.types.is_dictionary(field.type)
-    }
-    for batch in table.to_batches(max_chunksize=max_rows):
-        if not shared:
-            yield batch
-            continue
-        columns = list(batch.columns)
-        for n, values in shared.items():
-            columns[n] = _onto(columns[n], values)
-        yield pa.RecordBatch.from_arrays(columns, schema=table.schema)
-
-
-def _union(column: Column) -> Column:
-    """Every value of the chunks' dictionaries, in the order they first come."""
-    kind = column.type
-    parts = [chunk.dictionary for chunk in column.chunks]
-    values = pa.concat_arrays(parts) if parts else pa.array([], kind.value_type)
-    return pc.unique(values.drop_null())
-
-
-def _onto(chunk: Column, values: Column) -> Column:
-    """``chunk`` with ``values`` as its dictionary (null where its value was null)."""
-    if chunk.dictionary.equals(values):
-        return pa.DictionaryArray.from_arrays(chunk.indices, values, ordered=chunk.type.ordered)
-    moved = pc.index_in(chunk.dictionary, value_set=values).cast(chunk.type.index_type)
-    indices = pc.take(moved, chunk.indices)
-    return pa.DictionaryArray.from_arrays(indices, values, ordered=chunk.type.ordered)
+        del table  # the unified copy of the name columns
+        release_memory()  # and what it held: not resident under the frame
