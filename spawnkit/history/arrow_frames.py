@@ -187,10 +187,12 @@ def _masked(column: Column) -> Any:
     at = 0
     for chunk in column.chunks:
         size = len(chunk)
+        if not size:
+            continue
         validity, data = chunk.buffers()[:2]
         if dtype is np.bool_:
             values[at : at + size] = _bits(data, chunk.offset, size)
-        elif size:
+        else:
             values[at : at + size] = np.frombuffer(data, np.int64, size, chunk.offset * 8)
         if chunk.null_count:
             missing[at : at + size] = ~_bits(validity, chunk.offset, size)
