@@ -18,6 +18,11 @@ go to ``benchmarks/results/store_first_read.json``. Usage::
 
     .venv/bin/python benchmarks/store_first_read.py [--sessions 1000000] [--calls 10]
         [--rounds 3] [--backend sqlite|postgresql|both] [--unsealed] [--spawnkit-from DIR]
+        [--url URL [--against DIR]]
+
+``--url`` reads a server store made (and sealed) already; with ``--against DIR`` the
+rounds are first reads only, alternating DIR's spawnkit (e.g. an export of main) and this
+one, so that both are measured side by side on the same store and load.
 """
 
 from __future__ import annotations
@@ -101,6 +106,39 @@ def measure(target: str, rounds: int) -> dict[str, Any]:
     return out
 
 
+def side_by_side(target: str, rounds: int, against: str) -> dict[str, Any]:
+    """First reads of both frames, alternating ``against``'s spawnkit (``main``) and this
+    one (``branch``), ``rounds`` each, each in a new ``SPAWNKIT_HOME``."""
+    global SPAWNKIT_FROM
+    samples: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    homes = Path(tempfile.mkdtemp(prefix="spawnkit-first-read-"))
+    try:
+        for kind in ("sessions", "tool_calls"):
+            samples[kind] = {"main": [], "branch": []}
+            for n in range(rounds):
+                for side, source in (("main", against), ("branch", str(ROOT))):
+                    SPAWNKIT_FROM = source
+                    home = homes / f"{kind}-{side}-{n}"
+                    samples[kind][side].append(read_once(target, kind, home))
+    finally:
+        SPAWNKIT_FROM = ""
+        shutil.rmtree(homes, ignore_errors=True)
+    med = statistics.median
+    out: dict[str, Any] = {"samples": samples, "summary": {}}
+    for kind, sides in samples.items():
+        out["summary"][kind] = {
+            side: {"cpu_s": round(med(s["cpu_s"] for s in runs), 3),
+                   "cpu_spread": [min(s["cpu_s"] for s in runs), max(s["cpu_s"] for s in runs)],
+                   "rss_mb": round(med(s["rss_mb"] for s in runs), 1),
+                   "rss_spread": [min(s["rss_mb"] for s in runs), max(s["rss_mb"] for s in runs)],
+                   "import_rss_mb": round(med(s["import_rss_mb"] for s in runs), 1),
+                   "frame_mb": round(runs[0]["frame_mb"], 1),
+                   "rss_vs_frame": round(med(s["rss_mb"] for s in runs) / runs[0]["frame_mb"], 3)}
+            for side, runs in sides.items()
+        }  # fmt: skip
+    return out
+
+
 def summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
     med = statistics.median
     keys = ("wall_s", "cpu_s", "rss_mb", "import_rss_mb", "child_rss_mb")
@@ -166,6 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unsealed", action="store_true", help="an older store: no segments")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--work", type=Path, default=WORK, help="where stores are generated")
+    parser.add_argument("--url", help="a server store made and sealed already (no throw-away one)")
+    parser.add_argument(
+        "--against",
+        default="",
+        help="first reads only, alternating the spawnkit package in this folder (main) "
+        "and this one",
+    )
     parser.add_argument("--seal", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--seal-server", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -189,10 +234,16 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(), "load_average_start": os.getloadavg(),
         "sessions": args.sessions, "calls_per_session": args.calls, "rounds": args.rounds,
     }  # fmt: skip
-    if args.backend in ("sqlite", "both"):
+    if args.backend in ("sqlite", "both") and not args.url:
         path = sqlite_store(args.sessions, args.calls, not args.unsealed, args.work)
         report["sqlite"] = measure(str(path), args.rounds)
-    if args.backend in ("postgresql", "both"):
+    if args.url:
+        report["postgresql"] = (
+            side_by_side(args.url, args.rounds, args.against)
+            if args.against
+            else measure(args.url, args.rounds)
+        )
+    elif args.backend in ("postgresql", "both"):
         from store_postgres import make_server_store
 
         from tests.postgres import postgres_server

@@ -10,6 +10,9 @@ took, what the server holds), never how fast.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -201,3 +204,32 @@ def test_a_queued_session_deleted_leaves_the_queue_and_the_segments_current(
     runs(store, ["c", "d"], start=2)
     assert sealed(postgres_url) == [(0, SEAL)]
     assert_frames_are_the_rows(store)
+
+
+# What a read of a server store must not load: the store's writer and its connection pool,
+# and ADBC's driver (with pyarrow.dataset), when every row comes through psycopg.
+WRITER_AND_ADBC = ("spawnkit.store.postgres", "psycopg_pool", "adbc_driver_postgresql",
+                   "pyarrow.dataset")  # fmt: skip
+
+
+def test_a_first_read_of_segments_loads_neither_the_writer_nor_adbc(
+    store: SessionStore, postgres_url: str, isolated_home: Path
+) -> None:
+    """What a first read holds resident is the frame's: in a fresh process, reading both
+    frames of a sealed store imports none of :data:`WRITER_AND_ADBC` (the writer's module
+    and its pool were 1.4 MB resident in a read that needs neither)."""
+    runs(store, [f"r{n}" for n in range(SEAL + 1)])
+    assert sealed(postgres_url) == [(0, SEAL)]
+    probe = (
+        "import json, sys\n"
+        "from spawnkit import history\n"
+        "frames = [history.sessions(sys.argv[1]), history.tool_calls(sys.argv[1])]\n"
+        "print(json.dumps({'rows': [len(f) for f in frames],\n"
+        f"    'loaded': [m for m in {WRITER_AND_ADBC!r} if m in sys.modules]}}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, postgres_url], capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["rows"] == [SEAL + 1, 2 * (SEAL + 1)]
+    assert seen["loaded"] == []

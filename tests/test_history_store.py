@@ -481,3 +481,24 @@ def test_costs_are_filled_in_a_column_arrow_lent_read_only() -> None:
     _fill_costs(frame, default_pricing())
     assert frame["cost_usd"].iloc[0] == 0.5 and frame["cost_usd"].iloc[1] > 0
     assert list(frame["cost_source"]) == ["reported", "computed"]
+
+
+def test_importing_history_loads_no_parquet_worker_pool_or_sweep() -> None:
+    """``import spawnkit.history`` is in every read's peak memory: ``pyarrow.parquet``, the
+    transcript worker pool (multiprocessing, asyncio) and ``containment.sweep`` (8 MB
+    resident together) load when a file is written, transcripts are parsed in workers or
+    a store is opened, not before."""
+    import json
+    import subprocess
+    import sys
+
+    later = ("pyarrow.parquet", "multiprocessing", "spawnkit.history.workers",
+             "spawnkit.containment.sweep")  # fmt: skip
+    probe = (
+        "import json, sys, spawnkit.history\n"
+        f"print(json.dumps([m for m in {later!r} if m in sys.modules]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == []

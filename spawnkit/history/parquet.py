@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 FRAMES = ("sessions", "tool_calls", "usage", "events", "files")
 
@@ -30,6 +29,10 @@ def _table(frame: pd.DataFrame) -> pa.Table:
 
 def write_frame(frame: pd.DataFrame, path: Path) -> None:
     """Write ``frame`` at ``path`` (folders created), replacing a file there only when done."""
+    # Imported here: pyarrow.parquet (with its filesystems) is 4 MB resident in every
+    # process that imports spawnkit.history, and only writing a file needs it.
+    import pyarrow.parquet as pq
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..store.backend import redact_url
+from ..store.backend import SERVER_SCHEMA, redact_url
 from .errors import HistoryError
 
 _PLACEHOLDER = re.compile(r"\?")
@@ -95,12 +95,10 @@ def snapshot(url: str) -> Iterator[Snapshot]:
     """A :class:`Snapshot` of the store at ``url``, for the block."""
     import psycopg
 
-    from ..store.postgres import SCHEMA
-
     try:
         conn = psycopg.connect(
             url, autocommit=True, application_name="spawnkit-history",
-            options=f"-c search_path={SCHEMA} -c jit=off",
+            options=f"-c search_path={SERVER_SCHEMA} -c jit=off",
         )  # fmt: skip
     except psycopg.Error as exc:
         raise HistoryError(
@@ -123,8 +121,6 @@ def _adbc(url: str, level: str, exported: str | None = None) -> Iterator[Run]:
     ``exported`` by another transaction, if given)."""
     from adbc_driver_postgresql import dbapi  # loads libpq: only when a server is read
 
-    from ..store.postgres import SCHEMA  # psycopg with it: a SQLite store's read needs neither
-
     try:
         conn = dbapi.connect(url, autocommit=True)
     except dbapi.Error as exc:
@@ -134,7 +130,7 @@ def _adbc(url: str, level: str, exported: str | None = None) -> Iterator[Run]:
     try:
         cursor: Any = conn.cursor()
         try:
-            cursor.execute(f"SET search_path TO {SCHEMA}")
+            cursor.execute(f"SET search_path TO {SERVER_SCHEMA}")
             # One long scan: compiling it (JIT) costs more than it saves here.
             cursor.execute("SET jit = off")
             cursor.execute(f"BEGIN ISOLATION LEVEL {level} READ ONLY")

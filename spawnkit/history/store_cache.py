@@ -34,6 +34,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..home import spawnkit_home
+from .arrow_frames import release_memory
 from .store_query import read_only_uri
 
 FORMAT = "spawnkit-store-cache-1"
@@ -153,3 +154,5 @@ def save_table(directory: Path, kind: str, table: pa.Table, info: dict[str, Any]
         log.warning("could not write the history cache %s: %s", final, exc)
     finally:
         tmp.unlink(missing_ok=True)
+        del table  # the unified copy of the name columns
+        release_memory()  # and what it held: not resident under the frame

@@ -47,7 +47,7 @@ from . import arrow_frames, server_cache, server_query, server_segments, store_s
 from .arrow_frames import Handed
 from .errors import HistoryError
 from .frames import COST_SOURCES
-from .pricing import PricingTable, default_pricing
+from .pricing import ModelPrice, PricingTable, default_pricing
 from .rows import UTC_TS, Column
 from .store_cache import ROWID, Cached, StoreCache, StoreState, store_state
 from .store_query import CHILD_MIN_BYTES, SMALL_ROWS, count, query, store_bytes, table_columns
@@ -69,7 +69,7 @@ _SESSION_DEFAULTS = {"role": "NULL", "kind": "'run'", "sources": "NULL"}
 SESSION_COLUMNS = [name for name, _, _ in SESSION_FIELDS]
 _TOKENS = ["input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens"]
 _COST_INPUTS = ("model", "cost_usd", *_TOKENS)
-_PRICED_AT_ONCE = 1 << 16
+_PRICED_AT_ONCE = 1 << 14
 _REPORTED, _COMPUTED, _UNPRICED = (
     COST_SOURCES.index(s) for s in ("reported", "computed", "unpriced")
 )
@@ -305,6 +305,7 @@ def _in_order(table: pa.Table) -> bool:
     return True
 
 
+@arrow_frames.malloc_pool()
 def sessions(
     store: StoreLike = None,
     *,
@@ -349,7 +350,8 @@ def sessions(
     if costs:
         _fill_costs(frame, pricing or default_pricing())
     if "source" in wanted:
-        source = pd.Series(_spawnkit_source(len(frame)), index=frame.index)
+        # copy=False: a Series of a Categorical copies its codes otherwise.
+        source = pd.Series(_spawnkit_source(len(frame)), index=frame.index, copy=False)
         frame.insert(min(1, len(frame.columns)), "source", source)
     return frame[wanted]
 
@@ -359,36 +361,44 @@ def _spawnkit_source(rows: int) -> pd.Categorical[Any]:
     empty, as pandas infers them from no values)."""
     if not rows:
         return pd.Categorical([])
-    return pd.Categorical.from_codes(np.zeros(rows, np.int8), categories=pd.Index(["spawnkit"]))
+    codes = np.zeros(rows, np.int8)
+    return pd.Categorical.from_codes(codes, pd.Index(["spawnkit"]), validate=False)
 
 
 def _fill_costs(frame: pd.DataFrame, pricing: PricingTable) -> None:
     """``cost_usd`` filled in from the pricing table where missing, and ``cost_source``
     (codes of :data:`COST_SOURCES` set directly: no column of a million strings)."""
     # Written in place (the frame's own column, shared with nothing): a second column of
-    # costs would be the read's peak memory.
-    missing = np.isnan(frame["cost_usd"].to_numpy(dtype=np.float64, na_value=np.nan))
-    source = np.where(missing, np.int8(_UNPRICED), np.int8(_REPORTED))
-    models = frame["model"].cat
-    codes = models.codes.to_numpy()
-    for code in np.unique(codes[missing & (codes >= 0)]):  # the models of unpriced rows
-        prices = pricing.lookup(str(models.categories[code]))
-        if prices is None:
-            continue
-        rows = np.flatnonzero(missing & (codes == code))
-        # A block of rows at a time: token columns for every row would be the read's peak.
-        for start in range(0, len(rows), _PRICED_AT_ONCE):
-            block = rows[start : start + _PRICED_AT_ONCE]
-            tokens = {c: frame[c].array[block].to_numpy(dtype=np.float64, na_value=0.0)
+    # costs would be the read's peak memory. A block of rows at a time: masks, row numbers
+    # and token columns for every row were 8 MB at 1M sessions, when the frame is whole.
+    source = np.full(len(frame), np.int8(_REPORTED))
+    models = frame["model"].array  # a Categorical: its codes as they are (.cat.codes copies)
+    codes = models.codes
+    prices_of: dict[int, ModelPrice | None] = {}
+    for start in range(0, len(frame), _PRICED_AT_ONCE):
+        block = slice(start, start + _PRICED_AT_ONCE)
+        missing = start + np.flatnonzero(frame["cost_usd"].iloc[block].isna().to_numpy())
+        source[missing] = _UNPRICED
+        missing_codes = codes[missing]
+        for code in np.unique(missing_codes[missing_codes >= 0]):  # the unpriced rows' models
+            if code not in prices_of:
+                prices_of[code] = pricing.lookup(str(models.categories[code]))
+            prices = prices_of[code]
+            if prices is None:
+                continue
+            rows = missing[missing_codes == code]
+            tokens = {c: frame[c].array[rows].to_numpy(dtype=np.float64, na_value=0.0)
                       for c in _TOKENS}  # fmt: skip
-            _write_costs(frame, block, prices.cost(
+            _write_costs(frame, rows, prices.cost(
                 tokens["input_tokens"], tokens["output_tokens"],
                 tokens["cache_write_tokens"], 0, tokens["cache_read_tokens"],
             ))  # fmt: skip
-        source[rows] = _COMPUTED
-    sources = pd.Categorical.from_codes(source, categories=pd.Index(COST_SOURCES))
+            source[rows] = _COMPUTED
+    arrow_frames.release_memory()  # the blocks' temporaries: not resident under the frame
+    # Codes known valid: unchecked (the check's temporaries came at the read's peak).
+    sources = pd.Categorical.from_codes(source, pd.Index(COST_SOURCES), validate=False)
     at = list(frame.columns).index("cost_usd") + 1
-    frame.insert(at, "cost_source", pd.Series(sources, index=frame.index))
+    frame.insert(at, "cost_source", pd.Series(sources, index=frame.index, copy=False))
 
 
 def _write_costs(frame: pd.DataFrame, rows: np.ndarray, costs: np.ndarray) -> None:
@@ -400,6 +410,7 @@ def _write_costs(frame: pd.DataFrame, rows: np.ndarray, costs: np.ndarray) -> No
         frame.iloc[rows, column] = costs
 
 
+@arrow_frames.malloc_pool()
 def tool_calls(
     store: StoreLike = None,
     *,

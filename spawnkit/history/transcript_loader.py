@@ -44,7 +44,6 @@ from .transcript_frames import (
     build_frames,
     daily_totals,
 )
-from .workers import default_workers, parse_in_workers
 
 MAX_FILE_BYTES = 2 << 30
 CACHE_WRITE_TIMEOUT_S = 300.0
@@ -273,6 +272,10 @@ def _parse(
     names of their folders; none when the files were parsed in this process)."""
     if read is not None:
         return parse_serial(fmt.name, root, files, read), []
+    # Imported here: the worker pool brings multiprocessing, asyncio and ssl (3 MB resident
+    # in every process importing spawnkit.history, which a store's frames never need).
+    from .workers import default_workers, parse_in_workers
+
     count = default_workers(sum(s.size for s in files)) if workers is None else workers
     if count > 1 and len(files) > 1:
         parse = functools.partial(parse_serial, fmt.name, root)

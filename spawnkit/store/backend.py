@@ -30,6 +30,10 @@ Row = Mapping[str, Any]
 Params = Sequence[object]
 
 URL_SCHEMES = ("postgresql", "postgres")
+SERVER_SCHEMA = "spawnkit"
+"""The PostgreSQL schema a server store's tables live in (here, not in
+:mod:`spawnkit.store.postgres`, so that ``spawnkit.history``'s reads name it without
+importing the store's writer and its connection pool)."""
 # `scheme://`, as RFC 3986 spells a scheme: what a store target must not be unless supported.
 _URL_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 

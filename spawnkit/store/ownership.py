@@ -17,14 +17,27 @@ import os
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal
 
-from ..containment.sweep import HomeSeal, OpenRun, process_start
 from ..home import host_name
 from .backend import Backend
 from .records import stamp, to_iso, utcnow
 
+if TYPE_CHECKING:  # imported where a store is opened: see _sweep_module
+    from ..containment.sweep import HomeSeal, OpenRun
+
 logger = logging.getLogger(__name__)
+
+
+def _sweep_module() -> ModuleType:
+    """:mod:`spawnkit.containment.sweep`, imported when a store is opened rather than with
+    :mod:`spawnkit.store`: it brings asyncio, ssl and argparse (3.5 MB resident), which a
+    process that only reads history frames (``spawnkit.history`` imports the store for
+    its types) never needs."""
+    from ..containment import sweep
+
+    return sweep
 
 
 def _dispatched_worker(given: str | None) -> str | None:
@@ -45,7 +58,7 @@ class RecordOwner:
         # How long a record stays this host's without a renewal (spawnkit.home.lease_seconds).
         self.lease_s = lease_s
         self.pid = os.getpid()
-        self.pid_start = process_start(self.pid)
+        self.pid_start = _sweep_module().process_start(self.pid)
         # This home's key for sealing records, read when the first is written (False: none).
         self._sealer: HomeSeal | Literal[False] | None = None
 
@@ -61,8 +74,9 @@ class RecordOwner:
         """This home's seal on a record this process owns (containment.sweep.HomeSeal); None when
         the home has no key (the sweep then kills and removes nothing for the run)."""
         if self._sealer is None:
-            self._sealer = HomeSeal.of_home(create=True) or False
-        if self._sealer is False:
+            found: HomeSeal | None = _sweep_module().HomeSeal.of_home(create=True)
+            self._sealer = found or False
+        if self._sealer is False or self._sealer is None:
             return None
         return self._sealer.seal(session_id, self.host, self.pid, self.pid_start, workspace)
 
@@ -116,8 +130,9 @@ class HostRecords:
             "WHERE completed_at IS NULL AND owner_host = ?",
             (host,),
         )
+        open_run = _sweep_module().OpenRun
         return [
-            OpenRun(r["id"], r["owner_pid"], r["owner_start"],
+            open_run(r["id"], r["owner_pid"], r["owner_start"],
                     Path(r["workspace"]) if r["workspace"] else None,
                     _dispatched_worker(r["given"]), host, r["owner_seal"])
             for r in rows

@@ -39,12 +39,12 @@ from psycopg.rows import dict_row
 from ..errors import StoreError, StoreTooNew, StoreUnreachable
 from ..home import spawnkit_home
 from .advisory import AdvisoryPlaces, AdvisorySlots, SlotConnections
-from .backend import Params, Row, redact_url, statements
+from .backend import SERVER_SCHEMA, Params, Row, redact_url, statements
 from .sqlite import StoreHealth
 
 logger = logging.getLogger(__name__)
 
-SCHEMA = "spawnkit"
+SCHEMA = SERVER_SCHEMA
 # pg_advisory_xact_lock key that serialises migrations ("spawnkit" as 8 ASCII bytes).
 MIGRATION_LOCK = int.from_bytes(b"spawnkit", "big") & 0x7FFF_FFFF_FFFF_FFFF
 CONNECT_TIMEOUT_S = 10

@@ -32,9 +32,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from ..containment.sweep import OpenRun, sweep
 from ..errors import StoreUnreachable
 from ..home import default_store_path, lease_seconds, store_setting
 from ..result import SpawnerResult, ToolCall
@@ -43,6 +42,9 @@ from .journal import StoreJournal
 from .ownership import HostRecords, RecordOwner
 from .records import SessionRecord, to_iso, utcnow
 from .schema import SEAL_SESSIONS, SERVER_SEAL_DUE
+
+if TYPE_CHECKING:  # the sweep is imported where a store is opened (ownership._sweep_module)
+    from ..containment.sweep import OpenRun
 from .sqlite import SqliteBackend
 from .writer import StoreWriter
 from .writes import (
@@ -450,6 +452,8 @@ class SessionStore:
         (:meth:`expire_leases`); this host's runs whose owner process died are swept up
         at once, lease or not (:mod:`spawnkit.containment.sweep`).
         """
+        from ..containment.sweep import sweep
+
         return len(self.expire_leases()) + len(sweep(self))
 
     @_translated
