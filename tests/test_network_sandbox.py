@@ -7,6 +7,7 @@ the forwarder inside (:mod:`spawnkit.containment.sandbox_forward`) and the view 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
@@ -138,6 +139,41 @@ def test_the_forwarder_carries_a_big_stream_intact_and_passes_the_exit_code(shor
     expected = hashlib.sha256(chunk * (BIG // len(chunk))).hexdigest()
     assert done.returncode == 7, done.stderr
     assert done.stdout.split() == [str(BIG), expected]
+
+
+def test_the_forwarder_sends_each_write_at_once(monkeypatch, short_dir) -> None:
+    """Its sockets to the CLI are TCP_NODELAY, as a direct connection's are (asyncio's):
+    with Nagle's algorithm a second small write (an SSE event, an answer's tail) waits for
+    the CLI's delayed ACK of the first, some 40 ms a time, and slowed every run."""
+    from spawnkit.containment import sandbox_forward
+
+    accepted: list[socket.socket] = []
+
+    class Accepted(Exception):
+        """Ends the forwarder's accept loop once it has handed on a connection."""
+
+    class Threads:
+        @staticmethod
+        def start_new_thread(function: object, args: tuple[object, ...]) -> None:
+            accepted.append(args[0])  # type: ignore[arg-type]  # carry(client, path, slots)
+            raise Accepted
+
+        allocate_lock = staticmethod(threading.Lock)
+
+    def serve_one(listener: socket.socket) -> None:
+        with contextlib.suppress(Accepted):
+            sandbox_forward.serve(listener, str(short_dir / "door.sock"))
+
+    monkeypatch.setattr(sandbox_forward, "_thread", Threads)
+    listeners = sandbox_forward.listen(free_port())
+    serving = threading.Thread(target=serve_one, args=(listeners[0],), daemon=True)
+    serving.start()
+    with socket.create_connection(listeners[0].getsockname()[:2]):
+        serving.join(timeout=60)
+    assert accepted, "the forwarder accepted no connection"
+    assert accepted[0].getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    for sock in (*accepted, *listeners):
+        sock.close()
 
 
 def test_the_forwarder_reports_a_signal_as_bubblewrap_does_and_bad_use_clearly() -> None:

@@ -110,6 +110,10 @@ def serve(listener: _socket.socket, path: str) -> None:
         except OSError:
             continue
         client = _socket.socket(fileno=fd)
+        # Each write goes out at once, as a direct connection's would (asyncio's sockets
+        # are TCP_NODELAY): with Nagle's algorithm, a second small write (an SSE event, an
+        # MCP answer's tail) waits for the CLI's delayed ACK of the first, about 40 ms.
+        client.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
         if not slots.take():
             client.close()  # over the bound: refused rather than queued without end
             continue
