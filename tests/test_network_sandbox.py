@@ -260,6 +260,30 @@ async def test_a_door_bridges_to_its_tcp_port_and_goes_with_the_run(short_dir) -
     assert not (short_dir / DOORS_DIR).exists()
 
 
+async def test_a_door_to_a_name_looks_it_up_once_not_per_connection(monkeypatch, short_dir) -> None:
+    """The butler's MCP server is ``localhost``: looked up on every connection, each went
+    through the default executor (a thread hop behind the run's other threaded work)."""
+    server, port = await echo_server()
+    loop = asyncio.get_running_loop()
+    lookups: list[object] = []
+    real = loop.getaddrinfo
+
+    async def counted(host: object, *args: object, **kwargs: object) -> object:
+        lookups.append(host)
+        return await real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "getaddrinfo", counted)
+    async with server, open_doors(short_dir, [("localhost", port)]) as doors:
+        (door,) = doors.doors
+        for n in range(3):
+            reader, writer = await asyncio.open_unix_connection(str(door.socket))
+            writer.write(f"call {n}".encode())
+            writer.write_eof()
+            assert await reader.read() == f"CALL {n}".encode()
+            writer.close()
+    assert lookups == ["localhost"]
+
+
 async def test_a_connection_open_when_the_run_ends_is_closed_quietly(
     short_dir, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -32,6 +32,7 @@ import ipaddress
 import logging
 import os
 import shutil
+import socket
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -160,11 +161,14 @@ class _Bridge:
     def __init__(self, host: str, port: int, max_connections: int) -> None:
         self.host, self.port = host, port
         self.max_connections = max_connections
+        # Where the host port is, in order: the name looked up once, when the door opens.
+        self.addresses: tuple[str, ...] = (host,)
         self._server: asyncio.Server | None = None
         self._connections: set[_Splice] = set()
 
     async def start(self, path: Path) -> None:
         loop = asyncio.get_running_loop()
+        self.addresses = await _addresses(loop, self.host, self.port)
         self._server = await loop.create_unix_server(self._accept, path=str(path))
 
     def _accept(self) -> asyncio.Protocol:
@@ -180,6 +184,20 @@ class _Bridge:
         for splice in list(self._connections):
             splice.close()
         self._connections.clear()
+
+
+async def _addresses(loop: asyncio.AbstractEventLoop, host: str, port: int) -> tuple[str, ...]:
+    """``host``'s addresses, numeric, in the resolver's order (``localhost``: ``::1`` and
+    ``127.0.0.1``, as ``/etc/hosts`` has them). A connection to a name looks it up first,
+    in the default executor: a thread hop on every connection a door carries, which waits
+    behind whatever else of the run is in a thread, and delayed a CLI's MCP requests by
+    tens of milliseconds. A name that cannot be looked up now is kept, and looked up (and
+    its failure reported) by each connection, as before."""
+    try:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return (host,)
+    return tuple(dict.fromkeys(str(info[4][0]) for info in infos)) or (host,)
 
 
 class _Refused(asyncio.Protocol):
@@ -247,7 +265,13 @@ class _Splice(_End):
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                await loop.create_connection(lambda: _Upstream(self), bridge.host, bridge.port)
+                for n, address in enumerate(bridge.addresses, start=1):
+                    try:
+                        await loop.create_connection(lambda: _Upstream(self), address, bridge.port)
+                        break
+                    except OSError:
+                        if n == len(bridge.addresses):
+                            raise
         except (OSError, TimeoutError) as exc:
             logger.debug("door %d: cannot reach %s:%d (%s)", bridge.port, bridge.host,
                          bridge.port, exc)  # fmt: skip
