@@ -73,12 +73,13 @@ class RecordOwner:
     def seal(self, session_id: str, workspace: Path | None) -> str | None:
         """This home's seal on a record this process owns (containment.sweep.HomeSeal); None when
         the home has no key (the sweep then kills and removes nothing for the run)."""
-        if self._sealer is None:
+        sealer = self._sealer
+        if sealer is None:
             found: HomeSeal | None = _sweep_module().HomeSeal.of_home(create=True)
-            self._sealer = found or False
-        if self._sealer is False or self._sealer is None:
+            sealer = self._sealer = found or False
+        if sealer is False:
             return None
-        return self._sealer.seal(session_id, self.host, self.pid, self.pid_start, workspace)
+        return sealer.seal(session_id, self.host, self.pid, self.pid_start, workspace)
 
 
 class HostRecords:

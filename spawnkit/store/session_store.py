@@ -42,9 +42,6 @@ from .journal import StoreJournal
 from .ownership import HostRecords, RecordOwner
 from .records import SessionRecord, to_iso, utcnow
 from .schema import SEAL_SESSIONS, SERVER_SEAL_DUE
-
-if TYPE_CHECKING:  # the sweep is imported where a store is opened (ownership._sweep_module)
-    from ..containment.sweep import OpenRun
 from .sqlite import SqliteBackend
 from .writer import StoreWriter
 from .writes import (
@@ -57,6 +54,9 @@ from .writes import (
     mcp_call_row,
     tool_call_row,
 )
+
+if TYPE_CHECKING:  # the sweep is imported where a store is opened (ownership._sweep_module)
+    from ..containment.sweep import OpenRun
 
 logger = logging.getLogger(__name__)
 
