@@ -59,6 +59,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
+# SPAWNKIT_TEST_CPU_LOG=FILE: one JSON line per test with its wall time and the CPU it cost
+# (this process and every child it reaped: the CLIs, kernels and servers a test starts).
+# What to trim when the suite grows slow: wall time on a shared machine hides where the CPU
+# goes, and CI's two cores are the limit.
+_CPU_LOG = os.environ.get("SPAWNKIT_TEST_CPU_LOG")
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    if not _CPU_LOG:
+        yield
+        return
+    cpu, wall = _cpu_seconds(), time.monotonic()
+    yield
+    line = {"test": item.nodeid, "cpu_s": round(_cpu_seconds() - cpu, 2),
+            "wall_s": round(time.monotonic() - wall, 2)}  # fmt: skip
+    with open(_CPU_LOG, "a") as log:
+        log.write(json.dumps(line) + "\n")
+
+
 @pytest.fixture(scope="session")
 def cli_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One HOME for every CLI run of the session (a fresh HOME is slow to start)."""

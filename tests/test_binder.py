@@ -1,4 +1,6 @@
-"""The Binder set-up builds and every notebook runs in it (scripts/check-binder, no Docker)."""
+"""The Binder set-up builds, every notebook's imports resolve in it, and Binder's default page
+(the quickstart) runs in it (scripts/check-binder, no Docker). Every notebook runs under nbval
+in the dev environment; running them all again here cost five minutes of CI a run."""
 
 from __future__ import annotations
 
@@ -20,14 +22,15 @@ pytestmark = [
 ]
 
 
-def test_binder_environment_runs_every_notebook() -> None:
+def test_binder_environment_imports_every_notebook_and_runs_the_quickstart() -> None:
     # A temp folder of its own that other users can pass through, as /tmp (the team
     # notebook's PostgreSQL runs as another user; pytest's tmp_path is the owner's only).
     scratch_tmp = Path(tempfile.mkdtemp(prefix="spawnkit-binder-tmp-"))
     scratch_tmp.chmod(0o1777)
     try:
         done = subprocess.run(
-            [sys.executable, str(REPO / "scripts" / "check-binder")],
+            [sys.executable, str(REPO / "scripts" / "check-binder"),
+             "--notebook", "quickstart.ipynb"],
             capture_output=True, text=True, timeout=1100, check=False,
             env={**os.environ, "TMPDIR": str(scratch_tmp)},
         )  # fmt: skip
@@ -37,12 +40,6 @@ def test_binder_environment_runs_every_notebook() -> None:
         shutil.rmtree(scratch_tmp, ignore_errors=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert left == []
-    tracked = subprocess.run(
-        ["git", "ls-files", "notebooks/*.ipynb"], capture_output=True, text=True, cwd=REPO,
-        check=True,
-    ).stdout.split()  # fmt: skip
-    notebooks = [name.split("/")[-1] for name in tracked]
-    assert notebooks, "the repository has notebooks"
-    for name in notebooks:
-        assert f"ran {name}" in done.stdout
+    assert "imports found" in done.stdout
+    assert "ran quickstart.ipynb" in done.stdout
     assert "repo2docker: Python 3.11" in done.stdout
