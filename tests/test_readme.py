@@ -205,6 +205,10 @@ def reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reader]:
     reader.close()
 
 
+# The whole README is one test (each block needs what the ones before it left): about 90
+# CPU-s of runs, servers and a wheel build, which took 181 s of wall with three test
+# workers on two cores, past the suite's 180 s default.
+@pytest.mark.timeout(900)
 def test_the_readme_runs_top_to_bottom_from_the_wheel(reader: Reader) -> None:
     failed, ran, skipped = [], [], []
     for block in BLOCKS:
