@@ -40,6 +40,11 @@ os.environ["HOME"], os.environ["SPAWNKIT_HOME"] = _SCRATCH
 def pytest_unconfigure(config: pytest.Config) -> None:
     for folder in _SCRATCH:
         shutil.rmtree(folder, ignore_errors=True)
+    if not hasattr(config, "workerinput"):  # the last process: no test worker runs any more
+        # The files tests/test_sandbox.py planted in /etc, left while other workers' runs
+        # might have them masked.
+        for planted in Path("/etc").glob("spawnkit-test-*"):
+            planted.unlink(missing_ok=True)
 
 
 # scripts/test runs the suite in pytest-xdist workers (--dist loadfile), which take whole
