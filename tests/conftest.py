@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -37,13 +38,17 @@ _SCRATCH = (
 os.environ["HOME"], os.environ["SPAWNKIT_HOME"] = _SCRATCH
 
 
+# The prefix of the root-only files tests/test_sandbox.py plants in /etc.
+ETC_PLANTED_PREFIX = "spawnkit-test-"
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     for folder in _SCRATCH:
         shutil.rmtree(folder, ignore_errors=True)
     if not hasattr(config, "workerinput"):  # the last process: no test worker runs any more
         # The files tests/test_sandbox.py planted in /etc, left while other workers' runs
         # might have them masked.
-        for planted in Path("/etc").glob("spawnkit-test-*"):
+        for planted in Path("/etc").glob(f"{ETC_PLANTED_PREFIX}*"):
             planted.unlink(missing_ok=True)
 
 
@@ -72,13 +77,8 @@ _CPU_LOG = os.environ.get("SPAWNKIT_TEST_CPU_LOG")
 
 
 def _cpu_seconds() -> float:
-    import resource
-
-    own, children = (
-        resource.getrusage(resource.RUSAGE_SELF),
-        resource.getrusage(resource.RUSAGE_CHILDREN),
-    )
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    usages = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return sum(usage.ru_utime + usage.ru_stime for usage in usages)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -36,7 +36,7 @@ from spawnkit.run import Spawner
 from spawnkit.serve.service import ButlerService
 from spawnkit.store import SessionStore
 
-from .conftest import REPO, workspaces_of
+from .conftest import ETC_PLANTED_PREFIX, REPO, workspaces_of
 
 RUNTIMES = ["claude-code", "codex", "gemini"]
 pytestmark = [
@@ -510,7 +510,6 @@ key = libc.syscall(int(sys.argv[2]), 0, ctypes.c_long(-4), 0)
 print("keyctl:", "allowed" if key >= 0 else errno.errorcode[ctypes.get_errno()], flush=True)
 """
 KEYCTL = {"x86_64": 250, "aarch64": 219}
-ETC_PREFIX = "spawnkit-test-"  # files these tests plant in /etc
 
 
 @pytest.fixture
@@ -518,7 +517,7 @@ def etc_secret() -> Iterator[Path]:
     """A root-only (0600) file of /etc, as the sandbox's view is computed with it there."""
     if os.geteuid() != 0:
         pytest.skip("only root can plant a file in /etc (and only root inside could read it)")
-    path = Path("/etc") / f"{ETC_PREFIX}{uuid.uuid4().hex}"
+    path = Path("/etc") / f"{ETC_PLANTED_PREFIX}{uuid.uuid4().hex}"
     path.touch(mode=0o600)
     path.write_text("ETC-SECRET")
     sandbox._system_view_parts.cache_clear()
@@ -558,7 +557,7 @@ def test_a_root_only_file_that_leaves_etc_does_not_fail_later_runs(
     read-only /etc ("Can't create file at /etc/...: Read-only file system")."""
     if os.geteuid() != 0:
         pytest.skip("only root can plant a file in /etc")
-    path = Path("/etc") / f"{ETC_PREFIX}{uuid.uuid4().hex}"
+    path = Path("/etc") / f"{ETC_PLANTED_PREFIX}{uuid.uuid4().hex}"
     path.touch(mode=0o600)
     sandbox._system_view_parts.cache_clear()
     try:
