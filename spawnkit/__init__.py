@@ -11,10 +11,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import _moved
+from . import _deferred, _moved
 
 __version__ = "0.1.0"
 _moved.install()  # old import paths of moved modules keep working, with a warning
+_deferred.defer_iri_syntax()  # 2 CPU-s that jsonschema's import spends on a check unused
 
 if TYPE_CHECKING:
     from .cluster.worktrees import apply_diff
