@@ -11,6 +11,7 @@ import asyncio
 import json
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from claude_agent_sdk import ClaudeAgentOptions
@@ -20,6 +21,7 @@ from claude_agent_sdk.types import (
     ToolPermissionContext,
 )
 
+from spawnkit.config.butler_config import AgentRole
 from spawnkit.permissions import NO_APPROVER, PermissionDecision, PermissionRequest
 from spawnkit.replay import Scenario
 from spawnkit.runtimes.base import McpServerSpec, RunSpec
@@ -185,13 +187,39 @@ text = "Read said: {{{{ last_tool_result }}}}"
 # -- the options the adapter gives the SDK (pure) --------------------------------------
 
 
-def options_for(tmp_path: Path, ask: tuple[str, ...]) -> ClaudeAgentOptions:
-    spec = RunSpec(
-        session_id="s-1", butler="health", prompt="q", system_prompt="", workspace=tmp_path,
+def spec_for(tmp_path: Path, ask: tuple[str, ...], prompt: str = "q", **more: Any) -> RunSpec:
+    return RunSpec(
+        session_id="s-1", butler="health", prompt=prompt, system_prompt="", workspace=tmp_path,
         cwd=tmp_path, mcp_server=McpServerSpec("health", "http", "http://127.0.0.1:1/mcp"),
         config_file=tmp_path / "mcp.json", env={}, max_turns=5, tools=("Bash", "Read"), ask=ask,
+        **more,
     )  # fmt: skip
+
+
+def options_for(tmp_path: Path, ask: tuple[str, ...]) -> ClaudeAgentOptions:
+    spec = spec_for(tmp_path, ask)
     return ClaudeCodeAdapter().options(spec, tmp_path / "wrapper", tmp_path / "cli.pid")
+
+
+def test_a_run_that_asks_nothing_is_claude_print_with_its_prompt_on_stdin(tmp_path: Path) -> None:
+    spec = spec_for(tmp_path, (), prompt="the plan nobody else may read")
+    command = ClaudeCodeAdapter().print_command(spec)
+    assert command is not None and command[-1] == "--print"
+    assert "--input-format" not in command and "--permission-prompt-tool" not in command
+    assert not any("nobody else" in arg for arg in command), "the prompt is not an argument"
+    # The same command line the SDK builds from the same options (it checks no version).
+    assert command[command.index("--permission-mode") + 1] == "dontAsk"
+    assert command[command.index("--allowedTools") + 1] == "Bash,Read,mcp__health"
+    assert command[command.index("--mcp-config") + 1] == str(tmp_path / "mcp.json")
+    assert command[command.index("--system-prompt-file") + 1] == str(tmp_path / "system-prompt.md")
+
+
+def test_a_run_asked_about_a_tool_or_with_roles_goes_through_the_sdk(tmp_path: Path) -> None:
+    """Both need the SDK's control protocol: its permission callback, its initialize."""
+    adapter = ClaudeCodeAdapter()
+    assert adapter.print_command(spec_for(tmp_path, ("Write",))) is None
+    role = AgentRole("finder", "finds things", "You find things.")
+    assert adapter.print_command(spec_for(tmp_path, (), agents={"finder": role})) is None
 
 
 def test_without_ask_nothing_is_asked(tmp_path: Path) -> None:

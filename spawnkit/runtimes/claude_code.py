@@ -1,12 +1,26 @@
-"""The ``claude-code`` runtime: Claude Code driven through ``claude_agent_sdk.query()``.
+"""The ``claude-code`` runtime: Claude Code, through ``claude-agent-sdk``.
 
 The CLI is the one bundled in the ``claude-agent-sdk`` wheel (or ``claude`` on
 PATH). Each run gets the composed system prompt, exactly the butler's MCP
 server (``--strict-mcp-config``), no user or project settings
 (``setting_sources=[]``), the butler's built-in tools plus its MCP tools
 pre-approved (``dontAsk`` denies anything else), and a runtime session id
-chosen up front so the MCP URL can carry it. The SDK's messages become
+chosen up front so the MCP URL can carry it. The CLI's messages become
 spawnkit events as they arrive; nothing is buffered until the end.
+
+Two ways to drive it, one command line (the SDK builds it from the same
+:class:`ClaudeAgentOptions`) and one reading of its messages (the SDK's parser and types,
+folded by :class:`_RunState`):
+
+* a run that needs the SDK's control protocol, one asked about tools
+  (``[butler.permissions] ask``: the SDK's permission callback) or one with sub-agent
+  roles (the SDK sends them in its initialize request), goes through
+  ``claude_agent_sdk.query()``: the CLI reads stream-json on stdin and answers the SDK's
+  requests;
+* every other run is ``claude --print`` with the prompt on stdin
+  (:meth:`ClaudeCodeAdapter.print_command`), its stream-json read line by line. Driven
+  through the SDK, the same run cost the CLI about 5 % more CPU than ``--print`` does, and
+  the whole run 12 % more wall time (``docs/benchmarks.md``, spawn overhead).
 """
 
 from __future__ import annotations
@@ -764,8 +778,26 @@ class ClaudeCodeAdapter(RuntimeAdapter):
 
         return sink
 
+    def print_command(self, spec: RunSpec) -> list[str] | None:
+        """The run as ``claude --print`` (the prompt on stdin), or None when it needs the
+        SDK's control protocol (see the module's docstring). The SDK builds the command line
+        from the same options as for :meth:`invoke`'s other way; an SDK that ends it other
+        than with ``--input-format stream-json`` is used as it is."""
+        if spec.ask or spec.agents:
+            return None
+        cli = self.find_binary().resolve()
+        options = self.options(spec, cli, spec.workspace / "cli.pid")
+        command = _Transport(prompt=spec.prompt, options=options)._build_command()
+        if command[-2:] != ["--input-format", "stream-json"]:
+            return None
+        return [*command[:-2], "--print"]
+
     async def invoke(self, spec: RunSpec, emit: EventSink) -> RunOutcome:
         await self.binary_version()  # once per binary, so the SDK need not check per run
+        seed_home(spec.workspace)
+        printed = self.print_command(spec)
+        if printed is not None:
+            return await self._print(spec, emit, printed)
         reader_log = logging.getLogger("claude_agent_sdk._internal.query")
         if _READER_FILTER not in reader_log.filters:
             reader_log.addFilter(_READER_FILTER)
@@ -773,7 +805,6 @@ class ClaudeCodeAdapter(RuntimeAdapter):
         wrapper = _process.write_env_filter(
             spec.workspace, spec.sandbox.argv, spec.sandbox.script_lines()
         )
-        seed_home(spec.workspace)
         pidfile = spec.workspace / "cli.pid"
         state = _RunState(spec, emit)
         options = self.options(spec, wrapper, pidfile, state)
@@ -790,6 +821,56 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             pgid = _process.read_pidfile(pidfile)
             if pgid is not None:
                 await asyncio.shield(_process.terminate_group(pgid))
+        return state.outcome()
+
+    async def _print(self, spec: RunSpec, emit: EventSink, command: list[str]) -> RunOutcome:
+        """One run as ``claude --print``: its stdout lines read as the SDK would read them
+        (its parser, the same :class:`_RunState`), logged as the SDK path logs them."""
+        state = _RunState(spec, emit)
+        log_stderr = self._stderr_sink(spec, state)
+        bad_lines = 0
+
+        def on_stdout(line: str, truncated: bool) -> None:
+            nonlocal bad_lines
+            try:
+                data = None if truncated else json.loads(line)
+            except ValueError:
+                data = None
+            if not isinstance(data, dict):
+                bad_lines += bool(line.strip())
+                return
+            if spec.log is not None and data.get("type") not in _UNLOGGED:
+                spec.log.stdout(line)
+            try:
+                message = parse_message(data)
+            except MessageParseError:
+                bad_lines += 1
+                return
+            if message is not None:  # None: a kind this SDK does not know
+                state.handle(message)
+
+        def on_stderr(line: str, truncated: bool) -> None:
+            log_stderr(line)
+
+        try:
+            code = await _process.run_lines(
+                spec.sandbox.wrap(command), env=self.child_env(spec), cwd=spec.cwd,
+                on_stdout=on_stdout, on_stderr=on_stderr, stdin=spec.prompt.encode(),
+            )  # fmt: skip
+        except FileNotFoundError as exc:
+            raise RuntimeNotFoundError(self.type, self.binary_name, self.install_hint) from exc
+        except OSError as exc:
+            raise RuntimeCrashed(f"cannot start Claude Code: {exc}") from exc
+        if bad_lines:
+            logger.warning(
+                "claude-code: %d unparseable output lines in session %s (see its stdout.log)",
+                bad_lines, spec.session_id,
+            )  # fmt: skip
+        state.exit_code = code
+        # As through the SDK: the CLI exits non-zero after a failed result, and the result
+        # says more than the exit code does; without one, what its stderr said.
+        if code != 0 and state.result is None:
+            raise self._failure(code, state)
         return state.outcome()
 
     async def _consume(self, prompt: str, options: ClaudeAgentOptions, state: _RunState) -> None:
