@@ -18,7 +18,7 @@ hits both alike; figures are medians. CPU is counted in a cgroup of this process
 (``spawn_overhead.CpuAccounting``: the sandboxed CLI included), per side, without this
 process's own (the ACP client's work is not spawnkit's). Usage::
 
-    .venv/bin/python benchmarks/acp_agent.py [--rounds 5] [--out FILE]
+    .venv/bin/python benchmarks/acp_agent.py [--rounds 5] [--out FILE] [--no-warm-up]
 """
 
 from __future__ import annotations
@@ -99,15 +99,16 @@ def timed(run: Any) -> tuple[float, float, Any]:
     return wall, cpu, value
 
 
-def measure(rounds: int, env: dict[str, str]) -> dict[str, Any]:
+def measure(rounds: int, env: dict[str, str], warm_up: bool = True) -> dict[str, Any]:
     def run_side() -> None:
         via_run(env)
 
     def acp_side() -> float:
         return asyncio.run(via_acp(env))
 
-    timed(run_side)  # warm-up: the CLI's first start, the store's creation
-    timed(acp_side)
+    if warm_up:
+        timed(run_side)  # warm-up: the CLI's first start, the store's creation
+        timed(acp_side)
     run_s, run_cpu, acp_s, acp_cpu, prompt_s = [], [], [], [], []
     for _ in range(rounds):
         wall, cpu, _ = timed(run_side)
@@ -144,6 +145,12 @@ def measure(rounds: int, env: dict[str, str]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--warm-up",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="one run of each side before the rounds (the tests skip it)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     try:
@@ -155,7 +162,7 @@ def main() -> None:
                 "NO_COLOR": "1",
             }  # fmt: skip
             env.pop("SPAWNKIT_STORE", None)
-            report = measure(args.rounds, env)
+            report = measure(args.rounds, env, args.warm_up)
     finally:
         accounting.close()
     report["load_average"] = [round(x, 2) for x in os.getloadavg()]

@@ -17,7 +17,7 @@ Rounds alternate between the commands after one warm-up each, so drift on a shar
 machine hits all alike; the figures are medians of wall time and of the process's CPU
 (``getrusage`` of the waited child), and each command's ratio to the baseline. Usage::
 
-    .venv/bin/python benchmarks/cli_startup.py [--rounds 15] [--out FILE]
+    .venv/bin/python benchmarks/cli_startup.py [--rounds 15] [--out FILE] [--no-warm-up]
 """
 
 from __future__ import annotations
@@ -91,6 +91,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--sessions", type=int, default=200)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--warm-up",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run each command once before the rounds (the tests skip it)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="spawnkit-bench-startup-") as scratch:
         home = Path(scratch)
@@ -99,7 +105,7 @@ def main() -> None:
         argvs = commands(session_id)
         times: dict[str, list[float]] = {name: [] for name in argvs}
         cpus: dict[str, list[float]] = {name: [] for name in argvs}
-        for argv in argvs.values():
+        for argv in argvs.values() if args.warm_up else ():
             time_once(argv, env)  # warm-up: the page cache, .pyc files
         for _ in range(args.rounds):
             for name, argv in argvs.items():

@@ -23,6 +23,9 @@ scenario makes one real MCP tool call.
   network = "host"``, i.e. without the run's network namespace, its doors and the
   forwarder (the default, above, has them): the figure beside the one with them.
 * spawnkit, unsandboxed: the same trigger with ``[butler.sandbox] mode = "none"``.
+* spawnkit through the SDK (Claude Code only, ``through_sdk``): the same trigger with every
+  run driven through ``claude_agent_sdk.query()``, as runs that ask about tools or
+  delegate are; the others are ``claude --print`` (``spawnkit.runtimes.claude_code``).
 
 The bare Claude Code side runs each time in a fresh home seeded with the CLI's
 first-start record, as spawnkit's runs are: a home kept across runs would skip work
@@ -80,7 +83,7 @@ from spawnkit.replay import ReplayServer, Scenario
 from spawnkit.run import Spawner
 from spawnkit.runtimes import get_adapter
 from spawnkit.runtimes.base import McpServerSpec, RunSpec
-from spawnkit.runtimes.claude_code import seed_home
+from spawnkit.runtimes.claude_code import ClaudeCodeAdapter, seed_home
 from spawnkit.runtimes.gemini_launch import NO_RELAUNCH, direct_command
 from spawnkit.serve.butler_server import ButlerServer
 from spawnkit.store import SessionStore
@@ -320,6 +323,10 @@ def measure(
             store=store, base_url=replay_address.url, mcp_port=mcp_address.port,
             mcp_access=access,
         )  # fmt: skip
+        through_sdk = Spawner(
+            butler, store=store, base_url=replay_address.url, mcp_port=mcp_address.port,
+            mcp_access=access, adapter=_ThroughSdk(butler.runtime),
+        ) if runtime == "claude-code" else spawner  # fmt: skip
         traced = Spawner(
             butler, store=store, base_url=replay_address.url, mcp_port=mcp_address.port,
             mcp_access=access, cli_telemetry=cli_telemetry or True,
@@ -358,6 +365,8 @@ def measure(
         cpu: dict[str, list[tuple[float, float]]] = {"spawnkit": []}
         if not telemetry_only:
             cpu.update({"bare": [], "host_network": [], "unsandboxed": []})
+            if runtime == "claude-code":
+                cpu["through_sdk"] = []
             if bare_sdk is not None:
                 cpu[alt] = []
         if cli_telemetry:
@@ -389,6 +398,11 @@ def measure(
         def without_sandbox() -> None:
             runner.run(through_spawnkit(unsandboxed))
 
+        def via_sdk() -> None:
+            runner.run(through_spawnkit(through_sdk))
+
+        sdk_way = runtime == "claude-code" and not telemetry_only
+
         others = not telemetry_only  # the bare CLI, and spawnkit without its sandboxes
         if others:
             timed(bare)  # warm-up: the CLI's files in the page cache
@@ -398,9 +412,12 @@ def measure(
         if others:
             timed(on_host_network)
             timed(without_sandbox)
+        if sdk_way:
+            timed(via_sdk)
         if cli_telemetry:
             timed(with_telemetry)
         bare_s, spawnkit_s, host_s, open_s, telemetry_s, sdk_s = [], [], [], [], [], []
+        via_sdk_s: list[float] = []
         sides: list[tuple[str, Callable[[], Any], list[float]]] = []
         if others:
             sides.append(("bare", bare, bare_s))
@@ -410,6 +427,8 @@ def measure(
         if others:
             sides += [("host_network", on_host_network, host_s),
                       ("unsandboxed", without_sandbox, open_s)]  # fmt: skip
+        if sdk_way:
+            sides.append(("through_sdk", via_sdk, via_sdk_s))
         if cli_telemetry:
             sides.append(("telemetry", with_telemetry, telemetry_s))
         for round_ in range(rounds):
@@ -449,8 +468,18 @@ def measure(
     if sdk_s:
         second = {alt: sdk_s, "spawnkit": spawnkit_s}
         against_second[f"paired_vs_{alt}"] = paired_sides(second, cpu, alt, TARGET)
+    through: dict[str, Any] = {}
+    if via_sdk_s:  # --print against the SDK's way, both through spawnkit
+        ways = {"through_sdk": via_sdk_s, "spawnkit": spawnkit_s}
+        against_second["paired_vs_through_sdk"] = paired_sides(ways, cpu, "through_sdk", TARGET)
+        through = {
+            "through_sdk_median_s": round(statistics.median(via_sdk_s), 4),
+            "through_sdk_ratio": round(statistics.median(via_sdk_s) / statistics.median(bare_s), 3),
+            "through_sdk_s": [round(x, 4) for x in via_sdk_s],
+        }
     walls = {"bare": bare_s, "spawnkit": spawnkit_s, "host_network": host_s,
-             "unsandboxed": open_s, **({alt: sdk_s} if sdk_s else {})}  # fmt: skip
+             "unsandboxed": open_s, **({alt: sdk_s} if sdk_s else {}),
+             **({"through_sdk": via_sdk_s} if via_sdk_s else {})}  # fmt: skip
     return {
         **version,
         # Round by round, with a 95 % interval: what says whether the target is met.
@@ -469,8 +498,16 @@ def measure(
         "host_network_s": [round(x, 4) for x in host_s],
         "unsandboxed_s": [round(x, 4) for x in open_s],
         **sdk,
+        **through,
         **telemetry,
     }
+
+
+class _ThroughSdk(ClaudeCodeAdapter):
+    """Claude Code's adapter with every run driven through ``claude_agent_sdk.query()``."""
+
+    def print_command(self, spec: RunSpec) -> list[str] | None:
+        return None
 
 
 class CpuAccounting:
@@ -576,7 +613,8 @@ def telemetry_cpu(off: list[tuple[float, float]], on: list[tuple[float, float]])
 def print_paired(runtime: str, result: dict[str, Any]) -> None:
     """Round by round: each figure against its baseline, its 95 % interval and verdict."""
     for key, against in (("paired", "the bare CLI"), ("paired_vs_bare_sdk", "the SDK alone"),
-                         ("paired_vs_bare_native", "the native binary")):  # fmt: skip
+                         ("paired_vs_bare_native", "the native binary"),
+                         ("paired_vs_through_sdk", "spawnkit through the SDK")):  # fmt: skip
         for side, figure in result.get(key, {}).items():
             parts = [f"{kind} x{f['median']} [{f['ci95'][0]}, {f['ci95'][1]}] {f['verdict']}"
                      for kind, f in figure.items()]  # fmt: skip

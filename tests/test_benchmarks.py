@@ -59,6 +59,12 @@ def test_spawn_overhead_benchmark_runs(tmp_path: Path) -> None:
         claude["spawnkit_median_s"] / claude["bare_sdk_median_s"], abs=0.002
     )
     assert "sdk_ratio" not in runtimes["codex"]
+    # And against spawnkit driving it through the SDK, as runs that ask or delegate are.
+    assert claude["through_sdk_ratio"] == pytest.approx(
+        claude["through_sdk_median_s"] / claude["bare_median_s"], abs=0.002
+    )
+    assert claude["paired_vs_through_sdk"]["spawnkit"]["wall"]["rounds"] == 1
+    assert "through_sdk_ratio" not in runtimes["codex"]
     # Codex's also against its native binary without the npm launcher, as spawnkit runs it.
     codex = runtimes["codex"]
     assert codex["native_ratio"] == pytest.approx(
@@ -110,7 +116,7 @@ def test_cli_startup_benchmark_runs(tmp_path: Path) -> None:
     out = tmp_path / "startup.json"
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "cli_startup.py"), "--rounds", "1",
-         "--sessions", "20", "--out", str(out)],
+         "--sessions", "20", "--no-warm-up", "--out", str(out)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

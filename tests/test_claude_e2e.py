@@ -487,9 +487,7 @@ class _FakeBinaryAdapter(claude_code.ClaudeCodeAdapter):
     [(MALFORMED, {"crash", "protocol"}), (ENDLESS, {"timeout"})],
     ids=["malformed-output", "endless-output"],
 )
-async def test_bad_cli_output_fails_cleanly(
-    make_butler, store, tmp_path, mode, kinds, way
-) -> None:
+async def test_bad_cli_output_fails_cleanly(make_butler, store, tmp_path, mode, kinds, way) -> None:
     butler = make_butler(extra="[butler.runtime]\ntimeout_s = 3\n" + WAYS[way])
     adapter = _FakeBinaryAdapter(butler.runtime)
     _FakeBinaryAdapter.binary = _fake_cli(tmp_path, mode)
