@@ -115,6 +115,10 @@ class Timing:
     ttft_ms: float | None = None
 
 
+# The egress proxy's reason for a host the butler does not list (spawnkit.containment.egress).
+NOT_LISTED = "not in allow_hosts"
+
+
 @dataclass(frozen=True)
 class NetworkDenied:
     """A connection the run's network sandbox refused (its egress proxy,

@@ -17,9 +17,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from ..containment.egress import NOT_LISTED
 from ..edits import diff_lines, file_diffs
 from ..events import (
+    NOT_LISTED,
     AssistantText,
     Finished,
     NetworkDenied,

@@ -55,6 +55,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from ..events import NOT_LISTED
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,6 @@ CONNECT_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 2.0
 CHUNK_BYTES = 64 * 1024
 
-NOT_LISTED = "not in allow_hosts"
 PRIVATE = "resolves to a loopback, link-local or metadata address"
 TOO_MANY = "too many open connections"
 

@@ -11,6 +11,7 @@ dispatched to a cluster is queued by its client's process and adopted by the wor
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -58,9 +59,15 @@ class RecordOwner:
         # How long a record stays this host's without a renewal (spawnkit.home.lease_seconds).
         self.lease_s = lease_s
         self.pid = os.getpid()
-        self.pid_start = _sweep_module().process_start(self.pid)
         # This home's key for sealing records, read when the first is written (False: none).
         self._sealer: HomeSeal | Literal[False] | None = None
+
+    @functools.cached_property
+    def pid_start(self) -> str | None:
+        """When this process started (a later process with its pid is not it), read when the
+        first record is written: a process that only reads the store never loads the sweep."""
+        started: str | None = _sweep_module().process_start(self.pid)
+        return started
 
     @property
     def key(self) -> tuple[str, int]:
@@ -131,6 +138,8 @@ class HostRecords:
             "WHERE completed_at IS NULL AND owner_host = ?",
             (host,),
         )
+        if not rows:  # the usual case, without loading the sweep
+            return []
         open_run = _sweep_module().OpenRun
         return [
             open_run(r["id"], r["owner_pid"], r["owner_start"],

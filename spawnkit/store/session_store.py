@@ -452,9 +452,12 @@ class SessionStore:
         (:meth:`expire_leases`); this host's runs whose owner process died are swept up
         at once, lease or not (:mod:`spawnkit.containment.sweep`).
         """
+        expired = len(self.expire_leases())
+        if not self.open_runs_here():  # nothing of this host's open: no sweep to load
+            return expired
         from ..containment.sweep import sweep
 
-        return len(self.expire_leases()) + len(sweep(self))
+        return expired + len(sweep(self))
 
     @_translated
     def slot_claim(self, butler: str, capacity: int) -> SlotClaim | None:
