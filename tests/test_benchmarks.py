@@ -135,19 +135,17 @@ def test_cli_startup_benchmark_runs(tmp_path: Path) -> None:
 def test_a_command_imports_only_what_it_needs() -> None:
     """What keeps start-up fast, checked on the modules loaded (not on a clock)."""
     heavy = ("mcp", "claude_agent_sdk", "opentelemetry.sdk", "pandas", "httpx", "uvicorn",
-             "starlette", "croniter", "pyarrow", "spawnkit.serve.service")  # fmt: skip
-    # Opening a store loads the sweep only when this host has open runs (none here), and
-    # listing sessions needs no event loop (check_status looks at processes: it does).
-    lighter = ("asyncio", "spawnkit.containment.sweep")
-    commands = {("--version",): lighter, ("sessions",): lighter,
-                ("adapter", "claude-code", "check_status", "x"): ()}  # fmt: skip
-    for args, more in commands.items():
-        probe = (
-            "import sys; from spawnkit.cli import main\n"
-            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-            f"loaded = [m for m in {heavy + more!r} if m in sys.modules]\n"
-            "print('LOADED:' + ','.join(loaded))"
-        )
+             "starlette", "croniter", "pyarrow", "spawnkit.serve.service",
+             # None needs an event loop; opening a store loads the sweep only when this
+             # host has open runs (none here).
+             "asyncio", "spawnkit.containment.sweep")  # fmt: skip
+    probe = (
+        "import sys; from spawnkit.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        f"loaded = [m for m in {heavy!r} if m in sys.modules]\n"
+        "print('LOADED:' + ','.join(loaded))"
+    )
+    for args in (["--version"], ["sessions"], ["adapter", "claude-code", "check_status", "x"]):
         done = subprocess.run(
             [sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=120,
             check=False,

@@ -47,8 +47,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from .. import signals
-from ..containment.sweep import owner_alive, process_start
+from ..containment.liveness import owner_alive, process_start
 from ..errors import MissingApiKeyError, RuntimeNotFoundError, SpawnkitError
 from ..home import spawnkit_home
 from ..result import RunStatus, SpawnerResult
@@ -384,6 +383,8 @@ def run_worker(
             return await service.spawner.trigger(
                 prompt, context=context, session_id=session_id, role=role
             )
+
+    from .. import signals  # here: it loads asyncio, which a status poll does not need
 
     try:
         try:

@@ -63,6 +63,10 @@ from typing import Literal, Protocol
 from ..errors import HomeNotWritable
 from ..home import home_path, spawnkit_home
 from ..worktree import WORKTREES_DIR
+from .liveness import PROC as _PROC
+from .liveness import live_start as _live_start
+from .liveness import owner_alive
+from .liveness import process_start as process_start  # its old home: kept
 from .run_group import RunGroup, leftover_group
 from .workspace import PREFIX as WORKSPACE_PREFIX
 from .workspace import WORKSPACES_DIR, session_suffix
@@ -81,7 +85,6 @@ _WORKSPACE_NAME = re.compile(re.escape(WORKSPACE_PREFIX) + r".+_[0-9a-f]{32}")
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]+")
 # How long the sweep waits for the processes it killed to be gone.
 KILL_WAIT_S = 5.0
-_PROC = Path("/proc")
 
 
 @dataclass(frozen=True)
@@ -210,42 +213,6 @@ def _real_path(path: str) -> str:
 
 
 # -- process facts (Linux /proc) -----------------------------------------------------------
-
-
-def _stat(pid: int) -> tuple[str, str] | None:
-    """(state, start time in clock ticks since boot) of ``pid`` from /proc, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return fields[0], fields[19]
-    except (OSError, IndexError):
-        return None
-
-
-def process_start(pid: int) -> str | None:
-    """The kernel's start time of ``pid``, to tell a process from a later one with its pid."""
-    stat = _stat(pid)
-    return stat[1] if stat else None
-
-
-def _live_start(pid: int) -> str | None:
-    """The start time of ``pid`` unless it is gone or a zombie (dead, not yet reaped)."""
-    stat = _stat(pid)
-    return None if stat is None or stat[0] in ("Z", "X") else stat[1]
-
-
-def owner_alive(pid: int, start: str | None) -> bool:
-    """Whether ``pid`` still runs and is the process that started at ``start``."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    if not _PROC.is_dir():
-        return True  # no /proc to say more: trust the pid
-    current = _live_start(pid)
-    return current is not None and (start is None or current == start)
 
 
 def _ancestry() -> set[int]:

@@ -65,9 +65,10 @@ class RecordOwner:
     @functools.cached_property
     def pid_start(self) -> str | None:
         """When this process started (a later process with its pid is not it), read when the
-        first record is written: a process that only reads the store never loads the sweep."""
-        started: str | None = _sweep_module().process_start(self.pid)
-        return started
+        first record is written."""
+        from ..containment.liveness import process_start
+
+        return process_start(self.pid)
 
     @property
     def key(self) -> tuple[str, int]:
