@@ -450,9 +450,11 @@ def remove_worktree_folder(session_id: str, root: Path | None = None) -> bool:
 # -- the sweep ---------------------------------------------------------------------------------
 
 
-def sweep(store: SweptStore) -> list[SweptRun]:
-    """Kill, remove and record what this home's dead owners left behind; what was done."""
-    runs = store.open_runs_here()
+def sweep(store: SweptStore, runs: Sequence[OpenRun] | None = None) -> list[SweptRun]:
+    """Kill, remove and record what this home's dead owners left behind; what was done.
+
+    ``runs``: this host's open runs, when the caller has read them already."""
+    runs = store.open_runs_here() if runs is None else runs
     dead = [run for run in runs if not owner_alive(run.owner_pid, run.owner_start)]
     if not dead:
         return []

@@ -827,28 +827,22 @@ class ClaudeCodeAdapter(RuntimeAdapter):
     async def _print(self, spec: RunSpec, emit: EventSink, command: list[str]) -> RunOutcome:
         """One run as ``claude --print``: its stdout lines read as the SDK would read them
         (its parser, the same :class:`_RunState`), logged as the SDK path logs them."""
-        state = _RunState(spec, emit)
+        reader = ClaudeStreamParser(spec)  # the command runtime's reading of the same stream
+        state = reader.state
         log_stderr = self._stderr_sink(spec, state)
-        bad_lines = 0
 
         def on_stdout(line: str, truncated: bool) -> None:
-            nonlocal bad_lines
             try:
                 data = None if truncated else json.loads(line)
             except ValueError:
                 data = None
             if not isinstance(data, dict):
-                bad_lines += bool(line.strip())
+                reader.bad_lines += bool(line.strip())
                 return
             if spec.log is not None and data.get("type") not in _UNLOGGED:
                 spec.log.stdout(line)
-            try:
-                message = parse_message(data)
-            except MessageParseError:
-                bad_lines += 1
-                return
-            if message is not None:  # None: a kind this SDK does not know
-                state.handle(message)
+            for event in reader.handle(data):
+                emit(event)
 
         def on_stderr(line: str, truncated: bool) -> None:
             log_stderr(line)
@@ -862,10 +856,10 @@ class ClaudeCodeAdapter(RuntimeAdapter):
             raise RuntimeNotFoundError(self.type, self.binary_name, self.install_hint) from exc
         except OSError as exc:
             raise RuntimeCrashed(f"cannot start Claude Code: {exc}") from exc
-        if bad_lines:
+        if reader.bad_lines:
             logger.warning(
                 "claude-code: %d unparseable output lines in session %s (see its stdout.log)",
-                bad_lines, spec.session_id,
+                reader.bad_lines, spec.session_id,
             )  # fmt: skip
         state.exit_code = code
         # As through the SDK: the CLI exits non-zero after a failed result, and the result

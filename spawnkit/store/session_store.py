@@ -453,11 +453,12 @@ class SessionStore:
         at once, lease or not (:mod:`spawnkit.containment.sweep`).
         """
         expired = len(self.expire_leases())
-        if not self.open_runs_here():  # nothing of this host's open: no sweep to load
+        runs = self.open_runs_here()
+        if not runs:  # nothing of this host's open: no sweep to load
             return expired
         from ..containment.sweep import sweep
 
-        return expired + len(sweep(self))
+        return expired + len(sweep(self, runs))
 
     @_translated
     def slot_claim(self, butler: str, capacity: int) -> SlotClaim | None:
