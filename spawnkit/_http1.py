@@ -292,6 +292,22 @@ class _ChunkScanner:
         pieces: list[bytes] = []
         at, size = 0, len(data)
         while at < size and not self.done:
+            if self.state == "size" and not self.line:
+                # The common case in one step: a size line, its chunk and CRLF all here.
+                newline = data.find(b"\n", at)
+                if newline >= 0:
+                    chunk = _parse_chunk_size(data[at : newline + 1])
+                    at = newline + 1
+                    end = at + chunk
+                    if not chunk:
+                        self.state = "trailer"
+                    elif end + 2 <= size:
+                        if payload:
+                            pieces.append(data[at:end])
+                        at = end + 2
+                    else:
+                        self.state, self.left = "data", chunk
+                    continue
             if self.state in ("data", "crlf"):
                 take = min(self.left, size - at)
                 if payload and self.state == "data":

@@ -110,7 +110,8 @@ async def open_relay(
 ) -> AsyncIterator[Relay]:
     """Relay ``base_url`` on this loop, for the holder of a new secret, until the block exits.
 
-    ``sink`` is handed every model turn (a :class:`~spawnkit.budgets.metering.Meter`), ``keys`` the
+    ``sink`` is handed every model turn, its usage and error only (a :class:`~spawnkit.budgets.
+    metering.Meter`; see :class:`~spawnkit.replay.server.TurnTap`), ``keys`` the
     run's credentials to swap in (filled in before the CLI starts; see :meth:`KeySwap.hide`).
     With ``uds`` the relay serves on that unix socket (mode 0600, removed at the end), and
     ``port`` (default: one free now) is the inside port its URL names; without, it listens
@@ -278,7 +279,7 @@ class _RelayServer:
                                for k, v in request.headers}  # fmt: skip
             tap = turn_tap(
                 self.sink, request.method, path, body, request_headers, answer.status,
-                answer.header(b"content-type").decode("latin-1"),
+                answer.header(b"content-type").decode("latin-1"), usage_only=True,
             )  # fmt: skip
         writer.write(answer.head_for_client())
         ended = wire.BodyEnd()

@@ -458,12 +458,17 @@ def _record_app(upstream: str, recording: TurnSink, log: _RequestLog) -> Starlet
 
 @dataclass(frozen=True)
 class _RecordedApi:
-    """How record mode reads one API: its request, session header, and answers."""
+    """How record mode reads one API: its request, session header, and answers.
+
+    ``usage_events`` names the stream events that carry a turn's usage, its end and its
+    errors (None: any event may); metering reads only those (see :class:`TurnTap`).
+    """
 
     turn_request: Callable[[Any], TurnRequest]
     session_header: str
     assembler: Callable[[], TurnAssembler]
     from_body: Callable[[Any], RecordedTurn]
+    usage_events: frozenset[str] | None
 
 
 _ANTHROPIC = _RecordedApi(
@@ -471,12 +476,14 @@ _ANTHROPIC = _RecordedApi(
     anthropic.SESSION_HEADER,
     anthropic.MessageAssembler,
     anthropic.turn_from_message,
+    frozenset({"message_start", "message_delta", "message_stop", "error"}),
 )
 _OPENAI = _RecordedApi(
     lambda body: openai.to_turn_request(cast(openai.ResponsesRequest, body)),
     openai.SESSION_HEADER,
     openai.ResponseAssembler,
     openai.turn_from_response,
+    frozenset({"response.completed", "response.incomplete", "response.failed", "error"}),
 )
 # The Gemini CLI sends no session header: its conversations are told apart by prompt.
 _GEMINI = _RecordedApi(
@@ -484,6 +491,7 @@ _GEMINI = _RecordedApi(
     "",
     gemini.GenerateAssembler,
     gemini.turn_from_generate,
+    None,  # unnamed events, and every chunk carries usage
 )
 _GEMINI_MODEL_CALL = re.compile(r"/v1(?:beta|alpha)?/models/[^:]+:(?:stream)?[gG]enerateContent")
 
@@ -518,13 +526,19 @@ class TurnTap:
     without waiting for the stream to close, and may exit (and their caller stop the
     recorder) before code after the last chunk would run. Anything arriving later (Gemini
     may send usage after ``finishReason``) is recorded again at :meth:`close`.
+
+    With ``usage_only`` (metering), a stream's text and tool-call deltas are passed over
+    unread, as :class:`~spawnkit.replay.sse.SSEDecoder` does with events not named in the
+    API's ``usage_events``: the turn handed on has its usage, end and error, not its content.
     """
 
-    def __init__(self, target: _RecordTarget, status: int, content_type: str) -> None:
+    def __init__(
+        self, target: _RecordTarget, status: int, content_type: str, usage_only: bool = False
+    ) -> None:
         self.target = target
         self.status = status
         self.is_sse = content_type.startswith("text/event-stream")
-        self.decoder = SSEDecoder()
+        self.decoder = SSEDecoder(target.api.usage_events if usage_only else None)
         self.assembler = target.api.assembler()
         self.buffered = bytearray()
         self.recorded: RecordedTurn | None = None
@@ -550,12 +564,12 @@ class TurnTap:
 
 def turn_tap(
     sink: TurnSink, method: str, path: str, body: bytes, headers: Mapping[str, str],
-    status: int, content_type: str,
+    status: int, content_type: str, *, usage_only: bool = False,
 ) -> TurnTap | None:  # fmt: skip
     """A tap for the answer to a request, when it is a model turn of a known API (else None).
 
     ``headers`` are the request's (lower-case names): a session header may name the turn's
-    conversation.
+    conversation. ``usage_only``: see :class:`TurnTap`.
     """
     api = _recorded_api(method, path)
     if api is None:
@@ -568,7 +582,7 @@ def turn_tap(
         return None
     session = headers.get(api.session_header, "") if api.session_header else ""
     target = _RecordTarget(sink, api, api.turn_request(parsed), session)
-    return TurnTap(target, status, content_type)
+    return TurnTap(target, status, content_type, usage_only)
 
 
 async def _relay(response: httpx.Response, target: _RecordTarget | None) -> AsyncIterator[bytes]:
