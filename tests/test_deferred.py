@@ -55,3 +55,44 @@ def test_the_stand_in_answers_any_other_name_from_the_real_module() -> None:
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     assert done.stdout.split() == ["earley", "module"]
+
+
+DURATIONS = ["P1D", "PT1H30M", "P1Y2M", "1 day", "P", "P2020-01-01T00:00:00"]
+DURATION_CHECK = f"""
+import json, sys
+import jsonschema
+checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+built = "arrow.locales" in sys.modules
+verdicts = [checker.conforms(v, "duration") for v in {DURATIONS!r}]
+print(json.dumps({{"locales_at_import": built, "verdicts": verdicts,
+                   "locales_after": "arrow.locales" in sys.modules}}))
+"""
+
+
+def test_arrow_loads_when_a_duration_is_first_checked_with_the_same_verdicts() -> None:
+    pytest.importorskip("isoduration")
+    plain = run_code(DURATION_CHECK)
+    deferred = run_code("import spawnkit\n" + DURATION_CHECK)
+    assert plain["locales_at_import"] is True, "isoduration imports arrow, which builds them"
+    assert deferred["locales_at_import"] is False
+    assert deferred["verdicts"] == plain["verdicts"]
+    assert True in plain["verdicts"] and False in plain["verdicts"]  # type: ignore[operator]
+    assert deferred["locales_after"] is True
+
+
+def test_arrow_imported_after_spawnkit_works_as_ever() -> None:
+    pytest.importorskip("arrow")
+    done = run_code(
+        "import spawnkit, arrow, json\n"
+        "import arrow.locales\n"  # a submodule, through the stand-in's __path__
+        "print(json.dumps({'year': arrow.get('2020-01-02T03:04:05Z').year,"
+        " 'class': type(arrow.Arrow).__name__, 'locale': arrow.locales.EnglishLocale.names[0]}))"
+    )
+    assert done == {"year": 2020, "class": "type", "locale": "en"}
+
+
+def run_code(code: str) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    return dict(json.loads(done.stdout))
