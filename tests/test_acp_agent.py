@@ -575,6 +575,18 @@ async def test_an_unknown_butler_is_a_one_line_error(tmp_path: Path) -> None:
     assert len(lines) == 1 and lines[0].startswith("spawnkit: error:") and "nobody" in lines[0]
 
 
+def test_the_protocol_side_loads_without_the_service() -> None:
+    """What answers ``initialize`` loads without the butler's service (the MCP server, the
+    runtimes: seconds of imports), which loads in a thread as the service starts."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, spawnkit.serve.acp.agent, spawnkit.cli.acp\n"
+         "print(sorted(m for m in ('spawnkit.serve.service', 'mcp', 'claude_agent_sdk')"
+         " if m in sys.modules))"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert done.stdout.strip() == "[]"
+
+
 @pytest.mark.e2e
 def test_the_benchmark_runs(tmp_path: Path) -> None:
     import json

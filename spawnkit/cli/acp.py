@@ -32,11 +32,7 @@ def add_acp(commands: Commands) -> None:
 
 
 def cmd_acp(args: argparse.Namespace) -> int:
-    from .. import __version__, signals
-    from ..serve.acp.agent import serve_stdio
     from ..serve.acp.wire import claim_stdio
-    from ..store import SessionStore
-    from .runs import serving
 
     # Before anything can print: fd 1 becomes stderr, the protocol keeps the real stdout.
     stdio = claim_stdio()
@@ -45,7 +41,15 @@ def cmd_acp(args: argparse.Namespace) -> int:
         level=os.environ.get("SPAWNKIT_ACP_LOG", "WARNING").upper(),
         format="spawnkit acp: %(levelname)s %(name)s: %(message)s",
     )
+    # A roster error is told before the protocol's modules load (the butler's service
+    # loads its own beside the protocol: see serve.acp.startup).
     butler = find_and_load_roster(args.roster)[args.butler]
+
+    from .. import __version__, signals
+    from ..serve.acp.agent import serve_stdio
+    from ..store import SessionStore
+    from .runs import serving
+
     store = SessionStore()
 
     # Started beside the protocol: initialize is answered before the service is up.

@@ -122,7 +122,11 @@ async def serving(
     """The butler's service as ``spawnkit run`` starts it (replay server, MCP server, spans,
     or a Dask cluster), for one run or for the prompts of ``spawnkit acp``."""
     import asyncio
+    import importlib
 
+    # In a thread, as the scenario below: `spawnkit acp` answers its client while the
+    # service's modules load (the MCP server, the runtimes: seconds on a loaded machine).
+    await asyncio.to_thread(importlib.import_module, "spawnkit.serve.service")
     from ..replay import Scenario
     from ..run.dispatch import Cluster
     from ..serve.service import ButlerService

@@ -18,18 +18,21 @@ import asyncio
 import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING
 
 from acp import RequestError
 
 from ...errors import SpawnkitError
-from ..service import ButlerService
+
+if TYPE_CHECKING:  # its modules load in the service's own start, in a thread
+    from ..service import ButlerService
 
 logger = logging.getLogger(__name__)
 
 # A hang guard: a service that has not started by then never will.
 START_TIMEOUT_S = 300.0
 
-ServiceContext = Callable[[], AbstractAsyncContextManager[ButlerService]]
+ServiceContext = Callable[[], AbstractAsyncContextManager["ButlerService"]]
 
 
 class ServiceStartup:
