@@ -206,6 +206,60 @@ def test_a_queued_session_deleted_leaves_the_queue_and_the_segments_current(
     assert_frames_are_the_rows(store)
 
 
+def queue(url: str) -> list[tuple[str, str]]:
+    with server(url) as conn:
+        rows = conn.execute("SELECT session_id, created_at FROM history_unsealed ORDER BY 2")
+        return [(str(sid), str(at)) for sid, at in rows.fetchall()]  # type: ignore[misc]
+
+
+def test_a_long_queue_is_taken_oldest_first_through_its_index(
+    store: SessionStore, postgres_url: str, isolated_home: Path
+) -> None:
+    """However long the queue (a store queued again whole), a seal reads only its first
+    entries: the oldest, from the queue's index in the sessions' order, with no sort."""
+    ids = [f"s{n:02}" for n in range(4 * SEAL)]  # created (and completed) in this order
+    runs(store, ids)
+    with server(postgres_url) as conn:
+        conn.execute("UPDATE sessions SET cost_usd = 1 WHERE id = 's00'")  # stale
+    store.seal_history(force=True, limit=SEAL)  # starts over: every session queued again
+    assert sealed(postgres_url) == [] and len(queue(postgres_url)) == len(ids)
+    assert store.seal_history(force=True, limit=SEAL)
+    assert sealed(postgres_url) == [(0, SEAL)]
+    assert [sid for sid, _ in queue(postgres_url)] == ids[SEAL:]  # the oldest were taken
+    take = server_segments.TAKE_QUEUED.replace("?", str(SEAL))
+    with server(postgres_url) as conn:
+        conn.execute("SET enable_seqscan = off")  # as the planner does for a long queue
+        plan = json.dumps(conn.execute(f"EXPLAIN (FORMAT JSON) {take}").fetchone())
+    assert "history_unsealed_in_order" in plan and '"Sort"' not in plan
+
+
+def test_a_schema_12_queue_gains_the_creation_times_and_keeps_its_sessions(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, isolated_home: Path
+) -> None:
+    for module in (session_store_module, server_segments):  # no seal before the test's own
+        monkeypatch.setattr(module, "SEAL_SESSIONS", 5)
+    with SessionStore(postgres_url) as store:
+        runs(store, ["b", "a"], start=0)
+    with server(postgres_url) as conn:  # back to step 12's queue
+        conn.execute("DROP INDEX history_unsealed_in_order")
+        conn.execute("ALTER TABLE history_unsealed DROP COLUMN created_at")
+        conn.execute(
+            "CREATE OR REPLACE FUNCTION history_queue_session() RETURNS trigger "
+            "LANGUAGE plpgsql AS $$ BEGIN INSERT INTO spawnkit.history_unsealed "
+            "VALUES (NEW.id) ON CONFLICT DO NOTHING; RETURN NULL; END $$"
+        )
+        conn.execute("DELETE FROM schema_version WHERE version = 13")
+    with SessionStore(postgres_url) as store:
+        runs(store, ["c"], start=2)  # queued by step 13's trigger
+        at = {r.id: r.created_at.isoformat() for r in store.list_sessions(limit=10)}
+        got = queue(postgres_url)
+        assert [sid for sid, _ in got] == ["b", "a", "c"]
+        assert all(stamp.startswith(at[sid][:19]) for sid, stamp in got)
+        assert store.seal_history(force=True, limit=2)
+        assert [sid for sid, _ in queue(postgres_url)] == ["c"]
+        assert_frames_are_the_rows(store)
+
+
 # What a read of a server store must not load: the store's writer and its connection pool,
 # and ADBC's driver (with pyarrow.dataset), when every row comes through psycopg.
 WRITER_AND_ADBC = ("spawnkit.store.postgres", "psycopg_pool", "adbc_driver_postgresql",

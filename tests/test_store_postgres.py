@@ -115,9 +115,9 @@ def test_a_schema_3_database_gains_leases_and_keeps_its_records(postgres_url: st
         assert renewed is not None and renewed.lease_until is not None
     with psycopg.connect(postgres_url) as conn:
         versions = conn.execute("SELECT version FROM spawnkit.schema_version ORDER BY 1")
-        assert versions.fetchall() == [(v,) for v in range(1, 13)]
+        assert versions.fetchall() == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
         assert _triggers(conn) == SCHEMA_12_TRIGGERS
-    assert SCHEMA_VERSION == 12
+    assert SCHEMA_VERSION == 13
 
 
 # The row triggers of schema 8, by table: (name, function, timing and events).

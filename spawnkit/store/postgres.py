@@ -436,6 +436,27 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE TRIGGER history_calls_truncated AFTER TRUNCATE ON tool_calls
         FOR EACH STATEMENT EXECUTE FUNCTION history_sealed_truncated()
     """,
+    # 12 -> 13: the queue keeps each session's creation time, indexed in the sessions'
+    # order, so a seal takes the oldest queued sessions through that index. Before, it
+    # walked the sessions in creation order past every one sealed already: each seal of a
+    # long queue (a migrated store, or one queued again whole after a sealed session
+    # changed) cost as much as all the seals before it.
+    """
+    ALTER TABLE history_unsealed ADD COLUMN created_at TEXT;
+    UPDATE history_unsealed q SET created_at = s.created_at FROM sessions s
+        WHERE s.id = q.session_id;
+    DELETE FROM history_unsealed WHERE created_at IS NULL;
+    ALTER TABLE history_unsealed ALTER COLUMN created_at SET NOT NULL;
+    CREATE INDEX history_unsealed_in_order
+        ON history_unsealed (created_at, session_id COLLATE "C");
+    CREATE OR REPLACE FUNCTION history_queue_session() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO spawnkit.history_unsealed VALUES (NEW.id, NEW.created_at)
+            ON CONFLICT DO NOTHING;
+        RETURN NULL;
+    END
+    $$
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 # The NOTIFY channel of migration 5's triggers.
