@@ -326,6 +326,58 @@ def measure(rounds: int, requests: int, megabytes: float) -> dict[str, Any]:
     return report
 
 
+def processing(megabytes: float, rounds: int = 5) -> dict[str, float]:
+    """CPU per MB of what the relay does to a body in its own code, in this process, without
+    sockets: a chunked 10 MB answer (the upstream's frames, each its own chunk) read in the
+    relay's read size through its chunked-body scanner, alone (``relay``), with the payload
+    taken out and metered as the relay meters (``metered``), and rebuilt whole as record
+    mode does (``whole turn``). Unlike the figures through three processes on shared
+    cores, these do not depend on where the scheduler puts the processes."""
+    from spawnkit import _http1 as wire
+    from spawnkit.budgets.metering import Meter
+    from spawnkit.replay.server import turn_tap
+
+    def frame(event: dict[str, Any]) -> bytes:
+        return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+
+    start = frame({"type": "message_start", "message": {"id": "m", "type": "message",
+                   "role": "assistant", "model": "m", "content": [], "stop_reason": None,
+                   "usage": {"input_tokens": 5, "output_tokens": 0}}})  # fmt: skip
+    delta = frame({"type": "content_block_delta", "index": 0,
+                   "delta": {"type": "text_delta", "text": "x" * CHUNK_TEXT}})  # fmt: skip
+    end = b"".join(frame(e) for e in (
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+         "usage": {"output_tokens": 2}}, {"type": "message_stop"}))  # fmt: skip
+    frames = [start, *[delta] * int(megabytes * 1e6 // len(delta)), end]
+    body = b"".join(b"%x\r\n%s\r\n" % (len(f), f) for f in frames) + b"0\r\n\r\n"
+    reads = [body[i : i + wire.READ_SIZE] for i in range(0, len(body), wire.READ_SIZE)]
+    request = json.dumps({"model": "m", "max_tokens": 1, "stream": True, "messages": []})
+
+    def once(metered: bool, usage_only: bool) -> None:
+        scanner = wire._ChunkScanner()
+        tap = turn_tap(
+            Meter(lambda usage: None), "POST", "/v1/messages", request.encode(), {}, 200,
+            "text/event-stream", usage_only=usage_only,
+        ) if metered else None  # fmt: skip
+        for data in reads:
+            _, pieces = scanner.feed(data, payload=metered)
+            if tap is not None:
+                tap.feed(b"".join(pieces))
+        if tap is not None:
+            tap.close()
+        if not scanner.done:
+            raise SystemExit("the scanner did not find the body's end")
+
+    ways = {"relay": (False, True), "metered": (True, True), "whole turn": (True, False)}
+    spent: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(rounds + 1):  # the first round warms up
+        for name, args in ways.items():
+            clock = time.process_time()
+            once(*args)
+            spent[name].append((time.process_time() - clock) * 1000 / (len(body) / 1e6))
+    return {name: round(statistics.median(values[1:]), 3) for name, values in spent.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -334,6 +386,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     report = measure(args.rounds, args.requests, args.megabytes)
+    report["in_process_cpu_ms_per_mb"] = done = processing(args.megabytes)
+    print("in process, CPU per MB: " + ", ".join(f"{k} {v:.2f} ms" for k, v in done.items()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
 

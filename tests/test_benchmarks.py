@@ -250,6 +250,8 @@ def test_relay_benchmark_runs(tmp_path: Path) -> None:
         assert way["ttfb_median_ms"] > 0 and way["throughput_mb_s"] > 0, name
         if name != "direct":
             assert way["relay_cpu_s_per_mb"] > 0 and way["relay_cpu_ms_per_connection"] > 0
+    own = report["in_process_cpu_ms_per_mb"]
+    assert set(own) == {"relay", "metered", "whole turn"} and min(own.values()) > 0
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
