@@ -85,7 +85,7 @@ def _tapped(
 
 @pytest.mark.parametrize("cut", [1, 13, 1 << 16])
 @pytest.mark.parametrize("api", list(STREAMS))
-def test_metering_counts_what_the_whole_turn_says_and_reads_no_content(api: str, cut: int) -> None:
+def test_metering_counts_what_the_whole_turn_says(api: str, cut: int) -> None:
     whole, whole_tap = _tapped(api, usage_only=False, cut=cut)
     lean, lean_tap = _tapped(api, usage_only=True, cut=cut)
     assert lean.total == whole.total
