@@ -12,7 +12,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from spawnkit.containment.sweep import kill_processes, process_start
+from spawnkit.containment.liveness import process_start
+from spawnkit.containment.sweep import kill_processes
 from spawnkit.store import SessionRecord, SessionStore
 
 from .conftest import REPO, processes_with_env

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from spawnkit.containment.liveness import process_start
 from spawnkit.containment.sweep import (
     HomeSeal,
     kill_processes,
-    process_start,
     remove_workspace,
     run_home,
     sweep,

@@ -126,7 +126,7 @@ async def serving(
 
     # In a thread, as the scenario below: `spawnkit acp` answers its client while the
     # service's modules load (the MCP server, the runtimes: seconds on a loaded machine).
-    await asyncio.to_thread(importlib.import_module, "spawnkit.serve.service")
+    await asyncio.to_thread(importlib.import_module, "..serve.service", __package__)
     from ..replay import Scenario
     from ..run.dispatch import Cluster
     from ..serve.service import ButlerService

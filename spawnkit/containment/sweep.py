@@ -66,7 +66,6 @@ from ..worktree import WORKTREES_DIR
 from .liveness import PROC as _PROC
 from .liveness import live_start as _live_start
 from .liveness import owner_alive
-from .liveness import process_start as process_start  # its old home: kept
 from .run_group import RunGroup, leftover_group
 from .workspace import PREFIX as WORKSPACE_PREFIX
 from .workspace import WORKSPACES_DIR, session_suffix
