@@ -50,13 +50,9 @@ CHUNK_TEXT = 4000  # characters of text per streamed delta (about 4 KB an event)
 WAYS = ("direct", "relay tcp", "relay uds", "relay tcp metered", "door bridge")
 KEY = "sk-ant-api03-" + "k" * 95
 
-# The model server: streams `size` bytes of text deltas for POST /v1/messages?size=N.
-UPSTREAM = r"""
-import asyncio, json, sys
-from starlette.applications import Starlette
-from starlette.responses import StreamingResponse
-from starlette.routing import Route
-from spawnkit._asgi import serve
+# The frames of the model server's answer (also read in this process by `processing`).
+FRAMES = r"""
+import json
 
 def frame(event):
     return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
@@ -72,6 +68,17 @@ END = b"".join(frame(e) for e in (
     {"type": "message_stop"}))
 BLOCK = frame({"type": "content_block_start", "index": 0,
     "content_block": {"type": "text", "text": ""}})
+""".replace("CHUNK_TEXT", str(CHUNK_TEXT))
+
+# The model server: streams `size` bytes of text deltas for POST /v1/messages?size=N.
+UPSTREAM = (
+    FRAMES
+    + r"""
+import asyncio, sys
+from starlette.applications import Starlette
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
+from spawnkit._asgi import serve
 
 async def messages(request):
     await request.body()
@@ -93,7 +100,8 @@ async def main():
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
 asyncio.run(main())
-""".replace("CHUNK_TEXT", str(CHUNK_TEXT))
+"""
+)
 
 # The relay: its URL (with its secret) goes to stdout, a pipe, never a command line.
 RELAY = r"""
@@ -337,18 +345,11 @@ def processing(megabytes: float, rounds: int = 5) -> dict[str, float]:
     from spawnkit.budgets.metering import Meter
     from spawnkit.replay.server import turn_tap
 
-    def frame(event: dict[str, Any]) -> bytes:
-        return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
-
-    start = frame({"type": "message_start", "message": {"id": "m", "type": "message",
-                   "role": "assistant", "model": "m", "content": [], "stop_reason": None,
-                   "usage": {"input_tokens": 5, "output_tokens": 0}}})  # fmt: skip
-    delta = frame({"type": "content_block_delta", "index": 0,
-                   "delta": {"type": "text_delta", "text": "x" * CHUNK_TEXT}})  # fmt: skip
-    end = b"".join(frame(e) for e in (
-        {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
-         "usage": {"output_tokens": 2}}, {"type": "message_stop"}))  # fmt: skip
-    frames = [start, *[delta] * int(megabytes * 1e6 // len(delta)), end]
+    answer: dict[str, Any] = {}
+    exec(FRAMES, answer)  # the model server's own frames
+    delta = answer["DELTA"]
+    count = int(megabytes * 1e6 // len(delta))
+    frames = [answer["START"], answer["BLOCK"], *[delta] * count, answer["END"]]
     body = b"".join(b"%x\r\n%s\r\n" % (len(f), f) for f in frames) + b"0\r\n\r\n"
     reads = [body[i : i + wire.READ_SIZE] for i in range(0, len(body), wire.READ_SIZE)]
     request = json.dumps({"model": "m", "max_tokens": 1, "stream": True, "messages": []})
