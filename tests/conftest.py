@@ -43,6 +43,8 @@ ETC_PLANTED_PREFIX = "spawnkit-test-"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    for count in _cpu_count:
+        count.close()
     for folder in _SCRATCH:
         shutil.rmtree(folder, ignore_errors=True)
     if not hasattr(config, "workerinput"):  # the last process: no test worker runs any more
@@ -69,26 +71,66 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
-# SPAWNKIT_TEST_CPU_LOG=FILE: one JSON line per test with its wall time and the CPU it cost
-# (this process and every child it reaped: the CLIs, kernels and servers a test starts).
+# SPAWNKIT_TEST_CPU_LOG=FILE: one JSON line per test with its wall time and the CPU it cost.
 # What to trim when the suite grows slow: wall time on a shared machine hides where the CPU
-# goes, and CI's two cores are the limit.
+# goes, and CI's two cores are the limit. The CPU is counted through a cgroup each test
+# process moves into (it holds every process the tests start: sandboxed CLIs, kernels,
+# PostgreSQL servers, daemons reparented away); where none can be made, through getrusage
+# (this process and the children it reaped, which misses about half).
 _CPU_LOG = os.environ.get("SPAWNKIT_TEST_CPU_LOG")
 
 
-def _cpu_seconds() -> float:
-    usages = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return sum(usage.ru_utime + usage.ru_stime for usage in usages)
+class _CpuCount:
+    def __init__(self) -> None:
+        self.root: Path | None = None
+        self.usage = Path()
+        for root, usage in ((Path("/sys/fs/cgroup/cpuacct"), "cpuacct.usage"),
+                            (Path("/sys/fs/cgroup"), "cpu.stat")):  # fmt: skip
+            group = root / f"spawnkit-tests-{os.getpid()}"
+            try:
+                group.mkdir()
+                (group / "cgroup.procs").write_text(str(os.getpid()))
+            except OSError:
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+                continue
+            self.root, self.usage = root, group / usage
+            return
+
+    def seconds(self) -> float:
+        if self.root is None:
+            usages = (resource.getrusage(who)
+                      for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))  # fmt: skip
+            return sum(usage.ru_utime + usage.ru_stime for usage in usages)
+        text = self.usage.read_text()
+        if self.usage.name == "cpuacct.usage":
+            return int(text) / 1e9
+        return int(dict(line.split() for line in text.splitlines())["usage_usec"]) / 1e6
+
+    def close(self) -> None:
+        if self.root is not None:
+            with contextlib.suppress(OSError):  # a run cgroup left inside keeps it
+                (self.root / "cgroup.procs").write_text(str(os.getpid()))
+                self.usage.parent.rmdir()
+
+
+_cpu_count: list[_CpuCount] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Before any run's cgroup is made: they are made inside this process's own.
+    if _CPU_LOG:
+        _cpu_count.append(_CpuCount())
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    if not _CPU_LOG:
+    if not _cpu_count:
         yield
         return
-    cpu, wall = _cpu_seconds(), time.monotonic()
+    cpu, wall = _cpu_count[0].seconds(), time.monotonic()
     yield
-    line = {"test": item.nodeid, "cpu_s": round(_cpu_seconds() - cpu, 2),
+    line = {"test": item.nodeid, "cpu_s": round(_cpu_count[0].seconds() - cpu, 2),
             "wall_s": round(time.monotonic() - wall, 2)}  # fmt: skip
     with open(_CPU_LOG, "a") as log:
         log.write(json.dumps(line) + "\n")
