@@ -78,7 +78,7 @@ def lab(tmp_path: Path) -> Iterator[int]:
     (personas / "spawnkit_personas.py").write_text(PERSONAS_FILE)
     for name in ("weigh.chat", "slow.chat"):
         (work / name).write_text("{}")
-    env = jupyter_env(tmp_path / "jupyter")
+    env = jupyter_env(tmp_path / "jupyter", jupyter_ai=True)
     env.update(SPAWNKIT_ROSTER=str(roster), SPAWNKIT_PERSONA_REPLAY="chat")
     port = free_port()
     proc = start_lab(work, env, port)

@@ -11,6 +11,7 @@ TCP would; the whole-turn tap of record mode reads the same bytes beside it.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -146,11 +147,12 @@ STREAM = (
     b"data: unnamed\n\n"
     b"event: message\ndata: named as the default\n\n"
     b"data: named late\nevent: drop\n\n"
+    b"event: drop\r\ndata: cut\r\ndata: with CRLF\r\n\r\n"
     b': a comment\nevent: keep\r\ndata: {"b": 2}\r\n\r\n'
 )
 
 
-@pytest.mark.parametrize("cut", [1, 2, 5, len(STREAM)])
+@pytest.mark.parametrize("cut", [1, 2, 3, 5, 7, 11, len(STREAM)])
 def test_a_decoder_told_which_events_it_wants_drops_the_others(cut: int) -> None:
     decoder = SSEDecoder(frozenset({"keep"}))
     events: list[SSEEvent] = []
@@ -164,6 +166,30 @@ def test_a_decoder_told_which_events_it_wants_drops_the_others(cut: int) -> None
     ]
     everything = SSEDecoder().feed(STREAM)
     assert [event.event for event in everything] == [
-        "keep", "drop", "message", "message", "drop", "keep",
+        "keep", "drop", "message", "message", "drop", "drop", "keep",
     ]  # fmt: skip
     assert everything[1].data == "not json at all\nnor this"
+
+
+def test_a_decoder_told_which_events_it_wants_keeps_what_the_whole_decoder_keeps() -> None:
+    """Random streams (LF and CRLF lines, names before and after the data, comments, many
+    data lines) cut at random: the events kept are the whole decoder's, filtered by name."""
+    rng = random.Random(20261129)
+    for _ in range(300):
+        end = rng.choice([b"\n", b"\r\n"])
+        stream = b""
+        for _ in range(rng.randint(1, 8)):
+            lines = [b"data: " + bytes(rng.choices(b"ab\r:{} ", k=rng.randint(0, 9))).strip(b"\r")
+                     for _ in range(rng.randint(0, 3))]  # fmt: skip
+            name = b"event: " + rng.choice([b"keep", b"drop", b"message"])
+            lines.insert(rng.choice([0, len(lines)]), name)
+            if rng.random() < 0.2:
+                lines.insert(0, b": comment")
+            stream += end.join(lines) + end + end
+        wanted = [e for e in SSEDecoder().feed(stream) if e.event in ("keep", "message")]
+        decoder, events, offset = SSEDecoder(frozenset({"keep"})), [], 0
+        while offset < len(stream):
+            step = rng.randint(1, 12)
+            events += decoder.feed(stream[offset : offset + step])
+            offset += step
+        assert events == wanted, stream
