@@ -15,9 +15,9 @@ import pytest
 
 from spawnkit.containment.sources import Source
 from spawnkit.errors import InvalidArgument, QueueFullError
-from spawnkit.events import RunEvent, ToolCallStarted
+from spawnkit.events import RunEvent, TextDelta, ToolCallStarted, UsageUpdate
 from spawnkit.redaction import Redactor
-from spawnkit.result import SpawnerResult, ToolCall
+from spawnkit.result import SpawnerResult, ToolCall, Usage
 from spawnkit.run.admission import Admissions
 from spawnkit.run.collector import Collector
 from spawnkit.run.recording import Recorder
@@ -87,3 +87,23 @@ def test_an_unfinished_result_closes_running_calls_and_is_redacted() -> None:
     (closed,) = result.tool_calls
     assert closed.finished_at is not None and closed.status == "error"
     assert "sekrit-value" not in repr(result)
+
+
+def test_an_event_from_beside_the_stream_does_not_cut_a_secret_in_two() -> None:
+    """The relay's meter (a usage update) may land between two deltas of a secret, as it did
+    in a loaded run of Gemini: the stream keeps the first letters it holds, and the secret
+    is still redacted whole. An event that ends the text (a tool call) flushes what is held."""
+    seen: list[RunEvent] = []
+    collector = Collector("s-1", [seen.append], Redactor({"API_KEY": "sekrit-value"}))
+    for event in (
+        TextDelta("s-1", "the key is sek"),
+        UsageUpdate("s-1", Usage(input_tokens=5), None, 1),
+        TextDelta("s-1", "rit-value, and more: sekr"),
+        ToolCallStarted("s-1", ToolCall.start("c1", "Bash", {}, datetime.now(UTC))),
+    ):
+        collector.emit(event)
+    streamed = "".join(e.text for e in seen if isinstance(e, TextDelta))
+    assert streamed == "the key is [redacted:API_KEY], and more: sekr"
+    kinds = [type(e).__name__ for e in seen]
+    assert kinds.index("UsageUpdate") < kinds.index("ToolCallStarted")
+    assert kinds[-2:] == ["TextDelta", "ToolCallStarted"], "the held tail goes out before the call"

@@ -23,8 +23,10 @@ from ..events import (
     PermissionDecided,
     RunEvent,
     TextDelta,
+    Timing,
     ToolCallFinished,
     ToolCallStarted,
+    ToolTime,
     UsageUpdate,
 )
 from ..redaction import Redactor
@@ -33,6 +35,9 @@ from ..store import SessionStore
 from ..telemetry.spans import RunSpan
 
 logger = logging.getLogger(__name__)
+
+# Events that do not end the text being streamed (see Collector.emit).
+_BESIDE_THE_TEXT = (UsageUpdate, Timing, ToolTime, NetworkDenied)
 
 # How long a run's end waits for its live tool-call writes before its result is written.
 LIVE_WRITE_TIMEOUT_S = 10.0
@@ -129,13 +134,17 @@ class Collector:
         )  # fmt: skip
 
     def emit(self, event: RunEvent) -> None:
-        # Deltas are redacted as one stream (a secret may span two); whatever the
-        # stream holds back goes out before any other event.
+        # Deltas are redacted as one stream (a secret may span two); whatever the stream
+        # holds back goes out before an event that ends the text (a tool call, the whole
+        # message, the end). Events from beside the CLI's stream (the relay's meter, the
+        # egress proxy, the CLI's telemetry) may land between two deltas of one word: they
+        # go out at once and the stream keeps what it holds. Flushed there, a secret's
+        # first letters went out before the rest showed what they began.
         if isinstance(event, TextDelta):
             if text := self._deltas.feed(event.text):
                 self._deliver(TextDelta(event.session_id, text))
             return
-        if held := self._deltas.flush():
+        if not isinstance(event, _BESIDE_THE_TEXT) and (held := self._deltas.flush()):
             self._deliver(TextDelta(event.session_id, held))
         self._deliver(self.redactor.event(event))
 
