@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import stat
 import tomllib
@@ -88,14 +89,30 @@ async def relay_client(
         yield client
 
 
-@pytest.fixture(params=["tcp", "uds"])
-def uds(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path | None]:
-    if request.param == "tcp":
-        yield None
-        return
+@pytest.fixture
+def socket_path(tmp_path: Path) -> Iterator[Path]:
+    """A unix socket's path in a folder of the test's own, named through a handle on the
+    folder, as a run's doors are (spawnkit.containment.doors): such a path has room for
+    about 100 bytes, and a deep temp folder has more."""
     doors = tmp_path / "doors"
     doors.mkdir(mode=0o700)
-    yield doors / "relay.sock"
+    fd = os.open(doors, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield Path(f"/proc/self/fd/{fd}/relay.sock")
+    finally:
+        os.close(fd)
+
+
+def mode_of(path: Path) -> int | None:
+    try:
+        return path.stat().st_mode
+    except FileNotFoundError:
+        return None
+
+
+@pytest.fixture(params=["tcp", "uds"])
+def uds(request: pytest.FixtureRequest, socket_path: Path) -> Path | None:
+    return socket_path if request.param == "uds" else None
 
 
 @pytest.mark.parametrize("metered", [False, True], ids=["passed", "metered"])
@@ -161,13 +178,12 @@ async def test_the_real_keys_are_swapped_in_for_their_placeholders(uds: Path | N
 
 
 async def test_a_unix_socket_relay_is_private_and_removed_and_keeps_its_secret(
-    tmp_path: Path,
+    socket_path: Path,
 ) -> None:
-    socket_path = tmp_path / "relay.sock"
     server = ReplayServer(Scenario.from_dict(tomllib.loads('[[turn]]\ntext = "ok"'), source="t"))
     async with server.serve() as upstream, open_relay(upstream + "/v1", uds=socket_path) as relay:
-        mode = socket_path.stat().st_mode
-        assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+        mode = mode_of(socket_path)
+        assert mode is not None and stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
         # The URL its CLI gets names the inside port the sandbox's forwarder maps to it.
         assert relay.socket == socket_path and relay.port > 0
         assert re.fullmatch(rf"http://127\.0\.0\.1:{relay.port}/[\w-]{{40,}}/v1", relay.url)
@@ -176,7 +192,7 @@ async def test_a_unix_socket_relay_is_private_and_removed_and_keeps_its_secret(
             assert refused.status_code == 401 and server.requests == []
             hello = await client.head(relay.url.removesuffix("/v1") + "/api/hello")
             assert hello.status_code == 200
-    assert not socket_path.exists()
+    assert mode_of(socket_path) is None
 
 
 def test_a_placeholder_has_the_shape_of_the_key_and_nothing_of_it() -> None:
