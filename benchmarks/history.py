@@ -28,7 +28,6 @@ in ``benchmarks/.node/`` (both ignored by git); results go to
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -50,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gen_transcripts  # noqa: E402
+from cgroup_cpu import CpuCounter  # noqa: E402
 
 from spawnkit import history  # noqa: E402
 from spawnkit.history.workers import SERVER as parse_server  # noqa: E402
@@ -83,46 +83,6 @@ def ccusage_binary(prefix: Path = NODE_PREFIX) -> Path:
     # npm leaves it without the execute bit; ccusage's own launcher sets it on first run.
     binary.chmod(binary.stat().st_mode | 0o111)
     return binary
-
-
-class CpuCounter:
-    """CPU seconds of this process and every process it starts, wherever they are reaped.
-
-    spawnkit's parse workers are children of its parse server, which outlives a load, so
-    ``RUSAGE_CHILDREN`` never sees them; a cgroup does. This process moves into a fresh one
-    (v1 ``cpuacct`` or v2) for the run if it may; else :meth:`seconds` is None.
-    """
-
-    def __init__(self) -> None:
-        self.group: Path | None = None
-        self.parent: Path | None = None
-        self.usage = Path()
-        for parent, usage in ((Path("/sys/fs/cgroup/cpuacct"), "cpuacct.usage"),
-                              (Path("/sys/fs/cgroup"), "cpu.stat")):  # fmt: skip
-            group = parent / f"spawnkit-history-bench-{os.getpid()}"
-            try:
-                group.mkdir()
-                (group / "cgroup.procs").write_text(str(os.getpid()))
-            except OSError:
-                with contextlib.suppress(OSError):
-                    group.rmdir()
-                continue
-            self.group, self.parent, self.usage = group, parent, group / usage
-            break
-
-    def seconds(self) -> float | None:
-        if self.group is None:
-            return None
-        text = self.usage.read_text()
-        if self.usage.name == "cpuacct.usage":
-            return int(text) / 1e9
-        return int(dict(line.split() for line in text.splitlines())["usage_usec"]) / 1e6
-
-    def close(self) -> None:
-        if self.group is not None and self.parent is not None:
-            with contextlib.suppress(OSError):
-                (self.parent / "cgroup.procs").write_text(str(os.getpid()))
-                self.group.rmdir()
 
 
 def run_ccusage(binary: Path, corpus: Path, report: str) -> dict[str, Any]:

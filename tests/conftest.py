@@ -6,12 +6,14 @@ goes to a per-session temporary HOME, spawnkit's to a per-test SPAWNKIT_HOME.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 import textwrap
 import time
@@ -81,37 +83,27 @@ _CPU_LOG = os.environ.get("SPAWNKIT_TEST_CPU_LOG")
 
 
 class _CpuCount:
+    """This process's CPU and its processes', through a cgroup of its own where one can be
+    made (benchmarks/cgroup_cpu.py), else through getrusage."""
+
     def __init__(self) -> None:
-        self.root: Path | None = None
-        self.usage = Path()
-        for root, usage in ((Path("/sys/fs/cgroup/cpuacct"), "cpuacct.usage"),
-                            (Path("/sys/fs/cgroup"), "cpu.stat")):  # fmt: skip
-            group = root / f"spawnkit-tests-{os.getpid()}"
-            try:
-                group.mkdir()
-                (group / "cgroup.procs").write_text(str(os.getpid()))
-            except OSError:
-                with contextlib.suppress(OSError):
-                    group.rmdir()
-                continue
-            self.root, self.usage = root, group / usage
-            return
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        from cgroup_cpu import CpuCounter
+
+        self.counter = CpuCounter("spawnkit-tests")
+        # Again at exit: at pytest_unconfigure a server a test started may still be inside.
+        atexit.register(self.counter.close)
 
     def seconds(self) -> float:
-        if self.root is None:
-            usages = (resource.getrusage(who)
-                      for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))  # fmt: skip
-            return sum(usage.ru_utime + usage.ru_stime for usage in usages)
-        text = self.usage.read_text()
-        if self.usage.name == "cpuacct.usage":
-            return int(text) / 1e9
-        return int(dict(line.split() for line in text.splitlines())["usage_usec"]) / 1e6
+        if (counted := self.counter.seconds()) is not None:
+            return counted
+        usages = (
+            resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+        )
+        return sum(usage.ru_utime + usage.ru_stime for usage in usages)
 
     def close(self) -> None:
-        if self.root is not None:
-            with contextlib.suppress(OSError):  # a run cgroup left inside keeps it
-                (self.root / "cgroup.procs").write_text(str(os.getpid()))
-                self.usage.parent.rmdir()
+        self.counter.close()  # a run cgroup left inside keeps it
 
 
 _cpu_count: list[_CpuCount] = []
