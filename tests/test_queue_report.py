@@ -3,6 +3,7 @@ the dashboard card that shows it, built as widgets without a browser."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -90,8 +91,8 @@ def test_the_dashboard_card_shows_waits_a_cool_down_in_effect_and_the_budget(
     finally:
         dashboard.close()
         hub.close()
-    # The new run started at once (0.0 s), the earlier one after 0.5 s.
-    assert "wait p50 0.0 s · p90 0.5 s" in text, text
+    # The new run started at once (0.0 s; 0.1 on a loaded machine), the earlier one after 0.5 s.
+    assert re.search(r"wait p50 0\.[0-4] s · p90 0\.5 s", text), text
     assert "<b>cool-down " in text and "(rate limited)" in text, text
     assert "$0.7500 / $3 today" in text
     assert dashboard.cards["health"].pacing in dashboard.cards["health"].box.children
