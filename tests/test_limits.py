@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import pytest
 
-from spawnkit.budgets.budget import admit
+from spawnkit.budgets.budget import RunBudget, UnrecordedSpend, admit
 from spawnkit.config.limits import Limits
 from spawnkit.errors import BudgetRefused, InvalidArgument, RosterError
 from spawnkit.result import Usage
@@ -92,3 +93,63 @@ def test_unknown_models_of_a_known_family_are_priced_and_flagged() -> None:
     assert family.price is not None and family.cost_estimated and family.report().cost_estimated
     family.observe(Usage(input_tokens=1_000_000))
     assert family.cost_usd is not None and family.cost_usd > 0
+
+
+def _spending(cost_in_tokens: int) -> tuple[RunBudget, float]:
+    budget = admit(Limits(daily_cost_usd=1), "claude-sonnet-4-5", runtime="claude-code",
+                   api_key=True)  # fmt: skip
+    budget.observe(Usage(input_tokens=cost_in_tokens))
+    assert budget.cost_usd
+    return budget, budget.cost_usd
+
+
+async def test_a_record_landing_while_the_store_is_read_is_counted_once() -> None:
+    # The race a queued run's start check lost: the store was read before the run ahead of
+    # it was recorded, and that run left the unrecorded spend before the read came back.
+    loop = asyncio.get_running_loop()
+    ahead, cost = _spending(2000)
+    spend = UnrecordedSpend()
+    spend.add("ahead", ahead)
+    store = [0.0]  # the records' sum
+    reads: list[float] = []
+
+    def read() -> float:
+        seen = store[0]
+        if not reads:  # the run ahead is recorded while this read is under way
+            store[0] = cost
+            asyncio.run_coroutine_threadsafe(_settle(spend, "ahead"), loop).result()
+        reads.append(seen)
+        return seen
+
+    assert await spend.with_store(read) == pytest.approx(cost)
+    assert reads == [0.0, cost], "read again after a record landed"
+    # Without a record landing, one read: the store's sum and what is not in it yet.
+    spend.add("running", _spending(1000)[0])
+    assert await spend.with_store(read) == pytest.approx(cost + cost / 2)
+    assert len(reads) == 3
+
+
+async def test_records_landing_during_every_read_count_twice_rather_than_not_at_all() -> None:
+    loop = asyncio.get_running_loop()
+    spend = UnrecordedSpend()
+    runs = [_spending(1000 * (i + 1)) for i in range(UnrecordedSpend.READS)]
+    for i, (budget, _) in enumerate(runs):
+        spend.add(str(i), budget)
+    store = [0.0]
+    reads = 0
+
+    def read() -> float:  # each read sees the record that lands during it
+        nonlocal reads
+        store[0] += runs[reads][1]
+        asyncio.run_coroutine_threadsafe(_settle(spend, str(reads)), loop).result()
+        reads += 1
+        return store[0]
+
+    costs = [cost for _, cost in runs]
+    # Given up after the last read: the run recorded during it counts twice.
+    assert await spend.with_store(read) == pytest.approx(sum(costs) + costs[-1])
+    assert reads == UnrecordedSpend.READS
+
+
+async def _settle(spend: UnrecordedSpend, session_id: str) -> None:
+    spend.settle(session_id)

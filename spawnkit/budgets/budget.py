@@ -23,7 +23,9 @@ run's record keeps.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -236,3 +238,46 @@ def day_start(now: datetime | None = None) -> datetime:
     """Midnight UTC of today: where a daily budget's day begins."""
     now = now or datetime.now(UTC)
     return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+class UnrecordedSpend:
+    """What a spawner's runs have spent that their records do not hold yet.
+
+    The butler's spend today is the store's sum of records plus this. A run moves from here
+    to the store when its record is complete (:meth:`settle`); a read of the store that a
+    record lands during may or may not hold it, so :meth:`with_store` reads again then.
+    """
+
+    READS = 3  # a record landing during each of them: the last read's total may count it twice
+
+    def __init__(self) -> None:
+        self._budgets: dict[str, RunBudget] = {}
+        self._settled = 0  # how many runs moved to their records: a change means "read again"
+
+    def add(self, session_id: str, budget: RunBudget) -> None:
+        """From now on the run's spend counts, until its record holds it."""
+        self._budgets[session_id] = budget
+
+    def settle(self, session_id: str) -> None:
+        """The run's record holds its spend now."""
+        if self._budgets.pop(session_id, None) is not None:
+            self._settled += 1
+
+    def total(self, but: RunBudget | None = None) -> float:
+        """The runs' spend so far (all but ``but``'s)."""
+        return sum(b.cost_usd or 0.0 for b in self._budgets.values() if b is not but)
+
+    async def with_store(self, read: Callable[[], float], but: RunBudget | None = None) -> float:
+        """The day's spend: ``read()`` (the store's sum, run in a thread) plus :meth:`total`.
+
+        A run whose record lands while the store is read leaves here meanwhile: counted then
+        neither in the read nor here, its spend would be lost and a run let in over the day's
+        budget. So the store is read again until no run settled during a read; after
+        :data:`READS` such reads, a run settled during the last counts twice (a refusal a
+        little early rather than a day overspent)."""
+        for _ in range(self.READS):
+            settled, before = self._settled, self.total(but)
+            spent = await asyncio.to_thread(read)
+            if settled == self._settled:
+                return spent + self.total(but)
+        return spent + before

@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
-from ..budgets.budget import LimitHit, RunBudget, day_start, max_turns_message
+from ..budgets.budget import LimitHit, UnrecordedSpend, day_start, max_turns_message
 from ..config.retry import RETRYABLE_KINDS, retry_after_hint
 from ..containment import run_group
 from ..containment.mcp_access import AccessTable
@@ -56,7 +56,7 @@ class Attempts:
         self.assembly = assembly
         self.recorder = recorder
         # Runs started here whose spend is not in the store yet (for the daily budget).
-        self.spending: dict[str, RunBudget] = {}
+        self.spending = UnrecordedSpend()
 
     async def run(self, run: AcceptedRun) -> SpawnerResult:
         """The run, started again while it fails on a rate limit or overload before any tool.
@@ -116,24 +116,19 @@ class Attempts:
 
         From here the run's spend counts towards the day's until its record holds it.
         """
-        self.spending[run.session_id] = run.budget
+        self.spending.add(run.session_id, run.budget)
         if run.budget.limits.daily_cost_usd is None:
             return None
-        spent = await asyncio.to_thread(
-            self.settings.store.spent_since, self.settings.butler.name, day_start()
+        butler = self.settings.butler.name
+        spent = await self.spending.with_store(
+            lambda: self.settings.store.spent_since(butler, day_start()), but=run.budget
         )
         try:
-            run.budget.check_daily(
-                self.settings.butler.name, spent + self.unrecorded_spend(run.budget)
-            )
+            run.budget.check_daily(butler, spent)
         except BudgetRefused as refused:
             result = self.recorder.unfinished(run.collector, "budget", str(refused), "daily_budget")
             return replace(result, budget=run.budget.report())
         return None
-
-    def unrecorded_spend(self, but: RunBudget | None = None) -> float:
-        """What this spawner's runs have spent so far that their records do not hold yet."""
-        return sum(b.cost_usd or 0.0 for b in self.spending.values() if b is not but)
 
     async def withdraw_secret(self, run: AcceptedRun) -> None:
         """The run is over: from now on its MCP secret is refused."""

@@ -397,7 +397,7 @@ class Spawner:
         )
         if run_limits.daily_cost_usd is not None:  # one indexed query, before acceptance
             spent = self.store.spent_since(self.butler.name, day_start())
-            budget.check_daily(self.butler.name, spent + self._attempts.unrecorded_spend())
+            budget.check_daily(self.butler.name, spent + self._attempts.spending.total())
         return budget
 
     def _accepted_run(
@@ -612,7 +612,7 @@ class Spawner:
                 cluster.release()
             Admissions.leave(admitted)  # the queue place too
             admissions.forget(run.session_id)
-            self._attempts.spending.pop(run.session_id, None)
+            self._attempts.spending.settle(run.session_id)
             for key, redactor in list(self._redactors.items()):
                 if redactor is run.redactor:
                     del self._redactors[key]
