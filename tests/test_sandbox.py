@@ -514,13 +514,13 @@ KEYCTL = {"x86_64": 250, "aarch64": 219}
 
 @pytest.fixture
 def etc_secret() -> Iterator[Path]:
-    """A root-only (0600) file of /etc, as the sandbox's view is computed with it there."""
+    """A root-only (0600) file of /etc, planted after this process's first sandboxed run:
+    the view, worked out again as /etc changed, masks it."""
     if os.geteuid() != 0:
         pytest.skip("only root can plant a file in /etc (and only root inside could read it)")
     path = Path("/etc") / f"{ETC_PLANTED_PREFIX}{uuid.uuid4().hex}"
     path.touch(mode=0o600)
     path.write_text("ETC-SECRET")
-    sandbox._system_view_parts.cache_clear()
     try:
         yield path
     finally:
@@ -529,7 +529,6 @@ def etc_secret() -> Iterator[Path]:
         # and readable, it is nothing to mask; tests/conftest.py removes it at the end.
         path.write_text("")
         path.chmod(0o644)
-        sandbox._system_view_parts.cache_clear()
 
 
 def keyctl_number() -> int:
@@ -551,15 +550,14 @@ def check_the_kernels_doors_shut(output: str) -> None:
 def test_a_root_only_file_that_leaves_etc_does_not_fail_later_runs(
     make_butler, tmp_path: Path
 ) -> None:
-    """The view is worked out once a process, with a mask for each root-only file of /etc.
-    A file that comes and goes (a lock of passwd or useradd; here a test's) must not break
+    """The view has a mask for each root-only file of /etc. A file that comes and goes
+    (a lock of passwd or useradd; here a test's) must not break
     every later run of the process: bwrap cannot make the gone file's mount point in the
     read-only /etc ("Can't create file at /etc/...: Read-only file system")."""
     if os.geteuid() != 0:
         pytest.skip("only root can plant a file in /etc")
     path = Path("/etc") / f"{ETC_PLANTED_PREFIX}{uuid.uuid4().hex}"
     path.touch(mode=0o600)
-    sandbox._system_view_parts.cache_clear()
     try:
         workspace = tmp_path / "workspace"
         workspace.mkdir()
@@ -575,7 +573,56 @@ def test_a_root_only_file_that_leaves_etc_does_not_fail_later_runs(
         )
         assert done.returncode == 0, done.stderr
     finally:
-        sandbox._system_view_parts.cache_clear()
+        sandbox._forget_system_view()
+
+
+def test_a_root_only_file_added_to_etc_later_is_masked_at_the_next_run(
+    make_butler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long-lived process (a kernel, `spawnkit serve`) as root: a secret put in /etc after
+    its first run is masked from the next one on, whether it arrives as a new file (its
+    folder changed) or an old file is made root-only in place (seen at the view's TTL)."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can plant a file in /etc (and only root inside could read it)")
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    sandbox.plan(make_butler(), workspace)  # the view is worked out
+    secret = Path("/etc") / f"{ETC_PLANTED_PREFIX}{uuid.uuid4().hex}"
+    secret.touch(mode=0o600)
+    try:
+        secret.write_text("ETC-SECRET")
+        plan = sandbox.plan(make_butler(), workspace)
+        assert str(secret) in plan.argv, "masked: /etc changed"
+        assert cat(plan, secret) in ("", "EACCES")
+        # Made readable, then root-only again in place: no folder changes.
+        secret.chmod(0o644)
+        monkeypatch.setattr(sandbox, "_ETC_VIEW_TTL_S", 0.0)
+        plan = sandbox.plan(make_butler(), workspace)
+        assert str(secret) not in plan.argv and cat(plan, secret) == "ETC-SECRET"
+        monkeypatch.setattr(sandbox, "_ETC_VIEW_TTL_S", 3600.0)
+        secret.chmod(0o600)
+        assert str(secret) not in sandbox.plan(make_butler(), workspace).argv, "until the TTL"
+        monkeypatch.setattr(sandbox, "_ETC_VIEW_TTL_S", 0.0)
+        plan = sandbox.plan(make_butler(), workspace)
+        assert str(secret) in plan.argv, "masked once the view's time is up"
+        assert cat(plan, secret) in ("", "EACCES")
+    finally:
+        # Left empty and readable, as etc_secret leaves its file (another worker's run may
+        # have masked it); tests/conftest.py removes what starts with the prefix.
+        secret.write_text("")
+        secret.chmod(0o644)
+        sandbox._forget_system_view()
+
+
+def cat(plan: sandbox.SandboxPlan, path: Path) -> str:
+    """What a run with ``plan`` reads of ``path``: its text, or EACCES."""
+    done = subprocess.run(
+        plan.wrap(["/bin/cat", str(path)]), capture_output=True, text=True, timeout=60
+    )
+    if done.returncode != 0 and "Permission denied" in done.stderr:
+        return "EACCES"
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 @pytest.mark.parametrize("interactive", [False, True])
