@@ -15,7 +15,7 @@ answer), what a person in Zed waits for each prompt once the agent is up.
 
 Rounds alternate between the sides after one warm-up each, so drift on a shared machine
 hits both alike; figures are medians. CPU is counted in a cgroup of this process
-(``spawn_overhead.CpuAccounting``: the sandboxed CLI included), per side, without this
+(``cgroup_cpu.CpuCounter``: the sandboxed CLI included), per side, without this
 process's own (the ACP client's work is not spawnkit's). Usage::
 
     .venv/bin/python benchmarks/acp_agent.py [--rounds 5] [--out FILE] [--no-warm-up]
@@ -88,10 +88,10 @@ async def via_acp(env: dict[str, str]) -> float:
 def timed(run: Any) -> tuple[float, float, Any]:
     """Wall seconds; CPU seconds of spawnkit's processes (everything in our cgroup but this
     process, which is the ACP client on one side; NaN without a cgroup); the result."""
-    cpu_before, own_before, start = accounting.usage_s(), time.process_time(), time.perf_counter()
+    cpu_before, own_before, start = accounting.seconds(), time.process_time(), time.perf_counter()
     value = run()
     wall = time.perf_counter() - start
-    cpu_after, own_after = accounting.usage_s(), time.process_time()
+    cpu_after, own_after = accounting.seconds(), time.process_time()
     cpu = float("nan")
     if cpu_before is not None and cpu_after is not None:
         own = own_after - own_before

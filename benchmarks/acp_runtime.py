@@ -215,14 +215,14 @@ def measure(agent: str, rounds: int, work: Path) -> dict[str, Any]:
         runner = asyncio.Runner()
 
         def timed(run: Callable[[], Any], side: str | None = None) -> float:
-            total, before, start = accounting.usage_s(), time.process_time(), time.perf_counter()
+            total, before, start = accounting.seconds(), time.process_time(), time.perf_counter()
             runner.run(run())
             wall, after = time.perf_counter() - start, time.process_time()
             if side:
                 own = after - before
                 children = float("nan")
                 if total is not None:
-                    children = (accounting.usage_s() or 0.0) - total - own
+                    children = (accounting.seconds() or 0.0) - total - own
                 cpu[side].append((children, own))
             return wall
 

@@ -59,7 +59,6 @@ import argparse
 import asyncio
 import atexit
 import collections
-import contextlib
 import dataclasses
 import json
 import math
@@ -89,7 +88,8 @@ from spawnkit.serve.butler_server import ButlerServer
 from spawnkit.store import SessionStore
 
 sys.path.insert(0, str(Path(__file__).parent))
-from paired import paired_sides  # a sibling module of this script
+from cgroup_cpu import CpuCounter  # sibling modules of this script
+from paired import paired_sides
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "spawn_overhead.json"
@@ -374,13 +374,13 @@ def measure(
 
         def timed(run: Callable[[], Any], side: str | None = None) -> float:
             # This process's CPU to the microsecond (os.times counts 10 ms ticks).
-            total, before, start = accounting.usage_s(), time.process_time(), time.perf_counter()
+            total, before, start = accounting.seconds(), time.process_time(), time.perf_counter()
             run()
             wall, after = time.perf_counter() - start, time.process_time()
             if side:
                 own = after - before
                 if total is not None:  # everything in our cgroup minus this process
-                    children = (accounting.usage_s() or 0.0) - total - own
+                    children = (accounting.seconds() or 0.0) - total - own
                 else:
                     children = float("nan")
                 cpu[side].append((children, own))
@@ -510,50 +510,10 @@ class _ThroughSdk(ClaudeCodeAdapter):
         return None
 
 
-class CpuAccounting:
-    """CPU time of this process and every process it starts, sandboxed ones included.
-
-    ``getrusage(RUSAGE_CHILDREN)`` cannot see into the sandbox: the processes of a pid
-    namespace are not reaped through us when its init exits, so their CPU never reaches our
-    children's total. A cgroup counts them wherever they are reaped. This process moves
-    into a fresh cgroup (v1 ``cpuacct`` or v2) for the benchmark, if it may; else the CPU
-    figures are left out (NaN).
-    """
-
-    def __init__(self) -> None:
-        self.group: Path | None = None
-        self.usage_file: Path | None = None
-        self.home: Path | None = None
-        name = f"spawnkit-bench-{os.getpid()}"
-        for root, usage in ((Path("/sys/fs/cgroup/cpuacct"), "cpuacct.usage"),
-                            (Path("/sys/fs/cgroup"), "cpu.stat")):  # fmt: skip
-            try:
-                group = root / name
-                group.mkdir()
-                (group / "cgroup.procs").write_text(str(os.getpid()))
-            except OSError:
-                continue
-            self.group, self.usage_file, self.home = group, group / usage, root
-            break
-
-    def usage_s(self) -> float | None:
-        if self.usage_file is None:
-            return None
-        text = self.usage_file.read_text()
-        if self.usage_file.name == "cpuacct.usage":
-            return int(text) / 1e9
-        fields = dict(line.split() for line in text.splitlines())
-        return int(fields["usage_usec"]) / 1e6
-
-    def close(self) -> None:
-        if self.group is None or self.home is None:
-            return
-        with contextlib.suppress(OSError):
-            (self.home / "cgroup.procs").write_text(str(os.getpid()))
-            self.group.rmdir()
-
-
-accounting = CpuAccounting()
+# CPU time of this process and every process it starts, sandboxed ones included (a pid
+# namespace's processes are not reaped through us: getrusage never sees them). None (the
+# figures left out) where no cgroup can be made.
+accounting = CpuCounter(name="spawnkit-bench")
 # Its cgroup goes when the process ends, however it ends (a failed run raises SystemExit).
 atexit.register(accounting.close)
 

@@ -55,7 +55,7 @@ def test_a_wrong_password_is_one_line_without_the_password(
     message = str(info.value)
     assert "password authentication failed" in message
     assert redact_url(wrong) in message and "not-the-password" not in message
-    done = spawnkit("sessions", "--store", wrong)
+    done = spawnkit("sessions", SPAWNKIT_STORE=wrong)  # a password never on a command line
     assert_one_line_error(done, redact_url(wrong), "cannot be reached")
     assert "not-the-password" not in done.stderr
 
@@ -64,7 +64,7 @@ def test_a_server_that_is_down_is_one_line_and_exit_2(postgres: PostgresServer) 
     with psycopg.connect(postgres.url()) as conn:  # the server's own port, free again below
         port = conn.info.port
     down = postgres.url().replace(f":{port}/", ":1/")  # nothing listens on port 1
-    done = spawnkit("--store", down, "sessions")
+    done = spawnkit("sessions", SPAWNKIT_STORE=down)
     assert_one_line_error(done, "postgresql://postgres@127.0.0.1:1/postgres", "cannot be reached")
     assert PASSWORD not in done.stderr
 

@@ -105,6 +105,14 @@ def _store_chosen(store: str | None) -> Iterator[None]:
     if store is None:
         yield
         return
+    if _has_password(store):
+        print(
+            "spawnkit: warning: the password in --store can be read by every user of this "
+            "machine (in its process list) and stays in your shell's history; give the URL "
+            f"in ${STORE_VAR} or [store] url of config.toml instead, or the password in "
+            "~/.pgpass or $PGPASSWORD",
+            file=sys.stderr,
+        )
     previous = os.environ.get(STORE_VAR)
     os.environ[STORE_VAR] = store
     try:
@@ -114,6 +122,16 @@ def _store_chosen(store: str | None) -> Iterator[None]:
             os.environ.pop(STORE_VAR, None)
         else:
             os.environ[STORE_VAR] = previous
+
+
+def _has_password(store: str) -> bool:
+    """Whether a store URL carries a password (a file path never does)."""
+    from urllib.parse import urlsplit
+
+    try:
+        return "://" in store and urlsplit(store).password is not None
+    except ValueError:  # not a URL this can read: the store says why when it opens
+        return False
 
 
 if __name__ == "__main__":
