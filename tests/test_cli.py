@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -153,7 +154,19 @@ def test_missing_variable_and_missing_cli(make_butler, tmp_path: Path) -> None:
         ),
         "cannot find", "npm install -g @anthropic-ai/claude-code",
     )  # fmt: skip
+    keyless = ("run", "--roster", str(plain.roster_dir), "--butler", "plain", "--runtime",
+               "codex", "hi")  # fmt: skip
+    assert_one_line_error(
+        spawnkit(*keyless, OPENAI_API_KEY="", CODEX_HOME=str(tmp_path / "codex")),
+        "codex has no API key", "spawnkit credentials set OPENAI_API_KEY",
+    )  # fmt: skip
     assert SessionStore().count_sessions() == 0, "nothing was accepted"
+    # Said before the butler's MCP server and the run's stack are loaded, let alone started.
+    imported = spawnkit(*keyless, OPENAI_API_KEY="", CODEX_HOME=str(tmp_path / "codex"),
+                        PYTHONPROFILEIMPORTTIME="1").stderr  # fmt: skip
+    assert "codex has no API key" in imported
+    assert "spawnkit.serve.butler_server" not in imported
+    assert not re.search(r"\|\s+mcp(\.|$)", imported, re.MULTILINE), "no MCP stack"
 
 
 def test_bad_scenario_is_a_one_line_error(make_butler, tmp_path: Path) -> None:

@@ -48,12 +48,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ..containment.liveness import owner_alive, process_start
-from ..errors import MissingApiKeyError, RuntimeNotFoundError, SpawnkitError
+from ..errors import MissingApiKeyError, MissingEnvError, RuntimeNotFoundError, SpawnkitError
 from ..home import spawnkit_home
 from ..result import RunStatus, SpawnerResult
 from ..runtimes import get_adapter
 from ..store import SessionRecord, SessionStore
 from ..telemetry.runlog import session_log_dir
+from .parsing import check_runnable
 
 if TYPE_CHECKING:
     import subprocess
@@ -234,17 +235,9 @@ def contract_butler(options: Options, brief: Path, role: str | None = None) -> B
 def preflight(butler: ButlerConfig, store: SessionStore, *, replayed: bool = False) -> None:
     """Fail fast, before a worker is started, when the runtime's CLI is missing or, unless
     the run is replayed (the replay server gives it a key), nothing could authenticate it."""
-    from ..containment.credentials import CredentialStore, run_values
-
-    adapter = get_adapter(butler.runtime.type)(butler.runtime)
     try:
-        adapter.find_binary()
-        if not replayed:
-            adapter.check_authenticated(
-                run_values(butler, CredentialStore(store), adapter.passthrough_env,
-                           adapter.other_vendor_keys)
-            )  # fmt: skip
-    except (RuntimeNotFoundError, MissingApiKeyError) as exc:
+        check_runnable(butler, store, replayed=replayed)
+    except (RuntimeNotFoundError, MissingApiKeyError, MissingEnvError) as exc:
         raise ContractError(str(exc), EXIT_UNAVAILABLE) from None
 
 

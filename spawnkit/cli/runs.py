@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.limits import positive_number
-from .parsing import PROMPT_HELP, ROSTER_HELP, Commands, find_and_load_roster, read_prompt
+from .parsing import (
+    PROMPT_HELP,
+    ROSTER_HELP,
+    Commands,
+    check_runnable,
+    find_and_load_roster,
+    read_prompt,
+)
 from .reporting import EXIT_FAILED, EXIT_OK, say
 
 if TYPE_CHECKING:
@@ -209,6 +216,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.runtime:
         butler = butler.with_runtime(args.runtime)
     store = SessionStore()
+    if not args.on and not args.external_mcp:  # else the worker or the server's host has them
+        # A missing CLI, variable or key in a second, not after the butler's server and
+        # the run's stack have been loaded and started (three seconds here).
+        check_runnable(butler, store, replayed=args.replay is not None)
     result = signals.run(
         _run_once(
             butler, prompt, context=context, max_turns=args.max_turns,
