@@ -10,6 +10,7 @@ keep-alive connection, as the CLIs keep theirs). The client reaches the upstream
 * ``relay uds``: through the relay serving on a unix socket (a sandboxed run's door);
 * ``relay tcp metered``: through a relay that also meters usage (Codex and Gemini runs
   with a token or dollar limit parse every event as it passes);
+* ``relay uds metered``: the same on a unix socket, as a sandboxed run with a limit meets it;
 * ``door bridge``: through a door bridged to the upstream's TCP port
   (:func:`spawnkit.containment.doors.open_doors`), the way a sandboxed run reaches the
   butler's MCP server: bytes spliced, no HTTP parsed.
@@ -47,7 +48,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "relay.json"
 TTFB_TARGET_MS = 2.0
 THROUGHPUT_TARGET = 0.9
 CHUNK_TEXT = 4000  # characters of text per streamed delta (about 4 KB an event)
-WAYS = ("direct", "relay tcp", "relay uds", "relay tcp metered", "door bridge")
+WAYS = ("direct", "relay tcp", "relay uds", "relay tcp metered", "relay uds metered",
+        "door bridge")  # fmt: skip
 KEY = "sk-ant-api03-" + "k" * 95
 
 # The frames of the model server's answer (also read in this process by `processing`).
@@ -213,7 +215,7 @@ def relay_way(port: int, scratch: Path, name: str, stack: list[Any]) -> tuple[Wa
         proc, line = context.__enter__()
         stack.append(context)
         return Way(UnixConnection(json.loads(line)["socket"]), "", KEY), proc.pid
-    uds = str(scratch / "relay.sock") if "uds" in name else ""
+    uds = str(scratch / f"{name.replace(' ', '-')}.sock") if "uds" in name else ""
     setup = json.dumps([f"http://127.0.0.1:{port}", uds, "metered" in name, KEY])
     context = child(RELAY, setup)
     proc, line = context.__enter__()

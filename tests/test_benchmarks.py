@@ -244,7 +244,8 @@ def test_relay_benchmark_runs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
     ways = report["ways"]
-    assert set(ways) == {"direct", "relay tcp", "relay uds", "relay tcp metered", "door bridge"}
+    assert set(ways) == {"direct", "relay tcp", "relay uds", "relay tcp metered",
+                         "relay uds metered", "door bridge"}  # fmt: skip
     assert ways["direct"]["ttfb_added_ms"] == 0 and ways["direct"]["throughput_ratio"] == 1
     for name, way in ways.items():
         assert way["ttfb_median_ms"] > 0 and way["throughput_mb_s"] > 0, name
