@@ -54,7 +54,7 @@ from ..result import RunStatus, SpawnerResult
 from ..runtimes import get_adapter
 from ..store import SessionRecord, SessionStore
 from ..telemetry.runlog import session_log_dir
-from .parsing import check_runnable
+from .runs import check_runnable
 
 if TYPE_CHECKING:
     import subprocess

@@ -7,14 +7,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+from typing import Any, NoReturn, TypeAlias
 
 from ..errors import SpawnkitError
 from .reporting import EXIT_USAGE
-
-if TYPE_CHECKING:
-    from ..config.roster import ButlerConfig
-    from ..store import SessionStore
 
 # The most rows `-n` lists: a sane bound, far below what a database's LIMIT overflows at.
 MAX_ROWS = 1_000_000
@@ -78,22 +74,3 @@ def find_and_load_roster(explicit: Path | None) -> Any:
     from ..config.roster_location import find_roster
 
     return load_roster(find_roster(explicit))
-
-
-def check_runnable(butler: ButlerConfig, store: SessionStore, *, replayed: bool) -> None:
-    """What a run of ``butler`` needs of this machine, checked before any server starts:
-    its CLI, its required variables, and an API key or login (unless ``replayed``: the
-    replay server gives the run its key). Raises the user's error, which says how to fix
-    it (:class:`~spawnkit.errors.RuntimeNotFoundError`, ``MissingEnvError``,
-    ``MissingApiKeyError``). The spawner checks the same again at each trigger."""
-    from ..containment.credentials import CredentialStore, check_required, run_values
-    from ..runtimes import get_adapter
-
-    adapter = get_adapter(butler.runtime.type)(butler.runtime)
-    adapter.find_binary()
-    credentials = CredentialStore(store)
-    check_required(butler, credentials)
-    if not replayed:
-        adapter.check_authenticated(
-            run_values(butler, credentials, adapter.passthrough_env, adapter.other_vendor_keys)
-        )

@@ -17,14 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.limits import positive_number
-from .parsing import (
-    PROMPT_HELP,
-    ROSTER_HELP,
-    Commands,
-    check_runnable,
-    find_and_load_roster,
-    read_prompt,
-)
+from .parsing import PROMPT_HELP, ROSTER_HELP, Commands, find_and_load_roster, read_prompt
 from .reporting import EXIT_FAILED, EXIT_OK, say
 
 if TYPE_CHECKING:
@@ -189,6 +182,25 @@ async def _run_once(
             approver=terminal_approver() if ask_terminal else None,
             repo=repo,
         )  # fmt: skip
+
+
+def check_runnable(butler: ButlerConfig, store: SessionStore, *, replayed: bool) -> None:
+    """What a run of ``butler`` needs of this machine, checked before any server starts:
+    its CLI, its required variables, and an API key or login (unless ``replayed``: the
+    replay server gives the run its key). Raises the user's error, which says how to fix
+    it (:class:`~spawnkit.errors.RuntimeNotFoundError`, ``MissingEnvError``,
+    ``MissingApiKeyError``). The spawner checks the same again at each trigger."""
+    from ..containment.credentials import CredentialStore, check_required, run_values
+    from ..runtimes import get_adapter
+
+    adapter = get_adapter(butler.runtime.type)(butler.runtime)
+    adapter.find_binary()
+    credentials = CredentialStore(store)
+    check_required(butler, credentials)
+    if not replayed:
+        adapter.check_authenticated(
+            run_values(butler, credentials, adapter.passthrough_env, adapter.other_vendor_keys)
+        )
 
 
 def cmd_run(args: argparse.Namespace) -> int:

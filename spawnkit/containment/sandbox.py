@@ -690,21 +690,21 @@ def _work_out_view() -> _WorkedOut:
     return _WorkedOut(parts, tuple(folders), at)
 
 
-def _etc_masks(etc: Path, folders: list[tuple[str, int]] | None = None) -> list[list[str]]:
+def _etc_masks(etc: Path, folders: list[tuple[str, int]]) -> list[list[str]]:
     """Masks for what of ``etc`` other users cannot read: the run, maybe uid 0, must not.
 
     A file without read permission for others becomes an empty file, a folder they cannot
     enter an empty folder, and so do the named secrets whatever their mode. Links are
     not followed (their targets are masked where they are). The walk stops, with a
     warning, after :data:`_ETC_WALK_LIMIT` entries (a usual ``/etc`` has a few thousand).
+    Each folder walked goes into ``folders`` with its mtime (see :class:`_WorkedOut`).
     """
     args: list[list[str]] = []
     seen = 0
     for top, dirs, files in os.walk(etc):
         here = Path(top)
-        if folders is not None:  # a file added between its listing and this: seen at the TTL
-            with contextlib.suppress(OSError):
-                folders.append((top, os.stat(top).st_mtime_ns))  # noqa: PTH116
+        with contextlib.suppress(OSError):  # a file added between its listing and this: at the TTL
+            folders.append((top, os.stat(top).st_mtime_ns))  # noqa: PTH116
         named = _ETC_SECRETS if here == etc else ()
         for name in list(dirs):
             path = here / name
