@@ -11,7 +11,10 @@ parsing, the end-of-run reap, cleanup). Sides, alternating round by round after 
 
 The figure is the CPU of this process (``RUSAGE_SELF``: every thread of it, not its
 children, which ``RUSAGE_CHILDREN`` counts apart) per run, median over rounds, for one run
-at a time and for 100 triggered at once (with their wall time). ``*_own_cpu_ms`` minus the
+at a time and for 100 triggered at once (with their wall time), and the wall time from
+the call to the child's first instruction (``to_cli_start_ms``: the child is ``date``,
+which prints the clock it starts at; one run at a time, 50 ms apart, median of a round's
+runs). ``*_own_cpu_ms`` minus the
 bare side's is what spawnkit adds. ``--host-processes N`` keeps N more idle processes on
 the host while it measures: the end-of-run reap of an unsandboxed run once scanned every
 process, so its cost grew with their number. Usage::
@@ -42,6 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "trigger.json"
 TRUE = shutil.which("true") or "/bin/true"
+DATE = shutil.which("date") or "/bin/date"
 BUTLER = """
 [butler]
 name = "{name}"
@@ -49,7 +53,7 @@ port = {port}
 description = "a no-op butler"
 [butler.runtime]
 type = "command"
-command = ["{true}"]
+command = {command}
 output = "text"
 max_concurrent_sessions = {concurrent}
 max_queued_sessions = {concurrent}
@@ -72,6 +76,30 @@ async def bare() -> None:
     await proc.communicate()
     if proc.returncode != 0:
         raise SystemExit(f"bare {TRUE} exited {proc.returncode}")
+
+
+async def bare_start() -> float:
+    """Seconds from the call to the child's first instruction (``date`` prints the clock)."""
+    asked = time.time()
+    proc = await asyncio.create_subprocess_exec(
+        DATE, "+%s.%N", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    return float(out) - asked
+
+
+def start_via(spawner: Any) -> Callable[[], Awaitable[float]]:
+    """Seconds from ``trigger`` to its CLI's first instruction (a butler running ``date``)."""
+
+    async def trigger() -> float:
+        asked = time.time()
+        result = await spawner.trigger("what time is it")
+        if not result.success:
+            raise SystemExit(f"trigger failed: {result.error}")
+        return float(result.output.strip()) - asked
+
+    return trigger
 
 
 def via(spawner: Any) -> Callable[[], Awaitable[None]]:
@@ -102,14 +130,18 @@ def spread(values: list[float]) -> dict[str, float]:
 
 
 async def measure(
-    rounds: int, batch: int, concurrent: int, sides: dict[str, Any]
+    rounds: int, batch: int, concurrent: int, sides: dict[str, Any], clocks: dict[str, Any]
 ) -> dict[str, Any]:
     runs = {"bare": bare, **{name: via(spawner) for name, spawner in sides.items()}}
+    starts = {"bare": bare_start, **{name: start_via(spawner) for name, spawner in clocks.items()}}
     for run in runs.values():  # warm-up: imports, caches, the sandbox probe
         await timed(run, 2, at_once=False)
+    for start in starts.values():
+        await start()
     one: dict[str, list[float]] = {side: [] for side in runs}
     many_wall: dict[str, list[float]] = {side: [] for side in runs}
     many_cpu: dict[str, list[float]] = {side: [] for side in runs}
+    to_start: dict[str, list[float]] = {side: [] for side in runs}
     for _ in range(rounds):
         for side, run in runs.items():
             _, cpu = await timed(run, batch, at_once=False)
@@ -117,12 +149,19 @@ async def measure(
             wall, cpu = await timed(run, concurrent, at_once=True)
             many_wall[side].append(wall)
             many_cpu[side].append(cpu)
+            # One run at a time, a pause before each: the machine as a single run finds it.
+            latencies = []
+            for _ in range(batch):
+                await asyncio.sleep(0.05)
+                latencies.append(await starts[side]())
+            to_start[side].append(statistics.median(latencies) * 1000)
     report: dict[str, Any] = {}
     for side in runs:
         report[side] = {
             "own_cpu_ms_per_run": spread(one[side]),
             f"concurrent_{concurrent}_wall_s": spread(many_wall[side]),
             f"concurrent_{concurrent}_own_cpu_s": spread(many_cpu[side]),
+            "to_cli_start_ms": spread(to_start[side]),
         }
         if side != "bare":
             added = statistics.median(one[side]) - statistics.median(one["bare"])
@@ -130,18 +169,22 @@ async def measure(
     return report
 
 
-def make_spawners(home: Path, concurrent: int, sandboxed: bool) -> dict[str, Any]:
+def make_spawners(
+    home: Path, concurrent: int, sandboxed: bool, command: tuple[str, ...] = (TRUE,),
+    name: str = "roster",
+) -> dict[str, Any]:  # fmt: skip
     from spawnkit.config.roster import load_roster
     from spawnkit.run import Spawner
     from spawnkit.store import SessionStore
 
-    roster = home / "roster"
+    roster = home / name
     modes = {"unsandboxed": "none", **({"sandboxed": "bwrap"} if sandboxed else {})}
     for port, (side, mode) in enumerate(modes.items(), start=18901):
         folder = roster / side
         folder.mkdir(parents=True)
         (folder / "butler.toml").write_text(BUTLER.format(
-            name=side, port=port, true=TRUE, concurrent=concurrent, mode=mode
+            name=side, port=port, command=json.dumps(list(command)), concurrent=concurrent,
+            mode=mode,
         ))  # fmt: skip
         (folder / "CLAUDE.md").write_text(f"You are the {side} butler.")
     butlers = load_roster(roster)
@@ -190,9 +233,10 @@ def main() -> None:
         os.environ["SPAWNKIT_HOME"] = str(home / "home")
         sandboxed = not args.no_sandbox and sandbox_works()
         spawners = make_spawners(home, args.concurrent, sandboxed)
+        clocks = make_spawners(home, 1, sandboxed, (DATE, "+%s.%N"), name="clocks")
         with idle_processes(args.host_processes):
             host_processes = sum(1 for entry in Path("/proc").iterdir() if entry.name.isdigit())
-            sides = asyncio.run(measure(args.rounds, args.batch, args.concurrent, spawners))
+            sides = asyncio.run(measure(args.rounds, args.batch, args.concurrent, spawners, clocks))
     result = {
         "benchmark": "trigger", "python": sys.version.split()[0], "cpus": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()], "rounds": args.rounds,
@@ -206,7 +250,8 @@ def main() -> None:
         print(
             f"{side}: {figures['own_cpu_ms_per_run']['median']} ms own CPU a run; "
             f"{args.concurrent} at once: {figures[f'{many}_wall_s']['median']} s wall, "
-            f"{figures[f'{many}_own_cpu_s']['median']} CPU-s"
+            f"{figures[f'{many}_own_cpu_s']['median']} CPU-s; "
+            f"{figures['to_cli_start_ms']['median']} ms from trigger to the CLI's start"
         )
     print(f"load average {result['load_average']}")
 

@@ -286,6 +286,8 @@ def test_trigger_benchmark_runs(tmp_path: Path) -> None:
     for figures in sides.values():
         assert figures["own_cpu_ms_per_run"]["median"] > 0
         assert figures["concurrent_3_wall_s"]["median"] > 0
+        # the child's own clock, after the call: a start takes time, and not seconds
+        assert 0 < figures["to_cli_start_ms"]["median"] < 5000
     assert sides["unsandboxed"]["added_own_cpu_ms_per_run"] == pytest.approx(
         sides["unsandboxed"]["own_cpu_ms_per_run"]["median"]
         - sides["bare"]["own_cpu_ms_per_run"]["median"], abs=0.002,

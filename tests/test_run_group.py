@@ -8,14 +8,12 @@ environment; where no cgroup can be made, the scan of this user's processes stil
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import sys
 import textwrap
 import time
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -160,47 +158,3 @@ def test_a_dead_owners_run_cgroup_is_emptied_and_removed_by_the_sweep() -> None:
         if sleeper.poll() is None:
             sleeper.kill()
             sleeper.wait()
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cgroups are Linux's")
-async def test_a_cancelled_sandboxed_run_returns_once_its_processes_are_gone(
-    make_butler: RosterFactory, store: SessionStore
-) -> None:
-    """bwrap joins the run's cgroup first; a sandbox's pid namespace is torn down a moment
-    after bwrap exits, and the end of the run waits for that, not only for bwrap."""
-    if not run_group.usable():
-        pytest.skip("no cgroup can be made here")
-    from spawnkit.containment import sandbox
-    from spawnkit.errors import SandboxUnavailable
-
-    try:
-        sandbox.available_bwrap()
-    except SandboxUnavailable as exc:
-        pytest.skip(str(exc))
-    butler = make_butler(
-        "inside",
-        extra="""
-        [butler.runtime]
-        type = "command"
-        command = ["sh", "-c", "(setsid sleep 600 &) ; sleep 600"]
-        [butler.sandbox]
-        mode = "bwrap"
-        """,
-    )
-    session_id = str(uuid.uuid4())
-    task = asyncio.create_task(Spawner(butler, store=store).trigger("wait", session_id=session_id))
-    deadline = time.monotonic() + 30
-    while len(pids := in_group(session_id)) < 4:  # bwrap, its init, sh, both sleeps
-        assert time.monotonic() < deadline and not task.done(), f"the run never started: {pids}"
-        await asyncio.sleep(0.02)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert [pid for pid in pids if alive(pid)] == [], "a process outlived the cancelled run"
-    assert run_group.leftover_group(session_id) is None, "the run's cgroup is gone"
-    assert [r.status for r in store.list_sessions()] == ["cancelled"]
-
-
-def in_group(session_id: str) -> list[int]:
-    group = run_group.leftover_group(session_id)
-    return group.pids() if group is not None else []

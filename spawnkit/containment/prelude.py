@@ -1,10 +1,12 @@
 """What the shell that starts a run's CLI does just before it ``exec``s the command line.
 
-A run's CLI joins its cgroup (:mod:`spawnkit.containment.run_group`) and bubblewrap reads its
-seccomp filter from fd 9 (:mod:`spawnkit.containment.sandbox`): each is a shell step done by
-the process that then becomes bwrap (or the CLI). They used to be a shell each (``sh`` to
-join, ``bash -p`` to open the filter, ``env`` to drop the ``SHLVL`` bash exports): three
-programs started before every sandboxed run, 2.5 ms of CPU and 4 ms of wall together. Now
+An unsandboxed run's CLI joins its cgroup (:mod:`spawnkit.containment.run_group`);
+bubblewrap reads its seccomp filter from fd 9 (:mod:`spawnkit.containment.sandbox`) and
+writes its namespace's init to fd 8 (:mod:`spawnkit.containment.pid_namespace`): each is a
+shell step done by the process that then becomes bwrap (or the CLI). They used to be a
+shell each (``sh`` to join, ``bash -p`` to open the filter, ``env`` to drop the ``SHLVL``
+bash exports): three programs started before every sandboxed run, 2.5 ms of CPU and 4 ms
+of wall together. Now
 one ``sh`` does every step (:func:`shell_prefix`), and Claude Code's wrapper script, a shell
 already, does them itself (:func:`script_lines`), so they cost no program at all there.
 

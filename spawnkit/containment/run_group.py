@@ -1,30 +1,28 @@
-"""The processes of one run, found without looking at any other process.
+"""The processes of one unsandboxed run, found without looking at any other process.
 
 A run's CLI starts in a session of its own, and the spawner terminates that session's
 process group when it ends; but a tool the agent daemonised (a double fork into a session
 of its own, as Gemini does with every tool) leaves the group and is reparented to pid 1,
-out of the run's process tree. A sandboxed run's pid namespace takes such processes with
-it, but only once bwrap's own init has died, after the spawner has seen bwrap exit: for a
-moment the run is over and its processes are still there. What holds every process of the
-run, and can be waited on, is a cgroup: a process cannot leave the cgroup it was born in
-without write access to another.
+out of the run's process tree. What holds every process of the run, and can be waited on,
+is a cgroup: a process cannot leave the cgroup it was born in without write access to
+another. (A sandboxed run has its pid namespace for that, which its end waits for:
+:mod:`spawnkit.containment.pid_namespace`. It gets no cgroup: joining one waits for a kernel
+grace period, 8 to 18 ms before the CLI can start.)
 
-So every run gets a cgroup of its own, ``spawnkit-run-<session id>``, made beside this
-process's own cgroup (cgroup v2 where it is mounted, else v1's ``cpuacct``). Its CLI (or
-bwrap, for a sandboxed run) joins it before it is itself (``echo 0 > .../cgroup.procs``,
-a step of the shell that then ``exec``s it: :mod:`spawnkit.containment.prelude`), so
-everything it ever starts is born inside. At the end of the run :meth:`RunGroup.reap` reads
-``cgroup.procs``, kills what is listed (v2's ``cgroup.kill`` where the kernel has it),
-waits for them to go and removes the cgroup: work that grows with the run's processes,
-never with the host's.
+So every unsandboxed run gets a cgroup of its own, ``spawnkit-run-<session id>``, made
+beside this process's own cgroup (cgroup v2 where it is mounted, else v1's ``cpuacct``).
+Its CLI joins it before it is itself (``echo 0 > .../cgroup.procs``, a step of the shell
+that then ``exec``s it: :mod:`spawnkit.containment.prelude`), so everything it ever starts
+is born inside. At the end of the run :meth:`RunGroup.reap` reads ``cgroup.procs``, kills
+what is listed (v2's ``cgroup.kill`` where the kernel has it), waits for them to go and
+removes the cgroup: work that grows with the run's processes, never with the host's.
 
 Where no cgroup can be made (no write access to any hierarchy: an unprivileged user
 without a delegated subtree, macOS, a container with a read-only ``/sys/fs/cgroup``),
-:func:`open_run_group` returns None: an unsandboxed run is then reaped by the scan of
+:func:`open_run_group` returns None: the run is then reaped by the scan of
 :func:`spawnkit.containment.sweep.reap` (this user's processes carrying the run's marker),
-off the event loop, and a sandboxed one is left to its pid namespace. Which one this
-process uses is decided once (a probe, logged) and decided again if making a run's cgroup
-ever fails.
+off the event loop. Which one this process uses is decided once (a probe, logged) and
+decided again if making a run's cgroup ever fails.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ read-only too: :func:`_python`), which listens on the sandbox's
 ``127.0.0.1:PORT`` for each door. ``network = "host"`` keeps the host's network, and is logged on
 every run. The sandbox gets a pid namespace and ``--die-with-parent``: when
 the CLI exits, or the process that started it dies however it dies, every process in the
-namespace is killed by the kernel, backgrounded and ``setsid`` ones included. All
+namespace is killed by the kernel, backgrounded and ``setsid`` ones included, and the run's
+end waits until they are (:mod:`spawnkit.containment.pid_namespace`). All
 capabilities are dropped, so even root inside cannot remount, load modules or reconfigure
 the host's network.
 
@@ -88,6 +89,7 @@ from typing import Literal
 from ..config.butler_config import ButlerConfig, NetworkPolicy
 from ..errors import SandboxUnavailable
 from ..home import home_path, spawnkit_home
+from . import pid_namespace
 from .doors import INSIDE as DOORS_INSIDE
 from .doors import Door
 from .prelude import ShellStep, script_lines, shell_prefix
@@ -298,10 +300,12 @@ def plan(
         *(("--ro-bind", path) for path in sources),
     ]
     base = [arg for arg in _base_args() if not (interactive and arg == "--new-session")]
-    args = [*base, *(["--unshare-net"] if own_network else []), *_system_view()]
+    args = [*base, *pid_namespace.bwrap_args(), *(["--unshare-net"] if own_network else [])]
+    args += _system_view()
     args += [*_binds(binds, home_path()), *_door_view(doors)]
     args += ["--chdir", str(cwd or butler.workdir or workspace), "--"]
     steps, argv = _filtered(bwrap, args, interactive)
+    steps = (*steps, pid_namespace.info_step(pid_namespace.info_path(workspace)))
     if doors:
         argv += _forwarder(doors, interactive)
     reaches = not own_network or bool(butler.sandbox.allow_hosts)

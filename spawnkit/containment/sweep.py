@@ -63,6 +63,7 @@ from typing import Literal, Protocol
 from ..errors import HomeNotWritable
 from ..home import home_path, spawnkit_home
 from ..worktree import WORKTREES_DIR
+from . import pid_namespace
 from .liveness import PROC as _PROC
 from .liveness import live_start as _live_start
 from .liveness import owner_alive
@@ -374,6 +375,8 @@ def remove_workspace(path: Path, root: Path | None = None) -> bool | None:
     """
     if root is None:
         root = home_path() / WORKSPACES_DIR
+    with contextlib.suppress(OSError):  # what bwrap wrote of its namespace, if it ran
+        pid_namespace.info_path(path).unlink()
     target = _own_workspace(path, root)
     if target is None:
         return None if not os.path.lexists(path) else False

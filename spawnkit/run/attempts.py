@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from ..budgets.budget import LimitHit, UnrecordedSpend, day_start, max_turns_message
 from ..config.retry import RETRYABLE_KINDS, retry_after_hint
-from ..containment import run_group
+from ..containment import pid_namespace, run_group
 from ..containment.mcp_access import AccessTable
 from ..containment.run_group import RunGroup
 from ..containment.sandbox import SandboxPlan
@@ -197,8 +197,8 @@ class Attempts:
         error: str | None = None
         error_kind: str | None = None
         exit_code: int | None = None
-        # In a pid namespace whatever the run started dies with it, but after bwrap itself
-        # has gone; every run gets a cgroup of its own where one can be made, and its end
+        # A sandboxed run's end waits until its pid namespace is gone (.pid_namespace);
+        # an unsandboxed one gets a cgroup of its own where one can be made, and its end
         # waits until that cgroup is empty.
         contained = False
         group: RunGroup | None = None
@@ -206,7 +206,7 @@ class Attempts:
             async with contextlib.AsyncExitStack() as parts:
                 spec = await self.assembly.assemble(run, workspace, span, parts)
                 contained = spec.sandbox.kind == "bwrap"
-                group = await _run_group(run.session_id)
+                group = None if contained else await _run_group(run.session_id)
                 if group is not None:
                     spec = replace(spec, sandbox=grouped(spec.sandbox, group))
                 async with asyncio.timeout(run.timeout_s):
@@ -272,10 +272,10 @@ class Attempts:
         span.finish(result)
         # Whatever is left in the run's cgroup now is a leftover: tools a stopped CLI left
         # running, children the agent backgrounded into sessions of their own (Claude Code
-        # and Gemini do that to every tool), or a sandbox whose pid namespace is still being
-        # torn down after bwrap exited. Killing them waits for them to go, in a thread;
-        # where no cgroup could be made an unsandboxed run is found by a scan of this
-        # user's processes, and a sandboxed one is left to its pid namespace.
+        # and Gemini do that to every tool). Killing them waits for them to go; where no
+        # cgroup could be made an unsandboxed run is found by a scan of this user's
+        # processes, in a thread. A sandbox's pid namespace, still being torn down after
+        # bwrap exited, is waited for.
         await _reap(run.session_id, workspace, group, contained)
         return result
 
@@ -331,17 +331,20 @@ async def _run_group(session_id: str) -> RunGroup | None:
 
 
 async def _reap(session_id: str, workspace: Path, group: RunGroup | None, contained: bool) -> None:
-    """Kill what the run left and wait for it to go, through cancellations. The run's own
-    cgroup is emptied on the event loop (its few small files; a cgroup left empty, the
-    common case, is one ``rmdir``); without one, an unsandboxed run's processes are found
-    by a scan of this user's, in a thread, and a sandboxed run's pid namespace takes them."""
-    if group is not None and group.ever_ran():
+    """Kill what the run left and wait for it to go, through cancellations. A sandboxed
+    run's pid namespace is waited for (its init's pidfd, on the event loop); an unsandboxed
+    run's own cgroup is emptied on the event loop (its few small files; a cgroup left
+    empty, the common case, is one ``rmdir``); without one, an unsandboxed run's processes
+    are found by a scan of this user's, in a thread."""
+    if contained:
+        init = pid_namespace.running_init(pid_namespace.info_path(workspace))
+        if init is not None:  # bwrap has exited, its namespace is still being torn down
+            await finish(pid_namespace.wait_gone(init))
+    elif group is not None and group.ever_ran():
         if not group.removed_at_once():  # something is left in it: killed, waited for
             await finish(group.reap_soon())
-    elif not contained:
+    else:
         await finish_in_thread(reap, session_id, workspace, group)
-    elif group is not None:
-        group.reap()  # never joined: an empty cgroup, removed
 
 
 def keeps_transcripts(worker: RuntimeAdapter) -> bool:
