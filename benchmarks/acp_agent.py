@@ -13,10 +13,12 @@ a private SPAWNKIT_HOME:
 Beside it, ``prompt``: the prompt's own round trip in that agent (from the request to its
 answer), what a person in Zed waits for each prompt once the agent is up.
 
-Rounds alternate between the sides after one warm-up each, so drift on a shared machine
-hits both alike; figures are medians. CPU is counted in a cgroup of this process
-(``cgroup_cpu.CpuCounter``: the sandboxed CLI included), per side, without this
-process's own (the ACP client's work is not spawnkit's). Usage::
+Rounds alternate between the sides after one warm-up each, the order swapped every round,
+so drift on a shared machine hits both alike; figures are medians, and each round's ratio
+(its median and bootstrap 95 % interval, ``paired_wall`` and ``paired_cpu``). CPU is
+counted in a cgroup of this process (``cgroup_cpu.CpuCounter``: the sandboxed CLI
+included), per side, without this process's own (the ACP client's work is not spawnkit's).
+Usage::
 
     .venv/bin/python benchmarks/acp_agent.py [--rounds 5] [--out FILE] [--no-warm-up]
 """
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from acp import spawn_agent_process, text_block
+from paired import paired_ratio
 from spawn_overhead import accounting
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +46,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "acp_agent.json"
 ROSTER = ROOT / "roster"
 SCENARIO = ROSTER / "health" / "scenarios" / "demo.toml"
 PROMPT = "I weighed 72.4 kg this morning"
+TARGET = 1.05  # issue 30: an ACP prompt at most 1.05 x the same spawnkit run
 ARGS = ("--butler", "health", "--roster", str(ROSTER), "--replay", str(SCENARIO))
 
 
@@ -109,21 +113,34 @@ def measure(rounds: int, env: dict[str, str], warm_up: bool = True) -> dict[str,
     if warm_up:
         timed(run_side)  # warm-up: the CLI's first start, the store's creation
         timed(acp_side)
-    run_s, run_cpu, acp_s, acp_cpu, prompt_s = [], [], [], [], []
-    for _ in range(rounds):
+    run_s: list[float] = []
+    run_cpu: list[float] = []
+    acp_s: list[float] = []
+    acp_cpu: list[float] = []
+    prompt_s: list[float] = []
+
+    def run_round() -> None:
         wall, cpu, _ = timed(run_side)
         run_s.append(wall)
         run_cpu.append(cpu)
+
+    def acp_round() -> None:
         wall, cpu, prompt = timed(acp_side)
         acp_s.append(wall)
         acp_cpu.append(cpu)
         prompt_s.append(prompt)
+
+    for number in range(rounds):  # the order swapped every round
+        for side in (run_round, acp_round) if number % 2 == 0 else (acp_round, run_round):
+            side()
     run_median, acp_median = statistics.median(run_s), statistics.median(acp_s)
     report: dict[str, Any] = {
         "rounds": rounds,
         "run_median_s": round(run_median, 4),
         "acp_median_s": round(acp_median, 4),
         "ratio": round(acp_median / run_median, 3),
+        # Round by round, with a 95 % interval: what says whether the target is met.
+        "paired_wall": paired_ratio(acp_s, run_s, TARGET),
         "acp_prompt_median_s": round(statistics.median(prompt_s), 4),
         "prompt_ratio": round(statistics.median(prompt_s) / run_median, 3),
     }
@@ -133,6 +150,7 @@ def measure(rounds: int, env: dict[str, str], warm_up: bool = True) -> dict[str,
             "run_cpu_s": round(run_c, 4),
             "acp_cpu_s": round(acp_c, 4),
             "cpu_ratio": round(acp_c / run_c, 3),
+            "paired_cpu": paired_ratio(acp_cpu, run_cpu, TARGET),
         }
     report |= {
         "run_s": [round(x, 4) for x in run_s],
@@ -174,6 +192,10 @@ def main() -> None:
         f"{report['acp_prompt_median_s']} s (ratio {report['prompt_ratio']}); cpu ratio "
         f"{report.get('cpu_ratio')}"
     )
+    for figure in ("paired_wall", "paired_cpu"):
+        if figure in report:
+            paired = report[figure]
+            print(f"{figure}: x{paired['median']} {paired['ci95']} {paired['verdict']}")
 
 
 if __name__ == "__main__":

@@ -17,9 +17,10 @@ server (each on its own thread), and the scenario makes one real MCP tool call.
   admission, record, workspace, sandbox and its network namespace, relay, isolated
   environment, the ACP client, events, cleanup.
 
-Rounds alternate between the sides (after one warm-up each); the figure is the ratio of
-the medians, with CPU seconds per run counted as benchmarks/spawn_overhead.py counts
-them (a cgroup). Usage::
+Rounds alternate between the sides (after one warm-up each), each round starting one side
+later than the one before (use a multiple of the number of sides as ``--rounds``); the
+figure is the ratio of the medians, with CPU seconds per run counted as
+benchmarks/spawn_overhead.py counts them (a cgroup). Usage::
 
     .venv/bin/python benchmarks/acp_runtime.py [--rounds 6] [--agents gemini,claude-code-acp]
 """
@@ -228,12 +229,21 @@ def measure(agent: str, rounds: int, work: Path) -> dict[str, Any]:
 
         timed(direct)  # warm-up: first starts
         timed(through_spawnkit)
-        direct_s, spawnkit_s, killed_s = [], [], []
-        for _ in range(rounds):
-            direct_s.append(timed(direct, "bare"))
-            spawnkit_s.append(timed(through_spawnkit, "spawnkit"))
-            if killed_at_once is not None:
-                killed_s.append(timed(killed_at_once, "killed"))
+        direct_s: list[float] = []
+        spawnkit_s: list[float] = []
+        killed_s: list[float] = []
+        sides: list[tuple[Callable[[], Any], str, list[float]]] = [
+            (direct, "bare", direct_s), (through_spawnkit, "spawnkit", spawnkit_s),
+        ]  # fmt: skip
+        if killed_at_once is not None:
+            sides.append((killed_at_once, "killed", killed_s))
+        for number in range(rounds):
+            # Each round starts one side later than the one before: no side always runs
+            # right after the same other one (what one leaves the kernel to tear down, a
+            # network namespace, dying processes, runs into the next).
+            shift = number % len(sides)
+            for run, side, times in sides[shift:] + sides[:shift]:
+                times.append(timed(run, side))
         runner.close()
     if not killed_s:
         del cpu["killed"]
