@@ -1,3 +1,3 @@
-from .cli import main
+from .cli import process_main
 
-raise SystemExit(main())
+raise SystemExit(process_main())

@@ -456,3 +456,29 @@ def _wait_for_screen(child: object, pexpect: object, wanted: str, timeout_s: flo
         if needle in strip.sub("", seen):
             return seen
     raise AssertionError(f"{wanted!r} did not appear; the screen showed:\n{strip.sub('', seen)}")
+
+
+def test_the_program_freezes_its_objects_out_of_the_exits_collections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console script and ``python -m spawnkit`` run ``process_main``: once a command has
+    returned, what it loaded is frozen out of the interpreter's last collections (0.7 to
+    0.9 s after a run, docs/benchmarks.md); ``main``, for in-process callers, freezes
+    nothing."""
+    import gc
+    import tomllib
+
+    from spawnkit.cli import main, process_main
+
+    monkeypatch.setenv("SPAWNKIT_HOME", str(tmp_path))
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["spawnkit"] == "spawnkit.cli:process_main"
+    assert "process_main()" in (REPO / "spawnkit" / "__main__.py").read_text()
+    gc.unfreeze()
+    try:
+        assert main(["sessions"]) == 0
+        assert gc.get_freeze_count() == 0
+        assert process_main(["sessions"]) == 0
+        assert gc.get_freeze_count() > 1000
+    finally:
+        gc.unfreeze()

@@ -18,14 +18,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .commands import build_parser, main
+    from .commands import build_parser, main, process_main
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "process_main"]
 
 
 def __getattr__(name: str) -> Any:
-    """``main`` and ``build_parser`` on first use: the notebook imports ``console`` from
-    here and should not pay for building the command line."""
+    """``main``, ``process_main`` and ``build_parser`` on first use: the notebook imports
+    ``console`` from here and should not pay for building the command line."""
     if name in __all__:
         from . import commands
 
