@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,10 +22,12 @@ import pytest
 from spawnkit.containment import pid_namespace, run_group, sandbox
 from spawnkit.containment.workspace import PREFIX, session_suffix
 from spawnkit.errors import SandboxUnavailable
+from spawnkit.result import SpawnerResult
 from spawnkit.run import Spawner
 from spawnkit.store import SessionStore
 
 from .conftest import RosterFactory
+from .test_run_group import alive
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -34,15 +37,6 @@ def bwrap() -> Path:
         return sandbox.available_bwrap()
     except SandboxUnavailable as exc:
         pytest.skip(str(exc))
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 def in_namespace(namespace: int) -> list[int]:
@@ -58,6 +52,26 @@ def in_namespace(namespace: int) -> list[int]:
         if link == f"pid:[{namespace}]" and alive(int(entry.name)):
             found.append(int(entry.name))
     return found
+
+
+async def started_in_a_sandbox(
+    spawner: Spawner, butler: str, ready: Callable[[list[int]], bool], timeout: float
+) -> tuple[asyncio.Task[SpawnerResult], str, list[int]]:
+    """A trigger of ``spawner`` (of ``butler``) running until the live pids of its pid
+    namespace are ``ready``: its task, its session id and those pids."""
+    session_id = str(uuid.uuid4())
+    info = info_of(butler, session_id)
+    task = asyncio.create_task(spawner.trigger("go", session_id=session_id))
+    deadline = time.monotonic() + timeout
+    pids: list[int] = []
+    while not ready(pids):
+        if task.done():
+            raise AssertionError(f"the run ended: {task.result()}")
+        assert time.monotonic() < deadline, f"the run never got ready: {pids}"
+        await asyncio.sleep(0.05)
+        found = pid_namespace.namespace_init(info)
+        pids = in_namespace(found[1]) if found is not None else []
+    return task, session_id, pids
 
 
 def info_of(butler: str, session_id: str) -> Path:
@@ -82,16 +96,10 @@ async def test_a_cancelled_sandboxed_run_returns_once_its_processes_are_gone(
         mode = "bwrap"
         """,
     )
-    session_id = str(uuid.uuid4())
+    task, session_id, pids = await started_in_a_sandbox(
+        Spawner(butler, store=store), "inside", lambda pids: len(pids) >= 4, 30
+    )  # its init, sh, both sleeps
     info = info_of("inside", session_id)
-    task = asyncio.create_task(Spawner(butler, store=store).trigger("wait", session_id=session_id))
-    deadline = time.monotonic() + 30
-    pids: list[int] = []
-    while len(pids) < 4:  # its init, sh, both sleeps
-        assert time.monotonic() < deadline and not task.done(), f"the run never started: {pids}"
-        await asyncio.sleep(0.02)
-        found = pid_namespace.namespace_init(info)
-        pids = in_namespace(found[1]) if found is not None else []
     assert run_group.leftover_group(session_id) is None, "a sandboxed run has no cgroup"
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -219,19 +227,10 @@ async def test_a_cancel_waits_for_a_process_that_takes_long_to_die(
         mode = "bwrap"
         """,
     )
-    session_id = str(uuid.uuid4())
-    info = info_of("heavy", session_id)
-    task = asyncio.create_task(Spawner(butler, store=store).trigger("hold", session_id=session_id))
-    deadline = time.monotonic() + 60
-    heavy: list[int] = []
-    while not heavy:
-        if task.done():
-            raise AssertionError(f"the run ended: {task.result()}")
-        assert time.monotonic() < deadline, "the run never got ready"
-        await asyncio.sleep(0.05)
-        found = pid_namespace.namespace_init(info)
-        pids = in_namespace(found[1]) if found is not None else []
-        heavy = [pid for pid in pids if rss_mb(pid) > 1000]
+    task, _, pids = await started_in_a_sandbox(
+        Spawner(butler, store=store), "heavy", lambda pids: any(rss_mb(p) > 1000 for p in pids), 60
+    )
+    heavy = [pid for pid in pids if rss_mb(pid) > 1000]
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
