@@ -63,15 +63,69 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn without its signal handlers: the host application owns SIGINT.
+    """uvicorn without its signal handlers, and stopping as soon as it is asked to.
 
-    Otherwise Ctrl-C in ``spawnkit run`` would stop the MCP server quietly
-    instead of interrupting the run.
+    The host application owns SIGINT: otherwise Ctrl-C in ``spawnkit run`` would stop the
+    MCP server quietly instead of interrupting the run.
+
+    uvicorn looks at ``should_exit`` every 0.1 s, and its shutdown then sleeps 0.1 s before
+    it waits for the connections to close: 0.1 to 0.2 s for each server stopped, which the
+    end of every ``spawnkit run`` and ``spawnkit acp`` paid twice (the replay server, the
+    butler's MCP server) and every run with its CLI's telemetry once (its OTLP receiver).
+    Here :meth:`request_exit` wakes the loop at once, and the shutdown waits for the
+    connections by polling from 1 ms up, within the same graceful timeout.
     """
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._exit_requested: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+    def request_exit(self) -> None:
+        """Stop serving (from any thread): as ``should_exit = True``, without the wait."""
+        self.should_exit = True
+        loop, event = self._loop, self._exit_requested
+        if loop is None or event is None or loop.is_closed():
+            return  # not serving yet: the first tick sees should_exit
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(event.set)
+
+    async def main_loop(self) -> None:
+        self._loop, self._exit_requested = asyncio.get_running_loop(), asyncio.Event()
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._exit_requested.wait(), 0.1)
+            should_exit = await self.on_tick(counter)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        state = self.server_state
+        for connection in list(state.connections):
+            connection.shutdown()  # an idle keep-alive connection closes at once
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.config.timeout_graceful_shutdown or 0)
+        delay = 0.001
+        while (state.connections or state.tasks) and not self.force_exit:
+            if loop.time() >= deadline:
+                for task in state.tasks:
+                    task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        for server in self.servers:
+            await server.wait_closed()
+        if not self.force_exit:
+            await self.lifespan.shutdown()
 
 
 # uvicorn sets up its loggers (``logging.config.dictConfig``, then three levels that each
@@ -81,7 +135,7 @@ class _Server(uvicorn.Server):
 _uvicorn_logging = threading.Event()
 
 
-def _make_server(app: ASGIApp) -> uvicorn.Server:
+def _make_server(app: ASGIApp) -> _Server:
     first = not _uvicorn_logging.is_set()
     _uvicorn_logging.set()
     config = uvicorn.Config(
@@ -110,7 +164,7 @@ async def serve(
         await _wait_started(server, task)
         yield address
     finally:
-        server.should_exit = True
+        server.request_exit()
         try:
             await asyncio.wait_for(asyncio.shield(task), STOP_TIMEOUT_S)
         except TimeoutError:
@@ -161,7 +215,7 @@ def serve_in_thread(
             waited += 0.005
         yield address
     finally:
-        server.should_exit = True
+        server.request_exit()
         thread.join(STOP_TIMEOUT_S)
         if thread.is_alive():
             server.force_exit = True
