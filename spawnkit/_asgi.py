@@ -113,10 +113,11 @@ class _Server(uvicorn.Server):
         for connection in list(state.connections):
             connection.shutdown()  # an idle keep-alive connection closes at once
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (self.config.timeout_graceful_shutdown or 0)
+        graceful = self.config.timeout_graceful_shutdown  # None: as long as they take
+        deadline = None if graceful is None else loop.time() + graceful
         delay = 0.001
         while (state.connections or state.tasks) and not self.force_exit:
-            if loop.time() >= deadline:
+            if deadline is not None and loop.time() >= deadline:
                 for task in state.tasks:
                     task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
                 break
