@@ -121,7 +121,12 @@ async def test_another_hosts_run_reaches_the_feed_live_status_and_dashboard_in_o
         host = _host_b(postgres_url, tmp_path / "host-b", "one two three")
         out = await _finish(host)
         session = out.strip().rsplit("session ", 1)[1]
-        await _until(lambda: any(s.endswith("success") for s in live.lines()), "the run's end")
+        # The run's end reaches the lines when its wake-up is read, and the open runs at
+        # the refresh after it (two reads of the store later): wait for both.
+        await _until(
+            lambda: any(s.endswith("success") for s in live.lines()) and not live.open_runs,
+            "the run's end, and nothing open",
+        )
 
         # The feed: B's steps in commit order, from payloads alone.
         changes = [c for wake in wakes for c in wake.changes]

@@ -122,7 +122,10 @@ async def test_a_namespace_that_stays_is_killed_after_the_wait(tmp_path: Path) -
         init = pid_namespace.running_init(info)
         assert init is not None, "the init runs"
         assert not info.exists()
-        namespace_pids = in_namespace(namespace_of(init[1]))
+        namespace = namespace_of(init[1])
+        while len(namespace_pids := in_namespace(namespace)) < 2:  # its sleep starts later
+            assert time.monotonic() < deadline, f"no sleep in the namespace: {namespace_pids}"
+            await asyncio.sleep(0.01)
         assert init[1] in namespace_pids and len(namespace_pids) == 2  # init and sleep
         started = time.monotonic()
         await pid_namespace.wait_gone(init, wait=0.3)
@@ -171,14 +174,16 @@ async def test_a_finished_sandboxed_runs_daemon_is_gone_when_it_returns(
     make_butler: RosterFactory, store: SessionStore
 ) -> None:
     """A run whose CLI exits at once, leaving a daemonised sleeper: when it returns, the
-    sleeper is gone and the file is removed."""
+    sleeper is gone and the file is removed. (The sleeper carries a token of this test's
+    own: other tests' sleepers run beside it.)"""
     bwrap()
+    token = f"spawnkit-ns-{uuid.uuid4().hex[:12]}"
     butler = make_butler(
         "done",
-        extra="""
+        extra=f"""
         [butler.runtime]
         type = "command"
-        command = ["sh", "-c", "(setsid sleep 600 &) ; echo started"]
+        command = ["sh", "-c", "(setsid sh -c 'sleep 600; : {token}' &) ; echo started"]
         output = "text"
         [butler.sandbox]
         mode = "bwrap"
@@ -188,7 +193,7 @@ async def test_a_finished_sandboxed_runs_daemon_is_gone_when_it_returns(
     result = await Spawner(butler, store=store).trigger("go", session_id=session_id)
     assert result.success, result.error
     assert "started" in result.output
-    sleepers = [pid for pid in in_all_namespaces() if b"sleep\x00600" in cmdline(pid)]
+    sleepers = [pid for pid in in_all_namespaces() if token.encode() in cmdline(pid)]
     assert sleepers == [], "the daemonised sleeper outlived its run"
     assert not info_of("done", session_id).exists()
 
